@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# kafka-libs.sh: resolve the Kafka broker classpath (kafka_2.13 + log4j2 binding) from
+# Maven Central with test/infra/pom.xml and print the directory holding the jars.
+#
+# The jars are cached outside the clone, keyed by version, so every clone on the
+# machine shares them:  ${MANDATED_CACHE:-$HOME/.cache/mandated}/kafka-libs-$KAFKA_VERSION
+# A second run only checks the cache's .complete marker. Maven's ~/.m2 is used as usual.
+set -euo pipefail
+# shellcheck source=common.sh source-path=SCRIPTDIR
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+cache=${MANDATED_CACHE:-$HOME/.cache/mandated}
+dir=$cache/kafka-libs-$KAFKA_VERSION
+if [ -f "$dir/.complete" ]; then
+	echo "$dir"
+	exit 0
+fi
+
+java_bin >/dev/null
+command -v mvn >/dev/null || apt_install maven
+
+mkdir -p "$cache"
+tmp=$(mktemp -d "$dir.tmp.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+log "resolving Kafka $KAFKA_VERSION broker jars from Maven Central into $dir"
+start=$SECONDS
+mvn -B -q -Dstyle.color=never -f "$INFRA_DIR/pom.xml" -Dkafka.version="$KAFKA_VERSION" \
+	org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies \
+	-DincludeScope=runtime -DoutputDirectory="$tmp" >&2 ||
+	die "mvn could not resolve org.apache.kafka:kafka_2.13:$KAFKA_VERSION (see above)"
+
+core=$tmp/kafka_2.13-$KAFKA_VERSION.jar
+[ -f "$core" ] || die "kafka_2.13-$KAFKA_VERSION.jar missing after resolution"
+# Zip central directories store entry names in plain text, so grep finds classes without unzip.
+for class in kafka.Kafka "$KAFKA_STORAGE_TOOL_CLASS"; do
+	if ! grep -a -F "${class//.//}.class" "$core" >/dev/null; then
+		found=$(grep -a -o -h -E '[A-Za-z0-9/$]*StorageTool\.class' "$tmp"/kafka*.jar | sort -u | tr '\n' ' ')
+		die "$class is not in kafka_2.13-$KAFKA_VERSION.jar (StorageTool-like classes: ${found:-none}); set KAFKA_STORAGE_TOOL_CLASS or pin another KAFKA_VERSION"
+	fi
+done
+
+touch "$tmp/.complete"
+if ! mv -T "$tmp" "$dir" 2>/dev/null; then
+	# Another run finished first; use its copy (the trap removes ours).
+	[ -f "$dir/.complete" ] || die "could not move $tmp to $dir"
+else
+	trap - EXIT
+fi
+log "resolved $(find "$dir" -name '*.jar' | wc -l) jars in $((SECONDS - start))s"
+echo "$dir"
