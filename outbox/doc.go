@@ -1,0 +1,8 @@
+// Package outbox owns mandated's transactional outbox: the rows a batch
+// transaction writes next to the state they describe (decisions and dead
+// letters, one gapless sequence per partition), and the relay that
+// publishes them to Kafka in order, exactly once, from the partition's
+// owner only.
+//
+// It must never decide anything: it moves what the processor committed.
+package outbox

@@ -1,0 +1,38 @@
+package outbox
+
+import "time"
+
+// Kind says which topic an outbox row goes to.
+type Kind int16
+
+const (
+	KindDecision   Kind = 0 // the decisions topic
+	KindDeadLetter Kind = 1 // the dead-letter topic
+)
+
+func (k Kind) String() string {
+	if k == KindDeadLetter {
+		return "dead_letter"
+	}
+	return "decision"
+}
+
+// Row is one outbox row: a record to publish on partition Partition of the
+// decisions (or dead-letter) topic, at sequence Seq.
+type Row struct {
+	Partition int32
+	Seq       int64
+	Epoch     int64 // the partition epoch that wrote it
+	Kind      Kind
+	Key       []byte
+	Payload   []byte
+
+	// Dead letters only: why, and where the record came from.
+	Reason          string
+	Detail          string
+	SourceTopic     string
+	SourcePartition int32
+	SourceOffset    int64
+
+	CreatedAt time.Time
+}

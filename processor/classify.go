@@ -1,0 +1,85 @@
+package processor
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/mandated/mandated/partitioner"
+	"github.com/mandated/mandated/processor/wire"
+)
+
+type itemKind int
+
+const (
+	itemCommand    itemKind = iota // a valid command for a mandate at home here
+	itemReject                     // answered with a rejected decision
+	itemDeadLetter                 // no mandate key: to the dead-letter topic
+)
+
+// item is one record, classified before any transaction starts (decoding is
+// pure, so a retried batch does not decode again).
+type item struct {
+	kind   itemKind
+	cmd    *wire.Command
+	rej    *wire.Rejection
+	key    partitioner.MandateKey // itemReject: who the rejection answers
+	home   int32                  // itemReject: the home partition of a misrouted record, else -1
+	src    wire.Source
+	sentAt time.Time
+	rec    *kgo.Record
+}
+
+// classify decodes a record and decides which path it takes. A record that
+// is not at home on this partition never reaches the state machine, and
+// authority (grant, revoke) is only accepted from the grants topic.
+func (p *Processor) classify(r *kgo.Record) item {
+	it := item{home: -1, rec: r, src: wire.Source{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset}}
+	cmd, rej := wire.Decode(r.Key, r.Value, wire.Limits{MaxRecordBytes: p.cfg.MaxRecordBytes})
+	var key *partitioner.MandateKey
+	if rej != nil {
+		key = rej.Key
+	} else {
+		key = &cmd.Key
+		it.sentAt = cmd.SentAt
+	}
+	if key != nil {
+		if home := key.Partition(p.partitions); home != r.Partition {
+			return p.reject(it, *key, &wire.Rejection{Reason: wire.ReasonMisrouted, Key: key, Type: typeOf(cmd, rej),
+				Detail: fmt.Sprintf("mandate %s lives on partition %d, not %d: produce with Kafka's default (murmur2) partitioner", key, home, r.Partition)}, home)
+		}
+	}
+	if rej != nil {
+		if rej.Key == nil {
+			it.kind, it.rej = itemDeadLetter, rej
+			return it
+		}
+		return p.reject(it, *rej.Key, rej, -1)
+	}
+	switch {
+	case r.Topic == p.cfg.ProposalsTopic && cmd.Type.IsGrantorCommand():
+		p.metrics.GrantsOnProposals.Inc()
+		return p.reject(it, cmd.Key, &wire.Rejection{Reason: wire.ReasonGrantOnProposals, Key: key, Type: cmd.Type,
+			IdempotencyKey: cmd.IdempotencyKey,
+			Detail:         fmt.Sprintf("%s is accepted only from the grants topic %s", cmd.Type, p.cfg.GrantsTopic)}, -1)
+	case r.Topic == p.cfg.GrantsTopic && !cmd.Type.IsGrantorCommand():
+		return p.reject(it, cmd.Key, &wire.Rejection{Reason: wire.ReasonProposalOnGrants, Key: key, Type: cmd.Type,
+			IdempotencyKey: cmd.IdempotencyKey, AuthorizationID: cmd.AuthorizationID(),
+			Detail:         fmt.Sprintf("%s belongs on the proposals topic %s", cmd.Type, p.cfg.ProposalsTopic)}, -1)
+	}
+	it.kind, it.cmd = itemCommand, cmd
+	return it
+}
+
+func (p *Processor) reject(it item, key partitioner.MandateKey, rej *wire.Rejection, home int32) item {
+	it.kind, it.rej, it.key, it.home = itemReject, rej, key, home
+	return it
+}
+
+func typeOf(cmd *wire.Command, rej *wire.Rejection) wire.CommandType {
+	if cmd != nil {
+		return cmd.Type
+	}
+	return rej.Type
+}

@@ -1,0 +1,164 @@
+package processor
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/mandated/mandated/processor/clock"
+	"github.com/mandated/mandated/processor/wire"
+)
+
+// Defaults for Config.
+const (
+	GroupDefault                = "mandated"
+	ProposalsTopicDefault       = "mandate.proposals"
+	GrantsTopicDefault          = "mandate.grants"
+	DecisionsTopicDefault       = "mandate.decisions"
+	DeadLetterTopicDefault      = "mandate.deadletter"
+	MaxBatchDefault             = 500
+	SessionTimeoutDefault       = 10 * time.Second
+	RebalanceTimeoutDefault     = 30 * time.Second
+	OffsetCommitIntervalDefault = 5 * time.Second
+	PurgeIntervalDefault        = time.Minute
+	PurgeBatchDefault           = 1000
+	StatsIntervalDefault        = 10 * time.Second
+	FetchMaxWaitDefault         = 250 * time.Millisecond
+)
+
+// PartitionListener hears about ownership and commits; the outbox relay is
+// one. Calls for one partition never overlap; Committed is called from the
+// partition's worker right after each commit, so it must not block.
+type PartitionListener interface {
+	Assigned(partition int32, epoch int64)
+	Committed(partition int32, epoch int64, nextSeq int64)
+	Revoked(partition int32)
+}
+
+// Config configures a Processor.
+type Config struct {
+	// Brokers are the Kafka seed brokers. Required.
+	Brokers []string
+	// KafkaOpts are extra client options (TLS, SASL, logging). Defaults to none.
+	KafkaOpts []kgo.Opt
+	// Group is the consumer group id. Defaults to GroupDefault.
+	Group string
+	// ProposalsTopic carries agents' commands. Defaults to ProposalsTopicDefault.
+	ProposalsTopic string
+	// GrantsTopic carries grantors' commands; grant and revoke are accepted
+	// from it only. Defaults to GrantsTopicDefault.
+	GrantsTopic string
+	// DecisionsTopic is where the relay publishes decisions; checked at
+	// start for the same partition count. Defaults to DecisionsTopicDefault.
+	DecisionsTopic string
+	// DeadLetterTopic receives records no mandate can be read from.
+	// Defaults to DeadLetterTopicDefault.
+	DeadLetterTopic string
+	// Owner names this processor in the partitions table. Defaults to
+	// "<hostname>-<pid>".
+	Owner string
+	// MaxBatch caps the records decided in one transaction. Defaults to
+	// MaxBatchDefault.
+	MaxBatch int
+	// MaxRecordBytes is the largest record value decoded. Defaults to
+	// wire.MaxRecordBytesDefault.
+	MaxRecordBytes int
+	// SessionTimeout is the consumer group session timeout. Defaults to
+	// SessionTimeoutDefault.
+	SessionTimeout time.Duration
+	// RebalanceTimeout bounds a rebalance. Defaults to RebalanceTimeoutDefault.
+	RebalanceTimeout time.Duration
+	// OffsetCommitInterval is how often positions are copied to Kafka's group
+	// offsets, for lag monitoring only. Defaults to OffsetCommitIntervalDefault.
+	OffsetCommitInterval time.Duration
+	// PurgeInterval is how often each worker purges expired idempotency
+	// keys. Defaults to PurgeIntervalDefault.
+	PurgeInterval time.Duration
+	// PurgeBatch bounds one purge. Defaults to PurgeBatchDefault.
+	PurgeBatch int
+	// StatsInterval is how often in-doubt gauges are refreshed. Defaults to
+	// StatsIntervalDefault.
+	StatsInterval time.Duration
+	// FetchMaxWait bounds how long an idle fetch waits. Defaults to
+	// FetchMaxWaitDefault.
+	FetchMaxWait time.Duration
+	// Listener hears about ownership and commits. Defaults to none.
+	Listener PartitionListener
+
+	// Test holds knobs for tests only.
+	Test TestConfig
+}
+
+// TestConfig holds test-only knobs.
+type TestConfig struct {
+	// Clock decides deadlines. Defaults to the real clock.
+	Clock clock.Clock
+	// OnCommitted is called after each committed batch.
+	OnCommitted func(BatchReport)
+	// OnFenced is called when a worker's commit is fenced.
+	OnFenced func(partition int32, epoch int64)
+}
+
+// BatchReport describes one committed batch, for tests and logs.
+type BatchReport struct {
+	Partition int32
+	Epoch     int64
+	Records   int
+	Timers    int
+	Decisions []wire.Decision
+	NextSeq   int64
+	Attempts  int
+}
+
+// WithDefaults returns a copy with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	c.Group = cmp.Or(c.Group, GroupDefault)
+	c.ProposalsTopic = cmp.Or(c.ProposalsTopic, ProposalsTopicDefault)
+	c.GrantsTopic = cmp.Or(c.GrantsTopic, GrantsTopicDefault)
+	c.DecisionsTopic = cmp.Or(c.DecisionsTopic, DecisionsTopicDefault)
+	c.DeadLetterTopic = cmp.Or(c.DeadLetterTopic, DeadLetterTopicDefault)
+	if c.Owner == "" {
+		host, _ := os.Hostname()
+		c.Owner = fmt.Sprintf("%s-%d", cmp.Or(host, "mandated"), os.Getpid())
+	}
+	c.MaxBatch = cmp.Or(c.MaxBatch, MaxBatchDefault)
+	c.MaxRecordBytes = cmp.Or(c.MaxRecordBytes, wire.MaxRecordBytesDefault)
+	c.SessionTimeout = cmp.Or(c.SessionTimeout, SessionTimeoutDefault)
+	c.RebalanceTimeout = cmp.Or(c.RebalanceTimeout, RebalanceTimeoutDefault)
+	c.OffsetCommitInterval = cmp.Or(c.OffsetCommitInterval, OffsetCommitIntervalDefault)
+	c.PurgeInterval = cmp.Or(c.PurgeInterval, PurgeIntervalDefault)
+	c.PurgeBatch = cmp.Or(c.PurgeBatch, PurgeBatchDefault)
+	c.StatsInterval = cmp.Or(c.StatsInterval, StatsIntervalDefault)
+	c.FetchMaxWait = cmp.Or(c.FetchMaxWait, FetchMaxWaitDefault)
+	if c.Test.Clock == nil {
+		c.Test.Clock = clock.Real{}
+	}
+	return c
+}
+
+// Validate names the first bad field.
+func (c Config) Validate() error {
+	switch {
+	case len(c.Brokers) == 0:
+		return errors.New("processor: Brokers is required")
+	case c.ProposalsTopic == c.GrantsTopic:
+		return errors.New("processor: ProposalsTopic and GrantsTopic must differ (authority comes only from the grants topic)")
+	case c.DecisionsTopic == c.ProposalsTopic || c.DecisionsTopic == c.GrantsTopic:
+		return errors.New("processor: DecisionsTopic must differ from the input topics")
+	case c.MaxBatch < 1 || c.MaxBatch > 10000:
+		return errors.New("processor: MaxBatch must be between 1 and 10000")
+	case c.MaxRecordBytes < 1024:
+		return errors.New("processor: MaxRecordBytes must be at least 1024")
+	case c.SessionTimeout < time.Second:
+		return errors.New("processor: SessionTimeout must be at least 1s")
+	case c.RebalanceTimeout < c.SessionTimeout:
+		return errors.New("processor: RebalanceTimeout must be at least SessionTimeout")
+	case c.PurgeBatch < 1:
+		return errors.New("processor: PurgeBatch must be positive")
+	}
+	return nil
+}

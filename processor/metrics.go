@@ -1,0 +1,141 @@
+package processor
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the processor's Prometheus metrics.
+type Metrics struct {
+	Decisions          *prometheus.CounterVec
+	Rejections         *prometheus.CounterVec
+	DeadLetters        *prometheus.CounterVec
+	Misrouted          prometheus.Counter
+	GrantsOnProposals  prometheus.Counter
+	DeadlineMoves      *prometheus.CounterVec
+	Fenced             prometheus.Counter
+	BatchRetries       *prometheus.CounterVec
+	VersionConflicts   prometheus.Counter
+	RecordFaults       prometheus.Counter
+	AmbiguousCommits   prometheus.Counter
+	BatchSize          prometheus.Histogram
+	CommitSeconds      prometheus.Histogram
+	DecisionLatency    prometheus.Histogram
+	ConsumerLag        *prometheus.GaugeVec
+	PartitionsOwned    prometheus.Gauge
+	PartitionEpoch     *prometheus.GaugeVec
+	TakeoverSeconds    prometheus.Histogram
+	PredecessorsKilled prometheus.Counter
+	InDoubt            prometheus.Gauge
+	InDoubtOldest      prometheus.Gauge
+	KeysPurged         prometheus.Counter
+	PendingDeadlines   prometheus.Gauge
+}
+
+// NewMetrics creates the metrics and registers them with reg (nil: none).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mandated_decisions_total",
+			Help: "Decisions committed, by the command they answer (\"timer\" for deadline moves) and outcome (reserved, denied, replayed, conflict, stale_version, ...).",
+		}, []string{"command", "outcome"}),
+		Rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mandated_rejections_total",
+			Help: "Records answered with a rejected decision, by reason code.",
+		}, []string{"reason"}),
+		DeadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mandated_dead_letters_total",
+			Help: "Records sent to the dead-letter topic because no mandate key could be read, by reason code.",
+		}, []string{"reason"}),
+		Misrouted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mandated_misrouted_records_total",
+			Help: "Records that arrived on a partition that is not their mandate key's home (a producer not using Kafka's murmur2 partitioner).",
+		}),
+		GrantsOnProposals: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mandated_grantor_commands_on_proposals_total",
+			Help: "grant or revoke commands that arrived on the proposals topic and were rejected.",
+		}),
+		DeadlineMoves: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mandated_deadline_transitions_total",
+			Help: "Authorizations moved by a deadline: to expired (reservation unused) or in_doubt (execution timed out).",
+		}, []string{"to"}),
+		Fenced: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mandated_fenced_commits_total",
+			Help: "Batch commits refused because this owner's partition epoch was stale (another owner took over).",
+		}),
+		BatchRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mandated_batch_retries_total",
+			Help: "Batches decided again after a serialization failure, deadlock, lock timeout or concurrent write, by cause.",
+		}, []string{"cause"}),
+		VersionConflicts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mandated_version_conflicts_total",
+			Help: "Batch writes whose compare-and-set on a mandate or authorization version failed (each retried).",
+		}),
+		RecordFaults: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mandated_record_faults_total",
+			Help: "Records whose writes the database refused (a constraint or trigger); isolated and answered with a rejection.",
+		}),
+		AmbiguousCommits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mandated_ambiguous_commits_total",
+			Help: "Batch COMMITs whose acknowledgement was lost and that were found committed by reading the position back.",
+		}),
+		BatchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "mandated_batch_records",
+			Help:    "Records (plus due deadlines) decided per batch transaction.",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024},
+		}),
+		CommitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "mandated_batch_commit_seconds",
+			Help:    "Time to commit one batch transaction, retries included.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+		DecisionLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "mandated_proposal_decision_latency_seconds",
+			Help:    "From a record's Kafka timestamp to the commit of its decision.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}),
+		ConsumerLag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "mandated_consumer_lag_records",
+			Help: "Records on an owned partition not yet decided (high watermark minus stored offset).",
+		}, []string{"topic", "partition"}),
+		PartitionsOwned: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "mandated_partitions_owned",
+			Help: "Partitions this processor holds a current epoch for.",
+		}),
+		PartitionEpoch: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "mandated_partition_epoch",
+			Help: "The epoch this processor holds for an owned partition.",
+		}, []string{"partition"}),
+		TakeoverSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "mandated_partition_claim_seconds",
+			Help:    "Time to claim a partition's epoch (long when a stuck predecessor holds the partition row).",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}),
+		PredecessorsKilled: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mandated_predecessor_sessions_terminated_total",
+			Help: "PostgreSQL sessions of a stuck previous owner terminated during a takeover.",
+		}),
+		InDoubt: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "mandated_in_doubt_authorizations",
+			Help: "In-doubt authorizations on owned partitions (their uses stay held until resolve).",
+		}),
+		InDoubtOldest: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "mandated_in_doubt_oldest_age_seconds",
+			Help: "Age of the oldest in-doubt authorization on owned partitions.",
+		}),
+		KeysPurged: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mandated_idempotency_keys_purged_total",
+			Help: "Idempotency keys deleted after their retention by the background purge.",
+		}),
+		PendingDeadlines: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "mandated_pending_deadlines",
+			Help: "Reservation and execution deadlines tracked in memory on owned partitions.",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.Decisions, m.Rejections, m.DeadLetters, m.Misrouted, m.GrantsOnProposals, m.DeadlineMoves,
+			m.Fenced, m.BatchRetries, m.VersionConflicts, m.RecordFaults, m.AmbiguousCommits, m.BatchSize,
+			m.CommitSeconds, m.DecisionLatency, m.ConsumerLag, m.PartitionsOwned, m.PartitionEpoch,
+			m.TakeoverSeconds, m.PredecessorsKilled, m.InDoubt, m.InDoubtOldest, m.KeysPurged, m.PendingDeadlines)
+	}
+	return m
+}

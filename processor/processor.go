@@ -1,0 +1,445 @@
+package processor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/mandated/mandated/processor/failpoint"
+	"github.com/mandated/mandated/sink"
+)
+
+// Processor is mandated's single-writer stream processor.
+type Processor struct {
+	cfg     Config
+	sink    *sink.Sink
+	log     zerolog.Logger
+	metrics *Metrics
+
+	client     *kgo.Client
+	partitions int32 // the topics' partition count
+
+	mu       sync.Mutex
+	workers  map[int32]*worker
+	started  bool
+	stopping bool
+
+	cancel context.CancelFunc
+	loops  sync.WaitGroup
+}
+
+// New validates the configuration and returns a processor that is not yet
+// consuming.
+func New(cfg Config, s *sink.Sink, log zerolog.Logger, m *Metrics) (*Processor, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if m == nil {
+		m = NewMetrics(nil)
+	}
+	return &Processor{cfg: cfg, sink: s, log: log.With().Str("component", "processor").Logger(), metrics: m,
+		workers: map[int32]*worker{}}, nil
+}
+
+// Config returns the effective configuration.
+func (p *Processor) Config() Config { return p.cfg }
+
+// PartitionCount returns the topics' partition count (after Start).
+func (p *Processor) PartitionCount() int32 { return p.partitions }
+
+// Start checks the topics, joins the consumer group and returns; consuming
+// continues in the background until Stop.
+func (p *Processor) Start(ctx context.Context) error {
+	n, err := CheckTopics(ctx, p.cfg.Brokers, p.cfg.KafkaOpts, p.cfg.ProposalsTopic, p.cfg.GrantsTopic, p.cfg.DecisionsTopic, p.cfg.DeadLetterTopic)
+	if err != nil {
+		return err
+	}
+	p.partitions = n
+	if err := p.sink.EnsurePartitionCount(ctx, n); err != nil {
+		return err
+	}
+	opts := append([]kgo.Opt{
+		kgo.SeedBrokers(p.cfg.Brokers...),
+		kgo.ConsumerGroup(p.cfg.Group),
+		kgo.ConsumeTopics(p.cfg.ProposalsTopic, p.cfg.GrantsTopic),
+		// Range assigns partition p of both topics to the same member: one
+		// writer decides a mandate's grants and proposals in one order.
+		kgo.Balancers(kgo.RangeBalancer()),
+		kgo.DisableAutoCommit(),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.SessionTimeout(p.cfg.SessionTimeout),
+		kgo.RebalanceTimeout(p.cfg.RebalanceTimeout),
+		kgo.FetchMaxWait(p.cfg.FetchMaxWait),
+		kgo.AdjustFetchOffsetsFn(p.onAssigned),
+		kgo.OnPartitionsRevoked(p.onRevoked),
+		kgo.OnPartitionsLost(p.onRevoked),
+		kgo.ClientID("mandated-processor"),
+	}, p.cfg.KafkaOpts...)
+	client, err := kgo.NewClient(opts...)
+	if err != nil {
+		return fmt.Errorf("processor: kafka client: %w", err)
+	}
+	p.client = client
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	p.cancel = cancel
+	p.mu.Lock()
+	p.started = true
+	p.mu.Unlock()
+	p.loops.Add(3)
+	go func() { defer p.loops.Done(); p.pollLoop(runCtx) }()
+	go func() { defer p.loops.Done(); p.offsetLoop(runCtx) }()
+	go func() { defer p.loops.Done(); p.statsLoop(runCtx) }()
+	p.log.Info().Str("group", p.cfg.Group).Int32("partitions", n).Str("owner", p.cfg.Owner).Msg("processor started")
+	return nil
+}
+
+// Stop stops fetching, lets every worker finish its batch in flight (within
+// ctx's deadline), copies positions to Kafka, and leaves the group.
+func (p *Processor) Stop(ctx context.Context) error {
+	p.mu.Lock()
+	if !p.started || p.stopping {
+		p.mu.Unlock()
+		return nil
+	}
+	p.stopping = true
+	p.mu.Unlock()
+	grace := 10 * time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		grace = max(time.Until(dl)/2, 100*time.Millisecond)
+	}
+	p.client.PauseFetchTopics(p.cfg.ProposalsTopic, p.cfg.GrantsTopic)
+	p.stopWorkers(p.ownedPartitions(), grace)
+	p.commitOffsets(ctx)
+	p.cancel()
+	p.loops.Wait()
+	// Close leaves the group; the revoke callback finds no workers left.
+	p.client.Close()
+	p.log.Info().Msg("processor stopped")
+	return nil
+}
+
+// Owned returns the partitions this processor holds, with their epochs.
+func (p *Processor) Owned() map[int32]int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[int32]int64, len(p.workers))
+	for n, w := range p.workers {
+		out[n] = w.epoch
+	}
+	return out
+}
+
+// Ready reports whether the processor is consuming with current epochs and
+// can reach Kafka and PostgreSQL.
+func (p *Processor) Ready(ctx context.Context) error {
+	p.mu.Lock()
+	started, stopping := p.started, p.stopping
+	var fenced []int32
+	for n, w := range p.workers {
+		w.mu.Lock()
+		if w.fenced {
+			fenced = append(fenced, n)
+		}
+		w.mu.Unlock()
+	}
+	p.mu.Unlock()
+	switch {
+	case !started:
+		return errors.New("not started")
+	case stopping:
+		return errors.New("stopping")
+	case len(fenced) > 0:
+		return fmt.Errorf("fenced on partitions %v", fenced)
+	}
+	if err := p.sink.Ping(ctx); err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	if err := p.client.Ping(ctx); err != nil {
+		return fmt.Errorf("kafka: %w", err)
+	}
+	return nil
+}
+
+// onAssigned claims the epoch of every assigned partition and seeks each
+// topic to the offset stored with it: the database, not Kafka's group
+// offsets, says where consumption resumes.
+func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	nums := map[int32]bool{}
+	for _, parts := range offsets {
+		for n := range parts {
+			nums[n] = true
+		}
+	}
+	for n := range nums {
+		_, inP := offsets[p.cfg.ProposalsTopic][n]
+		_, inG := offsets[p.cfg.GrantsTopic][n]
+		if !inP || !inG {
+			return nil, fmt.Errorf("processor: partition %d was assigned for one input topic only; every member must use the range balancer", n)
+		}
+	}
+	if err := failpoint.Inject(ctx, failpoint.BeforeClaim); err != nil {
+		return nil, err
+	}
+	claims := make(map[int32]sink.Claim, len(nums))
+	var mu sync.Mutex
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(8)
+	for n := range nums {
+		g.Go(func() error {
+			start := time.Now()
+			c, err := p.sink.Claim(gctx, n, p.cfg.Owner)
+			if err != nil {
+				return err
+			}
+			p.metrics.TakeoverSeconds.Observe(time.Since(start).Seconds())
+			p.metrics.PredecessorsKilled.Add(float64(c.Terminated))
+			mu.Lock()
+			claims[n] = c
+			mu.Unlock()
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		p.log.Error().Err(err).Msg("could not claim assigned partitions; rejoining the group")
+		return nil, err
+	}
+	out := map[string]map[int32]kgo.Offset{p.cfg.ProposalsTopic: {}, p.cfg.GrantsTopic: {}}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for n, c := range claims {
+		if old := p.workers[n]; old != nil {
+			// A worker from an earlier session: it is fenced by the claim.
+			p.mu.Unlock()
+			old.stop(time.Second)
+			p.mu.Lock()
+		}
+		w := newWorker(p, c)
+		p.workers[n] = w
+		out[p.cfg.ProposalsTopic][n] = kgo.NewOffset().At(c.ProposalsOffset).WithEpoch(-1)
+		out[p.cfg.GrantsTopic][n] = kgo.NewOffset().At(c.GrantsOffset).WithEpoch(-1)
+		p.metrics.PartitionEpoch.WithLabelValues(strconv.Itoa(int(n))).Set(float64(c.Epoch))
+		w.log.Info().Int64("proposals_offset", c.ProposalsOffset).Int64("grants_offset", c.GrantsOffset).
+			Int64("next_seq", c.NextSeq).Dur("claim_took", c.Waited).Int("predecessors_terminated", c.Terminated).
+			Msg("partition assigned")
+		go w.run()
+		if l := p.cfg.Listener; l != nil {
+			l.Assigned(n, c.Epoch)
+		}
+	}
+	p.metrics.PartitionsOwned.Set(float64(len(p.workers)))
+	p.client.ResumeFetchPartitions(map[string][]int32{p.cfg.ProposalsTopic: keys(nums), p.cfg.GrantsTopic: keys(nums)})
+	return out, nil
+}
+
+// onRevoked stops the workers of revoked or lost partitions and waits for
+// them: a partition is never decided by two workers of one process.
+func (p *Processor) onRevoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	nums := map[int32]bool{}
+	for _, parts := range revoked {
+		for _, n := range parts {
+			nums[n] = true
+		}
+	}
+	p.stopWorkers(keys(nums), p.cfg.RebalanceTimeout/2)
+}
+
+func (p *Processor) stopWorkers(nums []int32, grace time.Duration) {
+	var wg sync.WaitGroup
+	for _, n := range nums {
+		p.mu.Lock()
+		w := p.workers[n]
+		p.mu.Unlock()
+		if w == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); w.stop(grace) }()
+	}
+	wg.Wait()
+}
+
+// workerExited forgets a worker that stopped (revoked, fenced, or closed).
+func (p *Processor) workerExited(w *worker) {
+	p.mu.Lock()
+	if p.workers[w.partition] == w {
+		delete(p.workers, w.partition)
+	}
+	owned := len(p.workers)
+	p.mu.Unlock()
+	p.metrics.PartitionsOwned.Set(float64(owned))
+	p.metrics.PartitionEpoch.DeleteLabelValues(strconv.Itoa(int(w.partition)))
+	for _, topic := range []string{p.cfg.ProposalsTopic, p.cfg.GrantsTopic} {
+		p.metrics.ConsumerLag.DeleteLabelValues(topic, strconv.Itoa(int(w.partition)))
+	}
+	if l := p.cfg.Listener; l != nil {
+		l.Revoked(w.partition)
+	}
+	w.log.Info().Int64("proposals_offset", w.pos.ProposalsOffset).Int64("grants_offset", w.pos.GrantsOffset).Msg("partition released")
+}
+
+func (p *Processor) ownedPartitions() []int32 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]int32, 0, len(p.workers))
+	for n := range p.workers {
+		out = append(out, n)
+	}
+	return out
+}
+
+func (p *Processor) pendingDeadlines() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var n int64
+	for _, w := range p.workers {
+		n += w.pending.Load()
+	}
+	return n
+}
+
+func (p *Processor) topicPartitions(n int32) map[string][]int32 {
+	return map[string][]int32{p.cfg.ProposalsTopic: {n}, p.cfg.GrantsTopic: {n}}
+}
+
+// pollLoop fetches and hands records to their partition's worker. It never
+// blocks on a worker (workers pause their own partitions when behind), so a
+// rebalance is never held up by a slow partition.
+func (p *Processor) pollLoop(ctx context.Context) {
+	for {
+		fetches := p.client.PollRecords(ctx, 10*p.cfg.MaxBatch)
+		if fetches.IsClientClosed() || ctx.Err() != nil {
+			p.client.AllowRebalance()
+			return
+		}
+		fetches.EachError(func(topic string, partition int32, err error) {
+			if !errors.Is(err, context.Canceled) {
+				p.log.Warn().Err(err).Str("topic", topic).Int32("partition", partition).Msg("fetch error")
+			}
+		})
+		p.mu.Lock()
+		fetches.EachPartition(func(ft kgo.FetchTopicPartition) {
+			if w := p.workers[ft.Partition]; w != nil && len(ft.Records) > 0 {
+				w.push(ft.Records, ft.Topic, ft.HighWatermark)
+			}
+		})
+		p.mu.Unlock()
+		p.client.AllowRebalance()
+	}
+}
+
+// offsetLoop copies the stored positions to Kafka's group offsets so that
+// standard lag tooling works. They are never read back.
+func (p *Processor) offsetLoop(ctx context.Context) {
+	t := time.NewTicker(p.cfg.OffsetCommitInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			p.commitOffsets(ctx)
+		}
+	}
+}
+
+func (p *Processor) commitOffsets(ctx context.Context) {
+	offsets := map[string]map[int32]kgo.EpochOffset{p.cfg.ProposalsTopic: {}, p.cfg.GrantsTopic: {}}
+	p.mu.Lock()
+	for n, w := range p.workers {
+		pos := w.position()
+		offsets[p.cfg.ProposalsTopic][n] = kgo.EpochOffset{Epoch: -1, Offset: pos.ProposalsOffset}
+		offsets[p.cfg.GrantsTopic][n] = kgo.EpochOffset{Epoch: -1, Offset: pos.GrantsOffset}
+	}
+	p.mu.Unlock()
+	if len(offsets[p.cfg.ProposalsTopic]) == 0 {
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	p.client.CommitOffsetsSync(cctx, offsets, nil)
+}
+
+// statsLoop refreshes gauges that need a query.
+func (p *Processor) statsLoop(ctx context.Context) {
+	t := time.NewTicker(p.cfg.StatsInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		owned := p.ownedPartitions()
+		if len(owned) == 0 {
+			p.metrics.InDoubt.Set(0)
+			p.metrics.InDoubtOldest.Set(0)
+			continue
+		}
+		n, oldest, err := p.sink.InDoubtStats(ctx, owned, p.cfg.Test.Clock.Now())
+		if err != nil {
+			if ctx.Err() == nil {
+				p.log.Warn().Err(err).Msg("cannot read in-doubt statistics")
+			}
+			continue
+		}
+		p.metrics.InDoubt.Set(float64(n))
+		p.metrics.InDoubtOldest.Set(oldest.Seconds())
+	}
+}
+
+// CheckTopics verifies that the topics exist and share one partition count,
+// and returns it. The decisions topic must match the proposals topic: the
+// relay publishes partition p's decisions to partition p.
+func CheckTopics(ctx context.Context, brokers []string, opts []kgo.Opt, proposals, grants, decisions, deadLetter string) (int32, error) {
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...)}, opts...)...)
+	if err != nil {
+		return 0, fmt.Errorf("processor: kafka client: %w", err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	td, err := adm.ListTopics(ctx, proposals, grants, decisions, deadLetter)
+	if err != nil {
+		return 0, fmt.Errorf("processor: list topics: %w", err)
+	}
+	want := int32(-1)
+	for _, name := range []string{proposals, grants, decisions, deadLetter} {
+		t, ok := td[name]
+		if !ok || t.Err != nil {
+			reason := "it does not exist"
+			if ok && t.Err != nil {
+				reason = t.Err.Error()
+			}
+			return 0, fmt.Errorf("processor: topic %q is not usable: %s (create the topics with `mandatectl topics create`)", name, reason)
+		}
+		n := int32(len(t.Partitions))
+		if want < 0 {
+			want = n
+		}
+		if n != want {
+			return 0, fmt.Errorf("processor: topic %q has %d partitions but %q has %d; proposals, grants, decisions and dead-letter topics must have the same partition count",
+				name, n, proposals, want)
+		}
+	}
+	return want, nil
+}
+
+func keys(m map[int32]bool) []int32 {
+	out := make([]int32, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}

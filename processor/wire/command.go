@@ -1,0 +1,148 @@
+package wire
+
+import (
+	"time"
+
+	"github.com/mandated/mandated/partitioner"
+)
+
+// SchemaVersion is the only wire version this build speaks.
+const SchemaVersion = 1
+
+// CommandType names a command. Grant and revoke come from grantors on the
+// grants topic; the rest from agents and platforms on the proposals topic.
+type CommandType string
+
+const (
+	CmdGrant         CommandType = "grant"
+	CmdRevoke        CommandType = "revoke"
+	CmdPropose       CommandType = "propose"
+	CmdBegin         CommandType = "begin"
+	CmdCommit        CommandType = "commit"
+	CmdCancel        CommandType = "cancel"
+	CmdReportUnknown CommandType = "report_unknown"
+	CmdResolve       CommandType = "resolve"
+)
+
+// IsGrantorCommand reports whether t may only arrive on the grants topic.
+func (t CommandType) IsGrantorCommand() bool { return t == CmdGrant || t == CmdRevoke }
+
+// Known reports whether t is a command of this schema version.
+func (t CommandType) Known() bool {
+	switch t {
+	case CmdGrant, CmdRevoke, CmdPropose, CmdBegin, CmdCommit, CmdCancel, CmdReportUnknown, CmdResolve:
+		return true
+	}
+	return false
+}
+
+// Money is an amount in integer minor units of an ISO 4217 currency
+// (15000 EUR minor units is 150.00 EUR).
+type Money struct {
+	MinorUnits int64  `json:"minor_units"`
+	Currency   string `json:"currency"`
+}
+
+// Command is one decoded, validated command. Exactly one of the typed
+// bodies is set, matching Type.
+type Command struct {
+	Type           CommandType
+	Key            partitioner.MandateKey
+	IdempotencyKey string    // required for propose; optional elsewhere
+	SentAt         time.Time // the producer's clock, for latency only; zero when absent
+
+	Grant   *Grant
+	Revoke  *Revoke
+	Propose *Propose
+	Begin   *Begin
+	Commit  *Commit
+	Cancel  *Cancel
+	Report  *ReportUnknown
+	Resolve *Resolve
+}
+
+// Grant creates a mandate or replaces the terms of an active one.
+type Grant struct {
+	Uses             int64    // uses allowed in total, ≥ 1
+	MaxAmount        Money    // cap per use
+	TotalLimit       *Money   // optional cap on the sum of held and spent amounts
+	Operations       []string // operations the mandate covers, ≥ 1
+	Targets          []string // allowed targets; empty means any target
+	ValidFrom        time.Time
+	ValidUntil       time.Time // zero means no end
+	ReleaseOnCancel  bool      // a cancelled authorization gives its use back
+	HoldWindow       time.Duration
+	ExecutionTimeout time.Duration
+}
+
+// Revoke ends a mandate's unused authority.
+type Revoke struct {
+	Reason string
+}
+
+// Propose asks for one use of a mandate.
+type Propose struct {
+	Operation      string
+	Amount         Money
+	Target         string
+	BasedOnVersion int64     // 0 when the agent did not name one
+	Deadline       time.Time // requested reservation deadline; zero means the mandate's hold window
+}
+
+// Begin is the compare-and-set gate before the external call.
+type Begin struct {
+	AuthorizationID string
+}
+
+// Commit records that the external call happened.
+type Commit struct {
+	AuthorizationID string
+	ExternalRef     string
+}
+
+// Cancel gives up an authorization; from executing only with proof that
+// the external call did not happen.
+type Cancel struct {
+	AuthorizationID  string
+	Reason           string
+	NotExecutedProof string
+}
+
+// ReportUnknown says the external call's outcome is unknown.
+type ReportUnknown struct {
+	AuthorizationID string
+	Detail          string
+}
+
+// ResolveOutcome is what reconciliation with the provider found.
+type ResolveOutcome string
+
+const (
+	ResolveCommitted ResolveOutcome = "committed"
+	ResolveCancelled ResolveOutcome = "cancelled"
+)
+
+// Resolve settles an in-doubt authorization.
+type Resolve struct {
+	AuthorizationID string
+	Outcome         ResolveOutcome
+	ExternalRef     string
+	Evidence        string
+}
+
+// AuthorizationID returns the authorization a command addresses, if any.
+func (c *Command) AuthorizationID() string {
+	switch {
+	case c.Begin != nil:
+		return c.Begin.AuthorizationID
+	case c.Commit != nil:
+		return c.Commit.AuthorizationID
+	case c.Cancel != nil:
+		return c.Cancel.AuthorizationID
+	case c.Report != nil:
+		return c.Report.AuthorizationID
+	case c.Resolve != nil:
+		return c.Resolve.AuthorizationID
+	}
+	return ""
+}

@@ -1,0 +1,524 @@
+package processor
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/mandated/mandated/outbox"
+	"github.com/mandated/mandated/processor/clock"
+	"github.com/mandated/mandated/processor/failpoint"
+	"github.com/mandated/mandated/processor/lifecycle"
+	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/sink"
+)
+
+// worker decides one owned partition: it takes what the poll loop handed
+// it (up to MaxBatch, no lingering), adds the deadlines that are due, and
+// commits them in one fenced transaction, again and again.
+type worker struct {
+	p         *Processor
+	partition int32
+	epoch     int64
+	log       zerolog.Logger
+
+	pos       sink.Position // what the database stores; only the worker goroutine touches it
+	deadlines *deadlineQueue
+	pending   atomic.Int64                  // deadlines.len(), for other goroutines
+	published atomic.Pointer[sink.Position] // pos, for other goroutines
+
+	mu       sync.Mutex
+	inbox    []*kgo.Record
+	paused   bool
+	hwm      map[string]int64
+	stopping bool
+	fenced   bool
+
+	wake   chan struct{}
+	ctx    context.Context // cancelled to abort an in-flight batch
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+var errStopped = errors.New("processor: worker stopped")
+
+func newWorker(p *Processor, c sink.Claim) *worker {
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &worker{
+		p: p, partition: c.Partition, epoch: c.Epoch,
+		log: p.log.With().Int32("partition", c.Partition).Int64("epoch", c.Epoch).Logger(),
+		pos: sink.Position{ProposalsOffset: c.ProposalsOffset, GrantsOffset: c.GrantsOffset, NextSeq: c.NextSeq},
+		deadlines: newDeadlineQueue(), hwm: map[string]int64{},
+		wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel, done: make(chan struct{}),
+	}
+	pos := w.pos
+	w.published.Store(&pos)
+	return w
+}
+
+// position returns the stored position as of the last commit.
+func (w *worker) position() sink.Position { return *w.published.Load() }
+
+func (w *worker) highWater() int { return 4 * w.p.cfg.MaxBatch }
+
+// push hands the worker fetched records; it never blocks. Past the high
+// water mark the partition's fetching pauses until the worker catches up.
+func (w *worker) push(records []*kgo.Record, topic string, hwm int64) {
+	w.mu.Lock()
+	w.inbox = append(w.inbox, records...)
+	w.hwm[topic] = hwm
+	pause := !w.paused && len(w.inbox) >= w.highWater()
+	if pause {
+		w.paused = true
+	}
+	w.mu.Unlock()
+	if pause {
+		w.p.client.PauseFetchPartitions(w.p.topicPartitions(w.partition))
+	}
+	w.poke()
+}
+
+func (w *worker) poke() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (w *worker) take(max int) []*kgo.Record {
+	w.mu.Lock()
+	n := min(len(w.inbox), max)
+	batch := make([]*kgo.Record, n)
+	copy(batch, w.inbox)
+	w.inbox = append(w.inbox[:0:0], w.inbox[n:]...)
+	resume := w.paused && len(w.inbox) < w.highWater()/2
+	if resume {
+		w.paused = false
+	}
+	w.mu.Unlock()
+	if resume {
+		w.p.client.ResumeFetchPartitions(w.p.topicPartitions(w.partition))
+	}
+	return batch
+}
+
+// stop asks the worker to finish its batch in flight and exit; after
+// grace it aborts the batch instead. It returns when the worker is gone.
+func (w *worker) stop(grace time.Duration) {
+	w.mu.Lock()
+	w.stopping = true
+	w.mu.Unlock()
+	w.poke()
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-w.done:
+	case <-t.C:
+		w.log.Warn().Dur("grace", grace).Msg("worker did not finish its batch in time; aborting it")
+		w.cancel()
+		<-w.done
+	}
+	w.cancel()
+}
+
+func (w *worker) isStopping() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.stopping
+}
+
+func (w *worker) run() {
+	defer close(w.done)
+	defer w.p.workerExited(w)
+	if err := w.loadDeadlines(); err != nil {
+		return
+	}
+	purge := time.NewTicker(w.p.cfg.PurgeInterval)
+	defer purge.Stop()
+	clk := w.p.cfg.Test.Clock
+	for {
+		var timer clock.Timer
+		var timerC <-chan time.Time
+		if at, ok := w.deadlines.next(); ok {
+			timer = clk.NewTimer(max(at.Sub(clk.Now()), 0))
+			timerC = timer.C()
+		}
+		select {
+		case <-w.ctx.Done():
+		case <-w.wake:
+		case <-timerC:
+		case <-purge.C:
+			w.purge()
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+		if w.ctx.Err() != nil {
+			return
+		}
+		for !w.isStopping() {
+			worked, err := w.step()
+			if err != nil {
+				return
+			}
+			if !worked {
+				break
+			}
+		}
+		if w.isStopping() {
+			return
+		}
+	}
+}
+
+func (w *worker) loadDeadlines() error {
+	backoff := 50 * time.Millisecond
+	for {
+		ds, err := w.p.sink.Deadlines(w.ctx, w.partition)
+		if err == nil {
+			for _, d := range ds {
+				w.deadlines.set(d.Key, d.At)
+			}
+			w.pending.Store(int64(w.deadlines.len()))
+			return nil
+		}
+		if w.ctx.Err() != nil {
+			return w.ctx.Err()
+		}
+		w.log.Error().Err(err).Msg("cannot load pending deadlines; retrying")
+		if !sleepCtx(w.ctx, backoff) {
+			return w.ctx.Err()
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+// step decides one batch: records in hand plus due deadlines. It reports
+// whether there was anything to do.
+func (w *worker) step() (bool, error) {
+	now := w.p.cfg.Test.Clock.Now()
+	recs := w.take(w.p.cfg.MaxBatch)
+	due := w.deadlines.due(now, max(w.p.cfg.MaxBatch-len(recs), 1))
+	if len(recs) == 0 && len(due) == 0 {
+		return false, nil
+	}
+	items := make([]item, 0, len(recs))
+	for _, r := range recs {
+		if w.alreadyDecided(r) {
+			continue
+		}
+		items = append(items, w.p.classify(r))
+	}
+	if len(items) == 0 && len(due) == 0 {
+		return true, nil
+	}
+	return true, w.commitIsolating(items, due, now)
+}
+
+// alreadyDecided drops a record below the stored position (a redelivery).
+func (w *worker) alreadyDecided(r *kgo.Record) bool {
+	if r.Topic == w.p.cfg.GrantsTopic {
+		return r.Offset < w.pos.GrantsOffset
+	}
+	return r.Offset < w.pos.ProposalsOffset
+}
+
+// commitIsolating commits a batch; if the database refuses its content, it
+// splits the batch until the record responsible is alone and answers that
+// record with a rejection, so one poison record never stalls a partition.
+func (w *worker) commitIsolating(items []item, due []lifecycle.AuthKey, now time.Time) error {
+	err := w.commit(items, due, now)
+	if !errors.Is(err, sink.ErrRecordFault) {
+		return err
+	}
+	w.log.Warn().Err(err).Int("records", len(items)).Int("deadlines", len(due)).Msg("the database refused a batch; isolating the record")
+	switch {
+	case len(due) > 0:
+		if err := w.commitIsolating(nil, due, now); err != nil && !errors.Is(err, sink.ErrRecordFault) {
+			return err
+		} else if err != nil {
+			w.log.Error().Err(err).Int("deadlines", len(due)).Msg("the database refuses these deadline moves; they wait for the next claim")
+		}
+		if len(items) == 0 {
+			return nil
+		}
+		return w.commitIsolating(items, nil, now)
+	case len(items) > 1:
+		mid := len(items) / 2
+		if err := w.commitIsolating(items[:mid], nil, now); err != nil {
+			return err
+		}
+		return w.commitIsolating(items[mid:], nil, now)
+	case len(items) == 1:
+		w.p.metrics.RecordFaults.Inc()
+		it := items[0]
+		it.kind = itemReject
+		if it.cmd != nil {
+			it.key = it.cmd.Key
+		}
+		it.rej = &wire.Rejection{Reason: wire.ReasonStorageRefused, Key: &it.key, Type: typeOf(it.cmd, it.rej),
+			Detail: "the database refused this command's effects; nothing was changed (" + err.Error() + ")"}
+		it.cmd = nil
+		if it.key.Org == "" {
+			it.kind = itemDeadLetter
+		}
+		return w.commit([]item{it}, nil, now)
+	}
+	return err
+}
+
+// commit decides and commits one batch, retrying transient failures until
+// it succeeds, the worker is fenced, or the worker stops.
+func (w *worker) commit(items []item, due []lifecycle.AuthKey, now time.Time) error {
+	needs := sink.NewNeeds()
+	to := sink.Position{ProposalsOffset: w.pos.ProposalsOffset, GrantsOffset: w.pos.GrantsOffset}
+	for _, it := range items {
+		if it.rec.Topic == w.p.cfg.GrantsTopic {
+			to.GrantsOffset = max(to.GrantsOffset, it.rec.Offset+1)
+		} else {
+			to.ProposalsOffset = max(to.ProposalsOffset, it.rec.Offset+1)
+		}
+		if it.kind != itemCommand {
+			continue
+		}
+		c := it.cmd
+		needs.Mandates[c.Key] = struct{}{}
+		switch c.Type {
+		case wire.CmdPropose:
+			needs.Idem[lifecycle.IdemScope{Org: c.Key.Org, Operation: c.Propose.Operation, Key: c.IdempotencyKey}] = struct{}{}
+		case wire.CmdGrant:
+			if c.IdempotencyKey != "" {
+				needs.Idem[lifecycle.IdemScope{Org: c.Key.Org, Operation: "mandate.grant", Key: c.IdempotencyKey}] = struct{}{}
+			}
+		case wire.CmdRevoke:
+			needs.Reserved[c.Key] = struct{}{}
+			if c.IdempotencyKey != "" {
+				needs.Idem[lifecycle.IdemScope{Org: c.Key.Org, Operation: "mandate.revoke", Key: c.IdempotencyKey}] = struct{}{}
+			}
+		default:
+			needs.Auths[lifecycle.AuthKey{Mandate: c.Key, ID: c.AuthorizationID()}] = struct{}{}
+		}
+	}
+	for _, k := range due {
+		needs.Mandates[k.Mandate] = struct{}{}
+		needs.Auths[k] = struct{}{}
+	}
+
+	var decisions []wire.Decision
+	b := &sink.Batch{
+		Partition: w.partition, Epoch: w.epoch, From: w.pos, To: to, Needs: needs,
+		Decide: func(st *lifecycle.State) ([]outbox.Row, error) {
+			decisions = decisions[:0]
+			var rows []outbox.Row
+			emit := func(ds ...wire.Decision) error {
+				for i := range ds {
+					payload, err := ds[i].Encode()
+					if err != nil {
+						return err
+					}
+					decisions = append(decisions, ds[i])
+					rows = append(rows, outbox.Row{Partition: w.partition, Seq: ds[i].Sequence, Epoch: w.epoch,
+						Kind: outbox.KindDecision, Key: []byte(ds[i].MandateKey), Payload: payload, CreatedAt: now})
+				}
+				return nil
+			}
+			for _, k := range due {
+				if err := emit(st.Tick(k, now)...); err != nil {
+					return nil, err
+				}
+			}
+			for _, it := range items {
+				var err error
+				switch it.kind {
+				case itemCommand:
+					err = emit(st.Decide(lifecycle.Input{Cmd: it.cmd, Source: it.src}, now)...)
+				case itemReject:
+					d := st.Reject(it.key, it.rej, it.src, it.sentAt, now)
+					if it.home >= 0 {
+						home := it.home
+						d.HomePartition = &home
+					}
+					err = emit(d)
+				case itemDeadLetter:
+					rows = append(rows, deadLetterRow(st, w.partition, w.epoch, it, now))
+				}
+				if err != nil {
+					return nil, err
+				}
+			}
+			return rows, nil
+		},
+		BeforeCommit: func(ctx context.Context) error { return failpoint.Inject(ctx, failpoint.BeforeCommit) },
+	}
+
+	backoff := 50 * time.Millisecond
+	for {
+		start := time.Now()
+		res, err := w.p.sink.Commit(w.ctx, b)
+		w.countRetries(res.Retries)
+		if err == nil {
+			w.committed(b, res, items, due, decisions, time.Since(start))
+			return nil
+		}
+		switch {
+		case errors.Is(err, sink.ErrFenced):
+			w.p.metrics.Fenced.Inc()
+			w.log.Warn().Err(err).Msg("batch fenced: another owner holds this partition now; stopping this worker")
+			w.mu.Lock()
+			w.fenced = true
+			w.mu.Unlock()
+			if f := w.p.cfg.Test.OnFenced; f != nil {
+				f(w.partition, w.epoch)
+			}
+			return err
+		case errors.Is(err, sink.ErrRecordFault):
+			return err
+		case w.ctx.Err() != nil:
+			return errStopped
+		}
+		// The database is unreachable or the batch kept conflicting: keep
+		// the batch and try again. The outcome of the last COMMIT may be
+		// unknown, which the sink resolves by reading the position back.
+		b.Retry = true
+		w.log.Error().Err(err).Dur("backoff", backoff).Msg("batch commit failed; retrying")
+		if !sleepCtx(w.ctx, backoff) {
+			return errStopped
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+func (w *worker) countRetries(causes []string) {
+	for _, r := range causes {
+		w.p.metrics.BatchRetries.WithLabelValues(r).Inc()
+		if r == "version" {
+			w.p.metrics.VersionConflicts.Inc()
+		}
+	}
+}
+
+// committed does what follows a commit: track the new position and
+// deadlines, count, and wake the relay.
+func (w *worker) committed(b *sink.Batch, res sink.Result, items []item, due []lifecycle.AuthKey, decisions []wire.Decision, took time.Duration) {
+	w.pos = res.Position
+	pos := w.pos
+	w.published.Store(&pos)
+	if res.AlreadyStored {
+		w.p.metrics.AmbiguousCommits.Inc()
+		w.log.Warn().Msg("a batch COMMIT's acknowledgement was lost; the stored position shows it committed")
+		decisions = nil
+		w.deadlines = newDeadlineQueue()
+		_ = w.loadDeadlines()
+	} else {
+		for k, a := range res.State.Auths {
+			if !a.Dirty {
+				continue
+			}
+			switch a.State {
+			case wire.StateReserved:
+				w.deadlines.set(k, a.Deadline)
+			case wire.StateExecuting:
+				w.deadlines.set(k, a.ExecutionDeadline)
+			default:
+				w.deadlines.drop(k)
+			}
+		}
+	}
+	w.pending.Store(int64(w.deadlines.len()))
+	m := w.p.metrics
+	m.PendingDeadlines.Set(float64(w.p.pendingDeadlines()))
+	m.BatchSize.Observe(float64(len(items) + len(due)))
+	m.CommitSeconds.Observe(took.Seconds())
+	commitTime := time.Now()
+	for _, it := range items {
+		if !it.rec.Timestamp.IsZero() {
+			m.DecisionLatency.Observe(commitTime.Sub(it.rec.Timestamp).Seconds())
+		}
+		switch it.kind {
+		case itemReject:
+			m.Rejections.WithLabelValues(string(it.rej.Reason)).Inc()
+			if it.rej.Reason == wire.ReasonMisrouted {
+				m.Misrouted.Inc()
+			}
+		case itemDeadLetter:
+			m.DeadLetters.WithLabelValues(string(it.rej.Reason)).Inc()
+		}
+	}
+	for i := range decisions {
+		d := &decisions[i]
+		m.Decisions.WithLabelValues(d.Command, string(d.Outcome)).Inc()
+		if d.Command == wire.CommandTimer {
+			m.DeadlineMoves.WithLabelValues(string(d.Outcome)).Inc()
+		}
+	}
+	w.mu.Lock()
+	for topic, hwm := range w.hwm {
+		off := w.pos.ProposalsOffset
+		if topic == w.p.cfg.GrantsTopic {
+			off = w.pos.GrantsOffset
+		}
+		m.ConsumerLag.WithLabelValues(topic, strconv.Itoa(int(w.partition))).Set(float64(max(hwm-off, 0)))
+	}
+	w.mu.Unlock()
+	w.log.Debug().Int("records", len(items)).Int("deadlines", len(due)).Int("decisions", len(decisions)).
+		Int64("proposals_offset", w.pos.ProposalsOffset).Int64("grants_offset", w.pos.GrantsOffset).
+		Int64("next_seq", w.pos.NextSeq).Int("attempts", res.Attempts).Dur("took", took).Msg("batch committed")
+	_ = failpoint.Inject(w.ctx, failpoint.AfterCommit)
+	if l := w.p.cfg.Listener; l != nil {
+		l.Committed(w.partition, w.epoch, w.pos.NextSeq)
+	}
+	if f := w.p.cfg.Test.OnCommitted; f != nil {
+		f(BatchReport{Partition: w.partition, Epoch: w.epoch, Records: len(items), Timers: len(due),
+			Decisions: decisions, NextSeq: w.pos.NextSeq, Attempts: res.Attempts})
+	}
+}
+
+// purge runs the bounded idempotency-key purge for this partition.
+func (w *worker) purge() {
+	n, err := w.p.sink.PurgeExpiredKeys(w.ctx, w.partition, w.p.cfg.Test.Clock.Now(), w.p.cfg.PurgeBatch)
+	if err != nil {
+		if w.ctx.Err() == nil {
+			w.log.Warn().Err(err).Msg("idempotency key purge failed; next interval retries")
+		}
+		return
+	}
+	if n > 0 {
+		w.p.metrics.KeysPurged.Add(float64(n))
+		w.log.Info().Int64("keys", n).Msg("purged expired idempotency keys")
+	}
+}
+
+// deadLetterRow makes the outbox row for a record no mandate can be read
+// from: the original bytes (capped) with the reason and source in headers.
+func deadLetterRow(st *lifecycle.State, partition int32, epoch int64, it item, now time.Time) outbox.Row {
+	seq := st.NextSeq
+	st.NextSeq++
+	capped := func(b []byte) []byte {
+		if len(b) > wire.DeadLetterMaxByte {
+			return b[:wire.DeadLetterMaxByte]
+		}
+		return b
+	}
+	return outbox.Row{
+		Partition: partition, Seq: seq, Epoch: epoch, Kind: outbox.KindDeadLetter,
+		Key: capped(it.rec.Key), Payload: capped(it.rec.Value), Reason: string(it.rej.Reason), Detail: it.rej.Detail,
+		SourceTopic: it.rec.Topic, SourcePartition: it.rec.Partition, SourceOffset: it.rec.Offset, CreatedAt: now,
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

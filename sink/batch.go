@@ -1,0 +1,211 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/mandated/mandated/outbox"
+	"github.com/mandated/mandated/processor/lifecycle"
+)
+
+// Position is where a partition's consumption and outbox stand.
+type Position struct {
+	ProposalsOffset int64 // next proposals offset to consume
+	GrantsOffset    int64 // next grants offset to consume
+	NextSeq         int64 // next outbox sequence
+}
+
+// Batch is one fenced transaction for one partition.
+type Batch struct {
+	Partition int32
+	Epoch     int64
+	// From is the position the owner believes is stored; To is where the
+	// batch moves consumption (To.NextSeq is ignored: the decisions set it).
+	From, To Position
+	Needs    Needs
+	// Decide decides the batch against the loaded state and returns the
+	// outbox rows to write. It is called again, from scratch, on every
+	// retry, so it must be pure.
+	Decide func(st *lifecycle.State) ([]outbox.Row, error)
+	// BeforeCommit runs after every write, before COMMIT (a failpoint).
+	BeforeCommit func(ctx context.Context) error
+	// Retry says an earlier Commit of this batch failed with an unknown
+	// outcome, so finding it already stored is success, not a fence.
+	Retry bool
+}
+
+// Result is what a committed batch did.
+type Result struct {
+	Position      Position // the stored position after the batch
+	State         *lifecycle.State
+	Rows          []outbox.Row
+	Attempts      int
+	Retries       []string // the cause of each retry (see RetryCause)
+	AlreadyStored bool     // an earlier attempt's ambiguous COMMIT had in fact committed
+}
+
+// Commit runs the batch in one transaction: lock the partition row and
+// check the epoch and position (a stale owner writes nothing: ErrFenced),
+// load the state the batch needs, decide, write state, idempotency rows,
+// outbox rows and the new position, commit. Serialization failures,
+// deadlocks and races retry the whole batch; a COMMIT whose outcome was lost
+// with the connection is resolved by reading the stored position back.
+func (s *Sink) Commit(ctx context.Context, b *Batch) (Result, error) {
+	var res Result
+	backoff := RetryBackoffDefault
+	for {
+		res.Attempts++
+		err := s.attempt(ctx, b, &res)
+		if err == nil {
+			return res, nil
+		}
+		err = interpretError(err)
+		if !errors.Is(err, ErrRetryable) || res.Attempts >= s.cfg.MaxBatchAttempts {
+			return res, err
+		}
+		res.Retries = append(res.Retries, RetryCause(err))
+		wait := backoff/2 + rand.N(backoff)
+		backoff = min(backoff*2, time.Second)
+		select {
+		case <-ctx.Done():
+			return res, ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+}
+
+func (s *Sink) attempt(ctx context.Context, b *Batch, res *Result) error {
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
+
+	// Phase one, one round trip: the fence, the mandates, the idempotency keys.
+	var lb pgx.Batch
+	lb.Queue(lockPartitionSQL, b.Partition)
+	var orgs, ids []string
+	for k := range b.Needs.Mandates {
+		orgs, ids = append(orgs, k.Org), append(ids, k.MandateID)
+	}
+	lb.Queue(loadMandatesSQL, orgs, ids)
+	var iOrgs, iOps, iKeys []string
+	for k := range b.Needs.Idem {
+		iOrgs, iOps, iKeys = append(iOrgs, k.Org), append(iOps, k.Operation), append(iKeys, k.Key)
+	}
+	lb.Queue(loadIdemSQL, iOrgs, iOps, iKeys)
+	br := tx.SendBatch(ctx, &lb)
+	var stored Position
+	var epoch int64
+	var setting string
+	if err := br.QueryRow().Scan(&epoch, &stored.ProposalsOffset, &stored.GrantsOffset, &stored.NextSeq, &setting); err != nil {
+		br.Close()
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("%w: partition %d has never been claimed", ErrFenced, b.Partition)
+		}
+		return fmt.Errorf("lock partition %d: %w", b.Partition, err)
+	}
+	if epoch != b.Epoch {
+		br.Close()
+		return fmt.Errorf("%w: partition %d is at epoch %d, this owner holds %d", ErrFenced, b.Partition, epoch, b.Epoch)
+	}
+	if stored != b.From {
+		br.Close()
+		if stored.ProposalsOffset == b.To.ProposalsOffset && stored.GrantsOffset == b.To.GrantsOffset && (res.Attempts > 1 || b.Retry) {
+			// An earlier attempt committed; its acknowledgement was lost.
+			res.Position, res.AlreadyStored = stored, true
+			return nil
+		}
+		return fmt.Errorf("%w: partition %d stores position %+v, this owner expected %+v", ErrFenced, b.Partition, stored, b.From)
+	}
+	st := lifecycle.NewState(b.Partition, epoch, stored.NextSeq, s.Retention)
+	rows, err := br.Query()
+	if err != nil {
+		br.Close()
+		return fmt.Errorf("load mandates: %w", err)
+	}
+	for rows.Next() {
+		m, err := scanMandate(rows)
+		if err != nil {
+			rows.Close()
+			br.Close()
+			return fmt.Errorf("load mandates: %w", err)
+		}
+		st.Mandates[m.Key] = m
+	}
+	rows.Close()
+	if rows, err = br.Query(); err == nil {
+		for rows.Next() {
+			r, err := scanIdem(rows)
+			if err != nil {
+				rows.Close()
+				br.Close()
+				return fmt.Errorf("load idempotency keys: %w", err)
+			}
+			st.Idem[r.Scope] = r
+		}
+		rows.Close()
+		err = rows.Err()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("load idempotency keys: %w", err)
+	}
+
+	// Phase two: the authorizations.
+	if err := loadAuths(ctx, tx, st, b.Needs); err != nil {
+		return fmt.Errorf("load authorizations: %w", err)
+	}
+
+	out, err := b.Decide(st)
+	if err != nil {
+		return fmt.Errorf("decide: %w", err)
+	}
+	for _, m := range st.Mandates {
+		if m.Dirty {
+			if err := m.Check(); err != nil {
+				return fmt.Errorf("%w: %v", ErrRecordFault, err)
+			}
+		}
+	}
+
+	// Phase three, one round trip: every write and the new position.
+	var w writeSet
+	w.mandates(st)
+	w.auths(st)
+	w.idem(st)
+	w.outbox(out)
+	to := Position{ProposalsOffset: b.To.ProposalsOffset, GrantsOffset: b.To.GrantsOffset, NextSeq: st.NextSeq}
+	w.queue(advancePartitionSQL, []any{b.Partition, b.Epoch, to.ProposalsOffset, to.GrantsOffset, to.NextSeq,
+		stored.ProposalsOffset, stored.GrantsOffset, stored.NextSeq}, expectRows("advance partition", 1))
+	wr := tx.SendBatch(ctx, &w.batch)
+	for _, check := range w.checks {
+		if err := check(wr); err != nil {
+			wr.Close()
+			return err
+		}
+	}
+	if err := wr.Close(); err != nil {
+		return err
+	}
+	if b.BeforeCommit != nil {
+		if err := b.BeforeCommit(ctx); err != nil {
+			return err
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		if errors.Is(interpretError(err), ErrRetryable) {
+			return err
+		}
+		return retry("commit_unknown", "commit outcome unknown: %v", err)
+	}
+	res.Position, res.State, res.Rows = to, st, out
+	return nil
+}

@@ -1,0 +1,157 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Claim is a partition owned under an epoch, and where its consumption
+// resumes.
+type Claim struct {
+	Partition       int32
+	Epoch           int64
+	ProposalsOffset int64 // the next proposals offset to consume
+	GrantsOffset    int64 // the next grants offset to consume
+	NextSeq         int64 // the next outbox sequence
+	Terminated      int   // predecessor sessions terminated to take over
+	Waited          time.Duration
+}
+
+// EnsurePartitionCount records the topics' partition count on first use and
+// refuses a different one later: the count decides every mandate's home, so
+// changing it is an explicit migration, never a restart with other topics.
+func (s *Sink) EnsurePartitionCount(ctx context.Context, n int32) error {
+	var stored int32
+	err := s.pool.QueryRow(ctx, `INSERT INTO mandated_meta (partition_count) VALUES ($1)
+		ON CONFLICT (singleton) DO UPDATE SET partition_count = mandated_meta.partition_count
+		RETURNING partition_count`, n).Scan(&stored)
+	if err != nil {
+		return fmt.Errorf("sink: record partition count: %w", interpretError(err))
+	}
+	if stored != n {
+		return fmt.Errorf("sink: the topics have %d partitions but this database was set up for %d; "+
+			"changing the partition count moves mandates between partitions and needs an explicit migration", n, stored)
+	}
+	return nil
+}
+
+// Claim takes ownership of a partition: it bumps the partition's epoch (so
+// every batch of the previous owner fails its fence from now on) and
+// returns where consumption resumes. If the previous owner sits inside a
+// batch transaction holding the partition row (paused, partitioned), the
+// claim waits TakeoverGrace and then terminates that session.
+func (s *Sink) Claim(ctx context.Context, partition int32, owner string) (Claim, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.ClaimTimeout)
+	defer cancel()
+	start := time.Now()
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return Claim{}, fmt.Errorf("sink: claim partition %d: %w", partition, interpretError(err))
+	}
+	defer conn.Release()
+	var pid int32
+	if err := conn.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		return Claim{}, fmt.Errorf("sink: claim partition %d: %w", partition, interpretError(err))
+	}
+
+	type result struct {
+		c   Claim
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		var c Claim
+		c.Partition = partition
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, s.cfg.ClaimTimeout.Milliseconds())); err != nil {
+				return err
+			}
+			return tx.QueryRow(ctx, `INSERT INTO mandated_partitions (partition, epoch, owner) VALUES ($1, 1, $2)
+				ON CONFLICT (partition) DO UPDATE
+				SET epoch = mandated_partitions.epoch + 1, owner = EXCLUDED.owner, claimed_at = now(), updated_at = now()
+				RETURNING epoch, proposals_offset, grants_offset, next_seq`, partition, owner).
+				Scan(&c.Epoch, &c.ProposalsOffset, &c.GrantsOffset, &c.NextSeq)
+		})
+		done <- result{c, err}
+	}()
+
+	terminated := 0
+	tick := time.NewTicker(s.cfg.TakeoverGrace / 4)
+	defer tick.Stop()
+	for {
+		select {
+		case r := <-done:
+			if r.err != nil {
+				return Claim{}, fmt.Errorf("sink: claim partition %d: %w", partition, interpretError(r.err))
+			}
+			r.c.Terminated = terminated
+			r.c.Waited = time.Since(start)
+			return r.c, nil
+		case <-tick.C:
+			if time.Since(start) < s.cfg.TakeoverGrace {
+				continue
+			}
+			n, err := s.terminateBlockers(ctx, pid)
+			if err != nil && !errors.Is(err, context.Canceled) {
+				s.log.Warn().Err(err).Int32("partition", partition).Msg("could not terminate the session blocking a takeover")
+			}
+			if n > 0 {
+				terminated += n
+				s.log.Warn().Int32("partition", partition).Int("sessions", n).Dur("waited", time.Since(start)).
+					Msg("terminated a stuck predecessor holding the partition row")
+			}
+		}
+	}
+}
+
+// terminateBlockers ends the mandated sessions that block backend pid.
+func (s *Sink) terminateBlockers(ctx context.Context, pid int32) (int, error) {
+	var n int
+	err := s.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(a.pid))
+		FROM pg_stat_activity a
+		WHERE a.pid = ANY (pg_blocking_pids($1)) AND a.application_name = $2`, pid, s.cfg.ApplicationName).Scan(&n)
+	return n, interpretError(err)
+}
+
+// PartitionRow is a partition's stored progress, for operators.
+type PartitionRow struct {
+	Partition       int32
+	Epoch           int64
+	Owner           string
+	ProposalsOffset int64
+	GrantsOffset    int64
+	NextSeq         int64
+	PublishedSeq    int64
+	ClaimedAt       time.Time
+	UpdatedAt       time.Time
+}
+
+// Partitions lists every partition's stored progress.
+func (s *Sink) Partitions(ctx context.Context) ([]PartitionRow, error) {
+	rows, err := s.pool.Query(ctx, `SELECT p.partition, p.epoch, p.owner, p.proposals_offset, p.grants_offset, p.next_seq,
+			coalesce(r.published_seq, 0), p.claimed_at, p.updated_at
+		FROM mandated_partitions p LEFT JOIN relay_progress r USING (partition) ORDER BY p.partition`)
+	if err != nil {
+		return nil, fmt.Errorf("sink: list partitions: %w", interpretError(err))
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (PartitionRow, error) {
+		var p PartitionRow
+		err := r.Scan(&p.Partition, &p.Epoch, &p.Owner, &p.ProposalsOffset, &p.GrantsOffset, &p.NextSeq, &p.PublishedSeq, &p.ClaimedAt, &p.UpdatedAt)
+		return p, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("sink: list partitions: %w", interpretError(err))
+	}
+	return out, nil
+}
+
+// CurrentEpoch reads a partition's epoch (0 when never claimed).
+func (s *Sink) CurrentEpoch(ctx context.Context, partition int32) (int64, error) {
+	var e int64
+	err := s.pool.QueryRow(ctx, `SELECT coalesce((SELECT epoch FROM mandated_partitions WHERE partition = $1), 0)`, partition).Scan(&e)
+	return e, interpretError(err)
+}

@@ -1,0 +1,240 @@
+package sink
+
+import (
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/mandated/mandated/outbox"
+	"github.com/mandated/mandated/processor/lifecycle"
+)
+
+// Every write of a batch is one multi-row statement per table, sent in one
+// pipeline. Updates compare-and-set on the version loaded, so a write that
+// raced anything is caught rather than applied.
+
+const listSep = "\x1f" // cannot occur in an id (see partitioner's grammar)
+
+const insertMandatesSQL = `INSERT INTO mandates (org, mandate_id, partition, version, status, operations, targets, currency,
+  max_amount, total_limit, uses_allowed, uses_held, uses_spent, uses_in_doubt, amount_held, amount_spent,
+  valid_from, valid_until, release_on_cancel, hold_window_ms, execution_timeout_ms, last_authorization_id, created_at, updated_at)
+SELECT org, mandate_id, partition, version, status, string_to_array(operations, E'\x1f'), string_to_array(targets, E'\x1f'),
+  currency, max_amount, NULLIF(total_limit, 0), uses_allowed, uses_held, uses_spent, uses_in_doubt, amount_held, amount_spent,
+  valid_from, valid_until, release_on_cancel, hold_window_ms, execution_timeout_ms, NULLIF(last_authorization_id, ''), created_at, updated_at
+FROM unnest($1::text[], $2::text[], $3::int[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[],
+  $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bigint[], $16::bigint[],
+  $17::timestamptz[], $18::timestamptz[], $19::bool[], $20::bigint[], $21::bigint[], $22::text[], $23::timestamptz[], $24::timestamptz[])
+  AS u(org, mandate_id, partition, version, status, operations, targets, currency, max_amount, total_limit, uses_allowed,
+       uses_held, uses_spent, uses_in_doubt, amount_held, amount_spent, valid_from, valid_until, release_on_cancel,
+       hold_window_ms, execution_timeout_ms, last_authorization_id, created_at, updated_at)`
+
+const updateMandatesSQL = `UPDATE mandates m SET version = u.version, status = u.status,
+  operations = string_to_array(u.operations, E'\x1f'), targets = string_to_array(u.targets, E'\x1f'), currency = u.currency,
+  max_amount = u.max_amount, total_limit = NULLIF(u.total_limit, 0), uses_allowed = u.uses_allowed, uses_held = u.uses_held,
+  uses_spent = u.uses_spent, uses_in_doubt = u.uses_in_doubt, amount_held = u.amount_held, amount_spent = u.amount_spent,
+  valid_from = u.valid_from, valid_until = u.valid_until, release_on_cancel = u.release_on_cancel,
+  hold_window_ms = u.hold_window_ms, execution_timeout_ms = u.execution_timeout_ms,
+  last_authorization_id = NULLIF(u.last_authorization_id, ''), updated_at = u.updated_at
+FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[],
+  $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bigint[], $16::bigint[],
+  $17::timestamptz[], $18::timestamptz[], $19::bool[], $20::bigint[], $21::bigint[], $22::text[], $23::timestamptz[])
+  AS u(org, mandate_id, loaded_version, version, status, operations, targets, currency, max_amount, total_limit, uses_allowed,
+       uses_held, uses_spent, uses_in_doubt, amount_held, amount_spent, valid_from, valid_until, release_on_cancel,
+       hold_window_ms, execution_timeout_ms, last_authorization_id, updated_at)
+WHERE m.org = u.org AND m.mandate_id = u.mandate_id AND m.version = u.loaded_version`
+
+const insertAuthsSQL = `INSERT INTO authorizations (org, mandate_id, authorization_id, partition, state, version, operation, target,
+  amount, currency, idempotency_key, mandate_version, deadline, execution_deadline, begin_key, external_ref, detail,
+  decision_id, created_at, updated_at)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::text[], $6::bigint[], $7::text[], $8::text[],
+  $9::bigint[], $10::text[], $11::text[], $12::bigint[], $13::timestamptz[], $14::timestamptz[], $15::text[], $16::text[],
+  $17::text[], $18::text[], $19::timestamptz[], $20::timestamptz[])`
+
+const updateAuthsSQL = `UPDATE authorizations a SET state = u.state, version = u.version, execution_deadline = u.execution_deadline,
+  begin_key = u.begin_key, external_ref = u.external_ref, detail = u.detail, updated_at = u.updated_at
+FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::bigint[], $7::timestamptz[], $8::text[],
+  $9::text[], $10::text[], $11::timestamptz[])
+  AS u(org, mandate_id, authorization_id, loaded_version, state, version, execution_deadline, begin_key, external_ref, detail, updated_at)
+WHERE a.org = u.org AND a.mandate_id = u.mandate_id AND a.authorization_id = u.authorization_id AND a.version = u.loaded_version`
+
+const insertIdemSQL = `INSERT INTO idempotency_keys (org, operation, idempotency_key, fingerprint, mandate_id, partition,
+  authorization_id, decision_id, outcome, reason, created_at, expires_at)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::int[], $7::text[], $8::text[],
+  $9::text[], $10::text[], $11::timestamptz[], $12::timestamptz[])
+ON CONFLICT DO NOTHING`
+
+const insertOutboxSQL = `INSERT INTO outbox (partition, seq, epoch, kind, record_key, payload, reason, detail, source_topic,
+  source_partition, source_offset, created_at)
+SELECT * FROM unnest($1::int[], $2::bigint[], $3::bigint[], $4::smallint[], $5::bytea[], $6::bytea[], $7::text[], $8::text[],
+  $9::text[], $10::int[], $11::bigint[], $12::timestamptz[])`
+
+const advancePartitionSQL = `UPDATE mandated_partitions SET proposals_offset = $3, grants_offset = $4, next_seq = $5, updated_at = now()
+WHERE partition = $1 AND epoch = $2 AND proposals_offset = $6 AND grants_offset = $7 AND next_seq = $8`
+
+// tstz maps the zero time to NULL.
+func tstz(t time.Time) pgtype.Timestamptz {
+	if t.IsZero() {
+		return pgtype.Timestamptz{}
+	}
+	return pgtype.Timestamptz{Time: t.UTC(), Valid: true}
+}
+
+// writeSet collects a batch's changes as column arrays.
+type writeSet struct {
+	batch  pgx.Batch
+	checks []func(pgx.BatchResults) error
+}
+
+func (w *writeSet) queue(sql string, args []any, check func(tag int64) error) {
+	w.batch.Queue(sql, args...)
+	w.checks = append(w.checks, func(br pgx.BatchResults) error {
+		tag, err := br.Exec()
+		if err != nil {
+			return err
+		}
+		if check != nil {
+			return check(tag.RowsAffected())
+		}
+		return nil
+	})
+}
+
+func expectRows(what string, want int) func(int64) error {
+	return func(got int64) error {
+		if got != int64(want) {
+			return retry("version", "%s wrote %d of %d rows (a concurrent write moved a version or took a key)", what, got, want)
+		}
+		return nil
+	}
+}
+
+func (w *writeSet) mandates(st *lifecycle.State) {
+	type cols struct {
+		org, id, status, ops, targets, cur, last          []string
+		part                                              []int32
+		loaded, version, max, total, allowed, held, spent []int64
+		doubt, amtHeld, amtSpent, holdMS, execMS          []int64
+		from, until, created, updated                     []pgtype.Timestamptz
+		release                                           []bool
+	}
+	var ins, upd cols
+	for _, m := range st.Mandates {
+		if !m.Dirty {
+			continue
+		}
+		c := &upd
+		if m.LoadedVersion == 0 {
+			c = &ins
+		}
+		c.org, c.id, c.part = append(c.org, m.Key.Org), append(c.id, m.Key.MandateID), append(c.part, m.Partition)
+		c.loaded, c.version = append(c.loaded, m.LoadedVersion), append(c.version, m.Version)
+		c.status = append(c.status, string(m.Status))
+		c.ops, c.targets = append(c.ops, strings.Join(m.Operations, listSep)), append(c.targets, strings.Join(m.Targets, listSep))
+		c.cur, c.max, c.total = append(c.cur, m.Currency), append(c.max, m.MaxAmount), append(c.total, m.TotalLimit)
+		c.allowed, c.held, c.spent = append(c.allowed, m.UsesAllowed), append(c.held, m.UsesHeld), append(c.spent, m.UsesSpent)
+		c.doubt, c.amtHeld, c.amtSpent = append(c.doubt, m.UsesInDoubt), append(c.amtHeld, m.AmountHeld), append(c.amtSpent, m.AmountSpent)
+		c.from, c.until = append(c.from, tstz(m.ValidFrom)), append(c.until, tstz(m.ValidUntil))
+		c.release = append(c.release, m.ReleaseOnCancel)
+		c.holdMS, c.execMS = append(c.holdMS, m.HoldWindow.Milliseconds()), append(c.execMS, m.ExecutionTimeout.Milliseconds())
+		c.last = append(c.last, m.LastAuthID)
+		c.created, c.updated = append(c.created, tstz(m.CreatedAt)), append(c.updated, tstz(m.UpdatedAt))
+	}
+	if n := len(ins.org); n > 0 {
+		w.queue(insertMandatesSQL, []any{ins.org, ins.id, ins.part, ins.version, ins.status, ins.ops, ins.targets, ins.cur,
+			ins.max, ins.total, ins.allowed, ins.held, ins.spent, ins.doubt, ins.amtHeld, ins.amtSpent, ins.from, ins.until,
+			ins.release, ins.holdMS, ins.execMS, ins.last, ins.created, ins.updated}, expectRows("insert mandates", n))
+	}
+	if n := len(upd.org); n > 0 {
+		w.queue(updateMandatesSQL, []any{upd.org, upd.id, upd.loaded, upd.version, upd.status, upd.ops, upd.targets, upd.cur,
+			upd.max, upd.total, upd.allowed, upd.held, upd.spent, upd.doubt, upd.amtHeld, upd.amtSpent, upd.from, upd.until,
+			upd.release, upd.holdMS, upd.execMS, upd.last, upd.updated}, expectRows("update mandates", n))
+	}
+}
+
+func (w *writeSet) auths(st *lifecycle.State) {
+	var (
+		iOrg, iMid, iID, iState, iOp, iTarget, iCur, iKey, iBegin, iRef, iDetail, iDec []string
+		iPart                                                                          []int32
+		iVer, iAmt, iMver                                                              []int64
+		iDeadline, iExec, iCreated, iUpdated                                           []pgtype.Timestamptz
+
+		uOrg, uMid, uID, uState, uBegin, uRef, uDetail []string
+		uLoaded, uVer                                  []int64
+		uExec, uUpdated                                []pgtype.Timestamptz
+	)
+	for _, a := range st.Auths {
+		if !a.Dirty {
+			continue
+		}
+		if a.LoadedVersion == 0 {
+			iOrg, iMid, iID = append(iOrg, a.Key.Mandate.Org), append(iMid, a.Key.Mandate.MandateID), append(iID, a.Key.ID)
+			iPart = append(iPart, st.Partition)
+			iState, iVer = append(iState, string(a.State)), append(iVer, a.Version)
+			iOp, iTarget, iAmt, iCur = append(iOp, a.Operation), append(iTarget, a.Target), append(iAmt, a.Amount), append(iCur, a.Currency)
+			iKey, iMver = append(iKey, a.IdempotencyKey), append(iMver, a.MandateVersion)
+			iDeadline, iExec = append(iDeadline, tstz(a.Deadline)), append(iExec, tstz(a.ExecutionDeadline))
+			iBegin, iRef, iDetail, iDec = append(iBegin, a.BeginKey), append(iRef, a.ExternalRef), append(iDetail, a.Detail), append(iDec, a.DecisionID)
+			iCreated, iUpdated = append(iCreated, tstz(a.CreatedAt)), append(iUpdated, tstz(a.UpdatedAt))
+			continue
+		}
+		uOrg, uMid, uID = append(uOrg, a.Key.Mandate.Org), append(uMid, a.Key.Mandate.MandateID), append(uID, a.Key.ID)
+		uLoaded, uState, uVer = append(uLoaded, a.LoadedVersion), append(uState, string(a.State)), append(uVer, a.Version)
+		uExec, uBegin, uRef, uDetail = append(uExec, tstz(a.ExecutionDeadline)), append(uBegin, a.BeginKey), append(uRef, a.ExternalRef), append(uDetail, a.Detail)
+		uUpdated = append(uUpdated, tstz(a.UpdatedAt))
+	}
+	if n := len(iOrg); n > 0 {
+		w.queue(insertAuthsSQL, []any{iOrg, iMid, iID, iPart, iState, iVer, iOp, iTarget, iAmt, iCur, iKey, iMver,
+			iDeadline, iExec, iBegin, iRef, iDetail, iDec, iCreated, iUpdated}, expectRows("insert authorizations", n))
+	}
+	if n := len(uOrg); n > 0 {
+		w.queue(updateAuthsSQL, []any{uOrg, uMid, uID, uLoaded, uState, uVer, uExec, uBegin, uRef, uDetail, uUpdated},
+			expectRows("update authorizations", n))
+	}
+}
+
+func (w *writeSet) idem(st *lifecycle.State) {
+	var org, op, key, mid, aid, dec, outcome, reason []string
+	var fp [][]byte
+	var part []int32
+	var created, expires []pgtype.Timestamptz
+	for _, r := range st.Idem {
+		if !r.New {
+			continue
+		}
+		org, op, key = append(org, r.Scope.Org), append(op, r.Scope.Operation), append(key, r.Scope.Key)
+		fp, mid, part = append(fp, r.Fingerprint), append(mid, r.Mandate.MandateID), append(part, st.Partition)
+		aid, dec = append(aid, r.AuthorizationID), append(dec, r.DecisionID)
+		outcome, reason = append(outcome, string(r.Outcome)), append(reason, string(r.Reason))
+		created, expires = append(created, tstz(r.CreatedAt)), append(expires, tstz(r.ExpiresAt))
+	}
+	if n := len(org); n > 0 {
+		// ON CONFLICT DO NOTHING + a count: a key that another partition
+		// bound since we loaded (the same key used for two mandates at
+		// once) makes the batch decide again, now seeing that binding.
+		w.queue(insertIdemSQL, []any{org, op, key, fp, mid, part, aid, dec, outcome, reason, created, expires},
+			expectRows("insert idempotency keys", n))
+	}
+}
+
+func (w *writeSet) outbox(rows []outbox.Row) {
+	n := len(rows)
+	if n == 0 {
+		return
+	}
+	part, srcPart := make([]int32, n), make([]int32, n)
+	seq, epoch, srcOff := make([]int64, n), make([]int64, n), make([]int64, n)
+	kind := make([]int16, n)
+	key, payload := make([][]byte, n), make([][]byte, n)
+	reason, detail, srcTopic := make([]string, n), make([]string, n), make([]string, n)
+	created := make([]pgtype.Timestamptz, n)
+	for i, r := range rows {
+		part[i], seq[i], epoch[i], kind[i] = r.Partition, r.Seq, r.Epoch, int16(r.Kind)
+		key[i], payload[i] = r.Key, r.Payload
+		reason[i], detail[i], srcTopic[i], srcPart[i], srcOff[i] = r.Reason, r.Detail, r.SourceTopic, r.SourcePartition, r.SourceOffset
+		created[i] = tstz(r.CreatedAt)
+	}
+	w.queue(insertOutboxSQL, []any{part, seq, epoch, kind, key, payload, reason, detail, srcTopic, srcPart, srcOff, created},
+		expectRows("insert outbox", n))
+}
