@@ -1,0 +1,80 @@
+package outbox
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the relay's Prometheus metrics.
+type Metrics struct {
+	Published      *prometheus.CounterVec
+	PublishSeconds prometheus.Histogram
+	TxnSeconds     prometheus.Histogram
+	PublishErrors  *prometheus.CounterVec
+	Parked         prometheus.Counter
+	ParkedRows     prometheus.Gauge
+	Backlog        *prometheus.GaugeVec
+	OldestAge      prometheus.Gauge
+	Resumes        prometheus.Counter
+	Fenced         prometheus.Counter
+	Deleted        prometheus.Counter
+	Gaps           prometheus.Counter
+}
+
+// NewMetrics creates the metrics and registers them with reg (nil: none).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Published: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mandated_outbox_published_total",
+			Help: "Outbox rows published in committed Kafka transactions, by kind (decision, dead_letter).",
+		}, []string{"kind"}),
+		PublishSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "mandated_outbox_publish_latency_seconds",
+			Help:    "From an outbox row's commit in PostgreSQL to its Kafka transaction's commit.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}),
+		TxnSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "mandated_outbox_transaction_seconds",
+			Help:    "Time to produce and commit one relay Kafka transaction.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}),
+		PublishErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mandated_outbox_publish_errors_total",
+			Help: "Relay publish attempts that failed, by kind (produce, commit, fenced, database, resume).",
+		}, []string{"kind"}),
+		Parked: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mandated_outbox_parked_total",
+			Help: "Outbox rows the broker refused for good (too large, invalid), moved to outbox_parked.",
+		}),
+		ParkedRows: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "mandated_outbox_parked_rows",
+			Help: "Rows currently in outbox_parked (list them with mandatectl parked).",
+		}),
+		Backlog: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "mandated_outbox_backlog_rows",
+			Help: "Outbox rows committed but not yet published, per owned partition.",
+		}, []string{"partition"}),
+		OldestAge: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "mandated_outbox_oldest_unpublished_age_seconds",
+			Help: "Age of the oldest unpublished outbox row on owned partitions.",
+		}),
+		Resumes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mandated_outbox_resumes_total",
+			Help: "Relay sessions started (each resumes after the last sequence found on Kafka or in PostgreSQL).",
+		}),
+		Fenced: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mandated_outbox_fenced_total",
+			Help: "Relay sessions ended because a newer owner's producer fenced this one.",
+		}),
+		Deleted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mandated_outbox_rows_deleted_total",
+			Help: "Published outbox rows deleted by housekeeping.",
+		}),
+		Gaps: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mandated_outbox_sequence_gaps_total",
+			Help: "Times the relay found a missing outbox sequence that is not parked (it waits; this should never happen).",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.Published, m.PublishSeconds, m.TxnSeconds, m.PublishErrors, m.Parked, m.ParkedRows,
+			m.Backlog, m.OldestAge, m.Resumes, m.Fenced, m.Deleted, m.Gaps)
+	}
+	return m
+}
