@@ -30,8 +30,8 @@ func NewNeeds() Needs {
 	}
 }
 
-const lockPartitionSQL = `SELECT epoch, proposals_offset, grants_offset, next_seq, set_config('mandated.partition', $1::text, true)
-FROM mandated_partitions WHERE partition = $1 FOR NO KEY UPDATE`
+const lockPartitionSQL = `SELECT epoch, proposals_offset, grants_offset, next_seq, set_config('mandated.partition', $1::int::text, true)
+FROM mandated_partitions WHERE partition = $1::int FOR NO KEY UPDATE`
 
 const mandateColumns = `m.org, m.mandate_id, m.partition, m.version, m.status, m.operations, m.targets, m.currency,
 m.max_amount, coalesce(m.total_limit, 0), m.uses_allowed, m.uses_held, m.uses_spent, m.uses_in_doubt,

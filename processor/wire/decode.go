@@ -39,6 +39,10 @@ var (
 	operationPattern   = regexp.MustCompile(`^[a-z][a-z0-9_.-]{0,63}$`)
 	externalRefPattern = regexp.MustCompile(`^[\x21-\x7e]{1,255}$`)
 	integerPattern     = regexp.MustCompile(`^-?(0|[1-9][0-9]*)$`)
+	// timestampPattern is RFC 3339's date-time: time.Parse alone also takes
+	// one-digit hours, a comma before the fraction and offsets such as
+	// +24:00 or +00:60 (its strict mode is disabled, go.dev/issue/54580).
+	timestampPattern = regexp.MustCompile(`^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$`)
 )
 
 // Rejection says why a record is not a valid command. Key is set when a
@@ -179,7 +183,7 @@ func Decode(recordKey, value []byte, lim Limits) (*Command, *Rejection) {
 			ExecutionTimeout: r.seconds("execution_timeout_seconds", DefaultExecutionTimout,
 				MaxExecutionTimeout),
 		}
-		if _, ok := obj["total_limit"]; ok {
+		if v, ok := obj["total_limit"]; ok && v != nil {
 			m := r.money("total_limit", true)
 			g.TotalLimit = &m
 			if r.err == nil && m.Currency != g.MaxAmount.Currency {
@@ -495,7 +499,7 @@ func (r *reader) timestamp(field string, required bool) time.Time {
 		return time.Time{}
 	}
 	t, err := time.Parse(time.RFC3339Nano, s)
-	if err != nil || t.Year() < 2000 || t.Year() > 2199 {
+	if err != nil || !timestampPattern.MatchString(s) || t.Year() < 2000 || t.Year() > 2199 {
 		r.failField(field, ReasonTimestampInvalid, "%s %q is not an RFC 3339 timestamp with a zone between 2000 and 2199", field, truncate(s, 64))
 		return time.Time{}
 	}
