@@ -388,6 +388,13 @@ func (d *decider) begin() {
 	if a == nil {
 		return
 	}
+	if d.cmd.IdempotencyKey != "" && d.cmd.IdempotencyKey == a.BeginKey {
+		// The begin that won, again (a retry, a redelivery): the same answer,
+		// with whatever state the execution reached since.
+		dec := withAuth(d.answer(wire.OutcomeReplayed, "", "the same begin again: it holds the execution"), a)
+		dec.OriginalOutcome = wire.OutcomeExecuting
+		return
+	}
 	switch a.State {
 	case wire.StateReserved:
 		d.touchAuth(a, wire.StateExecuting)
@@ -395,11 +402,6 @@ func (d *decider) begin() {
 		a.BeginKey = d.cmd.IdempotencyKey
 		withAuth(d.answer(wire.OutcomeExecuting, "", ""), a)
 	case wire.StateExecuting:
-		if d.cmd.IdempotencyKey != "" && d.cmd.IdempotencyKey == a.BeginKey {
-			dec := withAuth(d.answer(wire.OutcomeReplayed, "", "the same begin again: you hold the execution"), a)
-			dec.OriginalOutcome = wire.OutcomeExecuting
-			return
-		}
 		d.refuse(a, wire.ReasonAlreadyExecuting, "another begin already holds the execution")
 	case wire.StateInDoubt:
 		d.refuse(a, wire.ReasonAlreadyExecuting, "the authorization was begun and is now in doubt")
