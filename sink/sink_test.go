@@ -1,0 +1,220 @@
+package sink_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+
+	"github.com/mandated/mandated/outbox"
+	"github.com/mandated/mandated/partitioner"
+	"github.com/mandated/mandated/processor/lifecycle"
+	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/test/testenv"
+)
+
+type testBundle struct {
+	sink *sink.Sink
+	url  string
+}
+
+func setup(t *testing.T, mods ...func(*sink.Config)) *testBundle {
+	t.Helper()
+	url := testenv.Database(t)
+	cfg := sink.Config{DatabaseURL: url, TakeoverGrace: 500 * time.Millisecond, IdleInTxTimeout: 30 * time.Second}
+	for _, m := range mods {
+		m(&cfg)
+	}
+	s, err := sink.Open(context.Background(), cfg, zerolog.Nop())
+	require.NoError(t, err)
+	t.Cleanup(s.Close)
+	require.NoError(t, s.EnsurePartitionCount(context.Background(), 4))
+	return &testBundle{sink: s, url: url}
+}
+
+// grantBatch decides one grant for key on its home partition.
+func grantBatch(c sink.Claim, key partitioner.MandateKey, now time.Time) *sink.Batch {
+	cmd := &wire.Command{Type: wire.CmdGrant, Key: key, Grant: &wire.Grant{
+		Uses: 1, MaxAmount: wire.Money{MinorUnits: 100, Currency: "EUR"}, Operations: []string{"refund"},
+		ReleaseOnCancel: true, HoldWindow: time.Minute, ExecutionTimeout: time.Hour}}
+	needs := sink.NewNeeds()
+	needs.Mandates[key] = struct{}{}
+	from := sink.Position{ProposalsOffset: c.ProposalsOffset, GrantsOffset: c.GrantsOffset, NextSeq: c.NextSeq}
+	return &sink.Batch{
+		Partition: c.Partition, Epoch: c.Epoch, From: from,
+		To:    sink.Position{ProposalsOffset: c.ProposalsOffset, GrantsOffset: c.GrantsOffset + 1},
+		Needs: needs,
+		Decide: func(st *lifecycle.State) ([]outbox.Row, error) {
+			var rows []outbox.Row
+			for _, d := range st.Decide(lifecycle.Input{Cmd: cmd, Source: wire.Source{Topic: "g", Partition: c.Partition, Offset: c.GrantsOffset}}, now) {
+				b, err := d.Encode()
+				if err != nil {
+					return nil, err
+				}
+				rows = append(rows, outbox.Row{Partition: c.Partition, Seq: d.Sequence, Epoch: c.Epoch, Key: []byte(d.MandateKey), Payload: b, CreatedAt: now})
+			}
+			return rows, nil
+		},
+	}
+}
+
+func TestTheDatabaseMurmur2AgreesWithKafkasVectorsAndTheGoPartitioner(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	vectors := map[string]int32{"21": -973932308, "foobar": -790332482, "a-little-bit-long-string": -985981536,
+		"a-little-bit-longer-string": -1486304829, "lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971, "abc": 479470107}
+	for in, want := range vectors {
+		var got int32
+		require.NoError(t, b.sink.Pool().QueryRow(ctx, `SELECT mandated_murmur2(convert_to($1, 'UTF8'))`, in).Scan(&got))
+		require.Equal(t, want, got, in)
+	}
+	for i := range 300 {
+		key := fmt.Sprintf("org-%d/mandate-%d-é", i%7, i)
+		var got int32
+		require.NoError(t, b.sink.Pool().QueryRow(ctx, `SELECT mandated_home_partition($1, 64)`, key).Scan(&got))
+		require.Equal(t, partitioner.ForKey([]byte(key), 64), got, key)
+	}
+}
+
+func TestAStaleOwnerCannotCommitAfterATakeover(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	key := partitioner.MandateKey{Org: "acme", MandateID: "m1"}
+	p := key.Partition(4)
+	first, err := b.sink.Claim(ctx, p, "first")
+	require.NoError(t, err)
+	second, err := b.sink.Claim(ctx, p, "second")
+	require.NoError(t, err)
+	require.Equal(t, first.Epoch+1, second.Epoch)
+
+	_, err = b.sink.Commit(ctx, grantBatch(first, key, time.Now()))
+	require.ErrorIs(t, err, sink.ErrFenced)
+	_, err = b.sink.Inspect(ctx, key, 10)
+	require.ErrorIs(t, err, sink.ErrNotFound, "nothing the stale owner decided is visible")
+
+	_, err = b.sink.Commit(ctx, grantBatch(second, key, time.Now()))
+	require.NoError(t, err)
+}
+
+func TestATakeoverTerminatesAPredecessorStuckInsideItsBatchAndFencesIt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	key := partitioner.MandateKey{Org: "acme", MandateID: "m2"}
+	p := key.Partition(4)
+	first, err := b.sink.Claim(ctx, p, "first")
+	require.NoError(t, err)
+
+	inBatch := make(chan struct{})
+	release := make(chan struct{})
+	batch := grantBatch(first, key, time.Now())
+	batch.BeforeCommit = func(ctx context.Context) error {
+		select {
+		case inBatch <- struct{}{}:
+		default:
+		}
+		<-release // paused inside the open transaction, holding the partition row
+		return nil
+	}
+	done := make(chan error, 1)
+	go func() { _, err := b.sink.Commit(ctx, batch); done <- err }()
+	<-inBatch
+
+	start := time.Now()
+	second, err := b.sink.Claim(ctx, p, "second")
+	took := time.Since(start)
+	require.NoError(t, err)
+	require.Equal(t, 1, second.Terminated, "the stuck predecessor's session was terminated")
+	require.GreaterOrEqual(t, took, 500*time.Millisecond, "the claim waited the grace first")
+	t.Logf("takeover of a partition held by a stuck batch took %s", took)
+	close(release)
+	err = <-done
+	require.ErrorIs(t, err, sink.ErrFenced, "the woken predecessor finds itself fenced: %v", err)
+	_, err = b.sink.Inspect(ctx, key, 10)
+	require.ErrorIs(t, err, sink.ErrNotFound)
+}
+
+func TestTheDatabaseRefusesWritesOutsideAPartitionBatchOrAwayFromHome(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	key := partitioner.MandateKey{Org: "acme", MandateID: "m3"}
+	home := key.Partition(4)
+	c, err := b.sink.Claim(ctx, home, "owner")
+	require.NoError(t, err)
+	_, err = b.sink.Commit(ctx, grantBatch(c, key, time.Now()))
+	require.NoError(t, err)
+
+	pool := b.sink.Pool()
+	_, err = pool.Exec(ctx, `UPDATE mandates SET uses_allowed = 5 WHERE org = 'acme'`)
+	require.ErrorContains(t, err, "outside a partition batch")
+
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		other := (home + 1) % 4
+		if _, err := tx.Exec(ctx, `SELECT set_config('mandated.partition', $1, true)`, fmt.Sprint(other)); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `UPDATE mandates SET uses_allowed = 5 WHERE org = 'acme'`)
+		return err
+	})
+	require.ErrorContains(t, err, "may not write")
+
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		other := (home + 1) % 4
+		if _, err := tx.Exec(ctx, `SELECT set_config('mandated.partition', $1, true)`, fmt.Sprint(other)); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO mandates (org, mandate_id, partition, version, status, operations, targets, currency,
+			max_amount, uses_allowed, uses_held, uses_spent, uses_in_doubt, amount_held, amount_spent, release_on_cancel,
+			hold_window_ms, execution_timeout_ms, created_at, updated_at)
+			VALUES ('acme', 'm3-misrouted', $1, 1, 'active', '{refund}', '{}', 'EUR', 1, 1, 0, 0, 0, 0, 0, true, 1, 1, now(), now())`, other)
+		return err
+	})
+	if partitioner.ForKey([]byte("acme/m3-misrouted"), 4) != (home+1)%4 {
+		require.ErrorContains(t, err, "is not at home")
+	}
+
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT set_config('mandated.partition', $1, true)`, fmt.Sprint(home)); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `UPDATE mandates SET uses_held = 2 WHERE org = 'acme' AND mandate_id = 'm3'`)
+		return err
+	})
+	require.ErrorContains(t, err, "mandate_uses_within_grant", "held + spent can never exceed the grant")
+}
+
+func TestATerminalAuthorizationNeverChanges(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	key := partitioner.MandateKey{Org: "acme", MandateID: "m4"}
+	home := key.Partition(4)
+	c, err := b.sink.Claim(ctx, home, "owner")
+	require.NoError(t, err)
+	_, err = b.sink.Commit(ctx, grantBatch(c, key, time.Now()))
+	require.NoError(t, err)
+	err = pgx.BeginFunc(ctx, b.sink.Pool(), func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT set_config('mandated.partition', $1, true)`, fmt.Sprint(home)); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO authorizations (org, mandate_id, authorization_id, partition, state, version,
+			operation, target, amount, currency, idempotency_key, mandate_version, deadline, external_ref, decision_id, created_at, updated_at)
+			VALUES ('acme', 'm4', 'au_x', $1, 'committed', 1, 'refund', 't', 10, 'EUR', 'k', 1, now(), 'ref', '1-1', now(), now())`, home); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `UPDATE authorizations SET state = 'cancelled' WHERE authorization_id = 'au_x'`)
+		return err
+	})
+	require.ErrorContains(t, err, "terminal")
+	var pgErr interface{ SQLState() string }
+	require.True(t, errors.As(err, &pgErr))
+}
