@@ -1,0 +1,57 @@
+# mandated: `make` or `make help` lists the targets. Each target's `## text` is its help.
+# The test servers are described in test/infra/README.md.
+
+SHELL := bash
+.DEFAULT_GOAL := help
+INFRA := test/infra
+
+.PHONY: help
+help: ## Show this list of targets
+	@awk 'BEGIN {FS = ":.*## "} \
+		/^##@ / {printf "\n%s\n", substr($$0, 5)} \
+		/^[a-zA-Z0-9_-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+##@ Tests
+
+.PHONY: test
+test: ## Run every test under -race, starting (and afterwards stopping) the test servers not already running
+	@$(INFRA)/run-tests.sh
+
+##@ Test servers (ports, dirs and env vars: test/infra/README.md)
+
+.PHONY: infra-up infra-down kafka-up kafka-down cluster-up cluster-down pg-up pg-down kafka-libs
+infra-up: kafka-up pg-up ## Start Kafka (19092), the SASL/SCRAM broker (19192) and PostgreSQL (55432)
+
+infra-down: kafka-down cluster-down pg-down ## Stop every test server, the cluster too, and delete their state
+	@rm -rf .infra/run-tests
+
+kafka-up: ## Start the single-node Kafka (19092) and the SASL/SCRAM broker (19192)
+	@$(INFRA)/kafka.sh up
+	@KAFKA_SASL=1 $(INFRA)/kafka.sh up
+
+kafka-down: ## Stop both single-node brokers and delete their data
+	@$(INFRA)/kafka.sh down
+	@KAFKA_SASL=1 $(INFRA)/kafka.sh down
+
+cluster-up: ## Start the three-node Kafka cluster (29092, 29094, 29096)
+	@$(INFRA)/kafka-cluster.sh up
+
+cluster-down: ## Stop the three-node cluster and delete its data
+	@$(INFRA)/kafka-cluster.sh down
+
+pg-up: ## Start PostgreSQL (55432)
+	@$(INFRA)/postgres.sh up
+
+pg-down: ## Stop PostgreSQL and delete its data
+	@$(INFRA)/postgres.sh down
+
+kafka-libs: ## Resolve the Kafka broker jars from Maven Central (cached per version)
+	@$(INFRA)/kafka-libs.sh
+
+##@ Build and lint
+
+# build: and lint: go here (application engineer).
+
+##@ Demo, benchmarks and chaos
+
+# demo:, bench: and chaos: go here (application engineer).

@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# run-tests.sh: what `make test` does.
+#
+#  1. go mod download; resolve the Kafka jars (Maven Central, cached per version);
+#     PostgreSQL binaries come from apt-get when missing (postgres.sh does that).
+#  2. Start every test server that is not already running, all at once:
+#     Kafka (19092), the SASL/SCRAM broker (19192), PostgreSQL (55432) and the
+#     three-node cluster (29092-29097).
+#  3. go test -race -count=1 ./... with MANDATED_TEST_* pointing at them.
+#  4. Stop (down) only the servers step 2 started, also on failure or Ctrl-C, and
+#     exit with go test's exit code.
+#
+# A server whose MANDATED_TEST_* variable is already set is not started: the tests
+# use what the variable names. MANDATED_TEST_CLUSTER=0 leaves the cluster out (its
+# tests skip). GO_TEST_FLAGS adds flags (e.g. -v, -run X); TEST_PKGS defaults to ./...
+set -uo pipefail
+# shellcheck source=common.sh source-path=SCRIPTDIR
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+cd "$REPO_ROOT" || exit 1
+
+t_all=$SECONDS
+STARTED=() # names of the servers this run started, stopped on exit
+LOGDIR=$STATE_ROOT/run-tests
+mkdir -p "$LOGDIR"
+
+phase() { log "$1: $2s"; }
+
+# svc NAME ARGS...: run the script that manages server NAME.
+svc() {
+	local name=$1
+	shift
+	case $name in
+	postgres) "$INFRA_DIR/postgres.sh" "$@" ;;
+	kafka) "$INFRA_DIR/kafka.sh" "$@" ;;
+	kafka-sasl) KAFKA_SASL=1 "$INFRA_DIR/kafka.sh" "$@" ;;
+	cluster) "$INFRA_DIR/kafka-cluster.sh" "$@" ;;
+	*) die "unknown server $name" ;;
+	esac
+}
+
+# shellcheck disable=SC2317 # invoked by the EXIT trap
+cleanup() {
+	local code=$? name pid pids=()
+	trap - EXIT INT TERM
+	if [ "${#STARTED[@]}" -gt 0 ]; then
+		local t0=$SECONDS
+		for name in "${STARTED[@]}"; do
+			svc "$name" down >"$LOGDIR/down-$name.log" 2>&1 &
+			pids+=($!)
+		done
+		for pid in "${pids[@]}"; do wait "$pid" || code=1; done
+		phase "stopped what this run started" $((SECONDS - t0))
+	fi
+	phase "make test total" $((SECONDS - t_all))
+	exit "$code"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# --- 1. dependencies -----------------------------------------------------------
+t0=$SECONDS
+go mod download || die "go mod download failed"
+phase "go mod download" $((SECONDS - t0))
+
+t0=$SECONDS
+"$INFRA_DIR/kafka-libs.sh" >/dev/null || die "could not resolve the Kafka jars"
+phase "Kafka $KAFKA_VERSION jars" $((SECONDS - t0))
+
+# --- 2. servers ------------------------------------------------------------------
+# want NAME: start server NAME in the background unless it is running.
+declare -A UP_PID=()
+want() {
+	local name=$1
+	if svc "$name" status >/dev/null 2>&1; then
+		log "$name: already running, using it (left running afterwards)"
+		return
+	fi
+	STARTED+=("$name")
+	(
+		s=$SECONDS
+		svc "$name" up >"$LOGDIR/up-$name.log" 2>&1
+		rc=$?
+		echo "$((SECONDS - s))" >"$LOGDIR/up-$name.seconds"
+		exit "$rc"
+	) &
+	UP_PID[$name]=$!
+}
+
+if [ -z "${MANDATED_TEST_DATABASE_URL:-}" ]; then
+	want postgres
+	MANDATED_TEST_DATABASE_URL=$(svc postgres url)
+fi
+if [ -z "${MANDATED_TEST_KAFKA_BROKERS:-}" ]; then
+	want kafka
+	MANDATED_TEST_KAFKA_BROKERS=$(svc kafka brokers)
+fi
+if [ -z "${MANDATED_TEST_KAFKA_SASL_BROKERS:-}" ]; then
+	want kafka-sasl
+	MANDATED_TEST_KAFKA_SASL_BROKERS=$(svc kafka-sasl brokers)
+fi
+MANDATED_TEST_CLUSTER=${MANDATED_TEST_CLUSTER:-1}
+if [ "$MANDATED_TEST_CLUSTER" = 1 ]; then
+	want cluster
+	MANDATED_TEST_CLUSTER_BROKERS=$(svc cluster brokers)
+fi
+
+t0=$SECONDS
+failed=0
+for name in "${!UP_PID[@]}"; do
+	if wait "${UP_PID[$name]}"; then
+		log "$name: started in $(cat "$LOGDIR/up-$name.seconds")s"
+	else
+		log "$name: failed to start; its output:"
+		sed 's/^/    /' "$LOGDIR/up-$name.log" >&2
+		failed=1
+	fi
+done
+[ "$failed" = 0 ] || die "test servers did not start"
+[ "${#UP_PID[@]}" = 0 ] || phase "servers started (in parallel)" $((SECONDS - t0))
+
+export MANDATED_TEST_DATABASE_URL MANDATED_TEST_KAFKA_BROKERS MANDATED_TEST_KAFKA_SASL_BROKERS \
+	MANDATED_TEST_CLUSTER MANDATED_TEST_CLUSTER_BROKERS
+export MANDATED_TEST_KAFKA_SASL_USER=${MANDATED_TEST_KAFKA_SASL_USER:-${KAFKA_SASL_USER:-mandated}}
+export MANDATED_TEST_KAFKA_SASL_PASSWORD=${MANDATED_TEST_KAFKA_SASL_PASSWORD:-${KAFKA_SASL_PASSWORD:-mandated-secret}}
+env | grep '^MANDATED_TEST_' | grep -v PASSWORD | sort | sed 's/^/    /' >&2
+
+# --- 3. tests ------------------------------------------------------------------
+t0=$SECONDS
+# shellcheck disable=SC2086 # GO_TEST_FLAGS and TEST_PKGS are word lists
+go test -race -count=1 ${GO_TEST_FLAGS:-} ${TEST_PKGS:-./...}
+rc=$?
+phase "go test -race" $((SECONDS - t0))
+exit "$rc"
