@@ -10,7 +10,7 @@
 # server.log, kafka.pid).
 #
 # Environment: KAFKA_CLUSTER_DIR, KAFKA_CLUSTER_PORT (29092), KAFKA_CLUSTER_HEAP_OPTS,
-# KAFKA_JVM_OPTS, KAFKA_START_TIMEOUT (s, 120), KAFKA_STOP_TIMEOUT (s, 30), KAFKA_VERSION.
+# KAFKA_JVM_OPTS, KAFKA_START_TIMEOUT (s, 180), KAFKA_STOP_TIMEOUT (s, 30), KAFKA_VERSION.
 set -euo pipefail
 # shellcheck source=common.sh source-path=SCRIPTDIR
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"

@@ -53,7 +53,8 @@ bindir() {
 # as_pg CMD...: run CMD as the server's owner.
 as_pg() {
 	if is_root; then
-		runuser -u postgres -- "$@"
+		# From /, since the postgres user may not be allowed into the current directory.
+		(cd / && runuser -u postgres -- "$@")
 	else
 		"$@"
 	fi
