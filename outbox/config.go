@@ -69,6 +69,9 @@ type TestConfig struct {
 	OnPublished func(partition int32, first, last int64)
 	// OnResumed is called when a partition's relay resumes after sequence last.
 	OnResumed func(partition int32, last int64)
+	// BeforePublish is called before each Kafka transaction (a test can
+	// pause one relay here, as SIGSTOP would).
+	BeforePublish func(partition int32, epoch int64)
 }
 
 // WithDefaults returns a copy with every zero field set to its default.

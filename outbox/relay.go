@@ -96,6 +96,10 @@ func (r *Relay) Revoked(partition int32) {
 // Stop drains every partition (bounded by ctx) and waits for the relays.
 func (r *Relay) Stop(ctx context.Context) error {
 	r.mu.Lock()
+	if r.closing {
+		r.mu.Unlock()
+		return nil
+	}
 	r.closing = true
 	parts := r.parts
 	r.parts = map[int32]*partitionRelay{}
@@ -337,6 +341,9 @@ func (pr *partitionRelay) session() error {
 		}
 		if err := failpoint.Inject(ctx, failpoint.RelayBeforeProduce); err != nil {
 			return err
+		}
+		if f := cfg.Test.BeforePublish; f != nil {
+			f(pr.partition, pr.epoch)
 		}
 		parked, err := pr.publish(ctx, cl, rows)
 		if err != nil {
