@@ -1,0 +1,60 @@
+// Package cli holds what mandated's binaries share: flags that also read
+// MANDATED_* environment variables, Kafka connection options (TLS, SASL),
+// secrets from files, and logging.
+package cli
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+)
+
+// EnvName is the environment variable a flag reads: --kafka-sasl-user is
+// MANDATED_KAFKA_SASL_USER.
+func EnvName(flagName string) string {
+	return "MANDATED_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// ApplyEnv sets every flag not given on the command line from its
+// environment variable, if set. It names the variable in any error.
+func ApplyEnv(fs *flag.FlagSet) error {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		if err != nil || set[f.Name] {
+			return
+		}
+		if v, ok := os.LookupEnv(EnvName(f.Name)); ok {
+			if e := fs.Set(f.Name, v); e != nil {
+				err = fmt.Errorf("%s=%q: %w", EnvName(f.Name), v, e)
+			}
+		}
+	})
+	return err
+}
+
+// Secret reads a secret given directly or, preferably, from a file (as
+// Kubernetes mounts them). The file wins; trailing newlines are dropped.
+func Secret(value, file string) (string, error) {
+	if file == "" {
+		return value, nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("read secret file: %w", err)
+	}
+	return strings.TrimRight(string(b), "\r\n"), nil
+}
+
+// List splits a comma-separated list.
+func List(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}

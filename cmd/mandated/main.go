@@ -1,0 +1,263 @@
+// Command mandated runs one mandated instance: the processor (consumer
+// group member, single writer per owned partition), the outbox relay, and
+// an HTTP server for /metrics, /healthz and /readyz.
+//
+// Every flag can also be set by its MANDATED_* environment variable
+// (--database-url is MANDATED_DATABASE_URL). SIGTERM or SIGINT stops
+// fetching, finishes the batches in flight, flushes the relay, leaves the
+// group and exits 0 within --shutdown-timeout; a second signal exits at once.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/rs/zerolog"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/plugin/kprom"
+
+	"github.com/mandated/mandated/cmd/internal/cli"
+	"github.com/mandated/mandated/outbox"
+	"github.com/mandated/mandated/processor"
+	"github.com/mandated/mandated/processor/failpoint"
+	"github.com/mandated/mandated/sink"
+)
+
+// config is everything mandated can be told.
+type config struct {
+	kafka cli.Kafka
+
+	databaseURL      string
+	databaseURLFile  string
+	dbMaxConns       int
+	lockTimeout      time.Duration
+	idleInTxTimeout  time.Duration
+	takeoverGrace    time.Duration
+	retention        time.Duration
+	proposalsTopic   string
+	grantsTopic      string
+	decisionsTopic   string
+	deadLetterTopic  string
+	group            string
+	owner            string
+	maxBatch         int
+	maxRecordBytes   int
+	sessionTimeout   time.Duration
+	rebalanceTimeout time.Duration
+	relayMaxRows     int
+	relayIdlePoll    time.Duration
+	relayTxnTimeout  time.Duration
+	relayLinger      time.Duration
+	relayTxnPrefix   string
+	httpAddr         string
+	shutdownTimeout  time.Duration
+	logFormat        string
+	logLevel         string
+	failpoints       string
+}
+
+func (c *config) register(fs *flag.FlagSet) {
+	c.kafka.Register(fs)
+	fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL URL, e.g. postgres://mandated@db:5432/mandated?sslmode=verify-full&sslrootcert=/etc/ca.pem (required)")
+	fs.StringVar(&c.databaseURLFile, "database-url-file", "", "file holding the PostgreSQL URL (a mounted secret); wins over --database-url")
+	fs.IntVar(&c.dbMaxConns, "db-max-conns", int(sink.MaxConnsDefault), "PostgreSQL connection pool size")
+	fs.DurationVar(&c.lockTimeout, "db-lock-timeout", sink.LockTimeoutDefault, "how long a batch waits for its partition row")
+	fs.DurationVar(&c.idleInTxTimeout, "db-idle-in-transaction-timeout", sink.IdleInTxTimeoutDefault, "PostgreSQL ends a session idle inside a transaction after this (a paused owner)")
+	fs.DurationVar(&c.takeoverGrace, "takeover-grace", sink.TakeoverGraceDefault, "how long a claim waits before terminating a stuck predecessor's session")
+	fs.DurationVar(&c.retention, "idempotency-retention", sink.RetentionDefault, "default idempotency key retention (per-org overrides live in org_settings)")
+	fs.StringVar(&c.proposalsTopic, "proposals-topic", processor.ProposalsTopicDefault, "topic of agents' commands")
+	fs.StringVar(&c.grantsTopic, "grants-topic", processor.GrantsTopicDefault, "topic of grantors' commands (the only source of grant and revoke)")
+	fs.StringVar(&c.decisionsTopic, "decisions-topic", processor.DecisionsTopicDefault, "topic of decisions")
+	fs.StringVar(&c.deadLetterTopic, "dead-letter-topic", processor.DeadLetterTopicDefault, "topic of records no mandate can be read from")
+	fs.StringVar(&c.group, "group", processor.GroupDefault, "consumer group id")
+	fs.StringVar(&c.owner, "owner", "", "name of this instance in the partitions table (default <hostname>-<pid>)")
+	fs.IntVar(&c.maxBatch, "max-batch", processor.MaxBatchDefault, "most records decided in one transaction")
+	fs.IntVar(&c.maxRecordBytes, "max-record-bytes", 64<<10, "largest command record decoded")
+	fs.DurationVar(&c.sessionTimeout, "session-timeout", processor.SessionTimeoutDefault, "consumer group session timeout")
+	fs.DurationVar(&c.rebalanceTimeout, "rebalance-timeout", processor.RebalanceTimeoutDefault, "consumer group rebalance timeout")
+	fs.IntVar(&c.relayMaxRows, "relay-max-rows", outbox.MaxRowsDefault, "most outbox rows in one Kafka transaction")
+	fs.DurationVar(&c.relayIdlePoll, "relay-idle-poll", outbox.IdlePollDefault, "relay poll interval when no commit woke it")
+	fs.DurationVar(&c.relayTxnTimeout, "relay-transaction-timeout", outbox.TransactionTimeoutDefault, "Kafka transaction timeout of the relay")
+	fs.DurationVar(&c.relayLinger, "relay-linger", 0, "relay producer linger (the relay batches per transaction itself)")
+	fs.StringVar(&c.relayTxnPrefix, "relay-transactional-id-prefix", outbox.TransactionalIDDefault, "prefix of the relay's per-partition transactional ids")
+	fs.StringVar(&c.httpAddr, "http-addr", ":8080", "address of the /metrics, /healthz and /readyz server")
+	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 30*time.Second, "bound on a graceful shutdown")
+	fs.StringVar(&c.logFormat, "log-format", "auto", "json, console, or auto (console on a terminal)")
+	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&c.failpoints, "failpoints", "", "fault injection for tests: name=action;... (see processor/failpoint)")
+}
+
+// serviceConfig validates and maps the flags onto the components' configs.
+func (c *config) serviceConfig(log zerolog.Logger, reg prometheus.Registerer) (processor.ServiceConfig, error) {
+	brokers, err := c.kafka.SeedBrokers()
+	if err != nil {
+		return processor.ServiceConfig{}, err
+	}
+	kopts, err := c.kafka.Opts()
+	if err != nil {
+		return processor.ServiceConfig{}, err
+	}
+	kopts = append(kopts,
+		kgo.WithLogger(cli.KafkaLogger(log, kgo.LogLevelWarn)),
+		kgo.WithHooks(kprom.NewMetrics("mandated_kafka", kprom.Registerer(reg), kprom.WithClientLabel())))
+	dbURL, err := cli.Secret(c.databaseURL, c.databaseURLFile)
+	if err != nil {
+		return processor.ServiceConfig{}, fmt.Errorf("--database-url-file: %w", err)
+	}
+	if dbURL == "" {
+		return processor.ServiceConfig{}, fmt.Errorf("--database-url (%s) or --database-url-file is required", cli.EnvName("database-url"))
+	}
+	cfg := processor.ServiceConfig{
+		Sink: sink.Config{DatabaseURL: dbURL, MaxConns: int32(c.dbMaxConns), LockTimeout: c.lockTimeout,
+			IdleInTxTimeout: c.idleInTxTimeout, TakeoverGrace: c.takeoverGrace, Retention: c.retention},
+		Processor: processor.Config{Brokers: brokers, KafkaOpts: kopts, Group: c.group, Owner: c.owner,
+			ProposalsTopic: c.proposalsTopic, GrantsTopic: c.grantsTopic, DecisionsTopic: c.decisionsTopic,
+			DeadLetterTopic: c.deadLetterTopic, MaxBatch: c.maxBatch, MaxRecordBytes: c.maxRecordBytes,
+			SessionTimeout: c.sessionTimeout, RebalanceTimeout: c.rebalanceTimeout},
+		Relay: outbox.Config{Brokers: brokers, KafkaOpts: kopts, DecisionsTopic: c.decisionsTopic,
+			DeadLetterTopic: c.deadLetterTopic, TransactionalIDPrefix: c.relayTxnPrefix, MaxRows: c.relayMaxRows,
+			IdlePoll: c.relayIdlePoll, TransactionTimeout: c.relayTxnTimeout, Linger: c.relayLinger},
+		Registerer: reg,
+	}
+	// Validate every component now, so a bad flag is named before anything connects.
+	if err := cfg.Sink.WithDefaults().Validate(); err != nil {
+		return cfg, err
+	}
+	if err := cfg.Processor.WithDefaults().Validate(); err != nil {
+		return cfg, err
+	}
+	if err := cfg.Relay.WithDefaults().Validate(); err != nil {
+		return cfg, err
+	}
+	if c.shutdownTimeout <= 0 {
+		return cfg, errors.New("--shutdown-timeout must be positive")
+	}
+	return cfg, nil
+}
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	fs := flag.NewFlagSet("mandated", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: mandated [flags]\n\nRuns the mandated processor and relay. Every flag can be set by MANDATED_<FLAG> (dashes become underscores).\n\n")
+		fs.PrintDefaults()
+	}
+	var c config
+	c.register(fs)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if err := cli.ApplyEnv(fs); err != nil {
+		fmt.Fprintln(os.Stderr, "mandated:", err)
+		return 2
+	}
+	log, err := cli.Logger(c.logFormat, c.logLevel, os.Stderr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "mandated:", err)
+		return 2
+	}
+	if c.failpoints == "" {
+		c.failpoints = os.Getenv(failpoint.EnvVar)
+	}
+	if err := failpoint.EnableFromEnv(c.failpoints); err != nil {
+		log.Error().Err(err).Msg("bad --failpoints")
+		return 2
+	}
+	if c.failpoints != "" {
+		log.Warn().Str("failpoints", c.failpoints).Msg("fault injection is enabled")
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	cfg, err := c.serviceConfig(log, reg)
+	if err != nil {
+		log.Error().Err(err).Msg("invalid configuration")
+		return 2
+	}
+
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	startCtx, cancelStart := context.WithCancel(context.Background())
+	go func() {
+		// A signal during start-up abandons it.
+		select {
+		case <-sigs:
+			cancelStart()
+		case <-startCtx.Done():
+		}
+	}()
+	svc, err := processor.StartService(startCtx, cfg, log)
+	if err != nil {
+		log.Error().Err(err).Msg("cannot start")
+		return 1
+	}
+	cancelStart()
+	reg.MustRegister(sink.NewPoolCollector(svc.Sink))
+
+	ln, err := net.Listen("tcp", c.httpAddr)
+	if err != nil {
+		log.Error().Err(err).Str("addr", c.httpAddr).Msg("cannot listen")
+		return 1
+	}
+	srv := &http.Server{Handler: routes(svc, reg), ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error().Err(err).Msg("http server failed")
+		}
+	}()
+	log.Info().Str("http", ln.Addr().String()).Msg("mandated running")
+
+	sig := <-sigs
+	log.Info().Str("signal", sig.String()).Dur("bound", c.shutdownTimeout).Msg("shutting down: finishing batches in flight, flushing the relay")
+	go func() {
+		s := <-sigs
+		log.Warn().Str("signal", s.String()).Msg("second signal: exiting at once")
+		os.Exit(1)
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
+	defer cancel()
+	stopErr := svc.Stop(ctx)
+	_ = srv.Shutdown(ctx)
+	if stopErr != nil {
+		log.Error().Err(stopErr).Msg("shutdown did not complete cleanly")
+		return 1
+	}
+	log.Info().Msg("stopped")
+	return 0
+}
+
+func routes(svc *processor.Service, reg *prometheus.Registry) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+		defer cancel()
+		if err := svc.Processor.Ready(ctx); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		owned := svc.Processor.Owned()
+		_, _ = fmt.Fprintf(w, "ready: %d partitions owned\n", len(owned))
+	})
+	return mux
+}
