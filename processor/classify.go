@@ -66,7 +66,7 @@ func (p *Processor) classify(r *kgo.Record) item {
 	case r.Topic == p.cfg.GrantsTopic && !cmd.Type.IsGrantorCommand():
 		return p.reject(it, cmd.Key, &wire.Rejection{Reason: wire.ReasonProposalOnGrants, Key: key, Type: cmd.Type,
 			IdempotencyKey: cmd.IdempotencyKey, AuthorizationID: cmd.AuthorizationID(),
-			Detail:         fmt.Sprintf("%s belongs on the proposals topic %s", cmd.Type, p.cfg.ProposalsTopic)}, -1)
+			Detail: fmt.Sprintf("%s belongs on the proposals topic %s", cmd.Type, p.cfg.ProposalsTopic)}, -1)
 	}
 	it.kind, it.cmd = itemCommand, cmd
 	return it

@@ -52,8 +52,8 @@ func newWorker(p *Processor, c sink.Claim) *worker {
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &worker{
 		p: p, partition: c.Partition, epoch: c.Epoch,
-		log: p.log.With().Int32("partition", c.Partition).Int64("epoch", c.Epoch).Logger(),
-		pos: sink.Position{ProposalsOffset: c.ProposalsOffset, GrantsOffset: c.GrantsOffset, NextSeq: c.NextSeq},
+		log:       p.log.With().Int32("partition", c.Partition).Int64("epoch", c.Epoch).Logger(),
+		pos:       sink.Position{ProposalsOffset: c.ProposalsOffset, GrantsOffset: c.GrantsOffset, NextSeq: c.NextSeq},
 		deadlines: newDeadlineQueue(), hwm: map[string]int64{},
 		wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel, done: make(chan struct{}),
 	}

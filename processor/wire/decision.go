@@ -10,12 +10,12 @@ import (
 type Outcome string
 
 const (
-	OutcomeGranted     Outcome = "granted"     // a grant created or updated the mandate
-	OutcomeRevoked     Outcome = "revoked"     // the mandate (or a reservation of it) was revoked
-	OutcomeReserved    Outcome = "reserved"    // a use is reserved for this authorization
-	OutcomeDenied      Outcome = "denied"      // the mandate does not allow this proposal
-	OutcomeReplayed    Outcome = "replayed"    // the same intent again: the original answer, current state
-	OutcomeConflict    Outcome = "conflict"    // the idempotency key was used for a different intent
+	OutcomeGranted     Outcome = "granted"  // a grant created or updated the mandate
+	OutcomeRevoked     Outcome = "revoked"  // the mandate (or a reservation of it) was revoked
+	OutcomeReserved    Outcome = "reserved" // a use is reserved for this authorization
+	OutcomeDenied      Outcome = "denied"   // the mandate does not allow this proposal
+	OutcomeReplayed    Outcome = "replayed" // the same intent again: the original answer, current state
+	OutcomeConflict    Outcome = "conflict" // the idempotency key was used for a different intent
 	OutcomeStale       Outcome = "stale_version"
 	OutcomeExecuting   Outcome = "executing"
 	OutcomeCommitted   Outcome = "committed"

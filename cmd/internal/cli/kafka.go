@@ -16,17 +16,17 @@ import (
 
 // Kafka holds how to reach Kafka.
 type Kafka struct {
-	Brokers           string
-	TLS               bool
-	TLSCAFile         string
-	TLSCertFile       string
-	TLSKeyFile        string
-	TLSServerName     string
-	SASLMechanism     string
-	SASLUser          string
-	SASLPassword      string
-	SASLPasswordFile  string
-	ClientIDForLogs   string
+	Brokers          string
+	TLS              bool
+	TLSCAFile        string
+	TLSCertFile      string
+	TLSKeyFile       string
+	TLSServerName    string
+	SASLMechanism    string
+	SASLUser         string
+	SASLPassword     string
+	SASLPasswordFile string
+	ClientIDForLogs  string
 }
 
 // Register adds the Kafka flags.
