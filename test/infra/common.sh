@@ -116,6 +116,31 @@ port_open() {
 	timeout 2 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1"' _ "$1" 2>/dev/null
 }
 
+# reserve_port PORT: a listening port inside the ephemeral range (ip_local_port_range,
+# usually 32768-60999, which holds 55432) can be taken as the local port of some
+# outgoing connection, e.g. between Kafka nodes, and the server's bind then fails
+# with "Address already in use". As root, add PORT to ip_local_reserved_ports so the
+# kernel never hands it out; otherwise just say so.
+reserve_port() {
+	local port=$1 f=/proc/sys/net/ipv4/ip_local_reserved_ports lo hi cur p
+	read -r lo hi 2>/dev/null </proc/sys/net/ipv4/ip_local_port_range || return 0
+	[ "$port" -ge "$lo" ] && [ "$port" -le "$hi" ] || return 0
+	cur=$(cat "$f" 2>/dev/null || true)
+	local IFS=,
+	for p in $cur; do
+		if [ "${p#*-}" != "$p" ]; then
+			[ "$port" -ge "${p%-*}" ] && [ "$port" -le "${p#*-}" ] && return 0
+		elif [ "$port" = "$p" ]; then
+			return 0
+		fi
+	done
+	if is_root && echo "${cur:+$cur,}$port" 2>/dev/null >"$f"; then
+		log "reserved port $port in $f: it is inside the ephemeral range $lo-$hi"
+	else
+		log "note: port $port is inside the ephemeral range $lo-$hi; an outgoing connection may take it ($f)"
+	fi
+}
+
 # spawn PIDFILE LOGFILE CMD...: start CMD detached (own session, no terminal, output
 # to LOGFILE); the PID written is CMD's own, because the wrapper execs it.
 spawn() {

@@ -75,6 +75,10 @@ start_nodes() {
 		[ -z "$(kafka_node_pid "$(ndir "$n")")" ] || die "node $n already running"
 		port_open "$(port "$n")" && die "127.0.0.1:$(port "$n") is in use by a process this script did not start"
 	done
+	for n in "$@"; do
+		reserve_port "$(port "$n")"
+		reserve_port "$(cport "$n")"
+	done
 	for n in "$@"; do kafka_node_spawn "$(ndir "$n")" "$HEAP"; done
 	for n in "$@"; do
 		kafka_node_wait "$(ndir "$n")" "$(port "$n")" || failed=1

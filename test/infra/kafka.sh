@@ -84,6 +84,8 @@ start() {
 	[ -z "$pid" ] || die "already running (pid $pid)"
 	[ -f "$DIR/cluster.id" ] || die "$DIR holds no formatted broker; use up"
 	port_open "$KAFKA_PORT" && die "127.0.0.1:$KAFKA_PORT is in use by a process this script did not start"
+	reserve_port "$KAFKA_PORT"
+	reserve_port "$KAFKA_CONTROLLER_PORT"
 	local t0=$SECONDS
 	kafka_node_spawn "$DIR" "$HEAP"
 	if ! kafka_node_wait "$DIR" "$KAFKA_PORT"; then

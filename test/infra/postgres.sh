@@ -132,10 +132,15 @@ start() {
 	pid=$(server_pid)
 	[ -z "$pid" ] || die "already running (pid $pid)"
 	port_open "$PG_PORT" && die "127.0.0.1:$PG_PORT is in use by a process this script did not start"
+	reserve_port "$PG_PORT"
 	local t0=$SECONDS
 	if ! as_pg "$b/pg_ctl" -D "$d/data" -l "$d/postgres.log" -w -t "$PG_START_TIMEOUT" start >/dev/null; then
 		log "PostgreSQL did not start within ${PG_START_TIMEOUT}s; last lines of $d/postgres.log:"
 		tail -n 30 "$d/postgres.log" >&2
+		if grep -F 'Address already in use' "$d/postgres.log" >/dev/null; then
+			log "sockets on port $PG_PORT:"
+			ss -tanp 2>/dev/null | grep -F ":$PG_PORT " >&2 || true
+		fi
 		die "PostgreSQL did not start"
 	fi
 	if grep -F pg_stat_statements "$d/data/postgresql.conf" | grep -v '^#' >/dev/null; then

@@ -20,6 +20,7 @@ cd "$REPO_ROOT" || exit 1
 
 t_all=$SECONDS
 STARTED=() # names of the servers this run started, stopped on exit
+declare -A UP_PID=() # name -> PID of its background "up"
 LOGDIR=$STATE_ROOT/run-tests
 mkdir -p "$LOGDIR"
 
@@ -44,6 +45,8 @@ cleanup() {
 	trap - EXIT INT TERM
 	if [ "${#STARTED[@]}" -gt 0 ]; then
 		local t0=$SECONDS
+		# Let starts still under way finish first, so that down finds their PIDs.
+		for pid in "${UP_PID[@]}"; do wait "$pid" 2>/dev/null; done
 		for name in "${STARTED[@]}"; do
 			svc "$name" down >"$LOGDIR/down-$name.log" 2>&1 &
 			pids+=($!)
@@ -69,7 +72,6 @@ phase "Kafka $KAFKA_VERSION jars" $((SECONDS - t0))
 
 # --- 2. servers ------------------------------------------------------------------
 # want NAME: start server NAME in the background unless it is running.
-declare -A UP_PID=()
 want() {
 	local name=$1
 	if svc "$name" status >/dev/null 2>&1; then
@@ -87,9 +89,28 @@ want() {
 	UP_PID[$name]=$!
 }
 
+# wait_up NAME: wait for the start of NAME; on failure print its output and fail.
+declare -A WAITED=()
+wait_up() {
+	[ -z "${WAITED[$1]:-}" ] || return 0
+	WAITED[$1]=1
+	if wait "${UP_PID[$1]}"; then
+		log "$1: started in $(cat "$LOGDIR/up-$1.seconds")s"
+	else
+		log "$1: failed to start; its output:"
+		sed 's/^/    /' "$LOGDIR/up-$1.log" >&2
+		die "test server $1 did not start"
+	fi
+}
+
+t0=$SECONDS
 if [ -z "${MANDATED_TEST_DATABASE_URL:-}" ]; then
 	want postgres
 	MANDATED_TEST_DATABASE_URL=$(svc postgres url)
+	# PostgreSQL first: 55432 lies in the ephemeral port range, and the brokers' own
+	# connections could otherwise take it before it is bound (postgres.sh also
+	# reserves it when it can).
+	[ -z "${UP_PID[postgres]:-}" ] || wait_up postgres
 fi
 if [ -z "${MANDATED_TEST_KAFKA_BROKERS:-}" ]; then
 	want kafka
@@ -105,19 +126,8 @@ if [ "$MANDATED_TEST_CLUSTER" = 1 ]; then
 	MANDATED_TEST_CLUSTER_BROKERS=$(svc cluster brokers)
 fi
 
-t0=$SECONDS
-failed=0
-for name in "${!UP_PID[@]}"; do
-	if wait "${UP_PID[$name]}"; then
-		log "$name: started in $(cat "$LOGDIR/up-$name.seconds")s"
-	else
-		log "$name: failed to start; its output:"
-		sed 's/^/    /' "$LOGDIR/up-$name.log" >&2
-		failed=1
-	fi
-done
-[ "$failed" = 0 ] || die "test servers did not start"
-[ "${#UP_PID[@]}" = 0 ] || phase "servers started (in parallel)" $((SECONDS - t0))
+for name in "${!UP_PID[@]}"; do wait_up "$name"; done
+[ "${#UP_PID[@]}" = 0 ] || phase "servers started" $((SECONDS - t0))
 
 export MANDATED_TEST_DATABASE_URL MANDATED_TEST_KAFKA_BROKERS MANDATED_TEST_KAFKA_SASL_BROKERS \
 	MANDATED_TEST_CLUSTER MANDATED_TEST_CLUSTER_BROKERS
