@@ -499,7 +499,7 @@ func (r *reader) timestamp(field string, required bool) time.Time {
 		return time.Time{}
 	}
 	t, err := time.Parse(time.RFC3339Nano, s)
-	if err != nil || !timestampPattern.MatchString(s) || t.Year() < 2000 || t.Year() > 2199 {
+	if err != nil || !timestampPattern.MatchString(s) || t.UTC().Year() < 2000 || t.UTC().Year() > 2199 {
 		r.failField(field, ReasonTimestampInvalid, "%s %q is not an RFC 3339 timestamp with a zone between 2000 and 2199", field, truncate(s, 64))
 		return time.Time{}
 	}

@@ -116,26 +116,27 @@ func padTo(body []byte, n int) []byte {
 	return append(append([]byte(nil), body...), bytes.Repeat([]byte(" "), n-len(body))...)
 }
 
-// TestDecodeRejectsBadInput covers faults.md's bad-input catalogue, one case
-// per class: the exact reason, and whom the rejection is answered to (a
-// mandate key when one could be read, otherwise nobody: a dead letter).
-func TestDecodeRejectsBadInput(t *testing.T) {
-	t.Parallel()
+// badInput is one record the decoder must refuse, with the exact reason and
+// whom the rejection is answered to.
+type badInput struct {
+	name   string
+	key    string // record key; "" means goodKey
+	value  []byte
+	lim    wire.Limits
+	reason wire.Reason
+	// answeredTo is the mandate key the rejection is answered to; ""
+	// means it has none and goes to the dead-letter topic.
+	answeredTo string
+	detail     string // a substring of the detail, when it matters
+}
 
+// badInputs covers faults.md's bad-input catalogue, one case per class. The
+// fuzz target is seeded from them too.
+func badInputs() []badInput {
 	valid := with(proposeBase)
 	tenThousandTargets := repeatList(10_000, `"t"`)
 
-	cases := []struct {
-		name   string
-		key    string // record key; "" means goodKey
-		value  []byte
-		lim    wire.Limits
-		reason wire.Reason
-		// answeredTo is the mandate key the rejection is answered to; ""
-		// means it has none and goes to the dead-letter topic.
-		answeredTo string
-		detail     string // a substring of the detail, when it matters
-	}{
+	return []badInput{
 		// Malformed JSON: the record key is the only identity left.
 		{name: "a truncated body is malformed json answered to the record key", value: []byte(`{"amount":`), reason: wire.ReasonMalformedJSON, answeredTo: goodKey},
 		{name: "a truncated body without a record key is dead-lettered", key: noKey, value: []byte(`{"amount":`), reason: wire.ReasonMalformedJSON},
@@ -289,6 +290,8 @@ func TestDecodeRejectsBadInput(t *testing.T) {
 		{name: "February 30 is invalid", value: with(proposeBase, "sent_at", `"2026-02-30T08:00:00Z"`), reason: wire.ReasonTimestampInvalid, answeredTo: goodKey},
 		{name: "a year before 2000 is invalid", value: with(proposeBase, "sent_at", `"1999-12-31T23:59:59Z"`), reason: wire.ReasonTimestampInvalid, answeredTo: goodKey},
 		{name: "a year after 2199 is invalid", value: with(proposeBase, "sent_at", `"2200-01-01T00:00:00Z"`), reason: wire.ReasonTimestampInvalid, answeredTo: goodKey},
+		{name: "a year 2000 that is 1999 in UTC is invalid", value: with(proposeBase, "sent_at", `"2000-01-01T00:30:00+01:00"`), reason: wire.ReasonTimestampInvalid, answeredTo: goodKey},
+		{name: "a year 2199 that is 2200 in UTC is invalid", value: with(proposeBase, "sent_at", `"2199-12-31T23:30:00-01:00"`), reason: wire.ReasonTimestampInvalid, answeredTo: goodKey},
 		{name: "an invalid deadline is a deadline problem", value: with(proposeBase, "deadline", `"2026-11-30T08:00:00"`), reason: wire.ReasonDeadlineInvalid, answeredTo: goodKey},
 		{name: "a deadline in epoch milliseconds is a deadline problem", value: with(proposeBase, "deadline", `1764489600000`), reason: wire.ReasonDeadlineInvalid, answeredTo: goodKey},
 		{name: "an invalid sent_at on a propose stays a timestamp problem", value: with(proposeBase, "sent_at", `"tomorrow"`), reason: wire.ReasonTimestampInvalid, answeredTo: goodKey},
@@ -332,7 +335,14 @@ func TestDecodeRejectsBadInput(t *testing.T) {
 		{name: "a record key with a trailing newline is a mismatch", key: goodKey + "\n", value: valid, reason: wire.ReasonKeyMismatch, answeredTo: goodKey},
 		{name: "a record key differing only in case is a mismatch", key: "ACME/refund-case-1842", value: valid, reason: wire.ReasonKeyMismatch, answeredTo: goodKey},
 	}
-	for _, tc := range cases {
+}
+
+// TestDecodeRejectsBadInput asserts the exact reason of every bad input, and
+// whether a mandate key could be read (a rejected decision) or not (a dead
+// letter).
+func TestDecodeRejectsBadInput(t *testing.T) {
+	t.Parallel()
+	for _, tc := range badInputs() {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			cmd, rej := wire.Decode(recordKey(tc.key), tc.value, tc.lim)
