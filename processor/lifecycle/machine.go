@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -325,6 +326,12 @@ func (d *decider) propose() {
 		if last := d.st.Auths[AuthKey{d.cmd.Key, m.LastAuthID}]; last != nil {
 			dec.HeldBy = authView(last)
 		}
+		return
+	case m.AmountHeld+m.AmountSpent > math.MaxInt64-p.Amount.MinorUnits:
+		// Without a total limit, MaxUses uses of MaxMinorUnits would
+		// overflow the 64-bit counters (and PostgreSQL's bigint).
+		deny(wire.ReasonTotalLimitExceeded, fmt.Sprintf("held %d + spent %d + %d exceed the largest amount a mandate can count",
+			m.AmountHeld, m.AmountSpent, p.Amount.MinorUnits))
 		return
 	}
 
