@@ -27,6 +27,9 @@ type Config struct {
 	Brokers []string
 	// KafkaOpts are extra client options (TLS, SASL, logging). Defaults to none.
 	KafkaOpts []kgo.Opt
+	// ClientHooks returns the hooks (kprom metrics) for a client with the
+	// given id; one set per client. Defaults to none.
+	ClientHooks func(clientID string) []kgo.Hook
 	// DecisionsTopic receives decisions. Defaults to DecisionsTopicDefault.
 	DecisionsTopic string
 	// DeadLetterTopic receives dead letters. Defaults to DeadLetterTopicDefault.

@@ -274,14 +274,19 @@ func (pr *partitionRelay) session() error {
 	} else if !owner {
 		return fmt.Errorf("%w: the partition epoch moved on", errFenced)
 	}
-	cl, err := kgo.NewClient(append([]kgo.Opt{
+	clientID := fmt.Sprintf("mandated-relay-p%d-e%d", pr.partition, pr.epoch)
+	opts := append([]kgo.Opt{
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.TransactionalID(pr.txnID),
 		kgo.TransactionTimeout(cfg.TransactionTimeout),
 		kgo.RecordPartitioner(kgo.ManualPartitioner()),
 		kgo.ProducerLinger(cfg.Linger),
-		kgo.ClientID("mandated-relay"),
-	}, cfg.KafkaOpts...)...)
+		kgo.ClientID(clientID),
+	}, cfg.KafkaOpts...)
+	if f := cfg.ClientHooks; f != nil {
+		opts = append(opts, kgo.WithHooks(f(clientID)...))
+	}
+	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return fmt.Errorf("relay client: %w", err)
 	}

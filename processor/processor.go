@@ -87,6 +87,9 @@ func (p *Processor) Start(ctx context.Context) error {
 		kgo.OnPartitionsLost(p.onRevoked),
 		kgo.ClientID("mandated-processor"),
 	}, p.cfg.KafkaOpts...)
+	if f := p.cfg.ClientHooks; f != nil {
+		opts = append(opts, kgo.WithHooks(f("mandated-processor")...))
+	}
 	client, err := kgo.NewClient(opts...)
 	if err != nil {
 		return fmt.Errorf("processor: kafka client: %w", err)

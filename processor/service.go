@@ -44,6 +44,9 @@ func StartService(ctx context.Context, cfg ServiceConfig, log zerolog.Logger) (*
 	if rcfg.KafkaOpts == nil {
 		rcfg.KafkaOpts = cfg.Processor.KafkaOpts
 	}
+	if rcfg.ClientHooks == nil {
+		rcfg.ClientHooks = cfg.Processor.ClientHooks
+	}
 	pcfg := cfg.Processor.WithDefaults()
 	if rcfg.DecisionsTopic == "" {
 		rcfg.DecisionsTopic = pcfg.DecisionsTopic

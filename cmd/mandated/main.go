@@ -108,9 +108,11 @@ func (c *config) serviceConfig(log zerolog.Logger, reg prometheus.Registerer) (p
 	if err != nil {
 		return processor.ServiceConfig{}, err
 	}
-	kopts = append(kopts,
-		kgo.WithLogger(cli.KafkaLogger(log, kgo.LogLevelWarn)),
-		kgo.WithHooks(kprom.NewMetrics("mandated_kafka", kprom.Registerer(reg), kprom.WithClientLabel())))
+	kopts = append(kopts, kgo.WithLogger(cli.KafkaLogger(log, kgo.LogLevelWarn)))
+	// kprom keeps one client's metrics per instance, labelled by client id.
+	hooks := func(string) []kgo.Hook {
+		return []kgo.Hook{kprom.NewMetrics("mandated_kafka", kprom.Registerer(reg), kprom.WithClientLabel())}
+	}
 	dbURL, err := cli.Secret(c.databaseURL, c.databaseURLFile)
 	if err != nil {
 		return processor.ServiceConfig{}, fmt.Errorf("--database-url-file: %w", err)
@@ -121,11 +123,11 @@ func (c *config) serviceConfig(log zerolog.Logger, reg prometheus.Registerer) (p
 	cfg := processor.ServiceConfig{
 		Sink: sink.Config{DatabaseURL: dbURL, MaxConns: int32(c.dbMaxConns), LockTimeout: c.lockTimeout,
 			IdleInTxTimeout: c.idleInTxTimeout, TakeoverGrace: c.takeoverGrace, Retention: c.retention},
-		Processor: processor.Config{Brokers: brokers, KafkaOpts: kopts, Group: c.group, Owner: c.owner,
+		Processor: processor.Config{Brokers: brokers, KafkaOpts: kopts, ClientHooks: hooks, Group: c.group, Owner: c.owner,
 			ProposalsTopic: c.proposalsTopic, GrantsTopic: c.grantsTopic, DecisionsTopic: c.decisionsTopic,
 			DeadLetterTopic: c.deadLetterTopic, MaxBatch: c.maxBatch, MaxRecordBytes: c.maxRecordBytes,
 			SessionTimeout: c.sessionTimeout, RebalanceTimeout: c.rebalanceTimeout},
-		Relay: outbox.Config{Brokers: brokers, KafkaOpts: kopts, DecisionsTopic: c.decisionsTopic,
+		Relay: outbox.Config{Brokers: brokers, KafkaOpts: kopts, ClientHooks: hooks, DecisionsTopic: c.decisionsTopic,
 			DeadLetterTopic: c.deadLetterTopic, TransactionalIDPrefix: c.relayTxnPrefix, MaxRows: c.relayMaxRows,
 			IdlePoll: c.relayIdlePoll, TransactionTimeout: c.relayTxnTimeout, Linger: c.relayLinger},
 		Registerer: reg,
