@@ -148,7 +148,9 @@ func mustJSON(t *testing.T, v any) []byte {
 
 // librdkafkaPartition is librdkafka's "consistent" partitioner: CRC32 of
 // the key. A producer using it sends many keys to the wrong partition.
-func librdkafkaPartition(key []byte, n int32) int32 { return int32(crc32.ChecksumIEEE(key) % uint32(n)) }
+func librdkafkaPartition(key []byte, n int32) int32 {
+	return int32(crc32.ChecksumIEEE(key) % uint32(n))
+}
 
 func TestRecordsFromANonJavaPartitionerAreRejectedAndNeverWriteFromTheWrongPartition(t *testing.T) {
 	t.Parallel()
