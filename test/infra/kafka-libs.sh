@@ -24,10 +24,13 @@ tmp=$(mktemp -d "$dir.tmp.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 log "resolving Kafka $KAFKA_VERSION broker jars from Maven Central into $dir"
 start=$SECONDS
-mvn -B -q -Dstyle.color=never -f "$INFRA_DIR/pom.xml" -Dkafka.version="$KAFKA_VERSION" \
+if ! mvn -B -Dstyle.color=never -f "$INFRA_DIR/pom.xml" -Dkafka.version="$KAFKA_VERSION" \
 	org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies \
-	-DincludeScope=runtime -DoutputDirectory="$tmp" >&2 ||
-	die "mvn could not resolve org.apache.kafka:kafka_2.13:$KAFKA_VERSION (see above)"
+	-DincludeScope=runtime -DoutputDirectory="$tmp" >"$tmp.log" 2>&1; then
+	tail -n 60 "$tmp.log" >&2
+	die "mvn could not resolve org.apache.kafka:kafka_2.13:$KAFKA_VERSION (full log: $tmp.log)"
+fi
+rm -f "$tmp.log"
 
 core=$tmp/kafka_2.13-$KAFKA_VERSION.jar
 [ -f "$core" ] || die "kafka_2.13-$KAFKA_VERSION.jar missing after resolution"
