@@ -21,46 +21,50 @@ import (
 )
 
 var (
-	buildOnce sync.Once
-	buildDir  string
-	buildErr  error
+	buildMu  sync.Mutex
+	buildDir string
+	built    = map[string]error{}
 )
 
 // Binary returns the path of a built command ("mandated", "mandatectl"),
-// building every command once per test process (with -race when the test
-// binary has it).
+// building it once per test process (with -race when the test binary has it).
 func Binary(t testing.TB, name string) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		buildDir, buildErr = os.MkdirTemp("", "mandated-bin-")
-		if buildErr != nil {
-			return
-		}
-		root, err := moduleRoot()
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	if buildDir == "" {
+		dir, err := os.MkdirTemp("", "mandated-bin-")
 		if err != nil {
-			buildErr = err
-			return
+			t.Fatalf("procs: %v", err)
 		}
-		args := []string{"build", "-o", buildDir + "/"}
-		if raceEnabled {
-			args = append(args, "-race")
-		}
-		args = append(args, "./cmd/...")
-		cmd := exec.Command("go", args...)
-		cmd.Dir = root
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatalf("procs: %v", buildErr)
+		buildDir = dir
 	}
-	p := filepath.Join(buildDir, name)
-	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("procs: no binary %s: %v", name, err)
+	err, done := built[name]
+	if !done {
+		err = build(name)
+		built[name] = err
 	}
-	return p
+	if err != nil {
+		t.Fatalf("procs: %v", err)
+	}
+	return filepath.Join(buildDir, name)
+}
+
+func build(name string) error {
+	root, err := moduleRoot()
+	if err != nil {
+		return err
+	}
+	args := []string{"build", "-o", filepath.Join(buildDir, name)}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	cmd := exec.Command("go", append(args, "./cmd/"+name)...)
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build ./cmd/%s: %v\n%s", name, err, out)
+	}
+	return nil
 }
 
 func moduleRoot() (string, error) {
