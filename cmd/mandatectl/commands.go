@@ -1,0 +1,298 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"time"
+
+	"github.com/mandated/mandated/processor/wire"
+)
+
+// commandSpec describes one wire command as mandatectl flags. flags
+// registers the command's own flags and returns the function that builds
+// the command's type-specific JSON fields from them; a missing or bad flag
+// is an error naming the flag.
+type commandSpec struct {
+	typ         wire.CommandType
+	synopsis    string
+	description string
+	examples    []string
+	needsKey    bool // the idempotency key is required
+	flags       func(fs *flag.FlagSet) func(set map[string]bool) (map[string]any, error)
+}
+
+func required(set map[string]bool, names ...string) error {
+	for _, n := range names {
+		if !set[n] {
+			return fmt.Errorf("--%s is required", n)
+		}
+	}
+	return nil
+}
+
+func wholeSeconds(name string, d time.Duration) (int64, error) {
+	if d%time.Second != 0 {
+		return 0, fmt.Errorf("--%s must be whole seconds, not %s", name, d)
+	}
+	return int64(d / time.Second), nil
+}
+
+var specGrant = commandSpec{
+	typ:      wire.CmdGrant,
+	synopsis: "--org ORG --mandate ID --operation OP --max-amount N --currency CCY [flags]",
+	description: `Create a mandate, or replace the terms of an active one, on the grants topic.
+Amounts are integer minor units of the currency (15000 EUR is 150.00 EUR).
+Times are RFC 3339 or a duration from now (90m, 7d). --key makes a retried
+grant a replay instead of a second grant.`,
+	examples: []string{
+		"mandatectl grant --org acme --mandate case-1842 --key grant-case-1842-v1 \\\n    --operation refund --max-amount 20000 --currency EUR --uses 1 \\\n    --target customer-991 --valid-until 7d --hold 5m",
+		"mandatectl grant --org acme --mandate travel-q4 --operation booking.flight,booking.hotel \\\n    --max-amount 150000 --total-limit 500000 --currency EUR --uses 10 --release-on-cancel=false",
+	},
+	flags: func(fs *flag.FlagSet) func(map[string]bool) (map[string]any, error) {
+		uses := fs.Int64("uses", 1, "uses allowed in total")
+		maxAmount := fs.Int64("max-amount", 0, "cap per use, in minor units (required)")
+		currency := fs.String("currency", "", "ISO 4217 currency code, upper case (required)")
+		totalLimit := fs.Int64("total-limit", 0, "cap on the sum of held and spent amounts, in minor units (0: none)")
+		var ops, targets listFlag
+		fs.Var(&ops, "operation", "an `operation` the mandate covers; repeat or comma-separate (required)")
+		fs.Var(&targets, "target", "an allowed `target`; repeat or comma-separate (none: any target)")
+		var validFrom, validUntil timeFlag
+		fs.Var(&validFrom, "valid-from", "start of validity, a `time`: RFC 3339 or a duration from now (default: now)")
+		fs.Var(&validUntil, "valid-until", "end of validity, a `time`: RFC 3339 or a duration from now, e.g. 7d (default: none)")
+		release := fs.Bool("release-on-cancel", true, "a cancelled authorization gives its use back")
+		var hold, execTimeout durationFlag
+		fs.Var(&hold, "hold", "how long (a `duration`) a reservation holds its use before it expires (default: mandated's, 5m)")
+		fs.Var(&execTimeout, "execution-timeout", "how long (a `duration`) an executing authorization may run before it goes in doubt (default: mandated's, 1h)")
+		return func(set map[string]bool) (map[string]any, error) {
+			if err := required(set, "max-amount", "currency", "operation"); err != nil {
+				return nil, err
+			}
+			body := map[string]any{
+				"uses":              *uses,
+				"max_amount":        map[string]any{"minor_units": *maxAmount, "currency": *currency},
+				"operations":        []string(ops),
+				"release_on_cancel": *release,
+			}
+			if set["total-limit"] {
+				body["total_limit"] = map[string]any{"minor_units": *totalLimit, "currency": *currency}
+			}
+			if len(targets) > 0 {
+				body["targets"] = []string(targets)
+			}
+			if validFrom.set {
+				body["valid_from"] = validFrom.String()
+			}
+			if validUntil.set {
+				body["valid_until"] = validUntil.String()
+			}
+			if set["hold"] {
+				s, err := wholeSeconds("hold", hold.d)
+				if err != nil {
+					return nil, err
+				}
+				body["hold_seconds"] = s
+			}
+			if set["execution-timeout"] {
+				s, err := wholeSeconds("execution-timeout", execTimeout.d)
+				if err != nil {
+					return nil, err
+				}
+				body["execution_timeout_seconds"] = s
+			}
+			return body, nil
+		}
+	},
+}
+
+var specRevoke = commandSpec{
+	typ:      wire.CmdRevoke,
+	synopsis: "--org ORG --mandate ID [--reason TEXT] [flags]",
+	description: `Revoke a mandate on the grants topic: its unused authority ends and its
+reserved authorizations are revoked; executing and in-doubt ones must still
+finish.`,
+	examples: []string{`mandatectl revoke --org acme --mandate case-1842 --key revoke-case-1842 --reason "case closed"`},
+	flags: func(fs *flag.FlagSet) func(map[string]bool) (map[string]any, error) {
+		reason := fs.String("reason", "", "why, for the audit trail")
+		return func(map[string]bool) (map[string]any, error) {
+			body := map[string]any{}
+			if *reason != "" {
+				body["reason"] = *reason
+			}
+			return body, nil
+		}
+	},
+}
+
+var specPropose = commandSpec{
+	typ:      wire.CmdPropose,
+	needsKey: true,
+	synopsis: "--org ORG --mandate ID --key KEY --operation OP --amount N --currency CCY --target T [flags]",
+	description: `Ask for one use of a mandate. The decision is reserved (with the new
+authorization's id, needed by begin, commit and cancel) or says why not.
+--key is the idempotency key of the business intent: sending the same intent
+again is answered with the original authorization (replayed).
+The amount is in integer minor units (15000 EUR is 150.00 EUR).`,
+	examples: []string{
+		"mandatectl propose --org acme --mandate case-1842 --key refund-1 --operation refund \\\n    --amount 15000 --currency EUR --target customer-991",
+		"mandatectl propose --org acme --mandate case-1842 --key refund-1 --operation refund \\\n    --amount 15000 --currency EUR --target customer-991 --deadline 2m --json",
+	},
+	flags: func(fs *flag.FlagSet) func(map[string]bool) (map[string]any, error) {
+		operation := fs.String("operation", "", "the operation (required)")
+		amount := fs.Int64("amount", 0, "amount in minor units (required)")
+		currency := fs.String("currency", "", "ISO 4217 currency code, upper case (required)")
+		target := fs.String("target", "", "who or what the operation is for (required)")
+		basedOn := fs.Int64("based-on-version", 0, "the mandate version the agent saw (a newer one answers stale_version)")
+		var deadline timeFlag
+		fs.Var(&deadline, "deadline", "requested reservation deadline, a `time`: RFC 3339 or a duration from now (default: the mandate's hold window)")
+		return func(set map[string]bool) (map[string]any, error) {
+			if err := required(set, "operation", "amount", "currency", "target"); err != nil {
+				return nil, err
+			}
+			body := map[string]any{
+				"operation": *operation,
+				"amount":    map[string]any{"minor_units": *amount, "currency": *currency},
+				"target":    *target,
+			}
+			if set["based-on-version"] {
+				body["based_on_version"] = *basedOn
+			}
+			if deadline.set {
+				body["deadline"] = deadline.String()
+			}
+			return body, nil
+		}
+	},
+}
+
+func authorizationFlag(fs *flag.FlagSet) *string {
+	return fs.String("authorization", "", "the authorization id, from the propose decision (required)")
+}
+
+var specBegin = commandSpec{
+	typ:      wire.CmdBegin,
+	synopsis: "--org ORG --mandate ID --authorization AU [flags]",
+	description: `Move a reserved authorization to executing: the compare-and-set gate to pass
+before the external call. Refused after the reservation's deadline.`,
+	examples: []string{"mandatectl begin --org acme --mandate case-1842 --authorization au_jd4myjhey7qd2migc457x36r"},
+	flags: func(fs *flag.FlagSet) func(map[string]bool) (map[string]any, error) {
+		auth := authorizationFlag(fs)
+		return func(set map[string]bool) (map[string]any, error) {
+			if err := required(set, "authorization"); err != nil {
+				return nil, err
+			}
+			return map[string]any{"authorization_id": *auth}, nil
+		}
+	},
+}
+
+var specCommit = commandSpec{
+	typ:         wire.CmdCommit,
+	synopsis:    "--org ORG --mandate ID --authorization AU --external-ref REF [flags]",
+	description: `Record that the external call happened, with the provider's reference. This consumes the use.`,
+	examples:    []string{"mandatectl commit --org acme --mandate case-1842 --authorization au_jd4myjhey7qd2migc457x36r \\\n    --external-ref re_3PqX9a2eZvKYlo2C1xQ"},
+	flags: func(fs *flag.FlagSet) func(map[string]bool) (map[string]any, error) {
+		auth := authorizationFlag(fs)
+		ref := fs.String("external-ref", "", "the provider's reference for the executed call (required)")
+		return func(set map[string]bool) (map[string]any, error) {
+			if err := required(set, "authorization", "external-ref"); err != nil {
+				return nil, err
+			}
+			return map[string]any{"authorization_id": *auth, "external_ref": *ref}, nil
+		}
+	},
+}
+
+var specCancel = commandSpec{
+	typ:      wire.CmdCancel,
+	synopsis: "--org ORG --mandate ID --authorization AU [--reason TEXT] [--not-executed-proof TEXT] [flags]",
+	description: `Give up an authorization. A reserved one is cancelled; an executing one only
+with proof that the external call did not happen (--not-executed-proof).`,
+	examples: []string{
+		`mandatectl cancel --org acme --mandate case-1842 --authorization au_jd4myjhey7qd2migc457x36r --reason "customer withdrew"`,
+		`mandatectl cancel --org acme --mandate case-1842 --authorization au_jd4myjhey7qd2migc457x36r \` + "\n" +
+			`    --not-executed-proof "provider returned 404 for idempotency key refund-1"`,
+	},
+	flags: func(fs *flag.FlagSet) func(map[string]bool) (map[string]any, error) {
+		auth := authorizationFlag(fs)
+		reason := fs.String("reason", "", "why")
+		proof := fs.String("not-executed-proof", "", "evidence that the external call did not happen (required to cancel an executing authorization)")
+		return func(set map[string]bool) (map[string]any, error) {
+			if err := required(set, "authorization"); err != nil {
+				return nil, err
+			}
+			body := map[string]any{"authorization_id": *auth}
+			if *reason != "" {
+				body["reason"] = *reason
+			}
+			if *proof != "" {
+				body["not_executed_proof"] = *proof
+			}
+			return body, nil
+		}
+	},
+}
+
+var specReportUnknown = commandSpec{
+	typ:      wire.CmdReportUnknown,
+	synopsis: "--org ORG --mandate ID --authorization AU [--detail TEXT] [flags]",
+	description: `Say that an executing authorization's external outcome is unknown (a timeout,
+a lost response). It goes in doubt and keeps its use until resolve. The
+decision's outcome is in_doubt, so this command exits 1 when it succeeds.`,
+	examples: []string{`mandatectl report-unknown --org acme --mandate case-1842 --authorization au_jd4myjhey7qd2migc457x36r \` + "\n" +
+		`    --detail "provider timed out after 30 s"`},
+	flags: func(fs *flag.FlagSet) func(map[string]bool) (map[string]any, error) {
+		auth := authorizationFlag(fs)
+		detail := fs.String("detail", "", "what is known")
+		return func(set map[string]bool) (map[string]any, error) {
+			if err := required(set, "authorization"); err != nil {
+				return nil, err
+			}
+			body := map[string]any{"authorization_id": *auth}
+			if *detail != "" {
+				body["detail"] = *detail
+			}
+			return body, nil
+		}
+	},
+}
+
+var specResolve = commandSpec{
+	typ:      wire.CmdResolve,
+	synopsis: "--org ORG --mandate ID --authorization AU --outcome committed|cancelled [flags]",
+	description: `Settle an in-doubt authorization after reconciling with the provider:
+committed (with the provider's --external-ref) or cancelled.
+'mandatectl in-doubt' lists what needs resolving.`,
+	examples: []string{
+		`mandatectl resolve --org acme --mandate case-1842 --authorization au_jd4myjhey7qd2migc457x36r \` + "\n" +
+			`    --outcome committed --external-ref re_3PqX9a2eZvKYlo2C1xQ --evidence "provider lists the refund"`,
+		`mandatectl resolve --org acme --mandate case-1842 --authorization au_jd4myjhey7qd2migc457x36r --outcome cancelled`,
+	},
+	flags: func(fs *flag.FlagSet) func(map[string]bool) (map[string]any, error) {
+		auth := authorizationFlag(fs)
+		outcome := fs.String("outcome", "", "committed or cancelled (required)")
+		ref := fs.String("external-ref", "", "the provider's reference (required with --outcome committed)")
+		evidence := fs.String("evidence", "", "what the reconciliation found")
+		return func(set map[string]bool) (map[string]any, error) {
+			if err := required(set, "authorization", "outcome"); err != nil {
+				return nil, err
+			}
+			switch wire.ResolveOutcome(*outcome) {
+			case wire.ResolveCommitted:
+				if *ref == "" {
+					return nil, fmt.Errorf("--external-ref is required with --outcome committed")
+				}
+			case wire.ResolveCancelled:
+			default:
+				return nil, fmt.Errorf("--outcome must be committed or cancelled, not %q", *outcome)
+			}
+			body := map[string]any{"authorization_id": *auth, "outcome": *outcome}
+			if *ref != "" {
+				body["external_ref"] = *ref
+			}
+			if *evidence != "" {
+				body["evidence"] = *evidence
+			}
+			return body, nil
+		}
+	},
+}

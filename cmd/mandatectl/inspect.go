@@ -1,0 +1,340 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/mandated/mandated/partitioner"
+	"github.com/mandated/mandated/processor/lifecycle"
+	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/sink"
+)
+
+type mandateJSON struct {
+	Mandate              string     `json:"mandate"`
+	Partition            int32      `json:"partition"`
+	Version              int64      `json:"version"`
+	Status               string     `json:"status"`
+	Operations           []string   `json:"operations"`
+	Targets              []string   `json:"targets"`
+	Currency             string     `json:"currency"`
+	MaxAmount            int64      `json:"max_amount_minor_units"`
+	TotalLimit           *int64     `json:"total_limit_minor_units,omitempty"`
+	UsesAllowed          int64      `json:"uses_allowed"`
+	UsesHeld             int64      `json:"uses_held"`
+	UsesSpent            int64      `json:"uses_spent"`
+	UsesInDoubt          int64      `json:"uses_in_doubt"`
+	AmountHeld           int64      `json:"amount_held_minor_units"`
+	AmountSpent          int64      `json:"amount_spent_minor_units"`
+	ValidFrom            *time.Time `json:"valid_from,omitempty"`
+	ValidUntil           *time.Time `json:"valid_until,omitempty"`
+	ReleaseOnCancel      bool       `json:"release_on_cancel"`
+	HoldSeconds          float64    `json:"hold_seconds"`
+	ExecutionTimeoutSecs float64    `json:"execution_timeout_seconds"`
+	LastAuthorizationID  string     `json:"last_authorization_id,omitempty"`
+	CreatedAt            time.Time  `json:"created_at"`
+	UpdatedAt            time.Time  `json:"updated_at"`
+}
+
+type authorizationJSON struct {
+	ID                string     `json:"id"`
+	State             string     `json:"state"`
+	Version           int64      `json:"version"`
+	Operation         string     `json:"operation"`
+	Target            string     `json:"target"`
+	Amount            wire.Money `json:"amount"`
+	IdempotencyKey    string     `json:"idempotency_key"`
+	MandateVersion    int64      `json:"mandate_version"`
+	Deadline          time.Time  `json:"deadline"`
+	ExecutionDeadline *time.Time `json:"execution_deadline,omitempty"`
+	ExternalRef       string     `json:"external_ref,omitempty"`
+	Detail            string     `json:"detail,omitempty"`
+	DecisionID        string     `json:"decision_id"`
+	CreatedAt         time.Time  `json:"created_at"`
+	UpdatedAt         time.Time  `json:"updated_at"`
+}
+
+type historyScan struct {
+	Topic     string `json:"topic"`
+	Partition int32  `json:"partition"`
+	From      int64  `json:"from_offset"`
+	To        int64  `json:"to_offset"` // exclusive: the last stable offset when the scan began
+	Complete  bool   `json:"complete"`  // the scan started at the log start
+	Matched   int    `json:"matched"`   // decisions of this mandate in the range (history keeps the last --history)
+}
+
+type inspectJSON struct {
+	Mandate        *mandateJSON        `json:"mandate"` // null when the database has no such mandate
+	Authorizations []authorizationJSON `json:"authorizations"`
+	History        []json.RawMessage   `json:"history"`
+	HistoryScan    *historyScan        `json:"history_scan,omitempty"`
+}
+
+func toMandateJSON(m *lifecycle.Mandate) *mandateJSON {
+	v := &mandateJSON{Mandate: m.Key.String(), Partition: m.Partition, Version: m.Version, Status: string(m.Status),
+		Operations: m.Operations, Targets: m.Targets, Currency: m.Currency, MaxAmount: m.MaxAmount,
+		UsesAllowed: m.UsesAllowed, UsesHeld: m.UsesHeld, UsesSpent: m.UsesSpent, UsesInDoubt: m.UsesInDoubt,
+		AmountHeld: m.AmountHeld, AmountSpent: m.AmountSpent, ReleaseOnCancel: m.ReleaseOnCancel,
+		HoldSeconds: m.HoldWindow.Seconds(), ExecutionTimeoutSecs: m.ExecutionTimeout.Seconds(),
+		LastAuthorizationID: m.LastAuthID, CreatedAt: m.CreatedAt, UpdatedAt: m.UpdatedAt}
+	if m.TotalLimit > 0 {
+		t := m.TotalLimit
+		v.TotalLimit = &t
+	}
+	if !m.ValidFrom.IsZero() {
+		t := m.ValidFrom
+		v.ValidFrom = &t
+	}
+	if !m.ValidUntil.IsZero() {
+		t := m.ValidUntil
+		v.ValidUntil = &t
+	}
+	if v.Targets == nil {
+		v.Targets = []string{}
+	}
+	return v
+}
+
+func toAuthorizationJSON(a *lifecycle.Authorization) authorizationJSON {
+	v := authorizationJSON{ID: a.Key.ID, State: string(a.State), Version: a.Version, Operation: a.Operation, Target: a.Target,
+		Amount: wire.Money{MinorUnits: a.Amount, Currency: a.Currency}, IdempotencyKey: a.IdempotencyKey,
+		MandateVersion: a.MandateVersion, Deadline: a.Deadline, ExternalRef: a.ExternalRef, Detail: a.Detail,
+		DecisionID: a.DecisionID, CreatedAt: a.CreatedAt, UpdatedAt: a.UpdatedAt}
+	if !a.ExecutionDeadline.IsZero() {
+		t := a.ExecutionDeadline
+		v.ExecutionDeadline = &t
+	}
+	return v
+}
+
+func runInspect(a *app, args []string) int {
+	f := a.newFlagSet("inspect", "mandate <org>/<mandate_id> [flags]",
+		`Show one mandate: its state and counters and its authorizations (from
+PostgreSQL), and its decision history, read from its home partition of the
+decisions topic with read_committed. The history scan reads at most --scan
+records back from the partition's end (0: the whole partition) and reports
+its progress on stderr when it takes longer than a second; it shows the last
+--history decisions of the mandate it found.`,
+		"mandatectl inspect mandate acme/case-1842",
+		"mandatectl inspect mandate acme/case-1842 --history 200 --scan 0",
+		"mandatectl inspect mandate acme/case-1842 --json | jq '.history[] | {decision_id, outcome}'")
+	var kc kafkaConn
+	kc.register(f)
+	var topics topicNames
+	topics.register(f)
+	var db dbConn
+	db.register(f)
+	authLimit := f.Int("authorizations", 100, "show at most this many authorizations, newest first")
+	historyN := f.Int("history", 50, "show at most this many decisions, the most recent")
+	scanN := f.Int64("scan", 1_000_000, "read at most this many records back from the end of the home partition (0: all)")
+	noHistory := f.Bool("no-history", false, "do not read the decisions topic")
+	asJSON := f.Bool("json", false, "print JSON instead of tables")
+	timeout := f.Duration("timeout", 5*time.Minute, "bound on the queries and the history scan")
+	pos, code, ok := f.parse(args)
+	if !ok {
+		return code
+	}
+	if len(pos) != 2 || pos[0] != "mandate" {
+		return f.usageErr("want 'inspect mandate <org>/<mandate_id>'")
+	}
+	key, err := partitioner.ParseMandateKey(pos[1])
+	if err != nil {
+		return f.usageErr("%v", err)
+	}
+	switch {
+	case *authLimit < 1:
+		return f.usageErr("--authorizations must be at least 1")
+	case *historyN < 1:
+		return f.usageErr("--history must be at least 1")
+	case *scanN < 0:
+		return f.usageErr("--scan must not be negative")
+	}
+	if _, err := db.resolve(); err != nil {
+		return f.usageErr("%v", err)
+	}
+	var opts []kgo.Opt
+	if !*noHistory {
+		if opts, err = kc.opts(a); err != nil {
+			return f.usageErr("%v", err)
+		}
+	}
+	ctx, cancel := withTimeout(a.ctx, *timeout)
+	defer cancel()
+
+	pool, err := db.pool(ctx)
+	if err != nil {
+		a.errorf("inspect: %v", err)
+		return exitFailed
+	}
+	defer pool.Close()
+	snap, err := sink.NewOperator(pool).Inspect(ctx, key, *authLimit)
+	found := err == nil
+	if err != nil && !errors.Is(err, sink.ErrNotFound) {
+		a.errorf("inspect: %v", err)
+		return exitFailed
+	}
+
+	var history []json.RawMessage
+	var scan *historyScan
+	if !*noHistory {
+		n, err := partitionCount(ctx, opts, topics.decisions)
+		if err != nil {
+			a.errorf("inspect: %v", err)
+			return exitFailed
+		}
+		p := key.Partition(n)
+		if found && snap.Mandate.Partition != p {
+			a.errorf("inspect: warning: the database has %s on partition %d but its home among %d partitions is %d",
+				key, snap.Mandate.Partition, n, p)
+		}
+		start, end, err := partitionBounds(ctx, opts, topics.decisions, p)
+		if err != nil {
+			a.errorf("inspect: %v", err)
+			return exitFailed
+		}
+		from := start
+		if *scanN > 0 {
+			from = max(start, end-*scanN)
+		}
+		scan = &historyScan{Topic: topics.decisions, Partition: p, From: from, To: end, Complete: from == start}
+		prog := newProgress(func(format string, args ...any) { a.errorf("inspect: "+format, args...) },
+			fmt.Sprintf("%s/%d", topics.decisions, p), end-from)
+		err = scanRange(ctx, opts, topics.decisions, p, from, end, func(r *kgo.Record) {
+			if string(r.Key) != key.String() {
+				return
+			}
+			scan.Matched++
+			history = append(history, json.RawMessage(bytes.Clone(r.Value)))
+			if len(history) > *historyN {
+				history = history[1:]
+			}
+		}, prog.report)
+		if err != nil {
+			a.errorf("inspect: scan %s/%d: %v", topics.decisions, p, err)
+			return exitFailed
+		}
+		prog.done()
+	}
+
+	result := exitOK
+	if !found {
+		result = exitFailed
+	}
+	if *asJSON {
+		out := inspectJSON{Authorizations: []authorizationJSON{}, History: history, HistoryScan: scan}
+		if out.History == nil {
+			out.History = []json.RawMessage{}
+		}
+		if found {
+			out.Mandate = toMandateJSON(snap.Mandate)
+			for _, au := range snap.Authorizations {
+				out.Authorizations = append(out.Authorizations, toAuthorizationJSON(au))
+			}
+		}
+		enc := json.NewEncoder(a.stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(out)
+		return result
+	}
+	if found {
+		printMandate(a, snap)
+	} else {
+		fmt.Fprintf(a.stdout, "Mandate %s: not in the database (never granted, or granted on a partition that has not committed it)\n", key)
+	}
+	if scan != nil {
+		printHistory(a, scan, history, *historyN)
+	}
+	return result
+}
+
+func printMandate(a *app, snap *sink.MandateSnapshot) {
+	m := snap.Mandate
+	fmt.Fprintf(a.stdout, "Mandate %s (partition %d)\n", m.Key, m.Partition)
+	tw := newTable(a.stdout)
+	row := func(k, format string, args ...any) { fmt.Fprintf(tw, "  %s\t%s\n", k, fmt.Sprintf(format, args...)) }
+	row("status", "%s, version %d", m.Status, m.Version)
+	row("operations", "%s", strings.Join(m.Operations, ", "))
+	if len(m.Targets) == 0 {
+		row("targets", "any")
+	} else {
+		row("targets", "%s", strings.Join(m.Targets, ", "))
+	}
+	limit := "none"
+	if m.TotalLimit > 0 {
+		limit = fmt.Sprintf("%d %s", m.TotalLimit, m.Currency)
+	}
+	row("max per use", "%d %s", m.MaxAmount, m.Currency)
+	row("total limit", "%s", limit)
+	row("uses", "%d allowed: %d held (%d in doubt), %d spent, %d free",
+		m.UsesAllowed, m.UsesHeld, m.UsesInDoubt, m.UsesSpent, m.UsesAllowed-m.UsesHeld-m.UsesSpent)
+	row("amounts", "%d held, %d spent", m.AmountHeld, m.AmountSpent)
+	validity := "from " + fmtTime(m.ValidFrom)
+	if m.ValidFrom.IsZero() {
+		validity = "from the grant"
+	}
+	if m.ValidUntil.IsZero() {
+		validity += ", no end"
+	} else {
+		validity += " until " + fmtTime(m.ValidUntil)
+	}
+	row("valid", "%s", validity)
+	row("release on cancel", "%t", m.ReleaseOnCancel)
+	row("hold window", "%s", m.HoldWindow)
+	row("execution timeout", "%s", m.ExecutionTimeout)
+	if m.LastAuthID != "" {
+		row("last authorization", "%s", m.LastAuthID)
+	}
+	row("created", "%s", fmtTime(m.CreatedAt))
+	row("updated", "%s", fmtTime(m.UpdatedAt))
+	_ = tw.Flush()
+
+	fmt.Fprintf(a.stdout, "\nAuthorizations (%d, newest first)\n", len(snap.Authorizations))
+	if len(snap.Authorizations) == 0 {
+		fmt.Fprintln(a.stdout, "  none")
+		return
+	}
+	tw = newTable(a.stdout)
+	fmt.Fprintln(tw, "  ID\tSTATE\tVERSION\tAMOUNT\tOPERATION\tTARGET\tIDEMPOTENCY KEY\tDEADLINE\tEXTERNAL REF\tUPDATED\tDETAIL")
+	for _, au := range snap.Authorizations {
+		deadline := fmtTime(au.Deadline)
+		if au.State == wire.StateExecuting || au.State == wire.StateInDoubt {
+			deadline = fmtTime(au.ExecutionDeadline) + " (execution)"
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%d\t%d %s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", au.Key.ID, au.State, au.Version, au.Amount, au.Currency,
+			au.Operation, au.Target, au.IdempotencyKey, deadline, dash(au.ExternalRef), fmtTime(au.UpdatedAt), dash(au.Detail))
+	}
+	_ = tw.Flush()
+}
+
+func printHistory(a *app, scan *historyScan, history []json.RawMessage, limit int) {
+	scope := "the whole partition"
+	if !scan.Complete {
+		scope = fmt.Sprintf("offsets %d to %d; older decisions are beyond --scan", scan.From, scan.To)
+	}
+	shown := ""
+	if scan.Matched > len(history) {
+		shown = fmt.Sprintf(", showing the last %d (--history %d)", len(history), limit)
+	}
+	fmt.Fprintf(a.stdout, "\nDecision history (%s/%d, %s: %d found%s)\n", scan.Topic, scan.Partition, scope, scan.Matched, shown)
+	if len(history) == 0 {
+		fmt.Fprintln(a.stdout, "  none")
+		return
+	}
+	tw := newTable(a.stdout)
+	fmt.Fprintln(tw, "  "+decisionColumns)
+	for _, raw := range history {
+		d, err := wire.ParseDecision(raw)
+		if err != nil {
+			fmt.Fprintf(tw, "  (not a v%d decision: %v)\n", wire.SchemaVersion, err)
+			continue
+		}
+		fmt.Fprintln(tw, "  "+decisionLine(d))
+	}
+	_ = tw.Flush()
+}

@@ -1,0 +1,544 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/goleak"
+
+	"github.com/mandated/mandated/partitioner"
+	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/test/harness"
+	"github.com/mandated/mandated/test/testenv"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// testBundle is one harness pipeline and the flags that point mandatectl at it.
+type testBundle struct {
+	h        *harness.Harness
+	instance string
+	kafka    []string // --brokers and the topic flags
+	db       []string // --database-url
+}
+
+func setup(t *testing.T) *testBundle {
+	t.Helper()
+	h := harness.New(t, harness.Options{Partitions: 3})
+	b := &testBundle{h: h, instance: "ctl-instance-a"}
+	b.kafka = []string{"--brokers", strings.Join(h.Brokers, ","),
+		"--proposals-topic", h.Spec.Proposals, "--grants-topic", h.Spec.Grants,
+		"--decisions-topic", h.Spec.Decisions, "--dead-letter-topic", h.Spec.DeadLetter}
+	b.db = []string{"--database-url", h.DatabaseURL}
+	return b
+}
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func (r result) String() string {
+	return fmt.Sprintf("exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+}
+
+func ctl(t *testing.T, args ...string) result {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := run(args, &out, &errb)
+	return result{code: code, stdout: out.String(), stderr: errb.String()}
+}
+
+// send runs a command mandatectl produces and returns its decision (--json).
+func (b *testBundle) send(t *testing.T, args ...string) (result, *wire.Decision) {
+	t.Helper()
+	r := ctl(t, append(append(args, "--json", "--timeout", "60s"), b.kafka...)...)
+	if r.code == exitTimeout || r.code == exitUsage && r.stdout == "" {
+		return r, nil
+	}
+	d, err := wire.ParseDecision([]byte(strings.TrimSpace(r.stdout)))
+	require.NoError(t, err, "%s", r)
+	return r, d
+}
+
+func (b *testBundle) grant(t *testing.T, org, mandate string, extra ...string) {
+	t.Helper()
+	r, d := b.send(t, append([]string{"grant", "--org", org, "--mandate", mandate, "--key", "grant-" + mandate,
+		"--operation", "refund", "--max-amount", "20000", "--currency", "EUR", "--uses", "3"}, extra...)...)
+	require.Equal(t, exitOK, r.code, "%s", r)
+	require.Equal(t, wire.OutcomeGranted, d.Outcome)
+}
+
+func (b *testBundle) propose(t *testing.T, org, mandate, key string, amount int) (result, *wire.Decision) {
+	t.Helper()
+	return b.send(t, "propose", "--org", org, "--mandate", mandate, "--key", key, "--operation", "refund",
+		"--amount", fmt.Sprint(amount), "--currency", "EUR", "--target", "customer-991")
+}
+
+// produced counts the records keyed key on the input topics.
+func (b *testBundle) produced(t *testing.T, key string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	opts := []kgo.Opt{kgo.SeedBrokers(b.h.Brokers...)}
+	n := 0
+	for _, topic := range []string{b.h.Spec.Proposals, b.h.Spec.Grants} {
+		for p := int32(0); p < b.h.Spec.Partitions; p++ {
+			start, end, err := partitionBounds(ctx, opts, topic, p)
+			require.NoError(t, err)
+			require.NoError(t, scanRange(ctx, opts, topic, p, start, end, func(r *kgo.Record) {
+				if string(r.Key) == key {
+					n++
+				}
+			}, nil))
+		}
+	}
+	return n
+}
+
+func TestMandatectl(t *testing.T) {
+	b := setup(t)
+	b.h.Start(b.instance)
+
+	t.Run("a grant, propose, begin, commit round trip exits 0 at every step", func(t *testing.T) {
+		t.Parallel()
+		b.grant(t, "acme", "case-1842")
+
+		r, d := b.propose(t, "acme", "case-1842", "refund-1", 15000)
+		require.Equal(t, exitOK, r.code, "%s", r)
+		require.Equal(t, wire.OutcomeReserved, d.Outcome)
+		require.NotNil(t, d.Authorization)
+		auth := d.Authorization.ID
+		require.Equal(t, b.h.Spec.Proposals, d.Source.Topic)
+
+		r, d = b.send(t, "begin", "--mandate", "acme/case-1842", "--authorization", auth)
+		require.Equal(t, exitOK, r.code, "%s", r)
+		require.Equal(t, wire.OutcomeExecuting, d.Outcome)
+
+		// The human table, this time.
+		r = ctl(t, append([]string{"commit", "--org", "acme", "--mandate", "case-1842", "--authorization", auth,
+			"--external-ref", "re_3PqX9a2eZvKYlo2C1xQ", "--timeout", "60s"}, b.kafka...)...)
+		require.Equal(t, exitOK, r.code, "%s", r)
+		require.Regexp(t, `(?m)^outcome\s+committed$`, r.stdout)
+		require.Contains(t, r.stdout, auth+" (committed, version 3)")
+		require.Contains(t, r.stdout, "re_3PqX9a2eZvKYlo2C1xQ")
+
+		// The same intent again is the original authorization, replayed.
+		r, d = b.propose(t, "acme", "case-1842", "refund-1", 15000)
+		require.Equal(t, exitOK, r.code, "%s", r)
+		require.Equal(t, wire.OutcomeReplayed, d.Outcome)
+		require.Equal(t, auth, d.AuthorizationID)
+	})
+
+	t.Run("a denial exits 1 and says why", func(t *testing.T) {
+		t.Parallel()
+		b.grant(t, "acme", "case-deny")
+		r := ctl(t, append([]string{"propose", "--org", "acme", "--mandate", "case-deny", "--key", "too-much",
+			"--operation", "refund", "--amount", "25000", "--currency", "EUR", "--target", "customer-991", "--timeout", "60s"}, b.kafka...)...)
+		require.Equal(t, exitFailed, r.code, "%s", r)
+		require.Regexp(t, `(?m)^outcome\s+denied$`, r.stdout)
+		require.Regexp(t, `(?m)^reason\s+amount_exceeds_max$`, r.stdout)
+
+		// A command that does not fit the state is refused: exit 1 too.
+		r2, d := b.send(t, "begin", "--mandate", "acme/case-deny", "--authorization", "au_doesnotexist")
+		require.Equal(t, exitFailed, r2.code, "%s", r2)
+		require.Equal(t, wire.OutcomeRefused, d.Outcome)
+	})
+
+	t.Run("a bad flag exits 2 and produces nothing", func(t *testing.T) {
+		t.Parallel()
+		base := []string{"propose", "--org", "acme", "--mandate", "case-badflag", "--operation", "refund",
+			"--target", "customer-991"}
+		cases := []struct {
+			name   string
+			args   []string
+			stderr string
+		}{
+			{"a lower-case currency is what the processor would reject", []string{"--key", "k1", "--amount", "100", "--currency", "eur"}, "currency_invalid"},
+			{"a missing idempotency key is named by its flag", []string{"--amount", "100", "--currency", "EUR"}, "--key is required"},
+			{"a missing amount is named by its flag", []string{"--key", "k1", "--currency", "EUR"}, "--amount is required"},
+			{"a fractional amount is not minor units", []string{"--key", "k1", "--amount", "150.00", "--currency", "EUR"}, "invalid value"},
+			{"a negative amount is what the processor would reject", []string{"--key", "k1", "--amount", "-5", "--currency", "EUR"}, "amount_invalid"},
+			{"an unknown flag is a usage error", []string{"--key", "k1", "--amount", "100", "--currency", "EUR", "--amout", "1"}, "flag provided but not defined"},
+			{"an org outside the grammar is refused", []string{"--key", "k1", "--amount", "100", "--currency", "EUR", "--org", "ACME"}, "org"},
+		}
+		for _, c := range cases {
+			r := ctl(t, append(append(append([]string{}, base...), c.args...), b.kafka...)...)
+			require.Equal(t, exitUsage, r.code, "%s: %s", c.name, r)
+			require.Contains(t, r.stderr, c.stderr, c.name)
+			require.Empty(t, r.stdout, c.name)
+		}
+		r := ctl(t, append([]string{"resolve", "--mandate", "acme/case-badflag", "--authorization", "au_x", "--outcome", "committed"}, b.kafka...)...)
+		require.Equal(t, exitUsage, r.code, "%s", r)
+		require.Contains(t, r.stderr, "--external-ref is required")
+		require.Zero(t, b.produced(t, "acme/case-badflag"), "nothing may be produced")
+	})
+
+	t.Run("report-unknown puts an authorization in doubt, in-doubt lists it, resolve settles it", func(t *testing.T) {
+		t.Parallel()
+		b.grant(t, "acme", "case-doubt")
+		r, d := b.propose(t, "acme", "case-doubt", "doubt-1", 5000)
+		require.Equal(t, exitOK, r.code, "%s", r)
+		auth := d.Authorization.ID
+		r, _ = b.send(t, "begin", "--mandate", "acme/case-doubt", "--authorization", auth)
+		require.Equal(t, exitOK, r.code, "%s", r)
+		r, d = b.send(t, "report-unknown", "--mandate", "acme/case-doubt", "--authorization", auth, "--detail", "provider timed out")
+		require.Equal(t, exitFailed, r.code, "in_doubt exits 1: %s", r)
+		require.Equal(t, wire.OutcomeInDoubt, d.Outcome)
+
+		r = ctl(t, append([]string{"in-doubt", "--older-than", "0s", "--org", "acme"}, b.db...)...)
+		require.Equal(t, exitOK, r.code, "%s", r)
+		require.Contains(t, r.stdout, "acme/case-doubt")
+		require.Contains(t, r.stdout, auth)
+		require.Contains(t, r.stdout, "5000 EUR")
+		require.Contains(t, r.stdout, "provider timed out")
+
+		r = ctl(t, append([]string{"in-doubt", "--older-than", "1d", "--json"}, b.db...)...)
+		require.Equal(t, exitOK, r.code, "%s", r)
+		var none []inDoubtView
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &none))
+		require.Empty(t, none)
+
+		// partitions counts it on the mandate's home partition.
+		r = ctl(t, append(append([]string{"partitions", "--group", b.h.Group, "--json"}, b.kafka...), b.db...)...)
+		require.Equal(t, exitOK, r.code, "%s", r)
+		var views []partitionView
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &views))
+		home := partitioner.MandateKey{Org: "acme", MandateID: "case-doubt"}.Partition(b.h.Spec.Partitions)
+		require.GreaterOrEqual(t, views[home].InDoubt, int64(1))
+		require.Greater(t, views[home].OldestDoubtSecs, 0.0)
+
+		r, d = b.send(t, "resolve", "--mandate", "acme/case-doubt", "--authorization", auth, "--outcome", "committed",
+			"--external-ref", "re_found", "--evidence", "provider lists it")
+		require.Equal(t, exitOK, r.code, "%s", r)
+		require.Equal(t, wire.OutcomeCommitted, d.Outcome)
+
+		r = ctl(t, append([]string{"in-doubt", "--json"}, b.db...)...)
+		require.Equal(t, exitOK, r.code, "%s", r)
+		var left []inDoubtView
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &left))
+		for _, v := range left {
+			require.NotEqual(t, auth, v.AuthorizationID)
+		}
+	})
+
+	t.Run("revoke goes to the grants topic and exits 0", func(t *testing.T) {
+		t.Parallel()
+		b.grant(t, "acme", "case-revoke")
+		r, d := b.send(t, "revoke", "--mandate", "acme/case-revoke", "--reason", "case closed")
+		require.Equal(t, exitOK, r.code, "%s", r)
+		require.Equal(t, wire.OutcomeRevoked, d.Outcome)
+		require.Equal(t, b.h.Spec.Grants, d.Source.Topic)
+		r, d = b.propose(t, "acme", "case-revoke", "after-revoke", 100)
+		require.Equal(t, exitFailed, r.code, "%s", r)
+		require.Equal(t, wire.OutcomeDenied, d.Outcome)
+		require.Equal(t, wire.ReasonMandateRevoked, d.Reason)
+	})
+
+	t.Run("inspect shows the mandate, its authorization and its history", func(t *testing.T) {
+		t.Parallel()
+		b.grant(t, "globex", "trip-7")
+		r, d := b.propose(t, "globex", "trip-7", "hotel-1", 12000)
+		require.Equal(t, exitOK, r.code, "%s", r)
+		auth := d.Authorization.ID
+		r, _ = b.send(t, "cancel", "--mandate", "globex/trip-7", "--authorization", auth, "--reason", "plans changed")
+		require.Equal(t, exitOK, r.code, "%s", r)
+
+		args := append(append([]string{"inspect", "mandate", "globex/trip-7"}, b.kafka...), b.db...)
+		r = ctl(t, args...)
+		require.Equal(t, exitOK, r.code, "%s", r)
+		require.Contains(t, r.stdout, "Mandate globex/trip-7")
+		require.Contains(t, r.stdout, "3 allowed")
+		require.Regexp(t, auth+`\s+cancelled`, r.stdout)
+		require.Contains(t, r.stdout, "Decision history")
+		require.Regexp(t, `grant\s+granted`, r.stdout)
+		require.Regexp(t, `propose\s+reserved`, r.stdout)
+		require.Regexp(t, `cancel\s+cancelled`, r.stdout)
+
+		r = ctl(t, append(args, "--json")...)
+		require.Equal(t, exitOK, r.code, "%s", r)
+		var out inspectJSON
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &out))
+		require.NotNil(t, out.Mandate)
+		require.Equal(t, int64(3), out.Mandate.UsesAllowed)
+		require.Len(t, out.Authorizations, 1)
+		require.Equal(t, auth, out.Authorizations[0].ID)
+		require.Equal(t, "cancelled", out.Authorizations[0].State)
+		require.Len(t, out.History, 3)
+		require.True(t, out.HistoryScan.Complete)
+		var outcomes []wire.Outcome
+		for _, raw := range out.History {
+			d, err := wire.ParseDecision(raw)
+			require.NoError(t, err)
+			require.Equal(t, "globex/trip-7", d.MandateKey)
+			outcomes = append(outcomes, d.Outcome)
+		}
+		require.Equal(t, []wire.Outcome{wire.OutcomeGranted, wire.OutcomeReserved, wire.OutcomeCancelled}, outcomes)
+
+		// --history keeps the most recent; --scan bounds the read.
+		r = ctl(t, append(args, "--json", "--history", "1")...)
+		require.Equal(t, exitOK, r.code, "%s", r)
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &out))
+		require.Len(t, out.History, 1)
+		require.Equal(t, 3, out.HistoryScan.Matched)
+
+		r = ctl(t, append(append([]string{"inspect", "mandate", "globex/never-granted"}, b.kafka...), b.db...)...)
+		require.Equal(t, exitFailed, r.code, "%s", r)
+		require.Contains(t, r.stdout, "not in the database")
+	})
+
+	t.Run("tail --max N prints N decisions", func(t *testing.T) {
+		t.Parallel()
+		b.grant(t, "initech", "tail-1")
+		b.grant(t, "initech", "tail-2")
+		b.grant(t, "initech", "tail-3")
+		r := ctl(t, append([]string{"tail", "--from-beginning", "--org", "initech", "--max", "3", "--json", "--timeout", "60s"}, b.kafka...)...)
+		require.Equal(t, exitOK, r.code, "%s", r)
+		lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+		require.Len(t, lines, 3)
+		for _, l := range lines {
+			d, err := wire.ParseDecision([]byte(l))
+			require.NoError(t, err)
+			require.Equal(t, "initech", d.Org)
+		}
+
+		r = ctl(t, append([]string{"tail", "--from-beginning", "--mandate", "initech/tail-2", "--max", "1", "--timeout", "60s"}, b.kafka...)...)
+		require.Equal(t, exitOK, r.code, "%s", r)
+		table := strings.Split(strings.TrimSpace(r.stdout), "\n")
+		require.Len(t, table, 2, "a header and one decision")
+		require.Contains(t, table[0], "OUTCOME")
+		require.Regexp(t, `initech/tail-2\s+grant\s+granted`, table[1])
+
+		// --timeout before --max matching decisions: exit 3.
+		r = ctl(t, append([]string{"tail", "--from-beginning", "--org", "initech", "--outcome", "conflict", "--max", "1", "--timeout", "2s"}, b.kafka...)...)
+		require.Equal(t, exitTimeout, r.code, "%s", r)
+	})
+
+	t.Run("partitions shows the owning instance and its epoch", func(t *testing.T) {
+		t.Parallel()
+		b.grant(t, "acme", "case-partitions")
+		args := append(append([]string{"partitions", "--group", b.h.Group}, b.kafka...), b.db...)
+		var views []partitionView
+		// Every partition is claimed by the one instance once it has joined.
+		testenv.WaitFor(t, 60*time.Second, func() bool {
+			r := ctl(t, append(args, "--json")...)
+			require.Equal(t, exitOK, r.code, "%s", r)
+			views = nil
+			require.NoError(t, json.Unmarshal([]byte(r.stdout), &views))
+			for _, v := range views {
+				if !v.Claimed || v.GroupMember == "" {
+					return false
+				}
+			}
+			return len(views) == 3
+		}, "all three partitions claimed and assigned")
+		for _, v := range views {
+			require.Equal(t, b.instance, v.Owner)
+			require.GreaterOrEqual(t, v.Epoch, int64(1))
+			require.LessOrEqual(t, v.ProposalsOffset, v.ProposalsEnd)
+			require.GreaterOrEqual(t, v.OutboxBacklog, int64(0))
+		}
+		r := ctl(t, args...)
+		require.Equal(t, exitOK, r.code, "%s", r)
+		require.Contains(t, r.stdout, "OWNER")
+		for _, v := range views {
+			require.Regexp(t, fmt.Sprintf(`(?m)^%d\s+%s\s+%d\s`, v.Partition, b.instance, v.Epoch), r.stdout)
+		}
+	})
+
+	t.Run("topics check compares the partition count with the database's", func(t *testing.T) {
+		t.Parallel()
+		b.grant(t, "acme", "case-topics") // a processor has recorded the count by now
+		r := ctl(t, append(append([]string{"topics", "check"}, b.kafka...), b.db...)...)
+		require.Equal(t, exitOK, r.code, "%s", r)
+		require.Contains(t, r.stdout, "the database was set up for 3 partitions: it matches")
+	})
+
+	t.Run("parked lists parked outbox rows", func(t *testing.T) {
+		t.Parallel()
+		r := ctl(t, append([]string{"parked"}, b.db...)...)
+		require.Equal(t, exitOK, r.code, "%s", r)
+		require.Contains(t, r.stdout, "no parked outbox rows")
+
+		// The relay parks what the broker refuses for good; a row put there
+		// by hand is listed the same way.
+		ctx := context.Background()
+		conn, err := pgx.Connect(ctx, b.h.DatabaseURL)
+		require.NoError(t, err)
+		defer conn.Close(ctx)
+		_, err = conn.Exec(ctx, `INSERT INTO outbox_parked (partition, seq, epoch, kind, record_key, payload, reason, created_at)
+			VALUES (2, 99999, 1, 0, 'acme/too-big', '\x7b7d', 'MESSAGE_TOO_LARGE', now())`)
+		require.NoError(t, err)
+		r = ctl(t, append([]string{"parked"}, b.db...)...)
+		require.Equal(t, exitOK, r.code, "%s", r)
+		require.Regexp(t, `(?m)^2\s+99999\s+decision\s+acme/too-big\s+2\s`, r.stdout)
+		require.Contains(t, r.stdout, "MESSAGE_TOO_LARGE")
+		r = ctl(t, append([]string{"parked", "--json"}, b.db...)...)
+		var rows []parkedView
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &rows))
+		require.Len(t, rows, 1)
+		require.Equal(t, int64(99999), rows[0].Seq)
+	})
+}
+
+func TestNoDecisionWithinTimeoutExits3(t *testing.T) {
+	t.Parallel()
+	b := setup(t) // topics, but no mandated instance to decide
+	r := ctl(t, append([]string{"grant", "--mandate", "acme/nobody-home", "--operation", "refund", "--max-amount", "100",
+		"--currency", "EUR", "--timeout", "3s"}, b.kafka...)...)
+	require.Equal(t, exitTimeout, r.code, "%s", r)
+	require.Contains(t, r.stderr, "no decision for "+b.h.Spec.Grants)
+
+	r = ctl(t, append([]string{"grant", "--mandate", "acme/nobody-home", "--operation", "refund", "--max-amount", "100",
+		"--currency", "EUR", "--no-wait"}, b.kafka...)...)
+	require.Equal(t, exitOK, r.code, "%s", r)
+	require.Contains(t, r.stdout, "produced grant for acme/nobody-home to "+b.h.Spec.Grants)
+}
+
+func TestMigrate(t *testing.T) {
+	t.Parallel()
+	r := ctl(t, "migrate", "--print")
+	require.Equal(t, exitOK, r.code, "%s", r)
+	require.Contains(t, r.stdout, "-- migration 1: 0001_init.sql")
+	require.Contains(t, r.stdout, "CREATE TABLE mandates")
+
+	url := testenv.Database(t)
+	r = ctl(t, "migrate", "--database-url", url)
+	require.Equal(t, exitOK, r.code, "%s", r)
+	require.Contains(t, r.stdout, "applied 0001_init.sql")
+	r = ctl(t, "migrate", "--database-url", url)
+	require.Equal(t, exitOK, r.code, "%s", r)
+	require.Contains(t, r.stdout, "schema is up to date")
+
+	r = ctl(t, "migrate")
+	require.Equal(t, exitUsage, r.code, "%s", r)
+	require.Contains(t, r.stderr, "MANDATED_DATABASE_URL")
+}
+
+func TestTopics(t *testing.T) {
+	t.Parallel()
+	brokers := testenv.KafkaBrokers(t)
+	names := []string{testenv.Name(t, "p"), testenv.Name(t, "g"), testenv.Name(t, "d"), testenv.Name(t, "dl")}
+	t.Cleanup(func() {
+		cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+		if err != nil {
+			return
+		}
+		defer cl.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, _ = kadm.NewClient(cl).DeleteTopics(ctx, names...)
+	})
+	flags := []string{"--brokers", strings.Join(brokers, ","), "--proposals-topic", names[0], "--grants-topic", names[1],
+		"--decisions-topic", names[2], "--dead-letter-topic", names[3]}
+
+	r := ctl(t, append([]string{"topics", "check"}, flags...)...)
+	require.Equal(t, exitFailed, r.code, "%s", r)
+	require.Contains(t, r.stderr, "is not usable")
+
+	r = ctl(t, append([]string{"topics", "create", "--partitions", "2", "--replication-factor", "1", "--min-insync-replicas", "1"}, flags...)...)
+	require.Equal(t, exitOK, r.code, "%s", r)
+	for _, n := range names {
+		require.Contains(t, r.stdout, "created "+n)
+		require.Regexp(t, n+`\s+2\s+1\s+1\s+\S+\s+created`, r.stdout)
+	}
+
+	r = ctl(t, append([]string{"topics", "create", "--partitions", "2", "--replication-factor", "1"}, flags...)...)
+	require.Equal(t, exitOK, r.code, "%s", r)
+	require.NotContains(t, r.stdout, "created ")
+	require.Regexp(t, names[0]+`\s+2\s+1\s+1\s+7d\s+existed`, r.stdout)
+
+	r = ctl(t, append([]string{"topics", "create", "--partitions", "3", "--replication-factor", "1"}, flags...)...)
+	require.Equal(t, exitFailed, r.code, "%s", r)
+	require.Contains(t, r.stderr, names[0]+" has 2 partitions, not 3")
+
+	r = ctl(t, append([]string{"topics", "check"}, flags...)...)
+	require.Equal(t, exitOK, r.code, "%s", r)
+	require.Contains(t, r.stdout, "ok: 4 topics with 2 partitions each")
+
+	r = ctl(t, append([]string{"topics", "create", "--replication-factor", "1"}, flags...)...)
+	require.Equal(t, exitUsage, r.code, "%s", r)
+	require.Contains(t, r.stderr, "--partitions is required")
+}
+
+func TestEveryCommandHasHelpWithExamples(t *testing.T) {
+	t.Parallel()
+	names := []string{"topics create", "topics check"}
+	for n := range commands() {
+		if n != "topics" {
+			names = append(names, n)
+		}
+	}
+	for _, n := range names {
+		r := ctl(t, append(strings.Fields(n), "--help")...)
+		require.Equal(t, exitOK, r.code, "%s: %s", n, r)
+		require.Contains(t, r.stdout, "usage: mandatectl "+n, n)
+		require.Contains(t, r.stdout, "Examples:\n  mandatectl ", n)
+		require.Empty(t, r.stderr, n)
+	}
+	r := ctl(t, "--help")
+	require.Equal(t, exitOK, r.code)
+	for n := range commands() {
+		require.Contains(t, r.stdout, "\n  "+n+" ")
+	}
+	r = ctl(t)
+	require.Equal(t, exitUsage, r.code)
+	r = ctl(t, "frobnicate")
+	require.Equal(t, exitUsage, r.code)
+	require.Contains(t, r.stderr, `unknown command "frobnicate"`)
+}
+
+// TestBuiltBinaryReadsTheDaemonsEnvironment runs mandatectl as operators do:
+// a built binary configured only by the daemon's MANDATED_* variables.
+func TestBuiltBinaryReadsTheDaemonsEnvironment(t *testing.T) {
+	t.Parallel()
+	bin := filepath.Join(t.TempDir(), "mandatectl")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+
+	b := setup(t)
+	b.h.Start("ctl-binary")
+	cmd := exec.Command(bin, "grant", "--mandate", "acme/from-env", "--operation", "refund", "--max-amount", "100",
+		"--currency", "EUR", "--timeout", "60s")
+	cmd.Env = append(os.Environ(),
+		"MANDATED_BROKERS="+strings.Join(b.h.Brokers, ","),
+		"MANDATED_PROPOSALS_TOPIC="+b.h.Spec.Proposals, "MANDATED_GRANTS_TOPIC="+b.h.Spec.Grants,
+		"MANDATED_DECISIONS_TOPIC="+b.h.Spec.Decisions, "MANDATED_DEAD_LETTER_TOPIC="+b.h.Spec.DeadLetter,
+		"MANDATED_DATABASE_URL="+b.h.DatabaseURL,
+		// A command's own flags never come from the environment.
+		"MANDATED_AMOUNT=999999", "MANDATED_ORG=evil",
+	)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err = cmd.Run()
+	require.NoError(t, err, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+	require.Regexp(t, `(?m)^outcome\s+granted$`, stdout.String())
+	require.Regexp(t, `(?m)^mandate\s+acme/from-env `, stdout.String())
+
+	cmd = exec.Command(bin, "inspect", "mandate", "acme/from-env", "--no-history")
+	cmd.Env = append(os.Environ(), "MANDATED_DATABASE_URL="+b.h.DatabaseURL)
+	out, err = cmd.Output()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "Mandate acme/from-env")
+
+	// Exit codes reach the shell.
+	cmd = exec.Command(bin, "propose", "--mandate", "acme/from-env")
+	cmd.Env = os.Environ()
+	err = cmd.Run()
+	var exitErr *exec.ExitError
+	require.ErrorAs(t, err, &exitErr)
+	require.Equal(t, exitUsage, exitErr.ExitCode())
+}
