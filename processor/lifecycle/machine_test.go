@@ -1041,6 +1041,21 @@ func TestResolve(t *testing.T) {
 		})
 	}
 
+	t.Run("a resolve after the execution timeout settles it once the timer has put it in doubt", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.grant(t)
+		id := b.executing(t)
+		b.now = b.auth(id).ExecutionDeadline
+		a, ds := b.decide(t, resolveCmd(id, wire.ResolveCommitted, "re_9"))
+		require.Len(t, ds, 2)
+		require.Equal(t, wire.OutcomeInDoubt, ds[0].Outcome)
+		require.Equal(t, wire.ReasonExecutionTimeout, ds[0].Reason)
+		require.Equal(t, ds[1], a)
+		require.Equal(t, wire.OutcomeCommitted, a.Outcome)
+		require.Equal(t, counters{spent: 1, amountSpent: 5_000}, b.counters())
+	})
+
 	refusals := []struct {
 		name    string
 		prepare func(b *testBundle, t *testing.T) string

@@ -408,8 +408,9 @@ func TestDecodeSizeLimitIsInclusive(t *testing.T) {
 }
 
 // TestDecodeDeepNestingIsBounded shows the parser stops at the depth limit
-// instead of walking the whole record: 10 000 levels cost no more
-// allocations than ten.
+// instead of walking the whole record: 10 000 levels cost about as many
+// allocations as ten (walking them would cost at least one per level; the
+// slack absorbs the odd background allocation AllocsPerRun also counts).
 func TestDecodeDeepNestingIsBounded(t *testing.T) {
 	shallow := with(proposeBase, "x", nested(10))
 	deep := with(proposeBase, "x", nested(10_000))
@@ -420,7 +421,7 @@ func TestDecodeDeepNestingIsBounded(t *testing.T) {
 			}
 		})
 	}
-	require.LessOrEqual(t, allocs(deep), allocs(shallow))
+	require.Less(t, allocs(deep), allocs(shallow)+50)
 }
 
 func BenchmarkDecodeDeepNesting(b *testing.B) {
