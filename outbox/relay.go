@@ -306,6 +306,13 @@ func (pr *partitionRelay) session() error {
 	pr.mu.Lock()
 	pr.last = last
 	pr.mu.Unlock()
+	// What a predecessor published but could not record (it died between
+	// the Kafka commit and the mark) is recorded now, so the backlog and
+	// housekeeping see it.
+	if _, err := pr.r.st.mark(ctx, pr.partition, pr.epoch, last); err != nil {
+		pr.r.metrics.PublishErrors.WithLabelValues("database").Inc()
+		return fmt.Errorf("record the resumed sequence: %w", err)
+	}
 	pr.r.metrics.Resumes.Inc()
 	pr.log.Info().Int64("after_seq", last).Str("transactional_id", pr.txnID).Msg("relay resumed")
 	if f := cfg.Test.OnResumed; f != nil {

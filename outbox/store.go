@@ -3,7 +3,9 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -78,8 +80,13 @@ func (s store) park(ctx context.Context, partition int32, epoch, seq int64, reas
 		if current != epoch {
 			return fmt.Errorf("partition %d is at epoch %d, not %d: not parking", partition, current, epoch)
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO outbox_parked (partition, seq, epoch, kind, record_key, payload, reason, created_at)
-			SELECT partition, seq, epoch, kind, record_key, payload, $3, created_at FROM outbox WHERE partition = $1 AND seq = $2
+		// The broker's reason goes in reason; a dead letter's own reason,
+		// detail and source are kept in original.
+		if _, err := tx.Exec(ctx, `INSERT INTO outbox_parked (partition, seq, epoch, kind, record_key, payload, reason, created_at, original)
+			SELECT partition, seq, epoch, kind, record_key, payload, $3, created_at,
+			  jsonb_build_object('reason', reason, 'detail', detail, 'source_topic', source_topic,
+			    'source_partition', source_partition, 'source_offset', source_offset)
+			FROM outbox WHERE partition = $1 AND seq = $2
 			ON CONFLICT DO NOTHING`, partition, seq, reason); err != nil {
 			return err
 		}
@@ -122,7 +129,7 @@ type ParkedRow struct {
 
 // ListParked lists parked rows, oldest first.
 func ListParked(ctx context.Context, pool *pgxpool.Pool, limit int) ([]ParkedRow, error) {
-	rows, err := pool.Query(ctx, `SELECT partition, seq, kind, convert_from(coalesce(record_key, ''), 'UTF8'), reason,
+	rows, err := pool.Query(ctx, `SELECT partition, seq, kind, coalesce(record_key, ''), reason,
 		length(payload), created_at, parked_at FROM outbox_parked ORDER BY parked_at, partition, seq LIMIT $1`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: list parked rows: %w", err)
@@ -130,8 +137,13 @@ func ListParked(ctx context.Context, pool *pgxpool.Pool, limit int) ([]ParkedRow
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ParkedRow, error) {
 		var p ParkedRow
 		var kind int16
-		err := r.Scan(&p.Partition, &p.Seq, &kind, &p.Key, &p.Reason, &p.Bytes, &p.CreatedAt, &p.ParkedAt)
+		var key []byte
+		err := r.Scan(&p.Partition, &p.Seq, &kind, &key, &p.Reason, &p.Bytes, &p.CreatedAt, &p.ParkedAt)
 		p.Kind = Kind(kind)
+		p.Key = string(key)
+		if !utf8.Valid(key) {
+			p.Key = strconv.Quote(string(key)) // a dead letter's key can be any bytes
+		}
 		return p, err
 	})
 }

@@ -33,6 +33,9 @@ type Service struct {
 // StartService opens storage (applying migrations), starts the relay and
 // the processor, and returns once the processor has joined its group.
 func StartService(ctx context.Context, cfg ServiceConfig, log zerolog.Logger) (*Service, error) {
+	if cfg.Sink.Instance == "" {
+		cfg.Sink.Instance = cfg.Processor.WithDefaults().Owner
+	}
 	s, err := sink.Open(ctx, cfg.Sink, log.With().Str("component", "sink").Logger())
 	if err != nil {
 		return nil, err

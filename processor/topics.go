@@ -77,7 +77,11 @@ func EnsureTopics(ctx context.Context, brokers []string, opts []kgo.Opt, spec To
 	// with its partitions.
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		_, err := CheckTopics(ctx, brokers, opts, spec.Proposals, spec.Grants, spec.Decisions, spec.DeadLetter)
+		n, err := CheckTopics(ctx, brokers, opts, spec.Proposals, spec.Grants, spec.Decisions, spec.DeadLetter)
+		if err == nil && n != spec.Partitions {
+			return created, fmt.Errorf("topics: %s has %d partitions, not %d as asked; "+
+				"changing the partition count moves mandates and needs an explicit migration", spec.Proposals, n, spec.Partitions)
+		}
 		if err == nil {
 			return created, nil
 		}

@@ -48,6 +48,9 @@ type worker struct {
 
 var errStopped = errors.New("processor: worker stopped")
 
+// maxDuePerBatch bounds the deadlines applied in one batch.
+const maxDuePerBatch = 5000
+
 func newWorker(p *Processor, c sink.Claim) *worker {
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &worker{
@@ -204,7 +207,10 @@ func (w *worker) loadDeadlines() error {
 func (w *worker) step() (bool, error) {
 	now := w.p.cfg.Test.Clock.Now()
 	recs := w.take(w.p.cfg.MaxBatch)
-	due := w.deadlines.due(now, max(w.p.cfg.MaxBatch-len(recs), 1))
+	// Every due deadline is applied before the batch's commands are decided
+	// (bounded, so a long outage's expiries spread over a few batches): a
+	// reservation past its deadline never counts as held.
+	due := w.deadlines.due(now, maxDuePerBatch)
 	if len(recs) == 0 && len(due) == 0 {
 		return false, nil
 	}
@@ -289,18 +295,13 @@ func (w *worker) commit(items []item, due []lifecycle.AuthKey, now time.Time) er
 		}
 		c := it.cmd
 		needs.Mandates[c.Key] = struct{}{}
+		if scope, ok := lifecycle.ScopeOf(c); ok {
+			needs.Idem[scope] = struct{}{}
+		}
 		switch c.Type {
-		case wire.CmdPropose:
-			needs.Idem[lifecycle.IdemScope{Org: c.Key.Org, Operation: c.Propose.Operation, Key: c.IdempotencyKey}] = struct{}{}
-		case wire.CmdGrant:
-			if c.IdempotencyKey != "" {
-				needs.Idem[lifecycle.IdemScope{Org: c.Key.Org, Operation: "mandate.grant", Key: c.IdempotencyKey}] = struct{}{}
-			}
+		case wire.CmdPropose, wire.CmdGrant:
 		case wire.CmdRevoke:
 			needs.Reserved[c.Key] = struct{}{}
-			if c.IdempotencyKey != "" {
-				needs.Idem[lifecycle.IdemScope{Org: c.Key.Org, Operation: "mandate.revoke", Key: c.IdempotencyKey}] = struct{}{}
-			}
 		default:
 			needs.Auths[lifecycle.AuthKey{Mandate: c.Key, ID: c.AuthorizationID()}] = struct{}{}
 		}

@@ -51,9 +51,12 @@ type Config struct {
 	// MaxBatchAttempts bounds retries of one batch after serialization
 	// failures, deadlocks and races. Defaults to MaxBatchAttemptsDefault.
 	MaxBatchAttempts int
-	// ApplicationName is reported to PostgreSQL; a takeover only terminates
-	// sessions with this name. Defaults to ApplicationNameDefault.
+	// ApplicationName is reported to PostgreSQL as "<name>/<Instance>"; a
+	// takeover only terminates sessions of this name. Defaults to
+	// ApplicationNameDefault.
 	ApplicationName string
+	// Instance names this process in pg_stat_activity. Defaults to none.
+	Instance string
 }
 
 // WithDefaults returns a copy with every zero field set to its default.

@@ -113,7 +113,8 @@ func (s *Sink) terminateBlockers(ctx context.Context, pid int32) (int, error) {
 	var n int
 	err := s.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(a.pid))
 		FROM pg_stat_activity a
-		WHERE a.pid = ANY (pg_blocking_pids($1)) AND a.application_name = $2`, pid, s.cfg.ApplicationName).Scan(&n)
+		WHERE a.pid = ANY (pg_blocking_pids($1)) AND (a.application_name = $2 OR a.application_name LIKE $2 || '/%')`,
+		pid, s.cfg.ApplicationName).Scan(&n)
 	return n, interpretError(err)
 }
 

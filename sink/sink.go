@@ -36,6 +36,10 @@ func Open(ctx context.Context, cfg Config, log zerolog.Logger) (*Sink, error) {
 	pcfg.MaxConns = cfg.MaxConns
 	rp := pcfg.ConnConfig.RuntimeParams
 	rp["application_name"] = cfg.ApplicationName
+	if cfg.Instance != "" {
+		name := cfg.ApplicationName + "/" + cfg.Instance
+		rp["application_name"] = name[:min(len(name), 63)]
+	}
 	rp["idle_in_transaction_session_timeout"] = strconv.FormatInt(cfg.IdleInTxTimeout.Milliseconds(), 10)
 	rp["statement_timeout"] = strconv.FormatInt(cfg.StatementTimeout.Milliseconds(), 10)
 	rp["lock_timeout"] = strconv.FormatInt(cfg.LockTimeout.Milliseconds(), 10)

@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -31,6 +32,7 @@ import (
 	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/processor/failpoint"
+	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/sink"
 )
 
@@ -83,7 +85,7 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.group, "group", processor.GroupDefault, "consumer group id")
 	fs.StringVar(&c.owner, "owner", "", "name of this instance in the partitions table (default <hostname>-<pid>)")
 	fs.IntVar(&c.maxBatch, "max-batch", processor.MaxBatchDefault, "most records decided in one transaction")
-	fs.IntVar(&c.maxRecordBytes, "max-record-bytes", 64<<10, "largest command record decoded")
+	fs.IntVar(&c.maxRecordBytes, "max-record-bytes", wire.MaxRecordBytesDefault, "largest command record decoded")
 	fs.DurationVar(&c.sessionTimeout, "session-timeout", processor.SessionTimeoutDefault, "consumer group session timeout")
 	fs.DurationVar(&c.rebalanceTimeout, "rebalance-timeout", processor.RebalanceTimeoutDefault, "consumer group rebalance timeout")
 	fs.IntVar(&c.relayMaxRows, "relay-max-rows", outbox.MaxRowsDefault, "most outbox rows in one Kafka transaction")
@@ -193,39 +195,37 @@ func run(args []string) int {
 		return 2
 	}
 
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
-	startCtx, cancelStart := context.WithCancel(context.Background())
-	go func() {
-		// A signal during start-up abandons it.
-		select {
-		case <-sigs:
-			cancelStart()
-		case <-startCtx.Done():
-		}
-	}()
-	svc, err := processor.StartService(startCtx, cfg, log)
-	if err != nil {
-		log.Error().Err(err).Msg("cannot start")
-		return 1
-	}
-	cancelStart()
-	reg.MustRegister(sink.NewPoolCollector(svc.Sink))
-
 	ln, err := net.Listen("tcp", c.httpAddr)
 	if err != nil {
 		log.Error().Err(err).Str("addr", c.httpAddr).Msg("cannot listen")
 		return 1
 	}
-	srv := &http.Server{Handler: routes(svc, reg), ReadHeaderTimeout: 5 * time.Second}
+	state := &serving{}
+	ready := prometheus.NewGauge(prometheus.GaugeOpts{Name: "mandated_ready",
+		Help: "1 while this instance is ready (holds current epochs, reaches Kafka and PostgreSQL), else 0."})
+	reg.MustRegister(ready)
+	srv := &http.Server{Handler: routes(state, reg), ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error().Err(err).Msg("http server failed")
 		}
 	}()
+
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	svc, ok := startWithRetry(cfg, log, state, sigs)
+	if !ok {
+		_ = srv.Close()
+		return 0
+	}
+	reg.MustRegister(sink.NewPoolCollector(svc.Sink))
+	stopReady := make(chan struct{})
+	go watchReady(svc, ready, stopReady)
 	log.Info().Str("http", ln.Addr().String()).Msg("mandated running")
 
 	sig := <-sigs
+	close(stopReady)
+	ready.Set(0)
 	log.Info().Str("signal", sig.String()).Dur("bound", c.shutdownTimeout).Msg("shutting down: finishing batches in flight, flushing the relay")
 	go func() {
 		s := <-sigs
@@ -244,7 +244,73 @@ func run(args []string) int {
 	return 0
 }
 
-func routes(svc *processor.Service, reg *prometheus.Registry) http.Handler {
+// serving is what the HTTP handlers see of the process.
+type serving struct {
+	svc     atomic.Pointer[processor.Service]
+	lastErr atomic.Pointer[string]
+}
+
+// startWithRetry starts the service, retrying with backoff while Kafka or
+// PostgreSQL are unreachable or the topics are not there yet; every failure
+// is logged and shown by /readyz. A signal abandons the start (false).
+func startWithRetry(cfg processor.ServiceConfig, log zerolog.Logger, state *serving, sigs <-chan os.Signal) (*processor.Service, bool) {
+	backoff := time.Second
+	for attempt := 1; ; attempt++ {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			select {
+			case <-sigs:
+				cancel()
+			case <-done:
+			}
+		}()
+		svc, err := processor.StartService(ctx, cfg, log)
+		close(done)
+		canceled := ctx.Err() != nil
+		cancel()
+		if err == nil {
+			state.svc.Store(svc)
+			return svc, true
+		}
+		if canceled {
+			log.Info().Msg("signal during start-up: exiting")
+			return nil, false
+		}
+		msg := err.Error()
+		state.lastErr.Store(&msg)
+		log.Error().Err(err).Int("attempt", attempt).Dur("retry_in", backoff).Msg("cannot start yet; retrying")
+		select {
+		case <-sigs:
+			log.Info().Msg("signal during start-up: exiting")
+			return nil, false
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 15*time.Second)
+	}
+}
+
+// watchReady keeps the mandated_ready gauge current.
+func watchReady(svc *processor.Service, g prometheus.Gauge, stop <-chan struct{}) {
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		if svc.Processor.Ready(ctx) == nil {
+			g.Set(1)
+		} else {
+			g.Set(0)
+		}
+		cancel()
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func routes(state *serving, reg *prometheus.Registry) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -252,6 +318,15 @@ func routes(svc *processor.Service, reg *prometheus.Registry) http.Handler {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		svc := state.svc.Load()
+		if svc == nil {
+			why := "starting"
+			if e := state.lastErr.Load(); e != nil {
+				why += ": " + *e
+			}
+			http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
+			return
+		}
 		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
 		defer cancel()
 		if err := svc.Processor.Ready(ctx); err != nil {

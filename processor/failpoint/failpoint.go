@@ -7,7 +7,8 @@
 //
 // Actions: off, panic, kill (SIGKILL to the process itself), error (Inject
 // returns ErrInjected), sleep(<duration>). A prefix N* limits an action to
-// its next N hits; a prefix P% fires it with probability P. Disabled points
+// its next N hits; a prefix P% (P may be fractional, 0.5%) fires it with
+// probability P percent. Disabled points
 // cost one atomic load.
 package failpoint
 
@@ -43,8 +44,8 @@ var ErrInjected = errors.New("failpoint: injected error")
 type action struct {
 	kind      string // panic, kill, error, sleep
 	sleep     time.Duration
-	remaining int64 // < 0: unlimited
-	percent   int   // 0 or 100: always
+	remaining int64   // < 0: unlimited
+	percent   float64 // 0 or 100: always
 }
 
 var (
@@ -120,8 +121,8 @@ func parse(spec string) (*action, error) {
 		a.remaining, spec = v, rest
 	}
 	if p, rest, ok := strings.Cut(spec, "%"); ok {
-		v, err := strconv.Atoi(p)
-		if err != nil || v < 1 || v > 100 {
+		v, err := strconv.ParseFloat(p, 64)
+		if err != nil || v <= 0 || v > 100 {
 			return nil, fmt.Errorf("bad percentage in %q", spec)
 		}
 		a.percent, spec = v, rest
@@ -151,7 +152,7 @@ func Inject(ctx context.Context, name string) error {
 	}
 	mu.Lock()
 	a := points[name]
-	if a == nil || (a.percent > 0 && a.percent < 100 && rand.IntN(100) >= a.percent) {
+	if a == nil || (a.percent > 0 && a.percent < 100 && rand.Float64()*100 >= a.percent) {
 		mu.Unlock()
 		return nil
 	}

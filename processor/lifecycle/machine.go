@@ -249,7 +249,7 @@ func (d *decider) bind(scope IdemScope, fp []byte, dec *wire.Decision) {
 func (d *decider) propose() {
 	p := d.cmd.Propose
 	m := d.st.Mandates[d.cmd.Key]
-	scope := IdemScope{Org: d.cmd.Key.Org, Operation: p.Operation, Key: d.cmd.IdempotencyKey}
+	scope, _ := ScopeOf(d.cmd)
 	fp := proposeFingerprint(d.cmd)
 	if d.idempotency(scope, fp) {
 		return
@@ -543,7 +543,7 @@ func grantFingerprint(c *wire.Command) []byte {
 
 func (d *decider) grant() {
 	g := d.cmd.Grant
-	scope := IdemScope{Org: d.cmd.Key.Org, Operation: "mandate.grant", Key: d.cmd.IdempotencyKey}
+	scope, _ := ScopeOf(d.cmd)
 	fp := grantFingerprint(d.cmd)
 	if scope.Key != "" && d.idempotency(scope, fp) {
 		return
@@ -590,7 +590,7 @@ func (d *decider) grant() {
 }
 
 func (d *decider) revoke() {
-	scope := IdemScope{Org: d.cmd.Key.Org, Operation: "mandate.revoke", Key: d.cmd.IdempotencyKey}
+	scope, _ := ScopeOf(d.cmd)
 	fp := fingerprint(struct {
 		Mandate string `json:"mandate"`
 	}{d.cmd.Key.String()})

@@ -98,6 +98,28 @@ type IdemScope struct {
 	Key       string
 }
 
+// Idempotency scopes of grantor commands. The colon is outside the
+// operation grammar, so no agent's proposal can ever share (and so block or
+// replay) a grantor's key.
+const (
+	GrantScope  = "grantor:grant"
+	RevokeScope = "grantor:revoke"
+)
+
+// ScopeOf returns the idempotency scope a command binds, if it binds one:
+// a propose always; a grant or revoke when it carries a key.
+func ScopeOf(c *wire.Command) (IdemScope, bool) {
+	switch {
+	case c.Type == wire.CmdPropose:
+		return IdemScope{Org: c.Key.Org, Operation: c.Propose.Operation, Key: c.IdempotencyKey}, true
+	case c.Type == wire.CmdGrant && c.IdempotencyKey != "":
+		return IdemScope{Org: c.Key.Org, Operation: GrantScope, Key: c.IdempotencyKey}, true
+	case c.Type == wire.CmdRevoke && c.IdempotencyKey != "":
+		return IdemScope{Org: c.Key.Org, Operation: RevokeScope, Key: c.IdempotencyKey}, true
+	}
+	return IdemScope{}, false
+}
+
 // IdemRecord binds an idempotency key to the first decision about its intent.
 type IdemRecord struct {
 	Scope           IdemScope

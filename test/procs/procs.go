@@ -173,6 +173,15 @@ func (p *Process) Exited() bool {
 	}
 }
 
+// ExitCode returns the exit code of a process that has exited (-1 if a
+// signal ended it, or if it is still running).
+func (p *Process) ExitCode() int {
+	if !p.Exited() || p.cmd.ProcessState == nil {
+		return -1
+	}
+	return p.cmd.ProcessState.ExitCode()
+}
+
 // Wait waits up to timeout for the process to exit and returns its exit code
 // (-1 if it was killed by a signal).
 func (p *Process) Wait(timeout time.Duration) (int, error) {
