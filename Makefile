@@ -55,3 +55,7 @@ kafka-libs: ## Resolve the Kafka broker jars from Maven Central (cached per vers
 ##@ Demo, benchmarks and chaos
 
 # demo:, bench: and chaos: go here (application engineer).
+
+.PHONY: bench
+bench: ## Benchmark vs same-run baselines on servers of its own (49092, 55499); QUICK=1: under 3 min; report in test/bench/results/
+	@QUICK=$(QUICK) test/bench/bench.sh

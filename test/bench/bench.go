@@ -1,0 +1,356 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Config configures a bench run. cmd/benchrun fills it from flags.
+type Config struct {
+	Brokers      []string // the bench's own broker
+	AdminURL     string   // superuser URL of the bench's own PostgreSQL
+	PGDataDir    string   // its data directory (postmaster.pid, for CPU)
+	KafkaPIDFile string   // the broker's pid file (for CPU)
+	RepoRoot     string   // to read package sink's SQL
+	ResultsDir   string   // test/bench/results
+	WorkDir      string   // scratch: logs, scripts, raw profiles (git-ignored)
+	Pgbench      string   // the pgbench binary
+	Quick        bool
+
+	Partitions    int32 // partitions of the S1 baseline
+	Records       int   // proposals drained per burn-down
+	Rounds        int   // rounds of K1 P1 P2 S1 S1-1M (each a set of pairs)
+	ScalingPairs  int   // pairs of 4 vs 64 partitions and of zipf 1 k vs 1 M
+	SmallMandates int
+	LargeMandates int
+	PgbenchSecs   int
+	LatencySecs   int
+	HeapMandates  int
+	Profile       bool
+	StopAfter     string // debugging: "calibration" ends the run after it
+}
+
+// Defaults returns the full (QUICK=0) or quick configuration's sizes.
+func Defaults(quick bool) Config {
+	if quick {
+		return Config{Quick: true, Partitions: 8, Records: 40000, Rounds: 3, ScalingPairs: 1, SmallMandates: 1000,
+			LargeMandates: 1_000_000, PgbenchSecs: 3, LatencySecs: 5, HeapMandates: 20000}
+	}
+	// A relay transaction carries up to 500 decisions per partition, so a
+	// burn-down needs a few hundred thousand records before its 10–90 %
+	// window spans many of them.
+	return Config{Partitions: 8, Records: 200000, Rounds: 3, ScalingPairs: 3, SmallMandates: 1000,
+		LargeMandates: 1_000_000, PgbenchSecs: 10, LatencySecs: 30, HeapMandates: 100000, Profile: true}
+}
+
+// variant is one S1 workload: a partition count, a mandate set and a key
+// distribution, with its pre-loaded proposals topic and template database.
+type variant struct {
+	name       string
+	partitions int32
+	mandates   int
+	dist       string // "uniform" or "zipf"
+	proposals  string
+	grants     string
+	template   string
+}
+
+// Bench is one run.
+type Bench struct {
+	cfg   Config
+	pg    pgAdmin
+	cpu   cpuWatch
+	run   string // run id, in topic and database names
+	work  string
+	out   string
+	seq   int
+	stmts map[string]string
+
+	variants map[string]*variant
+	res      *Result
+	started  time.Time
+}
+
+func (b *Bench) logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "[bench %6.1fs] %s\n", time.Since(b.started).Seconds(), fmt.Sprintf(format, args...))
+}
+
+// Run runs the whole benchmark and writes the report. It returns the
+// directory the report is in.
+func Run(ctx context.Context, cfg Config) (string, error) {
+	b := &Bench{cfg: cfg, pg: pgAdmin{cfg.AdminURL}, started: time.Now(), variants: map[string]*variant{}}
+	b.run = time.Now().UTC().Format("0102150405")
+	b.work = filepath.Join(cfg.WorkDir, b.run)
+	if err := os.MkdirAll(b.work, 0o755); err != nil {
+		return "", err
+	}
+	var err error
+	if b.cpu.brokerPID, err = readPIDFile(cfg.KafkaPIDFile); err != nil {
+		return "", fmt.Errorf("broker pid: %w", err)
+	}
+	if b.cpu.postmasterPID, err = readPIDFile(filepath.Join(cfg.PGDataDir, "postmaster.pid")); err != nil {
+		return "", fmt.Errorf("postmaster pid: %w", err)
+	}
+	if b.stmts, err = sinkStatements(cfg.RepoRoot); err != nil {
+		return "", err
+	}
+	b.res = newResult(cfg)
+	defer b.Cleanup()
+	if err := b.all(ctx); err != nil {
+		b.res.Errors = append(b.res.Errors, err.Error())
+		b.logf("FAILED: %v", err)
+	}
+	b.res.Finished = time.Now().UTC()
+	b.res.WallSeconds = time.Since(b.started).Seconds()
+	dir, werr := b.writeReport()
+	if werr != nil {
+		return dir, errors.Join(err, werr)
+	}
+	if len(b.res.Errors) > 0 {
+		return dir, errors.New(strings.Join(b.res.Errors, "; "))
+	}
+	return dir, nil
+}
+
+func (b *Bench) all(ctx context.Context) error {
+	c := b.cfg
+	if err := b.setup(ctx); err != nil {
+		return fmt.Errorf("setup: %w", err)
+	}
+	main := b.variants["s1"]
+
+	b.logf("calibration: one S1 burn-down (warms the broker's JIT and measures batch and decision sizes)")
+	cal, err := b.runS1(ctx, main, nil)
+	if err != nil {
+		return fmt.Errorf("calibration: %w", err)
+	}
+	b.res.Calibration = cal
+	b.logf("calibration: %.0f decisions/s visible, processor %.0f decided/s, %.1f batch txn/s of %.0f records, commit %.1f ms, relay %.1f txn/s",
+		cal.DecisionsPerSec, cal.ProcDecidedPerSec, cal.BatchTxnPerSec, cal.MeanBatch, cal.CommitMSMean, cal.RelayTxnPerSec)
+	if c.StopAfter == "calibration" {
+		return nil
+	}
+	if c.StopAfter == "latency" {
+		b.res.Capacity = cal.DecisionsPerSec
+		for _, pct := range []float64{5, 25, 50} {
+			l, err := b.runLatency(ctx, main, pct, cal.DecisionsPerSec*pct/100, time.Duration(c.LatencySecs)*time.Second)
+			if err != nil {
+				return err
+			}
+			b.logf("latency %.0f%% (%.0f/s): p50 %.1f p90 %.1f p99 %.1f max %.1f ms, mean batch %.1f; decide %.1f ms (commit %.1f ms, %.0f/s), publish %.1f ms (relay txn %.1f ms, %.0f/s); cpu %+v",
+				pct, l.OfferedRate, l.P50MS, l.P90MS, l.P99MS, l.MaxMS, l.MeanBatch, l.DecideMS, l.CommitMS, l.BatchPS, l.PublishMS, l.RelayTxnMS, l.RelayTxnPS, l.CPU)
+			b.res.Latency = append(b.res.Latency, l)
+		}
+		return nil
+	}
+	batch := max(1, int(cal.MeanBatch+0.5))
+	p1Script, err := b.setupP1(ctx)
+	if err != nil {
+		return fmt.Errorf("P1 setup: %w", err)
+	}
+	p2Script := filepath.Join(b.work, "p2.sql")
+	if err := buildP2Script(b.stmts, p2Params{partitions: c.Partitions, mandates: c.SmallMandates, batch: batch,
+		payload: cal.samplePayload}, p2Script); err != nil {
+		return fmt.Errorf("P2 script: %w", err)
+	}
+	b.res.P2Batch = batch
+
+	// Rounds: K1, P1, P2, S1, S1 with 1 M mandates; every other round in
+	// reverse order, so that no baseline always runs first.
+	for r := range c.Rounds {
+		round := Round{}
+		steps := []string{"K1", "P1", "P2", "S1", "S1-1M"}
+		if r%2 == 1 {
+			for i, j := 0, len(steps)-1; i < j; i, j = i+1, j-1 {
+				steps[i], steps[j] = steps[j], steps[i]
+			}
+		}
+		round.Order = steps
+		for _, s := range steps {
+			b.logf("round %d/%d: %s", r+1, c.Rounds, s)
+			var err error
+			switch s {
+			case "K1":
+				round.K1, err = b.runK1(ctx, main, cal.AvgValueBytes)
+			case "P1":
+				round.P1, err = b.runPgbench(ctx, "P1", "bench_p1", p1Script, 8, c.PgbenchSecs)
+			case "P2":
+				if err = b.setupP2(ctx, main.template, "bench_p2", c.Partitions); err == nil {
+					round.P2, err = b.runPgbench(ctx, "P2", "bench_p2", p2Script, int(c.Partitions), c.PgbenchSecs)
+				}
+			case "S1":
+				round.S1, err = b.runS1(ctx, main, nil)
+			case "S1-1M":
+				round.S1Large, err = b.runS1(ctx, b.variants["s1-1m"], nil)
+			}
+			if err != nil {
+				return fmt.Errorf("round %d %s: %w", r+1, s, err)
+			}
+		}
+		b.res.Rounds = append(b.res.Rounds, round)
+		b.logf("round %d: S1 %.0f/s, K1 %.0f/s, P1 %.0f tps, P2 %.1f tps (S1 %.1f batch txn/s), S1-1M %.0f/s",
+			r+1, round.S1.DecisionsPerSec, round.K1.DecisionsPerSec, round.P1.TPS, round.P2.TPS, round.S1.BatchTxnPerSec, round.S1Large.DecisionsPerSec)
+	}
+
+	for i := range c.ScalingPairs {
+		pair := Pair{}
+		order := []string{"p4", "p64"}
+		if i%2 == 1 {
+			order = []string{"p64", "p4"}
+		}
+		for _, name := range order {
+			b.logf("scaling pair %d/%d: %s", i+1, c.ScalingPairs, name)
+			r, err := b.runS1(ctx, b.variants[name], nil)
+			if err != nil {
+				return fmt.Errorf("scaling %s: %w", name, err)
+			}
+			if name == "p4" {
+				pair.A = r
+			} else {
+				pair.B = r
+			}
+		}
+		b.res.Partitions = append(b.res.Partitions, pair)
+	}
+	for i := range c.ScalingPairs {
+		pair := Pair{}
+		order := []string{"zipf-1k", "zipf-1m"}
+		if i%2 == 1 {
+			order = []string{"zipf-1m", "zipf-1k"}
+		}
+		for _, name := range order {
+			b.logf("skew pair %d/%d: %s", i+1, c.ScalingPairs, name)
+			r, err := b.runS1(ctx, b.variants[name], nil)
+			if err != nil {
+				return fmt.Errorf("skew %s: %w", name, err)
+			}
+			if name == "zipf-1k" {
+				pair.A = r
+			} else {
+				pair.B = r
+			}
+		}
+		b.res.Skew = append(b.res.Skew, pair)
+	}
+
+	capacity := median(b.res.s1Rates())
+	b.res.Capacity = capacity
+	for _, pct := range []float64{25, 50, 75} {
+		rate := capacity * pct / 100
+		b.logf("latency: open loop at %.0f%% of S1 capacity (%.0f proposals/s) for %ds", pct, rate, c.LatencySecs)
+		l, err := b.runLatency(ctx, main, pct, rate, time.Duration(c.LatencySecs)*time.Second)
+		if err != nil {
+			return fmt.Errorf("latency %.0f%%: %w", pct, err)
+		}
+		b.res.Latency = append(b.res.Latency, l)
+	}
+
+	b.logf("heap: %d owned mandates, each holding one reservation", c.HeapMandates)
+	h, err := b.runHeap(ctx, b.variants["s1-1m"], main, c.HeapMandates)
+	if err != nil {
+		return fmt.Errorf("heap: %w", err)
+	}
+	b.res.Heap = h
+
+	if c.Profile {
+		b.logf("profile: CPU and allocation profiles of one S1 burn-down, pg_stat_statements of S1 and P2")
+		if err := b.runProfile(ctx, main, b.variants["s1-1m"], p2Script); err != nil {
+			return fmt.Errorf("profile: %w", err)
+		}
+	}
+	return nil
+}
+
+// setup makes the template databases and pre-loads the proposals topics.
+func (b *Bench) setup(ctx context.Context) error {
+	c := b.cfg
+	defs := []struct {
+		name       string
+		partitions int32
+		mandates   int
+		dist       string
+	}{
+		{"s1", c.Partitions, c.SmallMandates, "uniform"},
+		{"s1-1m", c.Partitions, c.LargeMandates, "uniform"},
+		{"p4", 4, c.SmallMandates, "uniform"},
+		{"p64", 64, c.SmallMandates, "uniform"},
+		{"zipf-1k", c.Partitions, c.SmallMandates, "zipf"},
+		{"zipf-1m", c.Partitions, c.LargeMandates, "zipf"},
+	}
+	templates := map[string]bool{}
+	for _, d := range defs {
+		v := &variant{name: d.name, partitions: d.partitions, mandates: d.mandates, dist: d.dist,
+			proposals: fmt.Sprintf("bench.%s.%s.proposals", b.run, d.name),
+			grants:    fmt.Sprintf("bench.%s.%s.grants", b.run, d.name),
+			template:  fmt.Sprintf("tpl_p%d_m%d", d.partitions, d.mandates)}
+		b.variants[d.name] = v
+		if !templates[v.template] {
+			templates[v.template] = true
+			t := time.Now()
+			if err := b.pg.makeTemplate(ctx, v.template, v.partitions, v.mandates); err != nil {
+				return err
+			}
+			size, _ := b.pg.dbSize(ctx, v.template)
+			b.logf("template %s: %d mandates on %d partitions, %.0f MB, in %.1fs", v.template, v.mandates, v.partitions,
+				float64(size)/1e6, time.Since(t).Seconds())
+			b.res.Templates = append(b.res.Templates, Template{Name: v.template, Partitions: v.partitions,
+				Mandates: v.mandates, Bytes: size, Seconds: time.Since(t).Seconds()})
+		}
+		if err := createTopics(ctx, c.Brokers, v.partitions, v.proposals, v.grants); err != nil {
+			return err
+		}
+		t := time.Now()
+		if err := preload(ctx, c.Brokers, v.proposals, c.Records, v.mandates, v.dist, "b"+d.name); err != nil {
+			return fmt.Errorf("preload %s: %w", v.proposals, err)
+		}
+		b.logf("preloaded %d proposals into %s (%s over %d mandates) in %.1fs", c.Records, v.proposals, v.dist, v.mandates, time.Since(t).Seconds())
+	}
+	return nil
+}
+
+// cleanup drops the templates and topics of this run.
+func (b *Bench) Cleanup() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var topics []string
+	seen := map[string]bool{}
+	for _, v := range b.variants {
+		topics = append(topics, v.proposals, v.grants)
+		if !seen[v.template] {
+			seen[v.template] = true
+			_ = b.pg.drop(ctx, v.template)
+		}
+	}
+	deleteTopics(b.cfg.Brokers, topics...)
+	_ = b.pg.drop(ctx, "bench_p1")
+	_ = b.pg.drop(ctx, "bench_p2")
+}
+
+func (b *Bench) nextID(name string) string {
+	b.seq++
+	return fmt.Sprintf("%s_%d", strings.ReplaceAll(name, "-", "_"), b.seq)
+}
+
+func (b *Bench) xactCommits(ctx context.Context, db string) int64 {
+	conn, err := pgx.Connect(ctx, b.pg.url)
+	if err != nil {
+		return 0
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	n, _ := b.pg.xactCommits(ctx, conn, db)
+	return n
+}
+
+// goTool runs `go tool pprof` and returns its output.
+func goTool(args ...string) (string, error) {
+	out, err := exec.Command("go", append([]string{"tool", "pprof"}, args...)...).CombinedOutput()
+	return string(out), err
+}

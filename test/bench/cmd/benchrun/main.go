@@ -1,0 +1,130 @@
+// Command benchrun is mandated's benchmark (see package
+// github.com/mandated/mandated/test/bench). `make bench` runs it through
+// test/bench/bench.sh, which starts and stops the servers it measures on.
+//
+//	benchrun run [flags]   the benchmark and its report
+//	benchrun serve         (internal) one mandated instance, configured by $BENCH_CHILD_CONFIG
+//	benchrun pipe          (internal) K1, the raw Kafka pipe
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/mandated/mandated/test/bench"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: benchrun run|serve|pipe [flags]")
+		os.Exit(2)
+	}
+	switch os.Args[1] {
+	case "serve":
+		var cfg bench.ServeConfig
+		exitOn(childConfig(&cfg))
+		exitOn(bench.Serve(cfg))
+	case "pipe":
+		var cfg bench.PipeConfig
+		exitOn(childConfig(&cfg))
+		exitOn(bench.Pipe(cfg))
+	case "run":
+		os.Exit(run(os.Args[2:]))
+	default:
+		fmt.Fprintln(os.Stderr, "usage: benchrun run|serve|pipe [flags]")
+		os.Exit(2)
+	}
+}
+
+func childConfig(v any) error {
+	return json.Unmarshal([]byte(os.Getenv(bench.ChildConfigEnv)), v)
+}
+
+func exitOn(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "benchrun:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) int {
+	fs := flag.NewFlagSet("benchrun run", flag.ContinueOnError)
+	quick := fs.Bool("quick", false, "the quick variant (under 3 minutes): fewer records, shorter runs, one scaling pair")
+	brokers := fs.String("brokers", "127.0.0.1:49092", "the bench broker")
+	adminURL := fs.String("database-url", "postgres://postgres@127.0.0.1:55499/postgres?sslmode=disable", "superuser URL of the bench PostgreSQL")
+	pgData := fs.String("pg-data", ".infra/bench-pg/data", "the bench PostgreSQL's data directory")
+	kafkaPID := fs.String("kafka-pid-file", ".infra/bench-kafka/kafka.pid", "the bench broker's pid file")
+	results := fs.String("results", "test/bench/results", "results directory")
+	work := fs.String("work", ".infra/bench-work", "scratch directory")
+	pgbench := fs.String("pgbench", "pgbench", "pgbench binary")
+	var over bench.Config
+	fs.IntVar(&over.Records, "records", 0, "override: proposals per burn-down")
+	fs.IntVar(&over.Rounds, "rounds", 0, "override: rounds of K1 P1 P2 S1 S1-1M")
+	fs.IntVar(&over.ScalingPairs, "scaling-pairs", -1, "override: pairs of 4 vs 64 partitions and of zipf 1 k vs 1 M")
+	fs.IntVar(&over.LargeMandates, "large-mandates", 0, "override: the large mandate set")
+	fs.IntVar(&over.PgbenchSecs, "pgbench-seconds", 0, "override: seconds per pgbench run")
+	fs.IntVar(&over.LatencySecs, "latency-seconds", 0, "override: seconds per latency level")
+	fs.IntVar(&over.HeapMandates, "heap-mandates", 0, "override: mandates in the heap measurement")
+	fs.StringVar(&over.StopAfter, "stop-after", "", "debugging: calibration ends the run after the calibration burn-down")
+	profile := fs.String("profile", "", "override: true or false")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	cfg := bench.Defaults(*quick)
+	cfg.Brokers = strings.Split(*brokers, ",")
+	cfg.AdminURL, cfg.PGDataDir, cfg.KafkaPIDFile = *adminURL, *pgData, *kafkaPID
+	cfg.ResultsDir, cfg.WorkDir, cfg.Pgbench = *results, *work, *pgbench
+	wd, _ := os.Getwd()
+	cfg.RepoRoot = wd
+	for _, p := range []*string{&cfg.PGDataDir, &cfg.KafkaPIDFile, &cfg.ResultsDir, &cfg.WorkDir} {
+		if !filepath.IsAbs(*p) {
+			*p = filepath.Join(wd, *p)
+		}
+	}
+	if over.Records > 0 {
+		cfg.Records = over.Records
+	}
+	if over.Rounds > 0 {
+		cfg.Rounds = over.Rounds
+	}
+	if over.ScalingPairs >= 0 {
+		cfg.ScalingPairs = over.ScalingPairs
+	}
+	if over.LargeMandates > 0 {
+		cfg.LargeMandates = over.LargeMandates
+	}
+	if over.PgbenchSecs > 0 {
+		cfg.PgbenchSecs = over.PgbenchSecs
+	}
+	if over.LatencySecs > 0 {
+		cfg.LatencySecs = over.LatencySecs
+	}
+	if over.HeapMandates > 0 {
+		cfg.HeapMandates = over.HeapMandates
+	}
+	cfg.StopAfter = over.StopAfter
+	if *profile != "" {
+		cfg.Profile = *profile == "true"
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+	dir, err := bench.Run(ctx, cfg)
+	if dir != "" {
+		fmt.Fprintf(os.Stderr, "report: %s/summary.md\n", dir)
+		if b, rerr := os.ReadFile(dir + "/summary.md"); rerr == nil {
+			fmt.Print(string(b))
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "benchrun:", err)
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,524 @@
+package bench
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Result is everything one run measured; result.json is this.
+type Result struct {
+	Started     time.Time `json:"started"`
+	Finished    time.Time `json:"finished"`
+	WallSeconds float64   `json:"wall_seconds"`
+	Mode        string    `json:"mode"`
+	Commit      string    `json:"commit"`
+	Dirty       bool      `json:"dirty"`
+	Host        HostInfo  `json:"host"`
+	Config      Config    `json:"config"`
+	Errors      []string  `json:"errors,omitempty"`
+
+	Templates   []Template      `json:"templates"`
+	Calibration S1Result        `json:"calibration"`
+	P2Batch     int             `json:"p2_batch"`
+	Rounds      []Round         `json:"rounds"`
+	Partitions  []Pair          `json:"partitions_4_vs_64"`
+	Skew        []Pair          `json:"zipf_1k_vs_1m"`
+	Capacity    float64         `json:"capacity_decisions_per_sec"`
+	Latency     []LatencyResult `json:"latency"`
+	Heap        HeapResult      `json:"heap"`
+	Profile     *ProfileResult  `json:"profile,omitempty"`
+
+	Ratios  []Ratio    `json:"ratios"`
+	CPU     CPUSummary `json:"cpu"`
+	Summary string     `json:"-"`
+}
+
+// HostInfo describes the machine.
+type HostInfo struct {
+	CPUs      int    `json:"cpus"`
+	GoVersion string `json:"go"`
+	Kernel    string `json:"kernel"`
+	LoadAvg   string `json:"loadavg_at_start"`
+}
+
+// Template is one template database.
+type Template struct {
+	Name       string  `json:"name"`
+	Partitions int32   `json:"partitions"`
+	Mandates   int     `json:"mandates"`
+	Bytes      int64   `json:"bytes"`
+	Seconds    float64 `json:"seconds"`
+}
+
+// Round is one set of interleaved runs.
+type Round struct {
+	Order   []string      `json:"order"`
+	K1      S1Result      `json:"k1"`
+	P1      PgbenchResult `json:"p1"`
+	P2      PgbenchResult `json:"p2"`
+	S1      S1Result      `json:"s1"`
+	S1Large S1Result      `json:"s1_1m"`
+}
+
+// Pair is two adjacent S1 runs.
+type Pair struct {
+	A S1Result `json:"a"`
+	B S1Result `json:"b"`
+}
+
+// Ratio is one target, evaluated over the pairs.
+type Ratio struct {
+	Name    string    `json:"name"`
+	Target  string    `json:"target"`
+	Values  []float64 `json:"values"`
+	Median  float64   `json:"median"`
+	Min     float64   `json:"min"`
+	Max     float64   `json:"max"`
+	Pass    bool      `json:"pass"`
+	Unit    string    `json:"unit,omitempty"`
+	Details string    `json:"details,omitempty"`
+}
+
+// CPUSummary is the median CPU cost per decision over the S1 runs.
+type CPUSummary struct {
+	S1PerDecision CPUSample `json:"s1_us_per_decision"`
+	S1System      float64   `json:"s1_us_per_decision_system"`
+	K1PerRecord   CPUSample `json:"k1_us_per_record"`
+	K1System      float64   `json:"k1_us_per_record_system"`
+	S1LargeSystem float64   `json:"s1_1m_us_per_decision_system"`
+	P64System     float64   `json:"p64_us_per_decision_system"`
+	P4System      float64   `json:"p4_us_per_decision_system"`
+}
+
+func newResult(cfg Config) *Result {
+	r := &Result{Started: time.Now().UTC(), Config: cfg, Mode: "full"}
+	if cfg.Quick {
+		r.Mode = "quick"
+	}
+	r.Host.CPUs = runtime.NumCPU()
+	r.Host.GoVersion = runtime.Version()
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		r.Host.Kernel = strings.TrimSpace(string(b))
+	}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		r.Host.LoadAvg = strings.TrimSpace(string(b))
+	}
+	if out, err := exec.Command("git", "-C", cfg.RepoRoot, "rev-parse", "--short=12", "HEAD").Output(); err == nil {
+		r.Commit = strings.TrimSpace(string(out))
+	}
+	if out, err := exec.Command("git", "-C", cfg.RepoRoot, "status", "--porcelain", "--untracked-files=no").Output(); err == nil {
+		r.Dirty = len(bytes.TrimSpace(out)) > 0
+	}
+	return r
+}
+
+func (r *Result) s1Rates() []float64 {
+	var out []float64
+	for _, rd := range r.Rounds {
+		out = append(out, rd.S1.DecisionsPerSec)
+	}
+	return out
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func ratio(name, target string, atLeast bool, bound float64, vals []float64, details string) Ratio {
+	r := Ratio{Name: name, Target: target, Values: vals, Details: details}
+	if len(vals) == 0 {
+		return r
+	}
+	r.Median = median(vals)
+	r.Min, r.Max = vals[0], vals[0]
+	for _, v := range vals {
+		r.Min, r.Max = min(r.Min, v), max(r.Max, v)
+	}
+	if atLeast {
+		r.Pass = r.Median >= bound
+	} else {
+		r.Pass = r.Median <= bound
+	}
+	return r
+}
+
+// evaluate computes the ratios and the CPU summary.
+func (r *Result) evaluate() {
+	var k1, p1, p2, big []float64
+	var s1cpu, k1cpu []CPUSample
+	var s1sys, k1sys, bigsys []float64
+	for _, rd := range r.Rounds {
+		if rd.K1.DecisionsPerSec > 0 {
+			k1 = append(k1, rd.S1.DecisionsPerSec/rd.K1.DecisionsPerSec)
+		}
+		if rd.P1.TPS > 0 {
+			p1 = append(p1, rd.S1.DecisionsPerSec/rd.P1.TPS)
+		}
+		if rd.P2.TPS > 0 {
+			p2 = append(p2, rd.S1.BatchTxnPerSec/rd.P2.TPS)
+		}
+		if rd.S1.DecisionsPerSec > 0 {
+			big = append(big, rd.S1Large.DecisionsPerSec/rd.S1.DecisionsPerSec)
+		}
+		s1cpu, k1cpu = append(s1cpu, rd.S1.CPUMicrosPerD), append(k1cpu, rd.K1.CPUMicrosPerD)
+		s1sys, k1sys, bigsys = append(s1sys, rd.S1.CPUMicrosSys), append(k1sys, rd.K1.CPUMicrosSys), append(bigsys, rd.S1Large.CPUMicrosSys)
+	}
+	var parts, skew, p4sys, p64sys []float64
+	for _, p := range r.Partitions {
+		if p.A.DecisionsPerSec > 0 {
+			parts = append(parts, p.B.DecisionsPerSec/p.A.DecisionsPerSec)
+		}
+		p4sys, p64sys = append(p4sys, p.A.CPUMicrosSys), append(p64sys, p.B.CPUMicrosSys)
+	}
+	for _, p := range r.Skew {
+		if p.A.DecisionsPerSec > 0 {
+			skew = append(skew, p.B.DecisionsPerSec/p.A.DecisionsPerSec)
+		}
+	}
+	r.Ratios = []Ratio{
+		ratio("decisions/s ÷ K1 records/s", "≥ 0.33", true, 0.33, k1, "S1 and K1 drain the same pre-loaded proposals"),
+		ratio("decisions/s ÷ P1 TPS", "≥ 2", true, 2, p1, "P1: pgbench single-row INSERT, 8 clients, synchronous_commit on"),
+		ratio("mandated PostgreSQL txn/s ÷ P2 TPS", "≥ 0.9", true, 0.9, p2,
+			fmt.Sprintf("batch transactions/s of S1 over pgbench replaying one %d-record batch of sink's SQL per transaction, %d clients", r.P2Batch, r.Config.Partitions)),
+		ratio("64-partition ÷ 4-partition throughput", "≥ 0.8", true, 0.8, parts, "1 k mandates, uniform"),
+		ratio("1 M-mandate ÷ 1 k-mandate throughput (uniform)", "≥ 0.8", true, 0.8, big, "same partitions, uniform key choice"),
+		ratio("1 M-mandate ÷ 1 k-mandate throughput (zipf)", "≥ 0.8", true, 0.8, skew, "Zipf s=1.1 key choice on both sides"),
+	}
+	for _, l := range r.Latency {
+		if l.LoadPct == 50 {
+			lr := ratio("p99 at 50 % load", "≤ 50 ms", false, 50, []float64{l.P99MS},
+				fmt.Sprintf("p50 %.1f ms, p99.9 %.1f ms at %.0f proposals/s", l.P50MS, l.P999MS, l.OfferedRate))
+			lr.Unit = "ms"
+			lr.Pass = lr.Pass && l.Missing == 0
+			r.Ratios = append(r.Ratios, lr)
+		}
+	}
+	if r.Heap.Mandates > 0 {
+		hr := ratio("heap per owned mandate", "≤ 400 B", false, 400, []float64{r.Heap.BytesPerMandate},
+			fmt.Sprintf("%d mandates each holding one reservation; %.2f objects each", r.Heap.Mandates, r.Heap.ObjectsPerMandate))
+		hr.Unit = "B"
+		r.Ratios = append(r.Ratios, hr)
+	}
+	med := func(xs []CPUSample) CPUSample {
+		var m, b, p, be []float64
+		for _, x := range xs {
+			m, b, p, be = append(m, x.Mandated), append(b, x.Broker), append(p, x.Postgres), append(be, x.Bench)
+		}
+		return CPUSample{median(m), median(b), median(p), median(be)}
+	}
+	r.CPU = CPUSummary{S1PerDecision: med(s1cpu), S1System: median(s1sys), K1PerRecord: med(k1cpu), K1System: median(k1sys),
+		S1LargeSystem: median(bigsys), P4System: median(p4sys), P64System: median(p64sys)}
+}
+
+func (b *Bench) resultDir() string {
+	if b.out != "" {
+		return b.out
+	}
+	base := b.res.Started.Format("2006-01-02") + "-" + b.res.Mode
+	dir := filepath.Join(b.cfg.ResultsDir, base)
+	for i := 2; ; i++ {
+		if _, err := os.Stat(dir); os.IsNotExist(err) {
+			break
+		}
+		dir = filepath.Join(b.cfg.ResultsDir, fmt.Sprintf("%s-%d", base, i))
+	}
+	_ = os.MkdirAll(dir, 0o755)
+	b.out = dir
+	return dir
+}
+
+// HistoryLine is one line of results/history.jsonl.
+type HistoryLine struct {
+	Started  time.Time          `json:"started"`
+	Mode     string             `json:"mode"`
+	Commit   string             `json:"commit"`
+	Dir      string             `json:"dir"`
+	Capacity float64            `json:"capacity"`
+	Ratios   map[string]float64 `json:"ratios"`
+	Pass     map[string]bool    `json:"pass"`
+	CPUUs    float64            `json:"cpu_us_per_decision"`
+	Errors   int                `json:"errors"`
+}
+
+func (b *Bench) writeReport() (string, error) {
+	r := b.res
+	r.evaluate()
+	dir := b.resultDir()
+	js, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return dir, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "result.json"), js, 0o644); err != nil {
+		return dir, err
+	}
+	plots := b.plot(dir)
+	if err := os.WriteFile(filepath.Join(dir, "summary.md"), []byte(r.summary(filepath.Base(dir), plots)), 0o644); err != nil {
+		return dir, err
+	}
+	h := HistoryLine{Started: r.Started, Mode: r.Mode, Commit: r.Commit, Dir: filepath.Base(dir), Capacity: r.Capacity,
+		Ratios: map[string]float64{}, Pass: map[string]bool{}, CPUUs: r.CPU.S1System, Errors: len(r.Errors)}
+	for _, x := range r.Ratios {
+		h.Ratios[x.Name] = x.Median
+		h.Pass[x.Name] = x.Pass
+	}
+	line, _ := json.Marshal(h)
+	f, err := os.OpenFile(filepath.Join(b.cfg.ResultsDir, "history.jsonl"), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		return dir, err
+	}
+	defer f.Close()
+	_, err = f.Write(append(line, '\n'))
+	return dir, err
+}
+
+func (r *Result) summary(dirName string, plots []string) string {
+	var sb strings.Builder
+	w := func(format string, args ...any) { fmt.Fprintf(&sb, format, args...) }
+	w("# mandated bench — %s (%s)\n\n", r.Started.Format("2006-01-02 15:04 UTC"), r.Mode)
+	dirty := ""
+	if r.Dirty {
+		dirty = " (with uncommitted changes)"
+	}
+	w("Commit `%s`%s, %d CPUs, %s, load average at start %s. Wall time %.0f s.\n", r.Commit, dirty, r.Host.CPUs, r.Host.GoVersion, r.Host.LoadAvg, r.WallSeconds)
+	w("One Kafka 4.4 broker and one PostgreSQL 15 of the bench's own (fsync and synchronous_commit on), all on this machine.\n")
+	w("Burn-downs drain %d pre-loaded proposals; rates are measured between 10 %% and 90 %% of the records visible to a read_committed consumer.\n\n", r.Config.Records)
+	for _, e := range r.Errors {
+		w("**ERROR:** %s\n\n", e)
+	}
+	w("## Targets\n\n| ratio | target | median | min – max | pairs | result |\n|---|---|---|---|---|---|\n")
+	for _, x := range r.Ratios {
+		res := "**miss**"
+		if x.Pass {
+			res = "pass"
+		}
+		if len(x.Values) == 0 {
+			res = "not measured"
+		}
+		w("| %s | %s | %s | %s – %s | %d | %s |\n", x.Name, x.Target, fmtv(x.Median, x.Unit), fmtv(x.Min, x.Unit), fmtv(x.Max, x.Unit), len(x.Values), res)
+	}
+	w("\n")
+	for _, x := range r.Ratios {
+		if x.Details != "" {
+			w("- *%s*: %s.\n", x.Name, x.Details)
+		}
+	}
+	for _, p := range plots {
+		w("\n![%s](%s)\n", p, p)
+	}
+	w("\n## Rounds (interleaved; each ratio uses the runs of its own round)\n\n")
+	w("| round | order | S1 decisions/s | S1 processor decided/s | K1 records/s | P1 TPS | P2 TPS | S1 batch txn/s | S1 mean batch | S1 commit ms | S1-1M decisions/s | S1-1M batch txn/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for i, rd := range r.Rounds {
+		w("| %d | %s | %.0f | %.0f | %.0f | %.0f | %.1f | %.1f | %.0f | %.0f | %.0f | %.1f |\n", i+1, strings.Join(rd.Order, " "), rd.S1.DecisionsPerSec, rd.S1.ProcDecidedPerSec,
+			rd.K1.DecisionsPerSec, rd.P1.TPS, rd.P2.TPS, rd.S1.BatchTxnPerSec, rd.S1.MeanBatch, rd.S1.CommitMSMean, rd.S1Large.DecisionsPerSec, rd.S1Large.BatchTxnPerSec)
+	}
+	w("\nCalibration run (not in any ratio): %.0f decisions/s, mean batch %.1f records, mean decision %.0f bytes; P2 replays batches of %d.\n",
+		r.Calibration.DecisionsPerSec, r.Calibration.MeanBatch, r.Calibration.AvgValueBytes, r.P2Batch)
+	if len(r.Partitions) > 0 || len(r.Skew) > 0 {
+		w("\n## Scaling pairs\n\n| pair | A decisions/s | B decisions/s | B ÷ A | A mean batch | B mean batch |\n|---|---|---|---|---|---|\n")
+		for i, p := range r.Partitions {
+			w("| 4 vs 64 partitions #%d | %.0f | %.0f | %.2f | %.0f | %.0f |\n", i+1, p.A.DecisionsPerSec, p.B.DecisionsPerSec, p.B.DecisionsPerSec/p.A.DecisionsPerSec, p.A.MeanBatch, p.B.MeanBatch)
+		}
+		for i, p := range r.Skew {
+			w("| zipf 1 k vs 1 M mandates #%d | %.0f | %.0f | %.2f | %.0f | %.0f |\n", i+1, p.A.DecisionsPerSec, p.B.DecisionsPerSec, p.B.DecisionsPerSec/p.A.DecisionsPerSec, p.A.MeanBatch, p.B.MeanBatch)
+		}
+	}
+	if len(r.Latency) > 0 {
+		w("\n## Latency (open loop, intended send time → decision visible, read_committed)\n\nS1 capacity (median of the rounds): %.0f decisions/s.\n\n", r.Capacity)
+		w("| load | offered/s | measured | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | missing | mean batch | record→commit ms | commit ms | row→published ms | relay txn ms | relay txn/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+		for _, l := range r.Latency {
+			w("| %.0f %% | %.0f | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.0f |\n", l.LoadPct, l.OfferedRate, l.Measured, l.P50MS, l.P90MS, l.P99MS, l.P999MS, l.MaxMS,
+				l.Missing, l.MeanBatch, l.DecideMS, l.CommitMS, l.PublishMS, l.RelayTxnMS, l.RelayTxnPS)
+		}
+		w("\nThe last five columns are means over the level from mandated's own histograms: a record's Kafka timestamp to its batch's commit, one batch commit, an outbox row's creation to its Kafka transaction's commit, one relay transaction, relay transactions per second.\n")
+	}
+	w("\n## CPU per decision (µs, median over the rounds; window 10–90 %%)\n\n| run | mandated / pipe | broker | PostgreSQL | system total | bench client |\n|---|---|---|---|---|---|\n")
+	c := r.CPU
+	w("| S1 | %.0f | %.0f | %.0f | %.0f | %.0f |\n", c.S1PerDecision.Mandated, c.S1PerDecision.Broker, c.S1PerDecision.Postgres, c.S1System, c.S1PerDecision.Bench)
+	w("| K1 | %.0f | %.0f | %.0f | %.0f | %.0f |\n", c.K1PerRecord.Mandated, c.K1PerRecord.Broker, c.K1PerRecord.Postgres, c.K1System, c.K1PerRecord.Bench)
+	w("\nSystem total for S1 with 1 M mandates: %.0f µs; 4 partitions: %.0f µs; 64 partitions: %.0f µs.\n", c.S1LargeSystem, c.P4System, c.P64System)
+	if r.Heap.Mandates > 0 {
+		h := r.Heap
+		w("\n## Heap\n\n%d more owned mandates each holding one reservation (pending deadlines %.0f → %.0f): heap %.1f MB → %.1f MB after GC, %.0f bytes and %.2f objects per mandate.\n",
+			h.Mandates, h.PendingBefore, h.PendingAfter, float64(h.HeapBefore)/1e6, float64(h.HeapAfter)/1e6, h.BytesPerMandate, h.ObjectsPerMandate)
+		w("Owned mandates holding nothing: heap at start %.2f MB owning %d mandates vs %.2f MB owning %d: %.2f bytes per mandate (the processor keeps no mandate rows in memory).\n",
+			float64(h.HeapAtStart)/1e6, r.Config.LargeMandates, float64(h.HeapAtStartSmall)/1e6, r.Config.SmallMandates, h.IdleBytesPerMandate)
+		w("\nIn-use heap after the measurement (`profile/heap-top.txt`):\n\n```\n%s```\n", firstLines(h.InuseTop, 22))
+	}
+	if p := r.Profile; p != nil {
+		w("\n## Profile\n\nCPU profile of mandated over %d s of one S1 burn-down (%.0f decisions/s while profiled); files in `profile/`.\n\n", p.CPUSeconds, p.S1.DecisionsPerSec)
+		w("pg_stat_statements, S1 (mandated, relay included) vs P2 (the replay), and the same S1 with 1 M mandates (last column):\n\n| statement | S1 calls | S1 mean ms | S1 share | P2 calls | P2 mean ms | P2 share | S1-1M mean ms |\n|---|---|---|---|---|---|---|---|\n")
+		p2 := map[string]StatementStat{}
+		for _, s := range p.P2Stmts {
+			if s.Name != "" {
+				p2[s.Name] = s
+			}
+		}
+		large := map[string]StatementStat{}
+		for _, s := range p.LargeStmts {
+			if s.Name != "" {
+				large[s.Name] = s
+			}
+		}
+		for _, s := range p.S1Stmts {
+			if s.SharePct < 0.05 {
+				continue
+			}
+			name := s.Name
+			if name == "" {
+				name = "`" + trunc(s.Query, 50) + "`"
+			}
+			q, l := p2[s.Name], large[s.Name]
+			w("| %s | %d | %.2f | %.1f %% | %d | %.2f | %.1f %% | %.2f |\n", name, s.Calls, s.MeanMS, s.SharePct, q.Calls, q.MeanMS, q.SharePct, l.MeanMS)
+		}
+		w("\nTop of the CPU profile (flat):\n\n```\n%s```\n", firstLines(p.CPUTop, 30))
+	}
+	return sb.String()
+}
+
+func fmtv(v float64, unit string) string {
+	switch unit {
+	case "ms":
+		return fmt.Sprintf("%.1f ms", v)
+	case "B":
+		return fmt.Sprintf("%.0f B", v)
+	}
+	return fmt.Sprintf("%.2f", v)
+}
+
+func trunc(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}
+
+func firstLines(s string, n int) string {
+	lines := strings.SplitAfter(s, "\n")
+	if len(lines) > n {
+		lines = lines[:n]
+	}
+	return strings.Join(lines, "")
+}
+
+// plot draws throughput.png and latency.png with gnuplot; it returns the
+// files made (none if gnuplot is missing).
+func (b *Bench) plot(dir string) []string {
+	gp, err := exec.LookPath("gnuplot")
+	if err != nil {
+		b.logf("gnuplot not found: no plots")
+		return nil
+	}
+	r := b.res
+	var made []string
+	// Throughput bars: medians of each kind of run.
+	var names []string
+	var vals []float64
+	add := func(name string, xs []float64) {
+		if m := median(xs); m > 0 {
+			names, vals = append(names, name), append(vals, m)
+		}
+	}
+	var s1, k1, p1, p2, big, p4, p64, z1, zb []float64
+	for _, rd := range r.Rounds {
+		s1, k1, p1 = append(s1, rd.S1.DecisionsPerSec), append(k1, rd.K1.DecisionsPerSec), append(p1, rd.P1.TPS)
+		p2, big = append(p2, rd.P2.TPS*float64(r.P2Batch)), append(big, rd.S1Large.DecisionsPerSec)
+	}
+	for _, p := range r.Partitions {
+		p4, p64 = append(p4, p.A.DecisionsPerSec), append(p64, p.B.DecisionsPerSec)
+	}
+	for _, p := range r.Skew {
+		z1, zb = append(z1, p.A.DecisionsPerSec), append(zb, p.B.DecisionsPerSec)
+	}
+	add("K1 records/s", k1)
+	add("P1 TPS", p1)
+	add("P2 rows/s", p2)
+	add(fmt.Sprintf("S1 %dp 1k", r.Config.Partitions), s1)
+	add(fmt.Sprintf("S1 %dp 1M", r.Config.Partitions), big)
+	add("S1 4p 1k", p4)
+	add("S1 64p 1k", p64)
+	add("S1 zipf 1k", z1)
+	add("S1 zipf 1M", zb)
+	if len(names) > 0 {
+		var data strings.Builder
+		for i := range names {
+			fmt.Fprintf(&data, "\"%s\" %.1f\n", names[i], vals[i])
+		}
+		dat := filepath.Join(b.work, "throughput.dat")
+		_ = os.WriteFile(dat, []byte(data.String()), 0o644)
+		script := fmt.Sprintf(`set terminal png size 1000,520 font ",10"
+set output "%s"
+set title "Throughput, medians of %s run (%s) — per second"
+set style fill solid 0.7 border -1
+set boxwidth 0.6
+set grid ytics
+set yrange [0:*]
+set xtics rotate by -25
+unset key
+plot "%s" using 0:2:xtic(1) with boxes lc rgb "#3b6ea8", "" using 0:2:(sprintf("%%.0f",$2)) with labels offset 0,0.8
+`, filepath.Join(dir, "throughput.png"), r.Mode, r.Started.Format("2006-01-02"), dat)
+		if err := runGnuplot(gp, script); err == nil {
+			made = append(made, "throughput.png")
+		} else {
+			b.logf("gnuplot: %v", err)
+		}
+	}
+	if len(r.Latency) > 0 {
+		var plots []string
+		for i, l := range r.Latency {
+			dat := filepath.Join(b.work, fmt.Sprintf("latency-%d.dat", i))
+			var data strings.Builder
+			for _, pt := range l.CDF {
+				q := pt[0]
+				if q >= 100 {
+					q = 99.999
+				}
+				fmt.Fprintf(&data, "%g %g\n", 1/(1-q/100), pt[1])
+			}
+			_ = os.WriteFile(dat, []byte(data.String()), 0o644)
+			plots = append(plots, fmt.Sprintf(`"%s" using 1:2 with linespoints title "%.0f%% load (%.0f/s)"`, dat, l.LoadPct, l.OfferedRate))
+		}
+		script := fmt.Sprintf(`set terminal png size 1000,520 font ",10"
+set output "%s"
+set title "Proposal → decision visible (read_committed), open loop, HDR histogram"
+set logscale x
+set xtics ("p0" 1, "p50" 2, "p90" 10, "p99" 100, "p99.9" 1000, "p99.99" 10000, "max" 100000)
+set ylabel "ms"
+set logscale y
+set grid
+set key top left
+plot %s
+`, filepath.Join(dir, "latency.png"), strings.Join(plots, ", "))
+		if err := runGnuplot(gp, script); err == nil {
+			made = append(made, "latency.png")
+		} else {
+			b.logf("gnuplot: %v", err)
+		}
+	}
+	return made
+}
+
+func runGnuplot(gp, script string) error {
+	cmd := exec.Command(gp)
+	cmd.Stdin = strings.NewReader(script)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%v: %s", err, out)
+	}
+	return nil
+}

@@ -1,0 +1,625 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// S1Result is one burn-down (of mandated, or of K1 when Variant is "K1").
+// Rates are measured between 10 % and 90 % of the records becoming
+// visible to a read_committed consumer, which leaves out the group join,
+// the claims and the relays' first transactions, and the drain's tail.
+type S1Result struct {
+	Variant         string  `json:"variant"`
+	Partitions      int32   `json:"partitions"`
+	Mandates        int     `json:"mandates"`
+	Dist            string  `json:"dist"`
+	Records         int     `json:"records"`
+	DecisionsPerSec float64 `json:"decisions_per_sec"` // K1: records per second
+	WindowSeconds   float64 `json:"window_seconds"`
+	FirstSeconds    float64 `json:"first_visible_seconds"` // start of the process to 10 %
+	TotalSeconds    float64 `json:"total_seconds"`         // start of the process to 100 %
+	AvgValueBytes   float64 `json:"avg_value_bytes"`
+
+	// mandated only, over the processor's own window: between 10 % and
+	// 90 % of the records decided (committed in PostgreSQL), polled from
+	// its metrics every 100 ms. The relay may lag behind it.
+	ProcDecidedPerSec float64 `json:"processor_decided_per_sec,omitempty"`
+	ProcWindowSeconds float64 `json:"processor_window_seconds,omitempty"`
+	BatchTxnPerSec    float64 `json:"batch_txn_per_sec,omitempty"`
+	MeanBatch         float64 `json:"mean_batch,omitempty"`
+	CommitMSMean      float64 `json:"commit_ms_mean,omitempty"`
+	RelayTxnPerSec    float64 `json:"relay_txn_per_sec,omitempty"`
+	PGXactPerSec      float64 `json:"pg_xact_per_sec,omitempty"`
+	BatchRetries      float64 `json:"batch_retries,omitempty"`
+
+	CPU           CPUSample `json:"cpu_seconds"`             // over the window
+	CPUMicrosPerD CPUSample `json:"cpu_us_per_decision"`     // per decision (K1: per record)
+	CPUMicrosSys  float64   `json:"cpu_us_per_decision_sys"` // mandated + broker + PostgreSQL
+
+	samplePayload []byte
+}
+
+type mark struct {
+	at   time.Time
+	n    int
+	cpu  CPUSample
+	xact int64
+}
+
+// runS1 drains the variant's pre-loaded proposals with a fresh mandated
+// (fresh database cloned from the template, fresh decisions topic, group
+// and transactional ids) and measures decisions/s on the decisions topic.
+func (b *Bench) runS1(ctx context.Context, v *variant, onWindow func(ch *child) error) (S1Result, error) {
+	res := S1Result{Variant: v.name, Partitions: v.partitions, Mandates: v.mandates, Dist: v.dist, Records: b.cfg.Records}
+	id := b.nextID(v.name)
+	db := "run_" + id
+	if err := b.pg.clone(ctx, v.template, db); err != nil {
+		return res, err
+	}
+	defer func() { _ = b.pg.drop(context.WithoutCancel(ctx), db) }()
+	dec := fmt.Sprintf("bench.%s.%s.decisions", b.run, id)
+	dl := fmt.Sprintf("bench.%s.%s.deadletter", b.run, id)
+	if err := createTopics(ctx, b.cfg.Brokers, v.partitions, dec, dl); err != nil {
+		return res, err
+	}
+	defer deleteTopics(b.cfg.Brokers, dec, dl)
+
+	start := time.Now()
+	ch, err := startChild(b.work, "serve-"+id, "serve", ServeConfig{
+		Brokers: b.cfg.Brokers, DatabaseURL: b.pg.dbURL(db), Proposals: v.proposals, Grants: v.grants,
+		Decisions: dec, DeadLetter: dl, Group: "bench-" + id, TxnPrefix: "bench-" + id,
+		LogPath: filepath.Join(b.work, "serve-"+id+".log"),
+	})
+	if err != nil {
+		return res, err
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			ch.kill()
+		}
+	}()
+	polls := make(chan []poll, 1)
+	pollStop := make(chan struct{})
+	go func() { polls <- pollStats(ch, pollStop) }()
+	defer func() {
+		if pollStop != nil {
+			close(pollStop)
+			<-polls
+		}
+	}()
+	marks := make([]mark, 3)
+	var c *counter
+	var sample atomic.Pointer[[]byte]
+	c, err = startCounter(b.cfg.Brokers, dec, b.cfg.Records, []float64{0.1, 0.9, 1.0}, func(i int) {
+		n, _ := c.count()
+		marks[i] = mark{at: time.Now(), n: n, cpu: b.cpu.sample(ch.pid())}
+		if i < 2 {
+			marks[i].xact = b.xactCommits(ctx, db)
+		}
+	}, func(r *kgo.Record, _ time.Time) {
+		if sample.Load() == nil {
+			v := bytes.Clone(r.Value)
+			sample.Store(&v)
+		}
+	})
+	if err != nil {
+		return res, err
+	}
+	defer c.close()
+	timeout := max(3*time.Minute, time.Duration(b.cfg.Records)*5*time.Millisecond)
+	if onWindow != nil {
+		if err := c.wait(0, timeout); err != nil {
+			return res, fmt.Errorf("%s: %w (logs in %s)", v.name, err, b.work)
+		}
+		if err := onWindow(ch); err != nil {
+			return res, err
+		}
+	}
+	if err := c.wait(2, timeout); err != nil {
+		return res, fmt.Errorf("%s: %w (logs in %s)", v.name, err, b.work)
+	}
+	close(pollStop)
+	pollStop = nil
+	samples := <-polls
+	stopped = true
+	if err := ch.stop(); err != nil {
+		b.logf("warning: %s stop: %v", id, err)
+	}
+	n, bytesSeen := c.count()
+	res.AvgValueBytes = float64(bytesSeen) / float64(max(n, 1))
+	if p := sample.Load(); p != nil {
+		res.samplePayload = *p
+	}
+	fillWindow(&res, marks, start)
+	fillProcessorWindow(&res, samples, b.cfg.Records)
+	return res, nil
+}
+
+type poll struct {
+	at time.Time
+	s  ServeStats
+}
+
+// pollStats reads the child's metrics every 100 ms until stop.
+func pollStats(ch *child, stop chan struct{}) []poll {
+	var out []poll
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return out
+		case <-t.C:
+			var s ServeStats
+			if err := ch.getJSON("/stats", &s); err == nil {
+				out = append(out, poll{time.Now(), s})
+			}
+		}
+	}
+}
+
+func fillProcessorWindow(res *S1Result, ps []poll, n int) {
+	find := func(frac float64) int {
+		for i, p := range ps {
+			if p.s.BatchRecords >= frac*float64(n) {
+				return i
+			}
+		}
+		return -1
+	}
+	a, z := find(0.1), find(0.9)
+	if a < 0 || z <= a {
+		return
+	}
+	pa, pz := ps[a], ps[z]
+	w := pz.at.Sub(pa.at).Seconds()
+	nb := float64(pz.s.Batches - pa.s.Batches)
+	res.ProcWindowSeconds = w
+	res.ProcDecidedPerSec = (pz.s.BatchRecords - pa.s.BatchRecords) / w
+	if nb > 0 {
+		res.BatchTxnPerSec = nb / w
+		res.MeanBatch = (pz.s.BatchRecords - pa.s.BatchRecords) / nb
+		res.CommitMSMean = (pz.s.CommitSeconds - pa.s.CommitSeconds) / nb * 1000
+		res.RelayTxnPerSec = float64(pz.s.RelayTxns-pa.s.RelayTxns) / w
+		res.BatchRetries = pz.s.BatchRetries - pa.s.BatchRetries
+	}
+}
+
+func fillWindow(res *S1Result, marks []mark, start time.Time) {
+	w := marks[1].at.Sub(marks[0].at).Seconds()
+	d := float64(marks[1].n - marks[0].n)
+	res.WindowSeconds = w
+	res.DecisionsPerSec = d / w
+	res.FirstSeconds = marks[0].at.Sub(start).Seconds()
+	res.TotalSeconds = marks[2].at.Sub(start).Seconds()
+	res.CPU = marks[1].cpu.Sub(marks[0].cpu)
+	per := func(x float64) float64 { return x / d * 1e6 }
+	res.CPUMicrosPerD = CPUSample{Mandated: per(res.CPU.Mandated), Broker: per(res.CPU.Broker),
+		Postgres: per(res.CPU.Postgres), Bench: per(res.CPU.Bench)}
+	res.CPUMicrosSys = per(res.CPU.System())
+	if marks[1].xact > 0 {
+		res.PGXactPerSec = float64(marks[1].xact-marks[0].xact) / w
+	}
+}
+
+// runK1 runs the raw pipe over the same pre-loaded proposals.
+func (b *Bench) runK1(ctx context.Context, v *variant, valueBytes float64) (S1Result, error) {
+	res := S1Result{Variant: "K1", Partitions: v.partitions, Mandates: v.mandates, Dist: v.dist, Records: b.cfg.Records}
+	id := b.nextID("k1")
+	out := fmt.Sprintf("bench.%s.%s.out", b.run, id)
+	if err := createTopics(ctx, b.cfg.Brokers, v.partitions, out); err != nil {
+		return res, err
+	}
+	defer deleteTopics(b.cfg.Brokers, out)
+	start := time.Now()
+	ch, err := startChild(b.work, "pipe-"+id, "pipe", PipeConfig{Brokers: b.cfg.Brokers, In: v.proposals, Out: out,
+		Group: "bench-" + id, ValueBytes: int(math.Round(valueBytes))})
+	if err != nil {
+		return res, err
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			ch.kill()
+		}
+	}()
+	marks := make([]mark, 3)
+	var c *counter
+	c, err = startCounter(b.cfg.Brokers, out, b.cfg.Records, []float64{0.1, 0.9, 1.0}, func(i int) {
+		n, _ := c.count()
+		marks[i] = mark{at: time.Now(), n: n, cpu: b.cpu.sample(ch.pid())}
+	}, nil)
+	if err != nil {
+		return res, err
+	}
+	defer c.close()
+	if err := c.wait(2, 3*time.Minute); err != nil {
+		return res, fmt.Errorf("K1: %w", err)
+	}
+	stopped = true
+	_ = ch.stop()
+	n, bytesSeen := c.count()
+	res.AvgValueBytes = float64(bytesSeen) / float64(max(n, 1))
+	fillWindow(&res, marks, start)
+	return res, nil
+}
+
+// LatencyResult is one open-loop level.
+type LatencyResult struct {
+	LoadPct     float64 `json:"load_pct"`
+	OfferedRate float64 `json:"offered_per_sec"`
+	Seconds     float64 `json:"seconds"`
+	Sent        int     `json:"sent"`
+	Measured    int64   `json:"measured"`
+	Missing     int     `json:"missing"`
+	P50MS       float64 `json:"p50_ms"`
+	P90MS       float64 `json:"p90_ms"`
+	P99MS       float64 `json:"p99_ms"`
+	P999MS      float64 `json:"p999_ms"`
+	MaxMS       float64 `json:"max_ms"`
+	MeanBatch   float64 `json:"mean_batch"`
+	// Where the time goes (means over the level, from mandated's metrics):
+	// record timestamp → batch committed, batch commit, outbox row →
+	// Kafka transaction committed, one relay transaction.
+	DecideMS   float64     `json:"decide_ms"`
+	CommitMS   float64     `json:"commit_ms"`
+	PublishMS  float64     `json:"publish_ms"`
+	RelayTxnMS float64     `json:"relay_txn_ms"`
+	RelayTxnPS float64     `json:"relay_txn_per_sec"`
+	BatchPS    float64     `json:"batch_txn_per_sec"`
+	CPU        CPUSample   `json:"cpu_seconds"`
+	CDF        [][]float64 `json:"cdf"` // [percentile, ms]
+}
+
+// sentAtOf reads the "sent_at" a decision echoes, without decoding the rest.
+func sentAtOf(v []byte) (time.Time, bool) {
+	const k = `"sent_at":"`
+	i := bytes.LastIndex(v, []byte(k))
+	if i < 0 {
+		return time.Time{}, false
+	}
+	rest := v[i+len(k):]
+	j := bytes.IndexByte(rest, '"')
+	if j < 0 {
+		return time.Time{}, false
+	}
+	t, err := time.Parse(time.RFC3339Nano, string(rest[:j]))
+	return t, err == nil
+}
+
+// runLatency offers proposals open loop at a fixed rate: each one's
+// intended send time is fixed in advance (start + i/rate) and carried as
+// its sent_at, and latency is taken from that intended time to the moment
+// its decision is visible to a read_committed consumer. A sender that
+// falls behind therefore shows as latency, never as a lower offered rate
+// (no coordinated omission). The first second is warm-up and not counted.
+func (b *Bench) runLatency(ctx context.Context, v *variant, pct, rate float64, dur time.Duration) (LatencyResult, error) {
+	res := LatencyResult{LoadPct: pct, OfferedRate: rate, Seconds: dur.Seconds()}
+	id := b.nextID(fmt.Sprintf("lat%.0f", pct))
+	db := "run_" + id
+	if err := b.pg.clone(ctx, v.template, db); err != nil {
+		return res, err
+	}
+	defer func() { _ = b.pg.drop(context.WithoutCancel(ctx), db) }()
+	t := func(s string) string { return fmt.Sprintf("bench.%s.%s.%s", b.run, id, s) }
+	if err := createTopics(ctx, b.cfg.Brokers, v.partitions, t("proposals"), t("grants"), t("decisions"), t("deadletter")); err != nil {
+		return res, err
+	}
+	defer deleteTopics(b.cfg.Brokers, t("proposals"), t("grants"), t("decisions"), t("deadletter"))
+	ch, err := startChild(b.work, "serve-"+id, "serve", ServeConfig{
+		Brokers: b.cfg.Brokers, DatabaseURL: b.pg.dbURL(db), Proposals: t("proposals"), Grants: t("grants"),
+		Decisions: t("decisions"), DeadLetter: t("deadletter"), Group: "bench-" + id, TxnPrefix: "bench-" + id,
+		LogPath: filepath.Join(b.work, "serve-"+id+".log"),
+	})
+	if err != nil {
+		return res, err
+	}
+	defer func() { _ = ch.stop() }()
+	if err := ch.waitOwned(int(v.partitions), time.Minute); err != nil {
+		return res, err
+	}
+	hist := hdrhistogram.New(1, 120_000_000, 3) // µs
+	var mu sync.Mutex
+	var measureFrom time.Time
+	var measured atomic.Int64
+	var seen atomic.Int64
+	c, err := startCounter(b.cfg.Brokers, t("decisions"), 1<<62, nil, nil, func(r *kgo.Record, at time.Time) {
+		seen.Add(1)
+		sent, ok := sentAtOf(r.Value)
+		mu.Lock()
+		from := measureFrom
+		mu.Unlock()
+		if !ok || from.IsZero() || sent.Before(from) {
+			return
+		}
+		mu.Lock()
+		_ = hist.RecordValue(max(at.Sub(sent).Microseconds(), 1))
+		mu.Unlock()
+		measured.Add(1)
+	})
+	if err != nil {
+		return res, err
+	}
+	defer c.close()
+	prod, err := kgo.NewClient(kgo.SeedBrokers(b.cfg.Brokers...), kgo.ProducerLinger(0), kgo.MaxBufferedRecords(1<<20))
+	if err != nil {
+		return res, err
+	}
+	defer prod.Close()
+	// Warm-up: one proposal per partition, so every relay has its
+	// transactional producer up before the clock starts.
+	warm := 0
+	covered := map[int32]bool{}
+	for i := 0; len(covered) < int(v.partitions) && i < v.mandates; i++ {
+		p := mandateKey(i).Partition(v.partitions)
+		if covered[p] {
+			continue
+		}
+		covered[p] = true
+		warm++
+		prod.Produce(ctx, &kgo.Record{Topic: t("proposals"), Key: mandateKey(i).Bytes(),
+			Value: proposeValue(i, fmt.Sprintf("w-%d", i), time.Now())}, nil)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for seen.Load() < int64(warm) {
+		if time.Now().After(deadline) {
+			return res, fmt.Errorf("warm-up decisions did not arrive")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	startStats := ch.stats()
+	startCPU := b.cpu.sample(ch.pid())
+	startAt := time.Now()
+
+	choose := newChooser(v.dist, v.mandates, 7)
+	t0 := time.Now().Add(50 * time.Millisecond)
+	mu.Lock()
+	measureFrom = t0.Add(time.Second)
+	mu.Unlock()
+	total := int(rate * dur.Seconds())
+	interval := time.Duration(float64(time.Second) / rate)
+	var failed atomic.Int64
+	for i := 0; i < total; {
+		now := time.Now()
+		for i < total {
+			intended := t0.Add(time.Duration(i) * interval)
+			if intended.After(now) {
+				break
+			}
+			mi := choose()
+			prod.Produce(ctx, &kgo.Record{Topic: t("proposals"), Key: mandateKey(mi).Bytes(),
+				Value: proposeValue(mi, fmt.Sprintf("l-%d", i), intended)}, func(_ *kgo.Record, err error) {
+				if err != nil {
+					failed.Add(1)
+				}
+			})
+			i++
+		}
+		if i < total {
+			time.Sleep(min(time.Until(t0.Add(time.Duration(i)*interval)), time.Millisecond))
+		}
+	}
+	res.Sent = total
+	var expect int64
+	for j := range total {
+		if !t0.Add(time.Duration(j) * interval).Before(measureFrom) {
+			expect++
+		}
+	}
+	// Wait for the stragglers; those still missing count as seen at the end.
+	deadline = time.Now().Add(30 * time.Second)
+	for measured.Load() < expect && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	endStats := ch.stats()
+	res.CPU = b.cpu.sample(ch.pid()).Sub(startCPU)
+	elapsed := time.Since(startAt).Seconds()
+	d := func(a, b float64) float64 { return a - b }
+	if n := float64(endStats.DecideCount - startStats.DecideCount); n > 0 {
+		res.DecideMS = d(endStats.DecideSum, startStats.DecideSum) / n * 1000
+	}
+	if n := float64(endStats.PublishCount - startStats.PublishCount); n > 0 {
+		res.PublishMS = d(endStats.PublishSum, startStats.PublishSum) / n * 1000
+	}
+	if n := float64(endStats.Batches - startStats.Batches); n > 0 {
+		res.CommitMS = d(endStats.CommitSeconds, startStats.CommitSeconds) / n * 1000
+		res.BatchPS = n / elapsed
+	}
+	if n := float64(endStats.RelayTxns - startStats.RelayTxns); n > 0 {
+		res.RelayTxnMS = d(endStats.RelayTxnSeconds, startStats.RelayTxnSeconds) / n * 1000
+		res.RelayTxnPS = n / elapsed
+	}
+	mu.Lock()
+	missing := expect - measured.Load()
+	if missing > 0 {
+		// Charge each missing decision the time waited so far: a lower bound.
+		end := time.Now()
+		for j := total - int(missing); j < total; j++ {
+			_ = hist.RecordValue(end.Sub(t0.Add(time.Duration(j) * interval)).Microseconds())
+		}
+	}
+	res.Missing = int(missing)
+	res.Measured = hist.TotalCount()
+	ms := func(q float64) float64 { return float64(hist.ValueAtQuantile(q)) / 1000 }
+	res.P50MS, res.P90MS, res.P99MS, res.P999MS = ms(50), ms(90), ms(99), ms(99.9)
+	res.MaxMS = float64(hist.Max()) / 1000
+	for _, q := range []float64{0, 10, 20, 30, 40, 50, 60, 70, 75, 80, 85, 90, 92.5, 95, 96, 97, 98, 99, 99.5, 99.9, 99.95, 99.99, 100} {
+		res.CDF = append(res.CDF, []float64{q, ms(q)})
+	}
+	mu.Unlock()
+	if nb := float64(endStats.Batches - startStats.Batches); nb > 0 {
+		res.MeanBatch = (endStats.BatchRecords - startStats.BatchRecords) / nb
+	}
+	if f := failed.Load(); f > 0 {
+		return res, fmt.Errorf("%d proposals could not be produced", f)
+	}
+	return res, nil
+}
+
+// HeapResult is the heap cost of owned mandates.
+type HeapResult struct {
+	Mandates          int     `json:"mandates"`
+	Warmup            int     `json:"warmup"`
+	HeapBefore        uint64  `json:"heap_before"`
+	HeapAfter         uint64  `json:"heap_after"`
+	PendingBefore     float64 `json:"pending_deadlines_before"`
+	PendingAfter      float64 `json:"pending_deadlines_after"`
+	BytesPerMandate   float64 `json:"bytes_per_mandate"`
+	HeapAtStart       uint64  `json:"heap_at_start"`
+	ObjectsPerMandate float64 `json:"objects_per_mandate"`
+	InuseTop          string  `json:"inuse_top"` // go tool pprof -top of the in-use heap at the end
+	// Owned mandates that hold nothing: the heap of a fresh instance owning
+	// every partition of the large mandate set vs of the small one.
+	HeapAtStartSmall    uint64  `json:"heap_at_start_small"`
+	IdleBytesPerMandate float64 `json:"idle_bytes_per_mandate"`
+}
+
+// heapAtStart starts an instance on a copy of the variant's template, waits
+// until it owns every partition, and reads its heap after GC.
+func (b *Bench) heapAtStart(ctx context.Context, v *variant) (uint64, error) {
+	id := b.nextID("heap0")
+	db := "run_" + id
+	if err := b.pg.clone(ctx, v.template, db); err != nil {
+		return 0, err
+	}
+	defer func() { _ = b.pg.drop(context.WithoutCancel(ctx), db) }()
+	t := func(s string) string { return fmt.Sprintf("bench.%s.%s.%s", b.run, id, s) }
+	if err := createTopics(ctx, b.cfg.Brokers, v.partitions, t("proposals"), t("grants"), t("decisions"), t("deadletter")); err != nil {
+		return 0, err
+	}
+	defer deleteTopics(b.cfg.Brokers, t("proposals"), t("grants"), t("decisions"), t("deadletter"))
+	ch, err := startChild(b.work, "serve-"+id, "serve", ServeConfig{
+		Brokers: b.cfg.Brokers, DatabaseURL: b.pg.dbURL(db), Proposals: t("proposals"), Grants: t("grants"),
+		Decisions: t("decisions"), DeadLetter: t("deadletter"), Group: "bench-" + id, TxnPrefix: "bench-" + id,
+		LogPath: filepath.Join(b.work, "serve-"+id+".log"),
+	})
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = ch.stop() }()
+	if err := ch.waitOwned(int(v.partitions), time.Minute); err != nil {
+		return 0, err
+	}
+	var h HeapStats
+	err = ch.getJSON("/heap", &h)
+	return h.HeapAlloc, err
+}
+
+// runHeap measures the heap a mandated instance holds per owned mandate.
+// The processor keeps no mandate rows in memory (each batch loads what it
+// needs), but every live reservation is a pending deadline it tracks; so
+// the cost is taken as the slope between W and W+M owned mandates that
+// each hold one reservation (two full GCs before each reading), W being a
+// warm-up that allocates every pool and buffer first.
+func (b *Bench) runHeap(ctx context.Context, v *variant, small *variant, m int) (HeapResult, error) {
+	// The warm-up drains in full batches like the measured part, so that
+	// pgx's per-connection buffers and the fetch buffers have grown to
+	// their working size before the first reading.
+	warm := max(8000, m/4)
+	res := HeapResult{Mandates: m, Warmup: warm}
+	var err error
+	if res.HeapAtStartSmall, err = b.heapAtStart(ctx, small); err != nil {
+		return res, err
+	}
+	if v.mandates < warm+m {
+		return res, fmt.Errorf("need %d mandates, the template has %d", warm+m, v.mandates)
+	}
+	id := b.nextID("heap")
+	db := "run_" + id
+	if err := b.pg.clone(ctx, v.template, db); err != nil {
+		return res, err
+	}
+	defer func() { _ = b.pg.drop(context.WithoutCancel(ctx), db) }()
+	t := func(s string) string { return fmt.Sprintf("bench.%s.%s.%s", b.run, id, s) }
+	if err := createTopics(ctx, b.cfg.Brokers, v.partitions, t("proposals"), t("grants"), t("decisions"), t("deadletter")); err != nil {
+		return res, err
+	}
+	defer deleteTopics(b.cfg.Brokers, t("proposals"), t("grants"), t("decisions"), t("deadletter"))
+	ch, err := startChild(b.work, "serve-"+id, "serve", ServeConfig{
+		Brokers: b.cfg.Brokers, DatabaseURL: b.pg.dbURL(db), Proposals: t("proposals"), Grants: t("grants"),
+		Decisions: t("decisions"), DeadLetter: t("deadletter"), Group: "bench-" + id, TxnPrefix: "bench-" + id,
+		LogPath: filepath.Join(b.work, "serve-"+id+".log"),
+	})
+	if err != nil {
+		return res, err
+	}
+	defer func() { _ = ch.stop() }()
+	if err := ch.waitOwned(int(v.partitions), time.Minute); err != nil {
+		return res, err
+	}
+	var h0 HeapStats
+	if err := ch.getJSON("/heap", &h0); err != nil {
+		return res, err
+	}
+	res.HeapAtStart = h0.HeapAlloc
+	res.IdleBytesPerMandate = (float64(res.HeapAtStart) - float64(res.HeapAtStartSmall)) / float64(v.mandates-small.mandates)
+	c, err := startCounter(b.cfg.Brokers, t("decisions"), warm+m, []float64{float64(warm) / float64(warm+m), 1}, nil, nil)
+	if err != nil {
+		return res, err
+	}
+	defer c.close()
+	load := func(from, to int) error {
+		return preloadRange(ctx, b.cfg.Brokers, t("proposals"), from, to)
+	}
+	if err := load(0, warm); err != nil {
+		return res, err
+	}
+	if err := c.wait(0, 2*time.Minute); err != nil {
+		return res, err
+	}
+	var h1, h2 HeapStats
+	if err := ch.getJSON("/heap", &h1); err != nil {
+		return res, err
+	}
+	res.PendingBefore = ch.stats().PendingDeadlines
+	if err := load(warm, warm+m); err != nil {
+		return res, err
+	}
+	if err := c.wait(1, 5*time.Minute); err != nil {
+		return res, err
+	}
+	if err := ch.getJSON("/heap", &h2); err != nil {
+		return res, err
+	}
+	res.PendingAfter = ch.stats().PendingDeadlines
+	// What holds the heap now: the in-use profile, kept with the report.
+	pdir := filepath.Join(b.resultDir(), "profile")
+	if err := os.MkdirAll(pdir, 0o755); err == nil {
+		if err := ch.fetch("/debug/pprof/heap?gc=1", filepath.Join(pdir, "heap.pprof")); err == nil {
+			exe, _ := os.Executable()
+			out, _ := goTool("-top", "-sample_index=inuse_space", "-nodecount=25", exe, filepath.Join(pdir, "heap.pprof"))
+			_ = os.WriteFile(filepath.Join(pdir, "heap-top.txt"), []byte(out), 0o644)
+			res.InuseTop = out
+		}
+	}
+	res.HeapBefore, res.HeapAfter = h1.HeapAlloc, h2.HeapAlloc
+	res.BytesPerMandate = (float64(h2.HeapAlloc) - float64(h1.HeapAlloc)) / float64(m)
+	res.ObjectsPerMandate = (float64(h2.HeapObjects) - float64(h1.HeapObjects)) / float64(m)
+	return res, nil
+}
+
+// preloadRange produces one proposal for each mandate in [from, to).
+func preloadRange(ctx context.Context, brokers []string, topic string, from, to int) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(50000))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	now := time.Now()
+	for i := from; i < to; i++ {
+		cl.Produce(ctx, &kgo.Record{Topic: topic, Key: mandateKey(i).Bytes(), Value: proposeValue(i, fmt.Sprintf("h-%d", i), now)}, nil)
+	}
+	return cl.Flush(ctx)
+}

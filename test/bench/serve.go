@@ -1,0 +1,194 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"os"
+	"os/signal"
+	"runtime"
+	"runtime/debug"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/rs/zerolog"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/plugin/kprom"
+
+	"github.com/mandated/mandated/outbox"
+	"github.com/mandated/mandated/processor"
+	"github.com/mandated/mandated/sink"
+)
+
+// ServeConfig is what the mandated child process runs with. Everything not
+// named here takes the component defaults, as cmd/mandated does.
+type ServeConfig struct {
+	Brokers     []string `json:"brokers"`
+	DatabaseURL string   `json:"database_url"`
+	Proposals   string   `json:"proposals"`
+	Grants      string   `json:"grants"`
+	Decisions   string   `json:"decisions"`
+	DeadLetter  string   `json:"dead_letter"`
+	Group       string   `json:"group"`
+	TxnPrefix   string   `json:"txn_prefix"`
+	LogPath     string   `json:"log_path"`
+}
+
+// ServeStats is what the child reports on GET /stats.
+type ServeStats struct {
+	Owned            int     `json:"owned"`
+	Batches          uint64  `json:"batches"`
+	BatchRecords     float64 `json:"batch_records"`
+	CommitSeconds    float64 `json:"commit_seconds"`
+	RelayTxns        uint64  `json:"relay_txns"`
+	RelayTxnSeconds  float64 `json:"relay_txn_seconds"`
+	Published        float64 `json:"published"`
+	PendingDeadlines float64 `json:"pending_deadlines"`
+	BatchRetries     float64 `json:"batch_retries"`
+	// Sums and counts of two latency histograms: a record's Kafka
+	// timestamp to its batch's commit, and an outbox row's creation to
+	// its Kafka transaction's commit.
+	DecideSum    float64 `json:"decide_sum"`
+	DecideCount  uint64  `json:"decide_count"`
+	PublishSum   float64 `json:"publish_sum"`
+	PublishCount uint64  `json:"publish_count"`
+}
+
+// HeapStats is what the child reports on GET /heap, after two full GCs.
+type HeapStats struct {
+	HeapAlloc   uint64 `json:"heap_alloc"`
+	HeapInuse   uint64 `json:"heap_inuse"`
+	HeapObjects uint64 `json:"heap_objects"`
+	Sys         uint64 `json:"sys"`
+	Goroutines  int    `json:"goroutines"`
+}
+
+// Serve runs one mandated instance (processor + relay, wired by
+// processor.StartService exactly as cmd/mandated wires it, with kprom hooks
+// and a Prometheus registry) plus a loopback HTTP server with /stats, /heap
+// and /debug/pprof. It prints "LISTEN <addr>" on stdout once the processor
+// has joined its group, and stops gracefully on SIGTERM.
+func Serve(cfg ServeConfig) error {
+	logf := os.Stderr
+	if cfg.LogPath != "" {
+		f, err := os.Create(cfg.LogPath)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		logf = f
+	}
+	zerolog.TimeFieldFormat = time.RFC3339Nano
+	log := zerolog.New(logf).Level(zerolog.InfoLevel).With().Timestamp().Logger()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector())
+	hooks := func(string) []kgo.Hook {
+		return []kgo.Hook{kprom.NewMetrics("mandated_kafka", kprom.Registerer(reg), kprom.WithClientLabel())}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	svc, err := processor.StartService(ctx, processor.ServiceConfig{
+		Sink: sink.Config{DatabaseURL: cfg.DatabaseURL},
+		Processor: processor.Config{
+			Brokers: cfg.Brokers, ClientHooks: hooks, Group: cfg.Group, Owner: "bench",
+			ProposalsTopic: cfg.Proposals, GrantsTopic: cfg.Grants,
+			DecisionsTopic: cfg.Decisions, DeadLetterTopic: cfg.DeadLetter,
+		},
+		Relay:      outbox.Config{TransactionalIDPrefix: cfg.TxnPrefix},
+		Registerer: reg,
+	}, log)
+	if err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/stats", func(w http.ResponseWriter, _ *http.Request) {
+		st, err := gatherStats(reg)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		st.Owned = len(svc.Processor.Owned())
+		_ = json.NewEncoder(w).Encode(st)
+	})
+	mux.HandleFunc("/heap", func(w http.ResponseWriter, _ *http.Request) {
+		runtime.GC()
+		debug.FreeOSMemory()
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		_ = json.NewEncoder(w).Encode(HeapStats{HeapAlloc: ms.HeapAlloc, HeapInuse: ms.HeapInuse,
+			HeapObjects: ms.HeapObjects, Sys: ms.Sys, Goroutines: runtime.NumGoroutine()})
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	fmt.Printf("LISTEN %s\n", ln.Addr())
+
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	<-sigs
+	sctx, scancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer scancel()
+	err = svc.Stop(sctx)
+	_ = srv.Shutdown(sctx)
+	return err
+}
+
+func gatherStats(reg *prometheus.Registry) (ServeStats, error) {
+	var st ServeStats
+	mfs, err := reg.Gather()
+	if err != nil {
+		return st, err
+	}
+	sum := func(m *dto.MetricFamily, f func(*dto.Metric) float64) float64 {
+		var s float64
+		for _, x := range m.GetMetric() {
+			s += f(x)
+		}
+		return s
+	}
+	for _, mf := range mfs {
+		switch mf.GetName() {
+		case "mandated_batch_records":
+			for _, x := range mf.GetMetric() {
+				st.Batches += x.GetHistogram().GetSampleCount()
+				st.BatchRecords += x.GetHistogram().GetSampleSum()
+			}
+		case "mandated_batch_commit_seconds":
+			st.CommitSeconds = sum(mf, func(x *dto.Metric) float64 { return x.GetHistogram().GetSampleSum() })
+		case "mandated_outbox_transaction_seconds":
+			for _, x := range mf.GetMetric() {
+				st.RelayTxns += x.GetHistogram().GetSampleCount()
+				st.RelayTxnSeconds += x.GetHistogram().GetSampleSum()
+			}
+		case "mandated_outbox_published_total":
+			st.Published = sum(mf, func(x *dto.Metric) float64 { return x.GetCounter().GetValue() })
+		case "mandated_pending_deadlines":
+			st.PendingDeadlines = sum(mf, func(x *dto.Metric) float64 { return x.GetGauge().GetValue() })
+		case "mandated_proposal_decision_latency_seconds":
+			for _, x := range mf.GetMetric() {
+				st.DecideSum += x.GetHistogram().GetSampleSum()
+				st.DecideCount += x.GetHistogram().GetSampleCount()
+			}
+		case "mandated_outbox_publish_latency_seconds":
+			for _, x := range mf.GetMetric() {
+				st.PublishSum += x.GetHistogram().GetSampleSum()
+				st.PublishCount += x.GetHistogram().GetSampleCount()
+			}
+		case "mandated_batch_retries_total":
+			st.BatchRetries = sum(mf, func(x *dto.Metric) float64 { return x.GetCounter().GetValue() })
+		}
+	}
+	return st, nil
+}
