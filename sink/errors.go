@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/mandated/mandated/processor/failpoint"
 )
 
 var (
@@ -57,6 +59,9 @@ func interpretError(err error) error {
 	}
 	if errors.Is(err, ErrFenced) || errors.Is(err, ErrRetryable) || errors.Is(err, ErrRecordFault) || errors.Is(err, ErrNotFound) {
 		return err
+	}
+	if errors.Is(err, failpoint.ErrInjected) {
+		return retry("injected", "%v", err)
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("%w: %w", ErrNotFound, err)

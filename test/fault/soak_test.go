@@ -1,0 +1,42 @@
+package fault
+
+import (
+	"os"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// soakDuration is 2 minutes in the suite; `make chaos` sets
+// MANDATED_CHAOS_DURATION=10m.
+func soakDuration() time.Duration {
+	if v := os.Getenv("MANDATED_CHAOS_DURATION"); v != "" {
+		if d, err := time.ParseDuration(v); err == nil {
+			return d
+		}
+	}
+	return 2 * time.Minute
+}
+
+// The rotating nemesis: every 15–30 s a random subset of every fault this
+// machine can inject, a quarter of the periods quiet; then heal, drain and
+// check every invariant from the outside.
+func TestRotatingFaultsKeepEveryInvariant(t *testing.T) {
+	nodes := 1
+	if os.Getenv("MANDATED_CHAOS_CLUSTER") == "1" {
+		nodes = 3
+	}
+	res := Run(t, Options{
+		Name: "rotating", Nodes: nodes, PrivatePG: true, Duration: soakDuration(), Processors: 2, MaxProcessors: 3,
+		ProcessEnv: []string{"MANDATED_FAILPOINTS=before_commit=5%sleep(300ms);after_commit=0.2%kill;relay_after_produce_before_mark=0.5%kill"},
+		Faults: []Fault{KillProcessor, PauseProcessor, PauseInTransaction, AddProcessor, RemoveProcessor,
+			BrokerRestart, BrokerKill, PostgresCrash, TerminateSessions},
+		Provider: ProviderFaults{LostReply: 0.03, FailBefore: 0.02, Delay: 200 * time.Millisecond},
+	})
+	if res.Decisions == 0 || res.Effects == 0 {
+		t.Fatalf("the run did no work: %+v", res)
+	}
+}

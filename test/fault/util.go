@@ -1,0 +1,5 @@
+package fault
+
+import "os"
+
+func readFile(path string) ([]byte, error) { return os.ReadFile(path) }
