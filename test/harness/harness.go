@@ -27,9 +27,9 @@ import (
 
 // Options shape a harness. Zero fields take defaults.
 type Options struct {
-	Partitions int32         // default 3
-	Brokers    []string      // default the single-node test broker
-	KafkaOpts  []kgo.Opt     // extra client options for every client
+	Partitions int32     // default 3
+	Brokers    []string  // default the single-node test broker
+	KafkaOpts  []kgo.Opt // extra client options for every client
 	Configure  func(*processor.ServiceConfig)
 	Timeout    time.Duration // default wait bound, default 60s
 }
