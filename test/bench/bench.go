@@ -148,6 +148,9 @@ func (b *Bench) all(ctx context.Context) error {
 			b.logf("latency %.0f%% (%.0f/s): p50 %.1f p90 %.1f p99 %.1f max %.1f ms, mean batch %.1f; decide %.1f ms (commit %.1f ms, %.0f/s), publish %.1f ms (relay txn %.1f ms, %.0f/s); cpu %+v",
 				pct, l.OfferedRate, l.P50MS, l.P90MS, l.P99MS, l.MaxMS, l.MeanBatch, l.DecideMS, l.CommitMS, l.BatchPS, l.PublishMS, l.RelayTxnMS, l.RelayTxnPS, l.CPU)
 			b.res.Latency = append(b.res.Latency, l)
+			for _, st := range l.Statements[:min(10, len(l.Statements))] {
+				b.logf("   %-22s calls %6d mean %7.2f ms total %8.0f ms  %s", st.Name, st.Calls, st.MeanMS, st.TotalMS, trunc(st.Query, 60))
+			}
 		}
 		return nil
 	}

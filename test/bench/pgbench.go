@@ -25,6 +25,10 @@ type PgbenchResult struct {
 	Txns    int64   `json:"txns"`
 	Failed  int64   `json:"failed"`
 	LatMS   float64 `json:"latency_ms"`
+	// CPU over the run: PostgreSQL (postmaster and backends) and the
+	// broker (idle here), in seconds, and PostgreSQL's per transaction.
+	CPU         CPUSample `json:"cpu_seconds"`
+	PGMicrosTxn float64   `json:"pg_cpu_us_per_txn"`
 }
 
 var (
@@ -42,7 +46,9 @@ func (b *Bench) runPgbench(ctx context.Context, name, db, script string, clients
 		"-T", strconv.Itoa(seconds), "-f", script, u}
 	cmd := exec.CommandContext(ctx, b.cfg.Pgbench, args...)
 	cmd.Dir = "/"
+	before := b.cpu.sample(0)
 	out, err := cmd.CombinedOutput()
+	res.CPU = b.cpu.sample(0).Sub(before)
 	_ = os.WriteFile(filepath.Join(b.work, fmt.Sprintf("%s-%d.pgbench.log", name, time.Now().UnixNano())), out, 0o644)
 	if err != nil {
 		return res, fmt.Errorf("pgbench %s: %v\n%s", name, err, tail(string(out), 2000))
@@ -60,6 +66,9 @@ func (b *Bench) runPgbench(ctx context.Context, name, db, script string, clients
 	}
 	if m := latRe.FindStringSubmatch(string(out)); m != nil {
 		res.LatMS, _ = strconv.ParseFloat(m[1], 64)
+	}
+	if res.Txns > 0 {
+		res.PGMicrosTxn = res.CPU.Postgres / float64(res.Txns) * 1e6
 	}
 	return res, nil
 }

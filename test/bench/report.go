@@ -47,6 +47,7 @@ type HostInfo struct {
 	GoVersion string `json:"go"`
 	Kernel    string `json:"kernel"`
 	LoadAvg   string `json:"loadavg_at_start"`
+	LoadEnd   string `json:"loadavg_at_end"`
 }
 
 // Template is one template database.
@@ -258,6 +259,9 @@ type HistoryLine struct {
 
 func (b *Bench) writeReport() (string, error) {
 	r := b.res
+	if lb, err := os.ReadFile("/proc/loadavg"); err == nil {
+		r.Host.LoadEnd = strings.TrimSpace(string(lb))
+	}
 	r.evaluate()
 	dir := b.resultDir()
 	js, err := json.MarshalIndent(r, "", "  ")
@@ -295,7 +299,8 @@ func (r *Result) summary(dirName string, plots []string) string {
 	if r.Dirty {
 		dirty = " (with uncommitted changes)"
 	}
-	w("Commit `%s`%s, %d CPUs, %s, load average at start %s. Wall time %.0f s.\n", r.Commit, dirty, r.Host.CPUs, r.Host.GoVersion, r.Host.LoadAvg, r.WallSeconds)
+	w("Commit `%s`%s, %d CPUs, %s, load average at start %s, at end %s (other engineers share this machine). Wall time %.0f s.\n",
+		r.Commit, dirty, r.Host.CPUs, r.Host.GoVersion, r.Host.LoadAvg, r.Host.LoadEnd, r.WallSeconds)
 	w("One Kafka 4.4 broker and one PostgreSQL 15 of the bench's own (fsync and synchronous_commit on), all on this machine.\n")
 	w("Burn-downs drain %d pre-loaded proposals; rates are measured between 10 %% and 90 %% of the records visible to a read_committed consumer.\n\n", r.Config.Records)
 	for _, e := range r.Errors {
@@ -352,6 +357,15 @@ func (r *Result) summary(dirName string, plots []string) string {
 	w("| S1 | %.0f | %.0f | %.0f | %.0f | %.0f |\n", c.S1PerDecision.Mandated, c.S1PerDecision.Broker, c.S1PerDecision.Postgres, c.S1System, c.S1PerDecision.Bench)
 	w("| K1 | %.0f | %.0f | %.0f | %.0f | %.0f |\n", c.K1PerRecord.Mandated, c.K1PerRecord.Broker, c.K1PerRecord.Postgres, c.K1System, c.K1PerRecord.Bench)
 	w("\nSystem total for S1 with 1 M mandates: %.0f µs; 4 partitions: %.0f µs; 64 partitions: %.0f µs.\n", c.S1LargeSystem, c.P4System, c.P64System)
+	var p1us, p2us []float64
+	for _, rd := range r.Rounds {
+		p1us = append(p1us, rd.P1.PGMicrosTxn)
+		if r.P2Batch > 0 {
+			p2us = append(p2us, rd.P2.PGMicrosTxn/float64(r.P2Batch))
+		}
+	}
+	w("PostgreSQL CPU in the baselines (median): P1 %.0f µs per single-row transaction; P2 %.0f µs per replayed proposal (%d per transaction) — against %.0f µs per decision in S1.\n",
+		median(p1us), median(p2us), r.P2Batch, c.S1PerDecision.Postgres)
 	if r.Heap.Mandates > 0 {
 		h := r.Heap
 		w("\n## Heap\n\n%d more owned mandates each holding one reservation (pending deadlines %.0f → %.0f): heap %.1f MB → %.1f MB after GC, %.0f bytes and %.2f objects per mandate.\n",

@@ -273,14 +273,16 @@ type LatencyResult struct {
 	// Where the time goes (means over the level, from mandated's metrics):
 	// record timestamp → batch committed, batch commit, outbox row →
 	// Kafka transaction committed, one relay transaction.
-	DecideMS   float64     `json:"decide_ms"`
-	CommitMS   float64     `json:"commit_ms"`
-	PublishMS  float64     `json:"publish_ms"`
-	RelayTxnMS float64     `json:"relay_txn_ms"`
-	RelayTxnPS float64     `json:"relay_txn_per_sec"`
-	BatchPS    float64     `json:"batch_txn_per_sec"`
-	CPU        CPUSample   `json:"cpu_seconds"`
-	CDF        [][]float64 `json:"cdf"` // [percentile, ms]
+	DecideMS   float64   `json:"decide_ms"`
+	CommitMS   float64   `json:"commit_ms"`
+	PublishMS  float64   `json:"publish_ms"`
+	RelayTxnMS float64   `json:"relay_txn_ms"`
+	RelayTxnPS float64   `json:"relay_txn_per_sec"`
+	BatchPS    float64   `json:"batch_txn_per_sec"`
+	CPU        CPUSample `json:"cpu_seconds"`
+	// pg_stat_statements of the level (reset after the warm-up).
+	Statements []StatementStat `json:"statements"`
+	CDF        [][]float64     `json:"cdf"` // [percentile, ms]
 }
 
 // sentAtOf reads the "sent_at" a decision echoes, without decoding the rest.
@@ -379,6 +381,7 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, pct, rate float64, d
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	_ = b.resetStatements(ctx)
 	startStats := ch.stats()
 	startCPU := b.cpu.sample(ch.pid())
 	startAt := time.Now()
@@ -425,6 +428,7 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, pct, rate float64, d
 	}
 	endStats := ch.stats()
 	res.CPU = b.cpu.sample(ch.pid()).Sub(startCPU)
+	res.Statements, _ = b.statements(ctx, `dbid = (SELECT oid FROM pg_database WHERE datname = $1)`, db)
 	elapsed := time.Since(startAt).Seconds()
 	d := func(a, b float64) float64 { return a - b }
 	if n := float64(endStats.DecideCount - startStats.DecideCount); n > 0 {

@@ -5,6 +5,7 @@
 //	benchrun run [flags]   the benchmark and its report
 //	benchrun serve         (internal) one mandated instance, configured by $BENCH_CHILD_CONFIG
 //	benchrun pipe          (internal) K1, the raw Kafka pipe
+//	benchrun txnprobe [brokers]  times back-to-back small Kafka transactions (the relay at low load)
 package main
 
 import (
@@ -37,6 +38,14 @@ func main() {
 		exitOn(bench.Pipe(cfg))
 	case "run":
 		os.Exit(run(os.Args[2:]))
+	case "txnprobe":
+		brokers := "127.0.0.1:49092"
+		if len(os.Args) > 2 {
+			brokers = os.Args[2]
+		}
+		out, err := bench.TxnProbe(context.Background(), strings.Split(brokers, ","), 60, 10)
+		exitOn(err)
+		fmt.Print(out)
 	default:
 		fmt.Fprintln(os.Stderr, "usage: benchrun run|serve|pipe [flags]")
 		os.Exit(2)
