@@ -50,11 +50,22 @@ kafka-libs: ## Resolve the Kafka broker jars from Maven Central (cached per vers
 
 ##@ Build and lint
 
-# build: and lint: go here (application engineer).
+.PHONY: build lint
+build: ## Build mandated, mandatectl and demo into bin/
+	@go build -o bin/ ./cmd/...
+
+lint: ## Check gofmt and run go vet
+	@files=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$files" ]; then echo "gofmt would change:"; echo "$$files"; exit 1; fi
+	@go vet ./...
 
 ##@ Demo, benchmarks and chaos
 
-# demo:, bench: and chaos: go here (application engineer).
+.PHONY: demo chaos
+demo: ## Run the scripted demo: embedded Kafka (kfake) unless KAFKA_BROKERS, throwaway PostgreSQL (55433) unless DATABASE_URL
+	@test/infra/demo.sh
+
+chaos: ## 10-minute rotating-fault soak on a private three-node Kafka cluster (MANDATED_CHAOS_DURATION to change)
+	@test/infra/chaos.sh
 
 .PHONY: bench
 bench: ## Benchmark vs same-run baselines on servers of its own (49092, 55499); QUICK=1: under 3 min; report in test/bench/results/
