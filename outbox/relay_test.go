@@ -32,12 +32,17 @@ type testBundle struct {
 
 func setup(t *testing.T, partitions int32) *testBundle {
 	t.Helper()
+	return setupOn(t, partitions, testenv.KafkaBrokers(t), testenv.Database(t))
+}
+
+func setupOn(t *testing.T, partitions int32, brokers []string, dbURL string) *testBundle {
+	t.Helper()
 	ctx := context.Background()
-	s, err := sink.Open(ctx, sink.Config{DatabaseURL: testenv.Database(t)}, zerolog.Nop())
+	s, err := sink.Open(ctx, sink.Config{DatabaseURL: dbURL}, zerolog.Nop())
 	require.NoError(t, err)
 	t.Cleanup(s.Close)
 	require.NoError(t, s.EnsurePartitionCount(ctx, partitions))
-	b := &testBundle{t: t, sink: s, pool: s.Pool(), brokers: testenv.KafkaBrokers(t), txnID: testenv.Name(t, "relay")}
+	b := &testBundle{t: t, sink: s, pool: s.Pool(), brokers: brokers, txnID: testenv.Name(t, "relay")}
 	b.spec = processor.TopicSpec{
 		Proposals: testenv.Name(t, "p"), Grants: testenv.Name(t, "g"), Decisions: testenv.Name(t, "d"),
 		DeadLetter: testenv.Name(t, "dl"), Partitions: partitions, ReplicationFactor: 1,
@@ -286,4 +291,38 @@ func TestAHundredThousandRowBacklogDrains(t *testing.T) {
 	for p := range int32(partitions) {
 		b.received.requireExactlyOnceInOrder(t, p, 1, perPartition)
 	}
+}
+
+func TestADrainSurvivesABrokerRestartAndAPostgresRestartWithNothingLostOrDoubled(t *testing.T) {
+	t.Parallel()
+	kafka := testenv.PrivateKafka(t, 1)
+	pg := testenv.PrivatePostgres(t)
+	ctx := context.Background()
+	url, err := pg.Database(ctx, "relay")
+	require.NoError(t, err)
+	b := setupOn(t, 2, kafka.Brokers, url)
+	const rows = 6000
+	epochs := map[int32]int64{0: b.claim(0), 1: b.claim(1)}
+	for p := range int32(2) {
+		b.insert(p, epochs[p], rows, 200)
+	}
+	r := b.relay(func(c *outbox.Config) { c.MaxRows = 100 })
+	r.Assigned(0, epochs[0])
+	r.Assigned(1, epochs[1])
+	testenv.WaitFor(t, time.Minute, func() bool { return b.received.count(0)+b.received.count(1) > rows/4 }, "the drain is under way")
+	require.NoError(t, kafka.Do(ctx, "restart", 0))
+	testenv.WaitFor(t, 2*time.Minute, func() bool { return b.received.count(0)+b.received.count(1) > rows }, "the drain goes on after the broker restart")
+	require.NoError(t, pg.Do(ctx, "stop-immediate"))
+	require.NoError(t, pg.Do(ctx, "start"))
+	for p := range int32(2) {
+		testenv.WaitFor(t, 3*time.Minute, func() bool { return b.received.count(p) >= rows }, "drained")
+	}
+	for p := range int32(2) {
+		b.received.requireExactlyOnceInOrder(t, p, 1, rows)
+	}
+	testenv.WaitFor(t, time.Minute, func() bool {
+		var n int64
+		err := b.pool.QueryRow(ctx, `SELECT coalesce(sum(published_seq), 0) FROM relay_progress`).Scan(&n)
+		return err == nil && n == 2*rows
+	}, "the published sequence is recorded")
 }

@@ -28,6 +28,16 @@ func mandatedArgs(h *harness.Harness) []string {
 	}
 }
 
+// ctlArgs point mandatectl at a harness's servers and topics.
+func ctlArgs(h *harness.Harness) []string {
+	return []string{
+		"--brokers", joinComma(h.Brokers), "--database-url", h.DatabaseURL,
+		"--proposals-topic", h.Spec.Proposals, "--grants-topic", h.Spec.Grants,
+		"--decisions-topic", h.Spec.Decisions, "--dead-letter-topic", h.Spec.DeadLetter,
+		"--group", h.Group,
+	}
+}
+
 func joinComma(s []string) string {
 	out := ""
 	for i, x := range s {

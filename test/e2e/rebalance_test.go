@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os/exec"
 	"sync"
 	"syscall"
 	"testing"
@@ -183,5 +185,17 @@ func TestOperatorsRebalanceThreeProcessesUnderLoadWithoutASecondDecision(t *test
 		owners = append(owners, o)
 	}
 	require.Equal(t, []string{"p3", "p4"}, owners, "the surviving and the added processor own everything")
+
+	// What the operator sees: mandatectl partitions shows the movement.
+	out, err := exec.Command(procs.Binary(t, "mandatectl"), append([]string{"partitions", "--json"}, ctlArgs(h)...)...).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	var rowsOut []map[string]any
+	require.NoError(t, json.Unmarshal(out, &rowsOut), "%s", out)
+	require.Len(t, rowsOut, 6)
+	for _, row := range rowsOut {
+		p := int32(row["partition"].(float64))
+		require.Contains(t, []any{"p3", "p4"}, row["owner"], "%v", row)
+		require.Equal(t, float64(end[p]), row["epoch"], "%v", row)
+	}
 	t.Logf("%d proposals, %d partitions re-claimed, epochs %v → %v", len(sent), bumped, start, end)
 }

@@ -320,6 +320,7 @@ func (s *System) check(ctx context.Context, t *testing.T, o Options, drained boo
 		r.StaleRejections = logged
 	}
 	r.Retries = int(s.Cluster.Metric("mandated_batch_retries_total"))
+	r.MaxLag = int(s.Cluster.MaxLag())
 	r.PredecessorsTerminated = int(s.Cluster.Metric("mandated_predecessor_sessions_terminated_total"))
 	if o.RequireFenced && r.StaleRejections == 0 {
 		r.violate("INV-6 Fencing", "no stale-epoch rejection happened: the fencing path was not exercised")

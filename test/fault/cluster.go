@@ -64,6 +64,7 @@ type Cluster struct {
 	done    chan struct{}
 	logs    []string // log files of every process that ran
 	metrics map[string]map[string]float64
+	maxLag  float64 // the highest total consumer lag seen in one scrape round
 }
 
 type member struct {
@@ -254,6 +255,20 @@ func (c *Cluster) scrape() {
 		c.metrics[p.Name] = vals
 		c.mu.Unlock()
 	}
+	c.mu.Lock()
+	var lag float64
+	for _, p := range ps {
+		lag += c.metrics[p.Name]["mandated_consumer_lag_records"]
+	}
+	c.maxLag = max(c.maxLag, lag)
+	c.mu.Unlock()
+}
+
+// MaxLag returns the highest total consumer lag seen.
+func (c *Cluster) MaxLag() float64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.maxLag
 }
 
 // Metric sums the last scraped value of a counter over every process run.

@@ -37,6 +37,7 @@ type Result struct {
 	Retries                int                 `json:"serialization_retries"`
 	Restarts               int                 `json:"process_restarts"`
 	Recovery               Percentiles         `json:"recovery"`
+	MaxLag                 int                 `json:"max_lag_records"`
 	DrainTook              string              `json:"drain_took"`
 }
 
@@ -66,8 +67,8 @@ func (r *Result) Summary() string {
 	fmt.Fprintf(&b, "  faults     %s\n", kv(r.Faults))
 	fmt.Fprintf(&b, "  stale-epoch rejections %d, predecessor sessions terminated %d, serialization retries %d, process restarts %d\n",
 		r.StaleRejections, r.PredecessorsTerminated, r.Retries, r.Restarts)
-	fmt.Fprintf(&b, "  recovery (worst canary after each fault) n=%d p50 %s p99 %s max %s; drain %s\n",
-		r.Recovery.N, r.Recovery.P50, r.Recovery.P99, r.Recovery.Max, r.DrainTook)
+	fmt.Fprintf(&b, "  recovery (worst canary after each fault) n=%d p50 %s p99 %s max %s; max lag %d records; drain %s\n",
+		r.Recovery.N, r.Recovery.P50, r.Recovery.P99, r.Recovery.Max, r.MaxLag, r.DrainTook)
 	total := 0
 	for _, inv := range Invariants {
 		total += r.ViolationCounts[inv]

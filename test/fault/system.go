@@ -216,14 +216,14 @@ func (s *System) heal(ctx context.Context) {
 	}
 	if s.Kafka != nil {
 		hctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-		if _, err := script(hctx, s.Kafka.script, s.Kafka.env, "up"); err != nil {
+		if _, err := script(hctx, s.Kafka.ScriptName, s.Kafka.Env, "up"); err != nil {
 			s.Events.Add("heal", "kafka up", "", err)
 		}
 		cancel()
 	}
 	if s.Postgres != nil {
 		hctx, cancel := context.WithTimeout(ctx, time.Minute)
-		if _, err := script(hctx, "postgres.sh", s.Postgres.env, "up"); err != nil {
+		if _, err := script(hctx, "postgres.sh", s.Postgres.Env, "up"); err != nil {
 			s.Events.Add("heal", "postgres up", "", err)
 		}
 		cancel()
