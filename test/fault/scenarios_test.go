@@ -32,7 +32,7 @@ func money(units int64) map[string]any {
 
 func grantCmd(org, id string, uses int64, extra map[string]any) map[string]any {
 	c := map[string]any{"type": "grant", "org": org, "mandate_id": id, "uses": uses, "max_amount": money(5000),
-		"operations": []string{"refund"}, "hold_seconds": 4, "execution_timeout_seconds": 6}
+		"operations": []string{"refund"}, "hold_seconds": 10, "execution_timeout_seconds": 12}
 	for k, v := range extra {
 		c[k] = v
 	}
@@ -183,7 +183,8 @@ func TestS04CommitAndCancelAtOnceLeaveOneTerminalState(t *testing.T) {
 				// Whatever raced, the authorization ends in exactly one terminal state.
 				last := must(t, ctx, s, authCmd("cancel", "s04", "m", r.AuthorizationID, nil))
 				st := last.Authorization.State
-				require.Contains(t, []wire.AuthState{wire.StateCommitted, wire.StateCancelled}, st, "%+v then %+v", final, last)
+				// (expired only if both came after the deadline on an overloaded machine)
+				require.Contains(t, []wire.AuthState{wire.StateCommitted, wire.StateCancelled, wire.StateExpired}, st, "%+v then %+v", final, last)
 				terminal[st]++
 			}
 			t.Logf("terminal states: %v", terminal)
@@ -428,7 +429,8 @@ func TestS11RetriedBatchesApplyOnceUnderInjectedFailuresAndKeyRaces(t *testing.T
 
 func TestS12EightConcurrentResumesOfOneApprovalExecuteOnce(t *testing.T) {
 	Run(t, scenario(Options{Name: "S-12", Schedule: func(ctx context.Context, s *System, rng *rand.Rand) {
-		must(t, ctx, s, grantCmd("s12", "m", 100, nil))
+		// A long hold: the kill below delays answers past a short one.
+		must(t, ctx, s, grantCmd("s12", "m", 100, map[string]any{"hold_seconds": 120}))
 		for i := range 20 {
 			r := must(t, ctx, s, proposeCmd("s12", "m", fmt.Sprint("k", i), 10))
 			require.Equal(t, wire.OutcomeReserved, r.Outcome)
@@ -458,7 +460,9 @@ func TestS12EightConcurrentResumesOfOneApprovalExecuteOnce(t *testing.T) {
 			wg.Wait()
 			for _, d := range results {
 				if sameKey {
-					require.Contains(t, []wire.Outcome{wire.OutcomeCommitted, wire.OutcomeReplayed}, d.Outcome, "every resume sees the one result")
+					require.Contains(t, []wire.Outcome{wire.OutcomeCommitted, wire.OutcomeReplayed}, d.Outcome,
+						"every resume sees the one result: %+v", d)
+					require.Equal(t, wire.StateCommitted, d.Authorization.State)
 				}
 				require.Equal(t, r.AuthorizationID, d.AuthorizationID)
 			}
