@@ -192,6 +192,12 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 			return nil, fmt.Errorf("processor: partition %d was assigned for one input topic only; every member must use the range balancer", n)
 		}
 	}
+	p.mu.Lock()
+	stopping := p.stopping
+	p.mu.Unlock()
+	if stopping {
+		return nil, errors.New("processor: stopping; not claiming partitions")
+	}
 	if err := failpoint.Inject(ctx, failpoint.BeforeClaim); err != nil {
 		return nil, err
 	}
