@@ -33,21 +33,27 @@ type Config struct {
 	LargeMandates int
 	PgbenchSecs   int
 	LatencySecs   int
-	HeapMandates  int
-	Profile       bool
-	StopAfter     string // debugging: "calibration" ends the run after it
+	// LatencyWarmupSecs of each latency level are not counted.
+	LatencyWarmupSecs int
+	// K1Records is how many records K1 drains at least: it moves them so
+	// fast that it needs more than S1 to leave its start-up ramp (its own
+	// topic, same generator and sizes, when more than Records).
+	K1Records    int
+	HeapMandates int
+	Profile      bool
+	StopAfter    string // debugging: "calibration" or "latency" end the run early; "experiments" runs only those
 }
 
 // Defaults returns the full (QUICK=0) or quick configuration's sizes.
 func Defaults(quick bool) Config {
 	if quick {
-		return Config{Quick: true, Partitions: 8, Records: 40000, Rounds: 3, ScalingPairs: 1, SmallMandates: 1000,
-			LargeMandates: 1_000_000, PgbenchSecs: 3, LatencySecs: 5, HeapMandates: 20000}
+		return Config{Quick: true, Partitions: 8, Records: 40000, K1Records: 200000, Rounds: 3, ScalingPairs: 1, SmallMandates: 1000,
+			LargeMandates: 1_000_000, PgbenchSecs: 3, LatencySecs: 8, LatencyWarmupSecs: 3, HeapMandates: 60000}
 	}
 	// A relay transaction carries up to 500 decisions per partition, so a
 	// burn-down needs a few hundred thousand records before its 10–90 %
 	// window spans many of them.
-	return Config{Partitions: 8, Records: 200000, Rounds: 3, ScalingPairs: 3, SmallMandates: 1000,
+	return Config{Partitions: 8, Records: 200000, K1Records: 200000, LatencyWarmupSecs: 1, Rounds: 3, ScalingPairs: 3, SmallMandates: 1000,
 		LargeMandates: 1_000_000, PgbenchSecs: 10, LatencySecs: 30, HeapMandates: 100000, Profile: true}
 }
 
@@ -93,7 +99,7 @@ func Run(ctx context.Context, cfg Config) (string, error) {
 		return "", err
 	}
 	var err error
-	if b.cpu.brokerPID, err = readPIDFile(cfg.KafkaPIDFile); err != nil {
+	if b.cpu.brokerPID, err = readPIDFile(cfg.KafkaPIDFile); err != nil && cfg.StopAfter != "experiments" {
 		return "", fmt.Errorf("broker pid: %w", err)
 	}
 	if b.cpu.postmasterPID, err = readPIDFile(filepath.Join(cfg.PGDataDir, "postmaster.pid")); err != nil {
@@ -103,6 +109,9 @@ func Run(ctx context.Context, cfg Config) (string, error) {
 		return "", err
 	}
 	b.res = newResult(cfg)
+	if cfg.StopAfter == "experiments" {
+		return "", b.runExperiments(ctx)
+	}
 	defer b.Cleanup()
 	if err := b.all(ctx); err != nil {
 		b.res.Errors = append(b.res.Errors, err.Error())
@@ -182,7 +191,7 @@ func (b *Bench) all(ctx context.Context) error {
 			var err error
 			switch s {
 			case "K1":
-				round.K1, err = b.runK1(ctx, main, cal.AvgValueBytes)
+				round.K1, err = b.runK1(ctx, b.k1Input(main), cal.AvgValueBytes)
 			case "P1":
 				round.P1, err = b.runPgbench(ctx, "P1", "bench_p1", p1Script, 8, c.PgbenchSecs)
 			case "P2":
@@ -316,6 +325,19 @@ func (b *Bench) setup(ctx context.Context) error {
 		}
 		b.logf("preloaded %d proposals into %s (%s over %d mandates) in %.1fs", c.Records, v.proposals, v.dist, v.mandates, time.Since(t).Seconds())
 	}
+	if c.K1Records > c.Records {
+		main := b.variants["s1"]
+		v := &variant{name: "k1", partitions: main.partitions, mandates: main.mandates, dist: main.dist,
+			proposals: fmt.Sprintf("bench.%s.k1.proposals", b.run), grants: fmt.Sprintf("bench.%s.k1.grants", b.run), template: main.template}
+		b.variants["k1"] = v
+		if err := createTopics(ctx, c.Brokers, v.partitions, v.proposals, v.grants); err != nil {
+			return err
+		}
+		if err := preload(ctx, c.Brokers, v.proposals, c.K1Records, v.mandates, v.dist, "bs1"); err != nil {
+			return err
+		}
+		b.logf("preloaded %d proposals for K1 into %s", c.K1Records, v.proposals)
+	}
 	return nil
 }
 
@@ -335,6 +357,15 @@ func (b *Bench) Cleanup() {
 	deleteTopics(b.cfg.Brokers, topics...)
 	_ = b.pg.drop(ctx, "bench_p1")
 	_ = b.pg.drop(ctx, "bench_p2")
+}
+
+// k1Input is the topic K1 drains: S1's own, or a longer one with the same
+// records when K1Records asks for more.
+func (b *Bench) k1Input(main *variant) *variant {
+	if v := b.variants["k1"]; v != nil {
+		return v
+	}
+	return main
 }
 
 func (b *Bench) nextID(name string) string {

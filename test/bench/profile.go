@@ -82,11 +82,13 @@ func (b *Bench) statements(ctx context.Context, where string, args ...any) ([]St
 
 func squash(s string) string { return strings.Join(strings.Fields(s), " ") }
 
-// statementName recognises a sink constant by its first 60 characters.
+// statementName recognises a sink constant by its first 60 characters
+// (placeholders compared without their numbers: pg_stat_statements
+// renumbers the constants of a replayed statement).
 func (b *Bench) statementName(q string) string {
-	q = squash(q)
+	q = placeholder.ReplaceAllString(squash(q), "$")
 	for name, s := range b.stmts {
-		s = squash(s)
+		s = placeholder.ReplaceAllString(squash(s), "$")
 		n := min(60, len(s))
 		if strings.HasPrefix(q, s[:n]) {
 			return name

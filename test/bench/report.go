@@ -509,7 +509,7 @@ plot "%s" using 0:2:xtic(1) with boxes lc rgb "#3b6ea8", "" using 0:2:(sprintf("
 		}
 		script := fmt.Sprintf(`set terminal png size 1000,520 font ",10"
 set output "%s"
-set title "Proposal → decision visible (read_committed), open loop, HDR histogram"
+set title "Proposal → decision visible (read_committed), open loop, HDR histogram" noenhanced
 set logscale x
 set xtics ("p0" 1, "p50" 2, "p90" 10, "p99" 100, "p99.9" 1000, "p99.99" 10000, "max" 100000)
 set ylabel "ms"

@@ -216,7 +216,8 @@ func fillWindow(res *S1Result, marks []mark, start time.Time) {
 
 // runK1 runs the raw pipe over the same pre-loaded proposals.
 func (b *Bench) runK1(ctx context.Context, v *variant, valueBytes float64) (S1Result, error) {
-	res := S1Result{Variant: "K1", Partitions: v.partitions, Mandates: v.mandates, Dist: v.dist, Records: b.cfg.Records}
+	n := max(b.cfg.Records, b.cfg.K1Records)
+	res := S1Result{Variant: "K1", Partitions: v.partitions, Mandates: v.mandates, Dist: v.dist, Records: n}
 	id := b.nextID("k1")
 	out := fmt.Sprintf("bench.%s.%s.out", b.run, id)
 	if err := createTopics(ctx, b.cfg.Brokers, v.partitions, out); err != nil {
@@ -237,7 +238,7 @@ func (b *Bench) runK1(ctx context.Context, v *variant, valueBytes float64) (S1Re
 	}()
 	marks := make([]mark, 3)
 	var c *counter
-	c, err = startCounter(b.cfg.Brokers, out, b.cfg.Records, []float64{0.1, 0.9, 1.0}, func(i int) {
+	c, err = startCounter(b.cfg.Brokers, out, n, []float64{0.1, 0.9, 1.0}, func(i int) {
 		n, _ := c.count()
 		marks[i] = mark{at: time.Now(), n: n, cpu: b.cpu.sample(ch.pid())}
 	}, nil)
@@ -306,7 +307,8 @@ func sentAtOf(v []byte) (time.Time, bool) {
 // its sent_at, and latency is taken from that intended time to the moment
 // its decision is visible to a read_committed consumer. A sender that
 // falls behind therefore shows as latency, never as a lower offered rate
-// (no coordinated omission). The first second is warm-up and not counted.
+// (no coordinated omission). The first LatencyWarmupSecs are warm-up and
+// not counted.
 func (b *Bench) runLatency(ctx context.Context, v *variant, pct, rate float64, dur time.Duration) (LatencyResult, error) {
 	res := LatencyResult{LoadPct: pct, OfferedRate: rate, Seconds: dur.Seconds()}
 	id := b.nextID(fmt.Sprintf("lat%.0f", pct))
@@ -389,7 +391,7 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, pct, rate float64, d
 	choose := newChooser(v.dist, v.mandates, 7)
 	t0 := time.Now().Add(50 * time.Millisecond)
 	mu.Lock()
-	measureFrom = t0.Add(time.Second)
+	measureFrom = t0.Add(time.Duration(b.cfg.LatencyWarmupSecs) * time.Second)
 	mu.Unlock()
 	total := int(rate * dur.Seconds())
 	interval := time.Duration(float64(time.Second) / rate)
