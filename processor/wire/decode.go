@@ -3,7 +3,6 @@ package wire
 import (
 	"encoding/json"
 	"fmt"
-	"regexp"
 	"sort"
 	"strconv"
 	"time"
@@ -35,15 +34,93 @@ const (
 	MaxTargets             = 256
 )
 
+// grammar is a named character-level rule, checked by a loop (regular
+// expressions cost more than the rest of decoding).
+type grammar struct {
+	text string
+	ok   func(string) bool
+}
+
 var (
-	operationPattern   = regexp.MustCompile(`^[a-z][a-z0-9_.-]{0,63}$`)
-	externalRefPattern = regexp.MustCompile(`^[\x21-\x7e]{1,255}$`)
-	integerPattern     = regexp.MustCompile(`^-?(0|[1-9][0-9]*)$`)
-	// timestampPattern is RFC 3339's date-time: time.Parse alone also takes
-	// one-digit hours, a comma before the fraction and offsets such as
-	// +24:00 or +00:60 (its strict mode is disabled, go.dev/issue/54580).
-	timestampPattern = regexp.MustCompile(`^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$`)
+	operationGrammar = grammar{`[a-z][a-z0-9_.-]{0,63}`, func(s string) bool {
+		if len(s) == 0 || len(s) > 64 || s[0] < 'a' || s[0] > 'z' {
+			return false
+		}
+		for i := 1; i < len(s); i++ {
+			if c := s[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '.' || c == '-') {
+				return false
+			}
+		}
+		return true
+	}}
+	externalRefGrammar = grammar{`[\x21-\x7e]{1,255}`, func(s string) bool {
+		if len(s) == 0 || len(s) > 255 {
+			return false
+		}
+		for i := 0; i < len(s); i++ {
+			if s[i] < 0x21 || s[i] > 0x7e {
+				return false
+			}
+		}
+		return true
+	}}
 )
+
+// isJSONInteger reports whether s is -?(0|[1-9][0-9]*).
+func isJSONInteger(s string) bool {
+	if s != "" && s[0] == '-' {
+		s = s[1:]
+	}
+	if s == "" || s[0] == '0' && len(s) > 1 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// isRFC3339 reports whether s has RFC 3339's date-time shape:
+// YYYY-MM-DDThh:mm:ss(.fraction of 1-9 digits)?(Z|±hh:mm with hh ≤ 23, mm ≤ 59).
+// time.Parse alone also takes forms RFC 3339 does not (T8:00:00Z, 08:00:00,5Z).
+func isRFC3339(s string) bool {
+	digits := func(from, n int) bool {
+		if from+n > len(s) {
+			return false
+		}
+		for i := from; i < from+n; i++ {
+			if s[i] < '0' || s[i] > '9' {
+				return false
+			}
+		}
+		return true
+	}
+	if len(s) < 20 || !digits(0, 4) || s[4] != '-' || !digits(5, 2) || s[7] != '-' || !digits(8, 2) || s[10] != 'T' ||
+		!digits(11, 2) || s[13] != ':' || !digits(14, 2) || s[16] != ':' || !digits(17, 2) {
+		return false
+	}
+	i := 19
+	if s[i] == '.' {
+		j := i + 1
+		for j < len(s) && s[j] >= '0' && s[j] <= '9' {
+			j++
+		}
+		if n := j - i - 1; n < 1 || n > 9 {
+			return false
+		}
+		i = j
+	}
+	switch rest := s[i:]; {
+	case rest == "Z":
+		return true
+	case len(rest) == 6 && (rest[0] == '+' || rest[0] == '-') && rest[3] == ':':
+		hh, mm := rest[1:3], rest[4:6]
+		return digits(i+1, 2) && digits(i+4, 2) && hh <= "23" && mm <= "59"
+	}
+	return false
+}
 
 // Rejection says why a record is not a valid command. Key is set when a
 // mandate key could be read (from the record key, or else from the body),
@@ -174,7 +251,7 @@ func Decode(recordKey, value []byte, lim Limits) (*Command, *Rejection) {
 		g := &Grant{
 			Uses:            r.integer("uses", true, 1, MaxUses, ReasonFieldInvalid),
 			MaxAmount:       r.money("max_amount", true),
-			Operations:      r.stringList("operations", 1, MaxOperations, operationPattern),
+			Operations:      r.stringList("operations", 1, MaxOperations, &operationGrammar),
 			Targets:         r.stringList("targets", 0, MaxTargets, nil),
 			ValidFrom:       r.timestamp("valid_from", false),
 			ValidUntil:      r.timestamp("valid_until", false),
@@ -201,7 +278,7 @@ func Decode(recordKey, value []byte, lim Limits) (*Command, *Rejection) {
 		cmd.Revoke = &Revoke{Reason: r.text("reason", false)}
 	case CmdPropose:
 		cmd.Propose = &Propose{
-			Operation:      r.pattern("operation", true, operationPattern),
+			Operation:      r.pattern("operation", true, operationGrammar),
 			Amount:         r.money("amount", true),
 			Target:         r.id("target", true),
 			BasedOnVersion: r.integer("based_on_version", false, 1, 1<<62, ReasonFieldInvalid),
@@ -213,14 +290,14 @@ func Decode(recordKey, value []byte, lim Limits) (*Command, *Rejection) {
 	case CmdBegin:
 		cmd.Begin = &Begin{AuthorizationID: r.id("authorization_id", true)}
 	case CmdCommit:
-		cmd.Commit = &Commit{AuthorizationID: r.id("authorization_id", true), ExternalRef: r.pattern("external_ref", true, externalRefPattern)}
+		cmd.Commit = &Commit{AuthorizationID: r.id("authorization_id", true), ExternalRef: r.pattern("external_ref", true, externalRefGrammar)}
 	case CmdCancel:
 		cmd.Cancel = &Cancel{AuthorizationID: r.id("authorization_id", true), Reason: r.text("reason", false),
 			NotExecutedProof: r.text("not_executed_proof", false)}
 	case CmdReportUnknown:
 		cmd.Report = &ReportUnknown{AuthorizationID: r.id("authorization_id", true), Detail: r.text("detail", false)}
 	case CmdResolve:
-		res := &Resolve{AuthorizationID: r.id("authorization_id", true), ExternalRef: r.pattern("external_ref", false, externalRefPattern),
+		res := &Resolve{AuthorizationID: r.id("authorization_id", true), ExternalRef: r.pattern("external_ref", false, externalRefGrammar),
 			Evidence: r.text("evidence", false)}
 		switch o := r.str("outcome", true); ResolveOutcome(o) {
 		case ResolveCommitted:
@@ -332,10 +409,10 @@ func (r *reader) id(field string, required bool) string {
 	return s
 }
 
-func (r *reader) pattern(field string, required bool, re *regexp.Regexp) string {
+func (r *reader) pattern(field string, required bool, g grammar) string {
 	s := r.str(field, required)
-	if s != "" && !re.MatchString(s) {
-		r.failField(field, ReasonFieldInvalid, "field_invalid:%s %q does not match %s", field, truncate(s, 160), re.String())
+	if s != "" && !g.ok(s) {
+		r.failField(field, ReasonFieldInvalid, "field_invalid:%s %q does not match %s", field, truncate(s, 160), g.text)
 		return ""
 	}
 	if required && s == "" {
@@ -374,7 +451,7 @@ func parseInteger(v any) (int64, string) {
 		return 0, "must be a JSON integer, not a string or other type"
 	}
 	s := n.String()
-	if !integerPattern.MatchString(s) {
+	if !isJSONInteger(s) {
 		return 0, fmt.Sprintf("%s is not an integer (no fractions or exponents)", truncate(s, 40))
 	}
 	if s == "-0" {
@@ -453,7 +530,8 @@ func (r *reader) money(field string, required bool) Money {
 	return Money{MinorUnits: i, Currency: cur}
 }
 
-func (r *reader) stringList(field string, min, max int, re *regexp.Regexp) []string {
+// stringList reads an array of strings of a grammar (nil: the id grammar).
+func (r *reader) stringList(field string, min, max int, g *grammar) []string {
 	v, ok := r.get(r.obj, field, min > 0)
 	if !ok {
 		return nil
@@ -471,7 +549,7 @@ func (r *reader) stringList(field string, min, max int, re *regexp.Regexp) []str
 	seen := map[string]bool{}
 	for _, e := range arr {
 		s, isStr := e.(string)
-		valid := isStr && (re == nil && partitioner.ValidID(s) || re != nil && re.MatchString(s))
+		valid := isStr && (g == nil && partitioner.ValidID(s) || g != nil && g.ok(s))
 		if !valid {
 			r.failField(field, ReasonIDInvalid, "%s entry %v is outside its grammar", field, e)
 			return nil
@@ -499,7 +577,7 @@ func (r *reader) timestamp(field string, required bool) time.Time {
 		return time.Time{}
 	}
 	t, err := time.Parse(time.RFC3339Nano, s)
-	if err != nil || !timestampPattern.MatchString(s) || t.UTC().Year() < 2000 || t.UTC().Year() > 2199 {
+	if err != nil || !isRFC3339(s) || t.UTC().Year() < 2000 || t.UTC().Year() > 2199 {
 		r.failField(field, ReasonTimestampInvalid, "%s %q is not an RFC 3339 timestamp with a zone between 2000 and 2199", field, truncate(s, 64))
 		return time.Time{}
 	}

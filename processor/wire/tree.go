@@ -3,10 +3,9 @@ package wire
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"strings"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -39,8 +38,10 @@ func parseFail(r Reason, format string, args ...any) *parseError {
 
 // parseObject parses raw as one JSON object, strictly: valid UTF-8, no
 // duplicate or case-variant keys, no NUL or control characters in strings,
-// no U+FFFD (encoding/json's silent replacement for lone surrogates), bounded
-// depth, width and token count, nothing after the object.
+// no lone surrogates, bounded depth, width and token count, nothing after
+// the object. It is a single-pass scanner over the bytes (encoding/json's
+// token API costs an allocation per token, and decoding is the processor's
+// hottest path).
 func parseObject(raw []byte, lim treeLimits) (object, *parseError) {
 	if !utf8.Valid(raw) {
 		return nil, parseFail(ReasonInvalidUTF8, "the record value is not valid UTF-8")
@@ -52,86 +53,123 @@ func parseObject(raw []byte, lim treeLimits) (object, *parseError) {
 	if len(trimmed) == 0 || trimmed[0] != '{' {
 		return nil, parseFail(ReasonMalformedJSON, "the record value is not a JSON object")
 	}
-	p := &treeParser{dec: json.NewDecoder(bytes.NewReader(raw)), lim: lim}
-	p.dec.UseNumber()
+	p := &scanner{buf: raw, lim: lim}
+	p.skipSpace()
 	v, perr := p.value(0)
 	if perr != nil {
 		return nil, perr
 	}
-	if _, err := p.dec.Token(); !errors.Is(err, io.EOF) {
-		return nil, parseFail(ReasonMalformedJSON, "trailing data after the JSON object")
+	p.skipSpace()
+	if p.pos != len(p.buf) {
+		return nil, parseFail(ReasonMalformedJSON, "trailing data after the JSON object at byte %d", p.pos)
 	}
-	obj, ok := v.(object)
-	if !ok {
-		return nil, parseFail(ReasonMalformedJSON, "the record value is not a JSON object")
-	}
-	return obj, nil
+	return v.(object), nil
 }
 
-type treeParser struct {
-	dec    *json.Decoder
+type scanner struct {
+	buf    []byte
+	pos    int
 	lim    treeLimits
 	tokens int
 }
 
-func (p *treeParser) token() (json.Token, *parseError) {
+func (p *scanner) token() *parseError {
 	p.tokens++
 	if p.tokens > p.lim.maxTokens {
-		return nil, parseFail(ReasonTooComplex, "more than %d JSON tokens", p.lim.maxTokens)
+		return parseFail(ReasonTooComplex, "more than %d JSON tokens", p.lim.maxTokens)
 	}
-	tok, err := p.dec.Token()
-	if err != nil {
-		return nil, parseFail(ReasonMalformedJSON, "%v", err)
-	}
-	return tok, nil
+	return nil
 }
 
-func (p *treeParser) value(depth int) (any, *parseError) {
-	tok, perr := p.token()
-	if perr != nil {
-		return nil, perr
+func (p *scanner) skipSpace() {
+	for p.pos < len(p.buf) {
+		switch p.buf[p.pos] {
+		case ' ', '\t', '\r', '\n':
+			p.pos++
+		default:
+			return
+		}
 	}
-	return p.valueFrom(tok, depth)
 }
 
-func (p *treeParser) valueFrom(tok json.Token, depth int) (any, *parseError) {
-	switch t := tok.(type) {
-	case json.Delim:
+func (p *scanner) syntax(what string) *parseError {
+	if p.pos >= len(p.buf) {
+		return parseFail(ReasonMalformedJSON, "unexpected end of JSON input (%s)", what)
+	}
+	return parseFail(ReasonMalformedJSON, "invalid character %q at byte %d (%s)", p.buf[p.pos], p.pos, what)
+}
+
+// value parses the value at p.pos; depth counts the containers around it.
+func (p *scanner) value(depth int) (any, *parseError) {
+	if p.pos >= len(p.buf) {
+		return nil, p.syntax("looking for a value")
+	}
+	switch c := p.buf[p.pos]; {
+	case c == '{' || c == '[':
 		if depth+1 > p.lim.maxDepth {
 			return nil, parseFail(ReasonTooComplex, "JSON nested deeper than %d", p.lim.maxDepth)
 		}
-		switch t {
-		case '{':
-			return p.object(depth + 1)
-		case '[':
-			return p.array(depth + 1)
-		}
-		return nil, parseFail(ReasonMalformedJSON, "unexpected %q", t)
-	case string:
-		if perr := checkString(t); perr != nil {
+		if perr := p.token(); perr != nil {
 			return nil, perr
 		}
-		return t, nil
-	case json.Number, bool, nil:
-		return t, nil
-	}
-	return nil, parseFail(ReasonMalformedJSON, "unexpected token %v", tok)
-}
-
-func (p *treeParser) object(depth int) (object, *parseError) {
-	obj := object{}
-	folded := map[string]string{}
-	for {
-		tok, perr := p.token()
+		p.pos++
+		if c == '{' {
+			return p.object(depth + 1)
+		}
+		return p.array(depth + 1)
+	case c == '"':
+		if perr := p.token(); perr != nil {
+			return nil, perr
+		}
+		s, perr := p.str()
 		if perr != nil {
 			return nil, perr
 		}
-		if d, ok := tok.(json.Delim); ok && d == '}' {
-			return obj, nil
+		if perr := checkString(s); perr != nil {
+			return nil, perr
 		}
-		key, ok := tok.(string)
-		if !ok {
-			return nil, parseFail(ReasonMalformedJSON, "object key is not a string")
+		return s, nil
+	case c == '-' || c >= '0' && c <= '9':
+		if perr := p.token(); perr != nil {
+			return nil, perr
+		}
+		return p.number()
+	default:
+		for _, lit := range []struct {
+			text string
+			v    any
+		}{{"true", true}, {"false", false}, {"null", nil}} {
+			if bytes.HasPrefix(p.buf[p.pos:], []byte(lit.text)) {
+				if perr := p.token(); perr != nil {
+					return nil, perr
+				}
+				p.pos += len(lit.text)
+				return lit.v, nil
+			}
+		}
+		return nil, p.syntax("looking for a value")
+	}
+}
+
+func (p *scanner) object(depth int) (object, *parseError) {
+	obj := object{}
+	folded := map[string]string{}
+	p.skipSpace()
+	if p.pos < len(p.buf) && p.buf[p.pos] == '}' {
+		p.pos++
+		return obj, p.token()
+	}
+	for {
+		p.skipSpace()
+		if p.pos >= len(p.buf) || p.buf[p.pos] != '"' {
+			return nil, p.syntax("looking for an object key")
+		}
+		if perr := p.token(); perr != nil {
+			return nil, perr
+		}
+		key, perr := p.str()
+		if perr != nil {
+			return nil, perr
 		}
 		if perr := checkString(key); perr != nil {
 			return nil, perr
@@ -147,33 +185,205 @@ func (p *treeParser) object(depth int) (object, *parseError) {
 		if len(obj) >= p.lim.maxKeys {
 			return nil, parseFail(ReasonTooComplex, "object with more than %d keys", p.lim.maxKeys)
 		}
+		p.skipSpace()
+		if p.pos >= len(p.buf) || p.buf[p.pos] != ':' {
+			return nil, p.syntax("after an object key")
+		}
+		p.pos++
+		p.skipSpace()
 		v, perr := p.value(depth)
 		if perr != nil {
 			return nil, perr
 		}
 		obj[key] = v
+		p.skipSpace()
+		if p.pos >= len(p.buf) {
+			return nil, p.syntax("after an object value")
+		}
+		switch p.buf[p.pos] {
+		case ',':
+			p.pos++
+		case '}':
+			p.pos++
+			return obj, p.token()
+		default:
+			return nil, p.syntax("after an object value")
+		}
 	}
 }
 
-func (p *treeParser) array(depth int) ([]any, *parseError) {
+func (p *scanner) array(depth int) ([]any, *parseError) {
 	var arr []any
+	p.skipSpace()
+	if p.pos < len(p.buf) && p.buf[p.pos] == ']' {
+		p.pos++
+		return arr, p.token()
+	}
 	for {
-		tok, perr := p.token()
-		if perr != nil {
-			return nil, perr
-		}
-		if d, ok := tok.(json.Delim); ok && d == ']' {
-			return arr, nil
-		}
+		p.skipSpace()
 		if len(arr) >= p.lim.maxArray {
 			return nil, parseFail(ReasonTooComplex, "array with more than %d elements", p.lim.maxArray)
 		}
-		v, perr := p.valueFrom(tok, depth)
+		v, perr := p.value(depth)
 		if perr != nil {
 			return nil, perr
 		}
 		arr = append(arr, v)
+		p.skipSpace()
+		if p.pos >= len(p.buf) {
+			return nil, p.syntax("after an array element")
+		}
+		switch p.buf[p.pos] {
+		case ',':
+			p.pos++
+		case ']':
+			p.pos++
+			return arr, p.token()
+		default:
+			return nil, p.syntax("after an array element")
+		}
 	}
+}
+
+// number scans a JSON number: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
+func (p *scanner) number() (json.Number, *parseError) {
+	start := p.pos
+	digits := func() int {
+		n := 0
+		for p.pos < len(p.buf) && p.buf[p.pos] >= '0' && p.buf[p.pos] <= '9' {
+			p.pos++
+			n++
+		}
+		return n
+	}
+	if p.buf[p.pos] == '-' {
+		p.pos++
+	}
+	switch {
+	case p.pos < len(p.buf) && p.buf[p.pos] == '0':
+		p.pos++
+	case digits() == 0:
+		return "", p.syntax("in a number")
+	}
+	if p.pos < len(p.buf) && p.buf[p.pos] == '.' {
+		p.pos++
+		if digits() == 0 {
+			return "", p.syntax("after a decimal point")
+		}
+	}
+	if p.pos < len(p.buf) && (p.buf[p.pos] == 'e' || p.buf[p.pos] == 'E') {
+		p.pos++
+		if p.pos < len(p.buf) && (p.buf[p.pos] == '+' || p.buf[p.pos] == '-') {
+			p.pos++
+		}
+		if digits() == 0 {
+			return "", p.syntax("in an exponent")
+		}
+	}
+	return json.Number(p.buf[start:p.pos]), nil
+}
+
+// str scans a JSON string at p.pos (the opening quote) and returns it
+// unescaped. A raw control character is a syntax error, as RFC 8259 says;
+// an escaped lone surrogate is refused as invalid UTF-16.
+func (p *scanner) str() (string, *parseError) {
+	p.pos++ // the opening quote
+	start := p.pos
+	for p.pos < len(p.buf) {
+		c := p.buf[p.pos]
+		if c == '"' {
+			s := string(p.buf[start:p.pos])
+			p.pos++
+			return s, nil
+		}
+		if c == '\\' {
+			break // the slow path: escapes
+		}
+		if c < 0x20 {
+			return "", p.syntax("in a string")
+		}
+		p.pos++
+	}
+	var b []byte
+	b = append(b, p.buf[start:p.pos]...)
+	for p.pos < len(p.buf) {
+		c := p.buf[p.pos]
+		switch {
+		case c == '"':
+			p.pos++
+			return string(b), nil
+		case c < 0x20:
+			return "", p.syntax("in a string")
+		case c != '\\':
+			b = append(b, c)
+			p.pos++
+			continue
+		}
+		p.pos++
+		if p.pos >= len(p.buf) {
+			return "", p.syntax("in an escape")
+		}
+		e := p.buf[p.pos]
+		p.pos++
+		switch e {
+		case '"', '\\', '/':
+			b = append(b, e)
+		case 'b':
+			b = append(b, '\b')
+		case 'f':
+			b = append(b, '\f')
+		case 'n':
+			b = append(b, '\n')
+		case 'r':
+			b = append(b, '\r')
+		case 't':
+			b = append(b, '\t')
+		case 'u':
+			r, ok := p.hex4()
+			if !ok {
+				return "", p.syntax("in a \\u escape")
+			}
+			if utf16.IsSurrogate(r) {
+				var r2 rune = -1
+				if p.pos+1 < len(p.buf) && p.buf[p.pos] == '\\' && p.buf[p.pos+1] == 'u' {
+					p.pos += 2
+					if r2, ok = p.hex4(); !ok {
+						return "", p.syntax("in a \\u escape")
+					}
+				}
+				if r = utf16.DecodeRune(r, r2); r == utf8.RuneError {
+					return "", parseFail(ReasonInvalidUTF8, "a string contains a lone surrogate escape")
+				}
+			}
+			b = utf8.AppendRune(b, r)
+		default:
+			p.pos--
+			return "", p.syntax("in an escape")
+		}
+	}
+	return "", p.syntax("in a string")
+}
+
+func (p *scanner) hex4() (rune, bool) {
+	if p.pos+4 > len(p.buf) {
+		return 0, false
+	}
+	var r rune
+	for _, c := range p.buf[p.pos : p.pos+4] {
+		r <<= 4
+		switch {
+		case c >= '0' && c <= '9':
+			r |= rune(c - '0')
+		case c >= 'a' && c <= 'f':
+			r |= rune(c - 'a' + 10)
+		case c >= 'A' && c <= 'F':
+			r |= rune(c - 'A' + 10)
+		default:
+			return 0, false
+		}
+	}
+	p.pos += 4
+	return r, true
 }
 
 // checkString refuses what PostgreSQL would refuse later (NUL) and what
