@@ -321,6 +321,7 @@ func (pr *partitionRelay) session() error {
 
 	idle := time.NewTimer(cfg.IdlePoll)
 	defer idle.Stop()
+	housekept := int64(0) // published rows up to here are deleted (as far as this session knows)
 	for {
 		rows, err := pr.r.st.load(ctx, pr.partition, last, cfg.MaxRows)
 		if err != nil {
@@ -339,6 +340,7 @@ func (pr *partitionRelay) session() error {
 			}
 		}
 		if len(rows) == 0 {
+			housekept = pr.record(ctx, last, housekept, true)
 			if pr.shouldEnd(true) {
 				return nil
 			}
@@ -371,14 +373,7 @@ func (pr *partitionRelay) session() error {
 		pr.mu.Lock()
 		pr.last = last
 		pr.mu.Unlock()
-		if ok, err := pr.r.st.mark(ctx, pr.partition, pr.epoch, last); err != nil {
-			pr.r.metrics.PublishErrors.WithLabelValues("database").Inc()
-			pr.log.Warn().Err(err).Int64("seq", last).Msg("cannot record published sequence; Kafka stays the authority")
-		} else if ok {
-			if n, err := pr.r.st.housekeep(ctx, pr.partition, last, cfg.HousekeepBatch); err == nil {
-				pr.r.metrics.Deleted.Add(float64(n))
-			}
-		}
+		housekept = pr.record(ctx, last, housekept, false)
 		if f := cfg.Test.OnPublished; f != nil {
 			f(pr.partition, rows[0].Seq, last)
 		}
@@ -386,6 +381,34 @@ func (pr *partitionRelay) session() error {
 			return nil
 		}
 	}
+}
+
+// housekeepChunk is how many published rows accumulate before the relay
+// deletes them (deleting in chunks costs PostgreSQL less per row).
+const housekeepChunk = 256
+
+// record notes last as published and deletes published rows once a chunk
+// of them has accumulated, or whenever the relay is idle. It returns how
+// far rows are deleted now.
+func (pr *partitionRelay) record(ctx context.Context, last, housekept int64, idle bool) int64 {
+	if last == 0 || idle && housekept >= last {
+		return housekept
+	}
+	upTo := int64(0)
+	if idle || last-housekept >= housekeepChunk {
+		upTo = last
+	}
+	marked, deleted, err := pr.r.st.record(ctx, pr.partition, pr.epoch, last, upTo, pr.r.cfg.HousekeepBatch)
+	if err != nil {
+		pr.r.metrics.PublishErrors.WithLabelValues("database").Inc()
+		pr.log.Warn().Err(err).Int64("seq", last).Msg("cannot record the published sequence; Kafka stays the authority")
+		return housekept
+	}
+	pr.r.metrics.Deleted.Add(float64(deleted))
+	if marked && upTo > 0 && deleted < int64(pr.r.cfg.HousekeepBatch) {
+		return upTo
+	}
+	return housekept
 }
 
 // stillOwner reports whether the partition's epoch in PostgreSQL is still

@@ -33,6 +33,14 @@ func (s store) load(ctx context.Context, partition int32, after int64, limit int
 	})
 }
 
+const markSQL = `INSERT INTO relay_progress (partition, published_seq, updated_at)
+SELECT $1, $3, now() WHERE (SELECT epoch FROM mandated_partitions WHERE partition = $1) = $2
+ON CONFLICT (partition) DO UPDATE SET published_seq = GREATEST(relay_progress.published_seq, EXCLUDED.published_seq),
+  updated_at = now()`
+
+const housekeepSQL = `DELETE FROM outbox WHERE partition = $1 AND seq IN (
+SELECT seq FROM outbox WHERE partition = $1 AND seq <= $2 ORDER BY seq LIMIT $3)`
+
 // published returns the sequence recorded as published (0 if none).
 func (s store) published(ctx context.Context, partition int32) (int64, error) {
 	var seq int64
@@ -50,24 +58,46 @@ func (s store) epoch(ctx context.Context, partition int32) (int64, error) {
 // mark records seq as published. It never moves backwards, and a relay
 // whose partition epoch is no longer current marks nothing.
 func (s store) mark(ctx context.Context, partition int32, epoch, seq int64) (bool, error) {
-	tag, err := s.pool.Exec(ctx, `INSERT INTO relay_progress (partition, published_seq, updated_at)
-		SELECT $1, $3, now() WHERE (SELECT epoch FROM mandated_partitions WHERE partition = $1) = $2
-		ON CONFLICT (partition) DO UPDATE SET published_seq = GREATEST(relay_progress.published_seq, EXCLUDED.published_seq),
-		  updated_at = now()`, partition, epoch, seq)
+	tag, err := s.pool.Exec(ctx, markSQL, partition, epoch, seq)
 	if err != nil {
 		return false, err
 	}
 	return tag.RowsAffected() == 1, nil
 }
 
-// housekeep deletes at most limit published rows of a partition.
-func (s store) housekeep(ctx context.Context, partition int32, upTo int64, limit int) (int64, error) {
-	tag, err := s.pool.Exec(ctx, `DELETE FROM outbox WHERE partition = $1 AND seq IN (
-		SELECT seq FROM outbox WHERE partition = $1 AND seq <= $2 ORDER BY seq LIMIT $3)`, partition, upTo, limit)
-	if err != nil {
-		return 0, err
-	}
-	return tag.RowsAffected(), nil
+// record notes seq as published and, when deleteUpTo > 0, deletes at most
+// limit published rows up to it: one round trip, one transaction with an
+// asynchronous commit. Losing it in a crash loses nothing: a relay resumes
+// from Kafka's tail (relay_progress is only its lower bound) and the delete
+// is repeated by the next one.
+func (s store) record(ctx context.Context, partition int32, epoch, seq, deleteUpTo int64, limit int) (marked bool, deleted int64, err error) {
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var b pgx.Batch
+		b.Queue(`SET LOCAL synchronous_commit = off`)
+		b.Queue(markSQL, partition, epoch, seq)
+		if deleteUpTo > 0 {
+			b.Queue(housekeepSQL, partition, deleteUpTo, limit)
+		}
+		br := tx.SendBatch(ctx, &b)
+		defer br.Close()
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
+		tag, err := br.Exec()
+		if err != nil {
+			return err
+		}
+		marked = tag.RowsAffected() == 1
+		if deleteUpTo > 0 {
+			tag, err := br.Exec()
+			if err != nil {
+				return err
+			}
+			deleted = tag.RowsAffected()
+		}
+		return nil
+	})
+	return marked, deleted, err
 }
 
 // park moves a row the broker refuses for good out of the outbox, with why.
