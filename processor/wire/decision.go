@@ -135,16 +135,6 @@ type Source struct {
 // DecisionID formats a decision id.
 func DecisionID(partition int32, seq int64) string { return fmt.Sprintf("%d-%d", partition, seq) }
 
-// Encode marshals a decision. Everything in a Decision is encodable; an
-// error here is a bug, reported rather than hidden.
-func (d *Decision) Encode() ([]byte, error) {
-	b, err := json.Marshal(d)
-	if err != nil {
-		return nil, fmt.Errorf("encode decision %s: %w", d.DecisionID, err)
-	}
-	return b, nil
-}
-
 // ParseDecision decodes a decision published by mandated.
 func ParseDecision(b []byte) (*Decision, error) {
 	var d Decision
