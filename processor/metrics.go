@@ -29,6 +29,7 @@ type Metrics struct {
 	InDoubtOldest      prometheus.Gauge
 	KeysPurged         prometheus.Counter
 	PendingDeadlines   prometheus.Gauge
+	Ready              prometheus.Gauge
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: none).
@@ -130,12 +131,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "mandated_pending_deadlines",
 			Help: "Reservation and execution deadlines tracked in memory on owned partitions.",
 		}),
+		Ready: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "mandated_ready",
+			Help: "1 while this instance is ready (holds current epochs, reaches Kafka and PostgreSQL), else 0; refreshed every 5 s by cmd/mandated.",
+		}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Decisions, m.Rejections, m.DeadLetters, m.Misrouted, m.GrantsOnProposals, m.DeadlineMoves,
 			m.Fenced, m.BatchRetries, m.VersionConflicts, m.RecordFaults, m.AmbiguousCommits, m.BatchSize,
 			m.CommitSeconds, m.DecisionLatency, m.ConsumerLag, m.PartitionsOwned, m.PartitionEpoch,
-			m.TakeoverSeconds, m.PredecessorsKilled, m.InDoubt, m.InDoubtOldest, m.KeysPurged, m.PendingDeadlines)
+			m.TakeoverSeconds, m.PredecessorsKilled, m.InDoubt, m.InDoubtOldest, m.KeysPurged, m.PendingDeadlines, m.Ready)
 	}
 	return m
 }

@@ -201,9 +201,6 @@ func run(args []string) int {
 		return 1
 	}
 	state := &serving{}
-	ready := prometheus.NewGauge(prometheus.GaugeOpts{Name: "mandated_ready",
-		Help: "1 while this instance is ready (holds current epochs, reaches Kafka and PostgreSQL), else 0."})
-	reg.MustRegister(ready)
 	srv := &http.Server{Handler: routes(state, reg), ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -219,6 +216,7 @@ func run(args []string) int {
 		return 0
 	}
 	reg.MustRegister(sink.NewPoolCollector(svc.Sink))
+	ready := svc.Metrics.Ready
 	stopReady := make(chan struct{})
 	go watchReady(svc, ready, stopReady)
 	log.Info().Str("http", ln.Addr().String()).Msg("mandated running")
