@@ -41,7 +41,13 @@ type Config struct {
 	K1Records    int
 	HeapMandates int
 	Profile      bool
-	StopAfter    string // debugging: "calibration" or "latency" end the run early; "experiments" runs only those
+	// RelayStall (debugging) holds every burn-down's relay back this long
+	// after its start, as a broker outage would.
+	RelayStall time.Duration
+	// StopAfter (debugging): "calibration" or "latency" end the run early,
+	// "experiments" runs only the PostgreSQL-alone experiments,
+	// "repeat:<variant>" runs one variant's burn-down Rounds times.
+	StopAfter string
 }
 
 // Defaults returns the full (QUICK=0) or quick configuration's sizes.
@@ -135,6 +141,9 @@ func (b *Bench) all(ctx context.Context) error {
 		return fmt.Errorf("setup: %w", err)
 	}
 	main := b.variants["s1"]
+	if name, ok := strings.CutPrefix(c.StopAfter, "repeat:"); ok {
+		return b.repeat(ctx, name)
+	}
 
 	b.logf("calibration: one S1 burn-down (warms the broker's JIT and measures batch and decision sizes)")
 	cal, err := b.runS1(ctx, main, nil)
@@ -357,6 +366,36 @@ func (b *Bench) Cleanup() {
 	deleteTopics(b.cfg.Brokers, topics...)
 	_ = b.pg.drop(ctx, "bench_p1")
 	_ = b.pg.drop(ctx, "bench_p2")
+}
+
+// repeat runs one variant's burn-down Rounds times, printing each run's
+// rates, PostgreSQL CPU and top statements (a debugging aid:
+// --stop-after repeat:<variant>).
+func (b *Bench) repeat(ctx context.Context, name string) error {
+	v := b.variants[name]
+	if v == nil {
+		return fmt.Errorf("no variant %q", name)
+	}
+	for i := range b.cfg.Rounds {
+		if err := b.resetStatements(ctx); err != nil {
+			return err
+		}
+		r, err := b.runS1(ctx, v, nil)
+		if err != nil {
+			return err
+		}
+		b.res.Rounds = append(b.res.Rounds, Round{S1: r})
+		b.logf("%s #%d: %.0f visible/s, processor %.0f/s, relay %.1f txn/s, PostgreSQL %.1f s CPU in %.1f s window",
+			name, i+1, r.DecisionsPerSec, r.ProcDecidedPerSec, r.RelayTxnPerSec, r.CPU.Postgres, r.WindowSeconds)
+		st, err := b.statements(ctx, `dbid NOT IN (SELECT oid FROM pg_database)`)
+		if err != nil {
+			return err
+		}
+		for _, s := range st[:min(8, len(st))] {
+			b.logf("   %-22s calls %5d mean %8.2f ms total %8.0f ms rows %8d hit %9d read %7d", s.Name, s.Calls, s.MeanMS, s.TotalMS, s.Rows, s.BlksHit, s.BlksRead)
+		}
+	}
+	return nil
 }
 
 // k1Input is the topic K1 drains: S1's own, or a longer one with the same

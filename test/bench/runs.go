@@ -43,9 +43,11 @@ type S1Result struct {
 	PGXactPerSec      float64 `json:"pg_xact_per_sec,omitempty"`
 	BatchRetries      float64 `json:"batch_retries,omitempty"`
 
-	CPU           CPUSample `json:"cpu_seconds"`             // over the window
-	CPUMicrosPerD CPUSample `json:"cpu_us_per_decision"`     // per decision (K1: per record)
-	CPUMicrosSys  float64   `json:"cpu_us_per_decision_sys"` // mandated + broker + PostgreSQL
+	// Statements is pg_stat_statements for the run (reset before it).
+	Statements    []StatementStat `json:"statements,omitempty"`
+	CPU           CPUSample       `json:"cpu_seconds"`             // over the window
+	CPUMicrosPerD CPUSample       `json:"cpu_us_per_decision"`     // per decision (K1: per record)
+	CPUMicrosSys  float64         `json:"cpu_us_per_decision_sys"` // mandated + broker + PostgreSQL
 
 	samplePayload []byte
 }
@@ -74,12 +76,15 @@ func (b *Bench) runS1(ctx context.Context, v *variant, onWindow func(ch *child) 
 		return res, err
 	}
 	defer deleteTopics(b.cfg.Brokers, dec, dl)
+	if err := b.resetStatements(ctx); err != nil {
+		return res, err
+	}
 
 	start := time.Now()
 	ch, err := startChild(b.work, "serve-"+id, "serve", ServeConfig{
 		Brokers: b.cfg.Brokers, DatabaseURL: b.pg.dbURL(db), Proposals: v.proposals, Grants: v.grants,
 		Decisions: dec, DeadLetter: dl, Group: "bench-" + id, TxnPrefix: "bench-" + id,
-		LogPath: filepath.Join(b.work, "serve-"+id+".log"),
+		LogPath: filepath.Join(b.work, "serve-"+id+".log"), RelayStall: b.cfg.RelayStall,
 	})
 	if err != nil {
 		return res, err
@@ -144,6 +149,9 @@ func (b *Bench) runS1(ctx context.Context, v *variant, onWindow func(ch *child) 
 	}
 	fillWindow(&res, marks, start)
 	fillProcessorWindow(&res, samples, b.cfg.Records)
+	if st, err := b.statements(ctx, `dbid = (SELECT oid FROM pg_database WHERE datname = $1)`, db); err == nil {
+		res.Statements = st[:min(12, len(st))]
+	}
 	return res, nil
 }
 

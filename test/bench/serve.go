@@ -38,6 +38,10 @@ type ServeConfig struct {
 	Group       string   `json:"group"`
 	TxnPrefix   string   `json:"txn_prefix"`
 	LogPath     string   `json:"log_path"`
+	// RelayStall holds every relay transaction back until this long after
+	// start (outbox.Config.Test.BeforePublish), as a broker outage would:
+	// the outbox fills while the processor decides on. Zero: no stall.
+	RelayStall time.Duration `json:"relay_stall"`
 }
 
 // ServeStats is what the child reports on GET /stats.
@@ -93,6 +97,11 @@ func Serve(cfg ServeConfig) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	relay := outbox.Config{TransactionalIDPrefix: cfg.TxnPrefix}
+	if cfg.RelayStall > 0 {
+		until := time.Now().Add(cfg.RelayStall)
+		relay.Test.BeforePublish = func(int32, int64) { time.Sleep(time.Until(until)) }
+	}
 	svc, err := processor.StartService(ctx, processor.ServiceConfig{
 		Sink: sink.Config{DatabaseURL: cfg.DatabaseURL},
 		Processor: processor.Config{
@@ -100,7 +109,7 @@ func Serve(cfg ServeConfig) error {
 			ProposalsTopic: cfg.Proposals, GrantsTopic: cfg.Grants,
 			DecisionsTopic: cfg.Decisions, DeadLetterTopic: cfg.DeadLetter,
 		},
-		Relay:      outbox.Config{TransactionalIDPrefix: cfg.TxnPrefix},
+		Relay:      relay,
 		Registerer: reg,
 	}, log)
 	if err != nil {

@@ -82,6 +82,7 @@ func run(args []string) int {
 	fs.IntVar(&over.LatencySecs, "latency-seconds", 0, "override: seconds per latency level")
 	fs.IntVar(&over.HeapMandates, "heap-mandates", 0, "override: mandates in the heap measurement")
 	fs.StringVar(&over.StopAfter, "stop-after", "", "debugging: calibration ends the run after the calibration burn-down")
+	fs.DurationVar(&over.RelayStall, "relay-stall", 0, "debugging: hold every burn-down's relay back this long after start (a broker outage)")
 	profile := fs.String("profile", "", "override: true or false")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -119,6 +120,7 @@ func run(args []string) int {
 		cfg.HeapMandates = over.HeapMandates
 	}
 	cfg.StopAfter = over.StopAfter
+	cfg.RelayStall = over.RelayStall
 	if *profile != "" {
 		cfg.Profile = *profile == "true"
 	}
