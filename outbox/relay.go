@@ -321,7 +321,11 @@ func (pr *partitionRelay) session() error {
 
 	idle := time.NewTimer(cfg.IdlePoll)
 	defer idle.Stop()
-	housekept := int64(0) // published rows up to here are deleted (as far as this session knows)
+	housekept, err := pr.r.st.housekeptUpTo(ctx, pr.partition, last) // rows up to here are deleted
+	if err != nil {
+		pr.r.metrics.PublishErrors.WithLabelValues("database").Inc()
+		return fmt.Errorf("find the housekeeping position: %w", err)
+	}
 	for {
 		rows, err := pr.r.st.load(ctx, pr.partition, last, cfg.MaxRows)
 		if err != nil {
@@ -387,26 +391,26 @@ func (pr *partitionRelay) session() error {
 // deletes them (deleting in chunks costs PostgreSQL less per row).
 const housekeepChunk = 256
 
-// record notes last as published and deletes published rows once a chunk
-// of them has accumulated, or whenever the relay is idle. It returns how
-// far rows are deleted now.
+// record notes last as published and deletes published rows, a bounded
+// range at a time, once a chunk has accumulated or whenever the relay is
+// idle. It returns how far rows are deleted now.
 func (pr *partitionRelay) record(ctx context.Context, last, housekept int64, idle bool) int64 {
 	if last == 0 || idle && housekept >= last {
 		return housekept
 	}
-	upTo := int64(0)
+	to := housekept
 	if idle || last-housekept >= housekeepChunk {
-		upTo = last
+		to = min(last, housekept+int64(pr.r.cfg.HousekeepBatch))
 	}
-	marked, deleted, err := pr.r.st.record(ctx, pr.partition, pr.epoch, last, upTo, pr.r.cfg.HousekeepBatch)
+	marked, deleted, err := pr.r.st.record(ctx, pr.partition, pr.epoch, last, housekept, to)
 	if err != nil {
 		pr.r.metrics.PublishErrors.WithLabelValues("database").Inc()
 		pr.log.Warn().Err(err).Int64("seq", last).Msg("cannot record the published sequence; Kafka stays the authority")
 		return housekept
 	}
 	pr.r.metrics.Deleted.Add(float64(deleted))
-	if marked && upTo > 0 && deleted < int64(pr.r.cfg.HousekeepBatch) {
-		return upTo
+	if marked {
+		return to
 	}
 	return housekept
 }

@@ -38,8 +38,11 @@ SELECT $1, $3, now() WHERE (SELECT epoch FROM mandated_partitions WHERE partitio
 ON CONFLICT (partition) DO UPDATE SET published_seq = GREATEST(relay_progress.published_seq, EXCLUDED.published_seq),
   updated_at = now()`
 
-const housekeepSQL = `DELETE FROM outbox WHERE partition = $1 AND seq IN (
-SELECT seq FROM outbox WHERE partition = $1 AND seq <= $2 ORDER BY seq LIMIT $3)`
+// housekeepSQL deletes a range of published rows. A range predicate keeps
+// the plan an index range scan whatever the statistics: the earlier
+// "seq IN (SELECT ... LIMIT n)" form, once its generic plan was cached on an
+// empty outbox, read every row of the partition on every call.
+const housekeepSQL = `DELETE FROM outbox WHERE partition = $1 AND seq > $2 AND seq <= $3`
 
 // published returns the sequence recorded as published (0 if none).
 func (s store) published(ctx context.Context, partition int32) (int64, error) {
@@ -65,18 +68,18 @@ func (s store) mark(ctx context.Context, partition int32, epoch, seq int64) (boo
 	return tag.RowsAffected() == 1, nil
 }
 
-// record notes seq as published and, when deleteUpTo > 0, deletes at most
-// limit published rows up to it: one round trip, one transaction with an
-// asynchronous commit. Losing it in a crash loses nothing: a relay resumes
-// from Kafka's tail (relay_progress is only its lower bound) and the delete
-// is repeated by the next one.
-func (s store) record(ctx context.Context, partition int32, epoch, seq, deleteUpTo int64, limit int) (marked bool, deleted int64, err error) {
+// record notes seq as published and, when deleteTo > deleteAfter, deletes
+// the published rows in (deleteAfter, deleteTo]: one round trip, one
+// transaction with an asynchronous commit. Losing it in a crash loses
+// nothing: a relay resumes from Kafka's tail (relay_progress is only its
+// lower bound) and the delete is repeated by the next one.
+func (s store) record(ctx context.Context, partition int32, epoch, seq, deleteAfter, deleteTo int64) (marked bool, deleted int64, err error) {
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var b pgx.Batch
 		b.Queue(`SET LOCAL synchronous_commit = off`)
 		b.Queue(markSQL, partition, epoch, seq)
-		if deleteUpTo > 0 {
-			b.Queue(housekeepSQL, partition, deleteUpTo, limit)
+		if deleteTo > deleteAfter {
+			b.Queue(housekeepSQL, partition, deleteAfter, deleteTo)
 		}
 		br := tx.SendBatch(ctx, &b)
 		defer br.Close()
@@ -88,7 +91,7 @@ func (s store) record(ctx context.Context, partition int32, epoch, seq, deleteUp
 			return err
 		}
 		marked = tag.RowsAffected() == 1
-		if deleteUpTo > 0 {
+		if deleteTo > deleteAfter {
 			tag, err := br.Exec()
 			if err != nil {
 				return err
@@ -98,6 +101,19 @@ func (s store) record(ctx context.Context, partition int32, epoch, seq, deleteUp
 		return nil
 	})
 	return marked, deleted, err
+}
+
+// housekeptUpTo returns the lowest sequence still in a partition's outbox, minus
+// one (or after, when the outbox is empty): where housekeeping stands.
+func (s store) housekeptUpTo(ctx context.Context, partition int32, after int64) (int64, error) {
+	var first *int64
+	if err := s.pool.QueryRow(ctx, `SELECT min(seq) FROM outbox WHERE partition = $1`, partition).Scan(&first); err != nil {
+		return 0, err
+	}
+	if first == nil {
+		return after, nil
+	}
+	return *first - 1, nil
 }
 
 // park moves a row the broker refuses for good out of the outbox, with why.
