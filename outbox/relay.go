@@ -321,6 +321,7 @@ func (pr *partitionRelay) session() error {
 
 	idle := time.NewTimer(cfg.IdlePoll)
 	defer idle.Stop()
+	var lastTxn time.Time                                            // when the last Kafka transaction started
 	housekept, err := pr.r.st.housekeptUpTo(ctx, pr.partition, last) // rows up to here are deleted
 	if err != nil {
 		pr.r.metrics.PublishErrors.WithLabelValues("database").Inc()
@@ -357,6 +358,18 @@ func (pr *partitionRelay) session() error {
 			}
 			continue
 		}
+		if wait := cfg.MinTxnInterval - time.Since(lastTxn); wait > 0 && len(rows) < cfg.MaxRows && !pr.shouldEnd(false) {
+			// Let more committed rows join this transaction.
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(wait):
+			}
+			if more, err := pr.r.st.load(ctx, pr.partition, rows[len(rows)-1].Seq, cfg.MaxRows-len(rows)); err == nil {
+				rows = append(rows, more...)
+			}
+		}
+		lastTxn = time.Now()
 		if err := failpoint.Inject(ctx, failpoint.RelayBeforeProduce); err != nil {
 			return err
 		}

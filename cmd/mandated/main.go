@@ -61,6 +61,7 @@ type config struct {
 	relayIdlePoll    time.Duration
 	relayTxnTimeout  time.Duration
 	relayLinger      time.Duration
+	relayMinInterval time.Duration
 	relayTxnPrefix   string
 	httpAddr         string
 	shutdownTimeout  time.Duration
@@ -92,6 +93,7 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.relayIdlePoll, "relay-idle-poll", outbox.IdlePollDefault, "relay poll interval when no commit woke it")
 	fs.DurationVar(&c.relayTxnTimeout, "relay-transaction-timeout", outbox.TransactionTimeoutDefault, "Kafka transaction timeout of the relay")
 	fs.DurationVar(&c.relayLinger, "relay-linger", 0, "relay producer linger (the relay batches per transaction itself)")
+	fs.DurationVar(&c.relayMinInterval, "relay-min-transaction-interval", outbox.MinTxnIntervalDefault, "least time between a partition's Kafka transactions (rows committed meanwhile join the next); negative: none")
 	fs.StringVar(&c.relayTxnPrefix, "relay-transactional-id-prefix", outbox.TransactionalIDDefault, "prefix of the relay's per-partition transactional ids")
 	fs.StringVar(&c.httpAddr, "http-addr", ":8080", "address of the /metrics, /healthz and /readyz server")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 30*time.Second, "bound on a graceful shutdown")
@@ -131,7 +133,8 @@ func (c *config) serviceConfig(log zerolog.Logger, reg prometheus.Registerer) (p
 			SessionTimeout: c.sessionTimeout, RebalanceTimeout: c.rebalanceTimeout},
 		Relay: outbox.Config{Brokers: brokers, KafkaOpts: kopts, ClientHooks: hooks, DecisionsTopic: c.decisionsTopic,
 			DeadLetterTopic: c.deadLetterTopic, TransactionalIDPrefix: c.relayTxnPrefix, MaxRows: c.relayMaxRows,
-			IdlePoll: c.relayIdlePoll, TransactionTimeout: c.relayTxnTimeout, Linger: c.relayLinger},
+			IdlePoll: c.relayIdlePoll, TransactionTimeout: c.relayTxnTimeout, Linger: c.relayLinger,
+			MinTxnInterval: c.relayMinInterval},
 		Registerer: reg,
 	}
 	// Validate every component now, so a bad flag is named before anything connects.
