@@ -142,6 +142,29 @@ func TestATakeoverTerminatesAPredecessorStuckInsideItsBatchAndFencesIt(t *testin
 	require.ErrorIs(t, err, sink.ErrNotFound)
 }
 
+// inPartition runs statements in one transaction declared for partition p,
+// as a batch does, and returns the first error.
+func inPartition(ctx context.Context, b *testBundle, p int32, stmts ...func(pgx.Tx) error) error {
+	return pgx.BeginFunc(ctx, b.sink.Pool(), func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT set_config('mandated.partition', $1, true)`, fmt.Sprint(p)); err != nil {
+			return err
+		}
+		for _, st := range stmts {
+			if err := st(tx); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+func exec(ctx context.Context, sql string, args ...any) func(pgx.Tx) error {
+	return func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, sql, args...)
+		return err
+	}
+}
+
 func TestTheDatabaseRefusesWritesOutsideAPartitionBatchOrAwayFromHome(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -157,38 +180,22 @@ func TestTheDatabaseRefusesWritesOutsideAPartitionBatchOrAwayFromHome(t *testing
 	_, err = pool.Exec(ctx, `UPDATE mandates SET uses_allowed = 5 WHERE org = 'acme'`)
 	require.ErrorContains(t, err, "outside a partition batch")
 
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		other := (home + 1) % 4
-		if _, err := tx.Exec(ctx, `SELECT set_config('mandated.partition', $1, true)`, fmt.Sprint(other)); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, `UPDATE mandates SET uses_allowed = 5 WHERE org = 'acme'`)
-		return err
-	})
+	other := (home + 1) % 4
+	err = inPartition(ctx, b, other, exec(ctx, `UPDATE mandates SET uses_allowed = 5 WHERE org = 'acme'`))
 	require.ErrorContains(t, err, "may not write")
 
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		other := (home + 1) % 4
-		if _, err := tx.Exec(ctx, `SELECT set_config('mandated.partition', $1, true)`, fmt.Sprint(other)); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, `INSERT INTO mandates (org, mandate_id, partition, version, status, operations, targets, currency,
-			max_amount, uses_allowed, uses_held, uses_spent, uses_in_doubt, amount_held, amount_spent, release_on_cancel,
-			hold_window_ms, execution_timeout_ms, created_at, updated_at)
-			VALUES ('acme', 'm3-misrouted', $1, 1, 'active', '{refund}', '{}', 'EUR', 1, 1, 0, 0, 0, 0, 0, true, 1, 1, now(), now())`, other)
-		return err
-	})
-	if partitioner.ForKey([]byte("acme/m3-misrouted"), 4) != (home+1)%4 {
-		require.ErrorContains(t, err, "is not at home")
+	// A mandate id whose home is not `other`, inserted from `other`.
+	misrouted := "m3-misrouted-0"
+	for i := 1; partitioner.ForKey([]byte("acme/"+misrouted), 4) == other; i++ {
+		misrouted = fmt.Sprint("m3-misrouted-", i)
 	}
+	err = inPartition(ctx, b, other, exec(ctx, `INSERT INTO mandates (org, mandate_id, partition, version, status, operations,
+		targets, currency, max_amount, uses_allowed, uses_held, uses_spent, uses_in_doubt, amount_held, amount_spent,
+		release_on_cancel, hold_window_ms, execution_timeout_ms, created_at, updated_at)
+		VALUES ('acme', $2, $1, 1, 'active', '{refund}', '{}', 'EUR', 1, 1, 0, 0, 0, 0, 0, true, 1, 1, now(), now())`, other, misrouted))
+	require.ErrorContains(t, err, "is not at home")
 
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT set_config('mandated.partition', $1, true)`, fmt.Sprint(home)); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, `UPDATE mandates SET uses_held = 2 WHERE org = 'acme' AND mandate_id = 'm3'`)
-		return err
-	})
+	err = inPartition(ctx, b, home, exec(ctx, `UPDATE mandates SET uses_held = 2 WHERE org = 'acme' AND mandate_id = 'm3'`))
 	require.ErrorContains(t, err, "mandate_uses_within_grant", "held + spent can never exceed the grant")
 }
 
@@ -202,18 +209,11 @@ func TestATerminalAuthorizationNeverChanges(t *testing.T) {
 	require.NoError(t, err)
 	_, err = b.sink.Commit(ctx, grantBatch(c, key, time.Now()))
 	require.NoError(t, err)
-	err = pgx.BeginFunc(ctx, b.sink.Pool(), func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT set_config('mandated.partition', $1, true)`, fmt.Sprint(home)); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO authorizations (org, mandate_id, authorization_id, partition, state, version,
+	err = inPartition(ctx, b, home,
+		exec(ctx, `INSERT INTO authorizations (org, mandate_id, authorization_id, partition, state, version,
 			operation, target, amount, currency, idempotency_key, mandate_version, deadline, external_ref, decision_id, created_at, updated_at)
-			VALUES ('acme', 'm4', 'au_x', $1, 'committed', 1, 'refund', 't', 10, 'EUR', 'k', 1, now(), 'ref', '1-1', now(), now())`, home); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, `UPDATE authorizations SET state = 'cancelled' WHERE authorization_id = 'au_x'`)
-		return err
-	})
+			VALUES ('acme', 'm4', 'au_x', $1, 'committed', 1, 'refund', 't', 10, 'EUR', 'k', 1, now(), 'ref', '1-1', now(), now())`, home),
+		exec(ctx, `UPDATE authorizations SET state = 'cancelled' WHERE authorization_id = 'au_x'`))
 	require.ErrorContains(t, err, "terminal")
 	var pgErr interface{ SQLState() string }
 	require.True(t, errors.As(err, &pgErr))
