@@ -45,12 +45,24 @@ func (s *Sink) Deadlines(ctx context.Context, partition int32) ([]Deadline, erro
 	return out, nil
 }
 
+// purgeExpiredKeysSQL picks the keys a purge may delete: past their
+// retention and bound to a denial (no authorization) or to an authorization
+// that is terminal. A key must outlive its authorization's last possible
+// transition: while the authorization is reserved, executing or in doubt,
+// the same intent sent again must still be replayed, never reserved anew.
+const purgeExpiredKeysSQL = `DELETE FROM idempotency_keys WHERE ctid = ANY (ARRAY(
+	SELECT i.ctid FROM idempotency_keys i
+	LEFT JOIN authorizations a ON i.authorization_id <> ''
+		AND a.org = i.org AND a.mandate_id = i.mandate_id AND a.authorization_id = i.authorization_id
+	WHERE i.partition = $1 AND i.expires_at < $2
+		AND (i.authorization_id = '' OR a.state IS NULL OR a.state IN ('committed', 'cancelled', 'expired', 'revoked'))
+	LIMIT $3))`
+
 // PurgeExpiredKeys deletes at most limit idempotency keys of a partition
-// whose retention ended before now. It is the bounded background job: a
-// decision never deletes a key.
+// whose retention ended before now and whose authorization, if any, is
+// terminal. It is the bounded background job: a decision never deletes a key.
 func (s *Sink) PurgeExpiredKeys(ctx context.Context, partition int32, now time.Time, limit int) (int64, error) {
-	tag, err := s.pool.Exec(ctx, `DELETE FROM idempotency_keys WHERE ctid = ANY (ARRAY(
-			SELECT ctid FROM idempotency_keys WHERE partition = $1 AND expires_at < $2 LIMIT $3))`, partition, now, limit)
+	tag, err := s.pool.Exec(ctx, purgeExpiredKeysSQL, partition, now, limit)
 	if err != nil {
 		return 0, fmt.Errorf("sink: purge expired idempotency keys of partition %d: %w", partition, interpretError(err))
 	}

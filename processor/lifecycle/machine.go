@@ -571,7 +571,11 @@ func (d *decider) grant() {
 			d.answer(wire.OutcomeRefused, wire.ReasonCurrencyChange, "the currency cannot change once a use is held or spent")
 			return
 		}
-	} else {
+	}
+	if d.windowsOutlastRetention(g) {
+		return
+	}
+	if m == nil {
 		m = &Mandate{Key: d.cmd.Key, Partition: d.st.Partition, Status: wire.MandateActive, CreatedAt: d.now}
 		d.st.Mandates[d.cmd.Key] = m
 	}

@@ -61,6 +61,9 @@ const (
 	ReasonOtherExternalRef      Reason = "committed_with_other_external_ref"
 	ReasonGrantBelowUsage       Reason = "grant_below_usage"
 	ReasonCurrencyChange        Reason = "currency_change_with_usage"
+	// ReasonWindowsExceedRetention refuses a grant whose hold window plus
+	// execution timeout outlast the org's idempotency-key retention.
+	ReasonWindowsExceedRetention Reason = "windows_exceed_retention"
 
 	ReasonReservationExpired Reason = "reservation_deadline_passed"
 	ReasonExecutionTimeout   Reason = "execution_timeout"
