@@ -92,4 +92,9 @@ func (q *deadlineQueue) due(now time.Time, max int) []lifecycle.AuthKey {
 	return out
 }
 
+// anyDue reports whether a deadline is at or before now.
+func (q *deadlineQueue) anyDue(now time.Time) bool {
+	return len(q.items) > 0 && q.items[0].at <= now.UnixNano()
+}
+
 func (q *deadlineQueue) len() int { return len(q.keys) }

@@ -206,11 +206,16 @@ func (w *worker) loadDeadlines() error {
 // whether there was anything to do.
 func (w *worker) step() (bool, error) {
 	now := w.p.cfg.Test.Clock.Now()
-	recs := w.take(w.p.cfg.MaxBatch)
 	// Every due deadline is applied before the batch's commands are decided
 	// (bounded, so a long outage's expiries spread over a few batches): a
-	// reservation past its deadline never counts as held.
+	// reservation past its deadline never counts as held. When more are due
+	// than one batch applies, the batch is deadlines only and the records
+	// wait for the batch that applies the last of them.
 	due := w.deadlines.due(now, maxDuePerBatch)
+	var recs []*kgo.Record
+	if !w.deadlines.anyDue(now) {
+		recs = w.take(w.p.cfg.MaxBatch)
+	}
 	if len(recs) == 0 && len(due) == 0 {
 		return false, nil
 	}
@@ -246,10 +251,8 @@ func (w *worker) commitIsolating(items []item, due []lifecycle.AuthKey, now time
 	w.log.Warn().Err(err).Int("records", len(items)).Int("deadlines", len(due)).Msg("the database refused a batch; isolating the record")
 	switch {
 	case len(due) > 0:
-		if err := w.commitIsolating(nil, due, now); err != nil && !errors.Is(err, sink.ErrRecordFault) {
+		if err := w.isolateDeadlines(due, now); err != nil {
 			return err
-		} else if err != nil {
-			w.log.Error().Err(err).Int("deadlines", len(due)).Msg("the database refuses these deadline moves; they wait for the next claim")
 		}
 		if len(items) == 0 {
 			return nil
