@@ -150,10 +150,12 @@ func (p *Processor) Ready(ctx context.Context) error {
 	p.mu.Lock()
 	started, stopping := p.started, p.stopping
 	var fenced []int32
+	var causes []error
 	for n, w := range p.workers {
 		w.mu.Lock()
 		if w.fenced {
 			fenced = append(fenced, n)
+			causes = append(causes, w.cause)
 		}
 		w.mu.Unlock()
 	}
@@ -164,7 +166,7 @@ func (p *Processor) Ready(ctx context.Context) error {
 	case stopping:
 		return errors.New("stopping")
 	case len(fenced) > 0:
-		return fmt.Errorf("fenced on partitions %v", fenced)
+		return fmt.Errorf("fenced on partitions %v, not re-claimed yet: %w", fenced, errors.Join(causes...))
 	}
 	if err := p.sink.Ping(ctx); err != nil {
 		return fmt.Errorf("postgres: %w", err)
@@ -282,9 +284,13 @@ func (p *Processor) stopWorkers(nums []int32, grace time.Duration) {
 // workerExited forgets a worker that stopped (revoked, fenced, or closed).
 func (p *Processor) workerExited(w *worker) {
 	p.mu.Lock()
-	if p.workers[w.partition] == w {
-		delete(p.workers, w.partition)
+	if p.workers[w.partition] != w {
+		// Handed over to a successor (re-claimed after a fence), or
+		// replaced by a new assignment: the partition is not released.
+		p.mu.Unlock()
+		return
 	}
+	delete(p.workers, w.partition)
 	owned := len(p.workers)
 	p.mu.Unlock()
 	p.metrics.PartitionsOwned.Set(float64(owned))

@@ -39,6 +39,8 @@ type worker struct {
 	hwm      map[string]int64
 	stopping bool
 	fenced   bool
+	cause    error   // why a fenced worker is not re-claimed yet
+	next     *worker // the successor a fenced worker handed its partition to
 
 	wake   chan struct{}
 	ctx    context.Context // cancelled to abort an in-flight batch
@@ -128,6 +130,9 @@ func (w *worker) stop(grace time.Duration) {
 		<-w.done
 	}
 	w.cancel()
+	if next := w.successor(); next != nil {
+		next.stop(grace)
+	}
 }
 
 func (w *worker) isStopping() bool {
@@ -168,6 +173,9 @@ func (w *worker) run() {
 		for !w.isStopping() {
 			worked, err := w.step()
 			if err != nil {
+				if errors.Is(err, sink.ErrFenced) {
+					w.p.recoverFenced(w)
+				}
 				return
 			}
 			if !worked {
@@ -229,7 +237,11 @@ func (w *worker) step() (bool, error) {
 	if len(items) == 0 && len(due) == 0 {
 		return true, nil
 	}
-	return true, w.commitIsolating(items, due, now)
+	err := w.commitIsolating(items, due, now)
+	if errors.Is(err, sink.ErrFenced) {
+		w.unshift(recs) // a successor re-claiming the partition decides them
+	}
+	return true, err
 }
 
 // alreadyDecided drops a record below the stored position (a redelivery).

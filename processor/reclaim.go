@@ -1,0 +1,170 @@
+package processor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// errNotAssigned says the group does not (or not yet) confirm that this
+// member holds a partition.
+var errNotAssigned = errors.New("processor: the consumer group does not confirm this member holds the partition")
+
+// recoverFenced is what a worker does when its batch was fenced: another
+// claimant bumped the partition's epoch. If the consumer group still
+// assigns the partition to this member, nobody else will decide it (the
+// claimant was a stale or rogue one, and may be gone): it claims a new
+// epoch and hands its records to a successor worker, and reports true.
+// Until then the worker stays, fenced, so /readyz says so; it gives up
+// (false) only when it is stopped (revoked, lost, shutting down).
+func (p *Processor) recoverFenced(w *worker) bool {
+	backoff := 100 * time.Millisecond
+	for {
+		if w.isStopping() || w.ctx.Err() != nil {
+			return false
+		}
+		err := p.reclaim(w)
+		if err == nil {
+			return true
+		}
+		w.setFenceCause(err)
+		w.log.Warn().Err(err).Dur("backoff", backoff).Msg("fenced partition not re-claimed; unready until it is or until it is revoked")
+		w.sleepUnlessStopped(backoff)
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+// reclaim claims a new epoch for a fenced worker's partition, if the group
+// still assigns it here, and starts a successor with the fenced worker's
+// records.
+func (p *Processor) reclaim(w *worker) error {
+	if err := p.stillAssigned(w.ctx, w.partition); err != nil {
+		return err
+	}
+	c, err := p.sink.Claim(w.ctx, w.partition, p.cfg.Owner)
+	if err != nil {
+		return fmt.Errorf("re-claim: %w", err)
+	}
+	p.metrics.TakeoverSeconds.Observe(c.Waited.Seconds())
+	p.metrics.PredecessorsKilled.Add(float64(c.Terminated))
+	next := newWorker(p, c)
+	p.mu.Lock()
+	if p.stopping || p.workers[w.partition] != w || !w.handOver(next) {
+		p.mu.Unlock()
+		next.cancel()
+		return errStopped
+	}
+	p.workers[w.partition] = next
+	p.mu.Unlock()
+	p.metrics.PartitionEpoch.WithLabelValues(strconv.Itoa(int(w.partition))).Set(float64(c.Epoch))
+	next.log.Warn().Int64("fenced_epoch", w.epoch).Int64("proposals_offset", c.ProposalsOffset).
+		Int64("grants_offset", c.GrantsOffset).Int64("next_seq", c.NextSeq).Msg("fenced partition re-claimed: still assigned here")
+	if l := p.cfg.Listener; l != nil {
+		l.Assigned(w.partition, c.Epoch)
+	}
+	go next.run()
+	next.poke()
+	return nil
+}
+
+// stillAssigned asks the group coordinator whether this member holds
+// partition n of both input topics in a stable generation.
+func (p *Processor) stillAssigned(ctx context.Context, n int32) error {
+	member, _ := p.client.GroupMetadata()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	groups, err := kadm.NewClient(p.client).DescribeGroups(ctx, p.cfg.Group)
+	if err != nil {
+		return fmt.Errorf("describe the consumer group: %w", err)
+	}
+	g, ok := groups[p.cfg.Group]
+	if !ok || g.Err != nil {
+		return fmt.Errorf("describe the consumer group: %w", errors.Join(errNotAssigned, g.Err))
+	}
+	if g.State != "Stable" {
+		return fmt.Errorf("%w: the group is %s", errNotAssigned, g.State)
+	}
+	for _, m := range g.Members {
+		if m.MemberID != member {
+			continue
+		}
+		a, ok := m.Assigned.AsConsumer()
+		if !ok {
+			break
+		}
+		held := 0
+		for _, t := range a.Topics {
+			if (t.Topic == p.cfg.ProposalsTopic || t.Topic == p.cfg.GrantsTopic) && slices.Contains(t.Partitions, n) {
+				held++
+			}
+		}
+		if held == 2 {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: member %s, partition %d", errNotAssigned, member, n)
+}
+
+// handOver gives a fenced worker's records to its successor, unless the
+// worker is being stopped (then the partition is leaving this member and
+// the successor must not run). Called with p.mu held.
+func (w *worker) handOver(next *worker) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopping {
+		return false
+	}
+	next.inbox, next.paused, next.hwm = w.inbox, w.paused, w.hwm
+	w.inbox, w.paused, w.hwm = nil, false, map[string]int64{}
+	w.next = next
+	return true
+}
+
+// successor returns the worker this one handed its partition to, if any.
+func (w *worker) successor() *worker {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.next
+}
+
+// setFenceCause records why a fenced worker is not re-claimed yet.
+func (w *worker) setFenceCause(err error) {
+	w.mu.Lock()
+	w.cause = err
+	w.mu.Unlock()
+}
+
+// unshift puts records back at the front of the inbox (a fenced batch's:
+// they were taken but not decided).
+func (w *worker) unshift(recs []*kgo.Record) {
+	if len(recs) == 0 {
+		return
+	}
+	w.mu.Lock()
+	w.inbox = append(append(make([]*kgo.Record, 0, len(recs)+len(w.inbox)), recs...), w.inbox...)
+	w.mu.Unlock()
+}
+
+// sleepUnlessStopped waits for d, or less if the worker is stopped.
+func (w *worker) sleepUnlessStopped(d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-w.ctx.Done():
+			return
+		case <-t.C:
+			return
+		case <-w.wake: // records arrived, or stop
+			if w.isStopping() {
+				return
+			}
+		}
+	}
+}
