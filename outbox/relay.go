@@ -477,15 +477,63 @@ func (pr *partitionRelay) gap(ctx context.Context, last, next int64) (bool, erro
 	return false, nil
 }
 
-// publish produces rows in one Kafka transaction and commits it. A row the
-// broker refuses for good is parked (parked == true, nothing published);
-// any other failure aborts the transaction and ends the session, which
-// resumes from Kafka's tail.
+// publish produces rows in one Kafka transaction and commits it. The
+// broker refuses a record batch as a whole (one record over the topic's
+// max.message.bytes, or the batch itself over it, fails every record in
+// it), so a refused transaction is retried one row per transaction, and
+// only a row refused alone is parked. parked == true means rows was a
+// single row and it is parked (nothing published); any other failure
+// aborts the transaction and ends the session, which resumes from Kafka's
+// tail.
 func (pr *partitionRelay) publish(ctx context.Context, cl *kgo.Client, rows []Row) (parked bool, err error) {
+	refused, err := pr.produceTxn(ctx, cl, rows)
+	if err != nil || len(refused) == 0 {
+		return false, err
+	}
+	if len(rows) == 1 {
+		return true, pr.park(ctx, rows[0].Seq, refused[rows[0].Seq])
+	}
+	pr.log.Warn().Int("rows", len(rows)).Int64("first_seq", rows[0].Seq).Int64("last_seq", rows[len(rows)-1].Seq).
+		Msg("the broker refused a transaction's records; publishing them one row per transaction")
+	return false, pr.publishRowByRow(ctx, cl, rows)
+}
+
+// publishRowByRow publishes rows one per transaction, in order, parking
+// each row the broker refuses alone.
+func (pr *partitionRelay) publishRowByRow(ctx context.Context, cl *kgo.Client, rows []Row) error {
+	for i := range rows {
+		refused, err := pr.produceTxn(ctx, cl, rows[i:i+1])
+		if err != nil {
+			return err
+		}
+		if why, ok := refused[rows[i].Seq]; ok {
+			if err := pr.park(ctx, rows[i].Seq, why); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// park moves a row the broker refused alone to outbox_parked.
+func (pr *partitionRelay) park(ctx context.Context, seq int64, why error) error {
+	if err := pr.r.st.park(ctx, pr.partition, pr.epoch, seq, why.Error()); err != nil {
+		pr.r.metrics.PublishErrors.WithLabelValues("database").Inc()
+		return fmt.Errorf("park row %d: %w", seq, err)
+	}
+	pr.r.metrics.Parked.Inc()
+	pr.log.Error().Int64("seq", seq).Err(why).Msg("the broker refused an outbox row for good; parked it (mandatectl parked lists it)")
+	return nil
+}
+
+// produceTxn produces rows in one Kafka transaction and commits it, or,
+// if the broker refused records for good, aborts it and returns them by
+// sequence. Any other failure is an error.
+func (pr *partitionRelay) produceTxn(ctx context.Context, cl *kgo.Client, rows []Row) (map[int64]error, error) {
 	cfg := pr.r.cfg
 	start := time.Now()
 	if err := cl.BeginTransaction(); err != nil {
-		return false, fmt.Errorf("begin transaction: %w", classify(err))
+		return nil, fmt.Errorf("begin transaction: %w", classify(err))
 	}
 	var (
 		wg      sync.WaitGroup
@@ -539,25 +587,17 @@ func (pr *partitionRelay) publish(ctx context.Context, cl *kgo.Client, rows []Ro
 		pr.r.metrics.PublishErrors.WithLabelValues("produce").Inc()
 		abortErr := abort(ctx, cl)
 		if failed != nil {
-			return false, fmt.Errorf("produce: %w", classify(failed))
+			return nil, fmt.Errorf("produce: %w", classify(failed))
 		}
 		if abortErr != nil {
-			return false, fmt.Errorf("abort after a refused row: %w", classify(abortErr))
+			return nil, fmt.Errorf("abort after a refused row: %w", classify(abortErr))
 		}
-		for seq, why := range refused {
-			if err := pr.r.st.park(ctx, pr.partition, pr.epoch, seq, why.Error()); err != nil {
-				pr.r.metrics.PublishErrors.WithLabelValues("database").Inc()
-				return false, fmt.Errorf("park row %d: %w", seq, err)
-			}
-			pr.r.metrics.Parked.Inc()
-			pr.log.Error().Int64("seq", seq).Err(why).Msg("the broker refused an outbox row for good; parked it (mandatectl parked lists it)")
-		}
-		return true, nil
+		return refused, nil
 	}
 	if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
 		pr.r.metrics.PublishErrors.WithLabelValues("commit").Inc()
 		_ = abort(ctx, cl)
-		return false, fmt.Errorf("commit transaction: %w", classify(err))
+		return nil, fmt.Errorf("commit transaction: %w", classify(err))
 	}
 	now := time.Now()
 	pr.r.metrics.TxnSeconds.Observe(now.Sub(start).Seconds())
@@ -565,7 +605,7 @@ func (pr *partitionRelay) publish(ctx context.Context, cl *kgo.Client, rows []Ro
 		pr.r.metrics.Published.WithLabelValues(rows[i].Kind.String()).Inc()
 		pr.r.metrics.PublishSeconds.Observe(now.Sub(rows[i].CreatedAt).Seconds())
 	}
-	return false, nil
+	return nil, nil
 }
 
 func abort(ctx context.Context, cl *kgo.Client) error {
@@ -575,10 +615,12 @@ func abort(ctx context.Context, cl *kgo.Client) error {
 	return cl.EndTransaction(ctx, kgo.TryAbort)
 }
 
-// refusedForGood reports errors no retry can fix for this record.
+// refusedForGood reports errors no retry of the same records can fix.
+// CORRUPT_MESSAGE is not one: it is a checksum that failed on the way, and
+// the same bytes sent again are accepted.
 func refusedForGood(err error) bool {
 	return errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) ||
-		errors.Is(err, kerr.InvalidRecord) || errors.Is(err, kerr.CorruptMessage)
+		errors.Is(err, kerr.InvalidRecord)
 }
 
 // classify marks the errors that mean a newer producer owns the partition.
