@@ -78,8 +78,10 @@ type Config struct {
 	// OffsetCommitInterval is how often positions are copied to Kafka's group
 	// offsets, for lag monitoring only. Defaults to OffsetCommitIntervalDefault.
 	OffsetCommitInterval time.Duration
-	// PurgeInterval is how often each worker purges expired idempotency
-	// keys. Defaults to PurgeIntervalDefault.
+	// PurgeInterval is how often each owned partition's expired
+	// idempotency keys are purged (batches of PurgeBatch while they come
+	// back full, for at most a quarter of the interval). Defaults to
+	// PurgeIntervalDefault.
 	PurgeInterval time.Duration
 	// PurgeBatch bounds one purge. Defaults to PurgeBatchDefault.
 	PurgeBatch int

@@ -100,10 +100,11 @@ func (p *Processor) Start(ctx context.Context) error {
 	p.mu.Lock()
 	p.started = true
 	p.mu.Unlock()
-	p.loops.Add(3)
+	p.loops.Add(4)
 	go func() { defer p.loops.Done(); p.pollLoop(runCtx) }()
 	go func() { defer p.loops.Done(); p.offsetLoop(runCtx) }()
 	go func() { defer p.loops.Done(); p.statsLoop(runCtx) }()
+	go func() { defer p.loops.Done(); p.purgeLoop(runCtx) }()
 	p.log.Info().Str("group", p.cfg.Group).Int32("partitions", n).Str("owner", p.cfg.Owner).Msg("processor started")
 	return nil
 }

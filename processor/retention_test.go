@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/mandated/mandated/processor"
@@ -26,10 +27,10 @@ func oneHourRetentionHarness(t *testing.T) (*harness.Harness, *clock.Fake) {
 	return h, clk
 }
 
-func keyExists(t *testing.T, h *harness.Harness, key string) bool {
+func keyExists(t *testing.T, db *pgxpool.Pool, key string) bool {
 	t.Helper()
 	var n int
-	require.NoError(t, openPool(t, h.DatabaseURL).QueryRow(context.Background(),
+	require.NoError(t, db.QueryRow(context.Background(),
 		`SELECT count(*) FROM idempotency_keys WHERE idempotency_key = $1`, key).Scan(&n))
 	return n > 0
 }
@@ -37,6 +38,7 @@ func keyExists(t *testing.T, h *harness.Harness, key string) bool {
 func TestALiveAuthorizationsKeyOutlivesItsRetentionAndTheSameIntentIsReplayedNeverReservedTwice(t *testing.T) {
 	t.Parallel()
 	h, clk := oneHourRetentionHarness(t)
+	db := openPool(t, h.DatabaseURL)
 	// The longest windows a one-hour retention allows: hold + execution = 1 h.
 	g := h.SendAwait(grant("acme", "m", 5, map[string]any{"hold_seconds": 60, "execution_timeout_seconds": 3540}))
 	require.Equal(t, wire.OutcomeGranted, g.Outcome, "%+v", g)
@@ -57,8 +59,8 @@ func TestALiveAuthorizationsKeyOutlivesItsRetentionAndTheSameIntentIsReplayedNev
 	h.Decisions.Wait(h.Timeout, func(d wire.Decision) bool {
 		return d.AuthorizationID == live.AuthorizationID && d.Outcome == wire.OutcomeInDoubt
 	})
-	testWaitFor(t, func() bool { return !keyExists(t, h, "denied") && !keyExists(t, h, "done") }, "the purge removes the expired keys of a denial and a terminal authorization")
-	require.True(t, keyExists(t, h, "live"), "the key of an authorization still in doubt is never purged")
+	testWaitFor(t, func() bool { return !keyExists(t, db, "denied") && !keyExists(t, db, "done") }, "the purge removes the expired keys of a denial and a terminal authorization")
+	require.True(t, keyExists(t, db, "live"), "the key of an authorization still in doubt is never purged")
 
 	again := h.SendAwait(propose("acme", "m", "live", 100, nil))
 	require.Equal(t, wire.OutcomeReplayed, again.Outcome, "%+v", again)
@@ -67,7 +69,7 @@ func TestALiveAuthorizationsKeyOutlivesItsRetentionAndTheSameIntentIsReplayedNev
 
 	// Resolved, the authorization is terminal: its key may go now.
 	require.Equal(t, wire.OutcomeCancelled, h.SendAwait(authCmd("resolve", "acme", "m", live.AuthorizationID, map[string]any{"outcome": "cancelled"})).Outcome)
-	testWaitFor(t, func() bool { return !keyExists(t, h, "live") }, "the purge removes the key once its authorization is terminal")
+	testWaitFor(t, func() bool { return !keyExists(t, db, "live") }, "the purge removes the key once its authorization is terminal")
 	for _, d := range h.Decisions.All() {
 		if d.Outcome == wire.OutcomeReserved && d.IdempotencyKey == "live" {
 			require.Equal(t, live.AuthorizationID, d.AuthorizationID, "one reservation for one intent")

@@ -147,8 +147,6 @@ func (w *worker) run() {
 	if err := w.loadDeadlines(); err != nil {
 		return
 	}
-	purge := time.NewTicker(w.p.cfg.PurgeInterval)
-	defer purge.Stop()
 	clk := w.p.cfg.Test.Clock
 	for {
 		var timer clock.Timer
@@ -161,8 +159,6 @@ func (w *worker) run() {
 		case <-w.ctx.Done():
 		case <-w.wake:
 		case <-timerC:
-		case <-purge.C:
-			w.purge()
 		}
 		if timer != nil {
 			timer.Stop()
@@ -492,21 +488,6 @@ func (w *worker) committed(b *sink.Batch, res sink.Result, items []item, due []l
 	if f := w.p.cfg.Test.OnCommitted; f != nil {
 		f(BatchReport{Partition: w.partition, Epoch: w.epoch, Records: len(items), Timers: len(due),
 			Decisions: decisions, NextSeq: w.pos.NextSeq, Attempts: res.Attempts})
-	}
-}
-
-// purge runs the bounded idempotency-key purge for this partition.
-func (w *worker) purge() {
-	n, err := w.p.sink.PurgeExpiredKeys(w.ctx, w.partition, w.p.cfg.Test.Clock.Now(), w.p.cfg.PurgeBatch)
-	if err != nil {
-		if w.ctx.Err() == nil {
-			w.log.Warn().Err(err).Msg("idempotency key purge failed; next interval retries")
-		}
-		return
-	}
-	if n > 0 {
-		w.p.metrics.KeysPurged.Add(float64(n))
-		w.log.Info().Int64("keys", n).Msg("purged expired idempotency keys")
 	}
 }
 
