@@ -48,6 +48,9 @@ type Config struct {
 	// Retention is how long idempotency keys are kept for orgs without an
 	// org_settings row. Defaults to RetentionDefault (30 days).
 	Retention time.Duration
+	// RetentionRefresh is how often the per-org retentions are read again
+	// from org_settings while running. Defaults to RetentionRefreshDefault.
+	RetentionRefresh time.Duration
 	// MaxBatchAttempts bounds retries of one batch after serialization
 	// failures, deadlocks and races. Defaults to MaxBatchAttemptsDefault.
 	MaxBatchAttempts int
@@ -68,6 +71,7 @@ func (c Config) WithDefaults() Config {
 	c.TakeoverGrace = cmp.Or(c.TakeoverGrace, TakeoverGraceDefault)
 	c.ClaimTimeout = cmp.Or(c.ClaimTimeout, ClaimTimeoutDefault)
 	c.Retention = cmp.Or(c.Retention, RetentionDefault)
+	c.RetentionRefresh = cmp.Or(c.RetentionRefresh, RetentionRefreshDefault)
 	c.MaxBatchAttempts = cmp.Or(c.MaxBatchAttempts, MaxBatchAttemptsDefault)
 	c.ApplicationName = cmp.Or(c.ApplicationName, ApplicationNameDefault)
 	return c

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 )
@@ -21,6 +20,8 @@ type Sink struct {
 
 	mu        sync.RWMutex
 	retention map[string]time.Duration // per-org overrides from org_settings
+
+	refresh retentionRefresher
 }
 
 // Open connects, applies migrations and loads the per-org retention table.
@@ -56,6 +57,7 @@ func Open(ctx context.Context, cfg Config, log zerolog.Logger) (*Sink, error) {
 		pool.Close()
 		return nil, err
 	}
+	s.refresh.start(s)
 	return s, nil
 }
 
@@ -75,8 +77,11 @@ func (s *Sink) migrate(ctx context.Context) error {
 	return nil
 }
 
-// Close closes the pool.
-func (s *Sink) Close() { s.pool.Close() }
+// Close stops the retention refresh and closes the pool.
+func (s *Sink) Close() {
+	s.refresh.stop()
+	s.pool.Close()
+}
 
 // Pool exposes the pool for components that share it (the relay, the
 // operator tool, tests).
@@ -87,49 +92,3 @@ func (s *Sink) Config() Config { return s.cfg }
 
 // Ping checks that PostgreSQL answers.
 func (s *Sink) Ping(ctx context.Context) error { return interpretError(s.pool.Ping(ctx)) }
-
-// RefreshRetention reloads the per-org idempotency retention overrides.
-func (s *Sink) RefreshRetention(ctx context.Context) error {
-	rows, err := s.pool.Query(ctx, `SELECT org, extract(epoch FROM idempotency_retention)::float8 FROM org_settings`)
-	if err != nil {
-		return fmt.Errorf("sink: read org_settings: %w", interpretError(err))
-	}
-	m := map[string]time.Duration{}
-	var org string
-	var secs float64
-	_, err = pgx.ForEachRow(rows, []any{&org, &secs}, func() error {
-		m[org] = time.Duration(secs * float64(time.Second))
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("sink: read org_settings: %w", interpretError(err))
-	}
-	s.mu.Lock()
-	s.retention = m
-	s.mu.Unlock()
-	return nil
-}
-
-// Retention returns how long an org's idempotency keys are kept.
-func (s *Sink) Retention(org string) time.Duration {
-	s.mu.RLock()
-	d, ok := s.retention[org]
-	s.mu.RUnlock()
-	if ok {
-		return d
-	}
-	return s.cfg.Retention
-}
-
-// SetOrgRetention stores a per-org retention (at least one hour).
-func (s *Sink) SetOrgRetention(ctx context.Context, org string, d time.Duration) error {
-	if d < MinimumIdempotencyRetenti {
-		return fmt.Errorf("sink: retention %s for org %s is below one hour", d, org)
-	}
-	_, err := s.pool.Exec(ctx, `INSERT INTO org_settings (org, idempotency_retention) VALUES ($1, make_interval(secs => $2))
-		ON CONFLICT (org) DO UPDATE SET idempotency_retention = EXCLUDED.idempotency_retention`, org, d.Seconds())
-	if err != nil {
-		return fmt.Errorf("sink: set retention: %w", interpretError(err))
-	}
-	return s.RefreshRetention(ctx)
-}

@@ -8,7 +8,7 @@
 // and topic flags, each also read from the same MANDATED_* environment
 // variable (--brokers is MANDATED_BROKERS), so it runs unchanged inside a
 // mandated pod or next to the compose stack. Its database queries run in
-// read-only transactions, except migrate.
+// read-only transactions, except migrate and org-settings set.
 //
 // Exit codes: 0 success (for a command: reserved, granted, executing,
 // committed, cancelled, revoked or replayed), 1 a refusal or an operational
@@ -110,6 +110,7 @@ func commands() map[string]command {
 		"in-doubt":       {"list in-doubt authorizations older than a threshold", groups[2], runInDoubt},
 		"inspect":        {"show a mandate, its authorizations and its decision history", groups[2], runInspect},
 		"parked":         {"list outbox rows the broker refused for good", groups[2], runParked},
+		"org-settings":   {"show or change an org's settings (idempotency-key retention)", groups[2], runOrgSettings},
 	}
 }
 

@@ -475,7 +475,7 @@ func TestTopics(t *testing.T) {
 
 func TestEveryCommandHasHelpWithExamples(t *testing.T) {
 	t.Parallel()
-	names := []string{"topics create", "topics check"}
+	names := []string{"topics create", "topics check", "org-settings get", "org-settings set"}
 	for n := range commands() {
 		if n != "topics" {
 			names = append(names, n)

@@ -1,0 +1,164 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ErrRetentionTooShort refuses an idempotency-key retention below one hour
+// or below the hold window plus execution timeout of one of the org's
+// mandates (a key must outlive what its authorization can still do).
+var ErrRetentionTooShort = errors.New("sink: idempotency retention too short")
+
+// RefreshRetention reloads the per-org idempotency retention overrides.
+func (s *Sink) RefreshRetention(ctx context.Context) error {
+	rows, err := s.pool.Query(ctx, `SELECT org, extract(epoch FROM idempotency_retention)::float8 FROM org_settings`)
+	if err != nil {
+		return fmt.Errorf("sink: read org_settings: %w", interpretError(err))
+	}
+	m := map[string]time.Duration{}
+	var org string
+	var secs float64
+	_, err = pgx.ForEachRow(rows, []any{&org, &secs}, func() error {
+		m[org] = time.Duration(secs * float64(time.Second))
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("sink: read org_settings: %w", interpretError(err))
+	}
+	s.mu.Lock()
+	s.retention = m
+	s.mu.Unlock()
+	return nil
+}
+
+// Retention returns how long an org's idempotency keys are kept.
+func (s *Sink) Retention(org string) time.Duration {
+	s.mu.RLock()
+	d, ok := s.retention[org]
+	s.mu.RUnlock()
+	if ok {
+		return d
+	}
+	return s.cfg.Retention
+}
+
+// OrgSettings reads and changes org_settings, for operators (mandatectl
+// org-settings). A running sink picks changes up within its
+// RetentionRefresh.
+type OrgSettings struct {
+	pool *pgxpool.Pool
+}
+
+// NewOrgSettings wraps a read-write pool.
+func NewOrgSettings(pool *pgxpool.Pool) *OrgSettings { return &OrgSettings{pool: pool} }
+
+// OrgSetting is one org's settings.
+type OrgSetting struct {
+	Org string
+	// Retention is the org's idempotency-key retention, when RetentionSet;
+	// otherwise the daemon's default applies.
+	Retention    time.Duration
+	RetentionSet bool
+	// LongestWindows is the longest hold window plus execution timeout of
+	// the org's mandates: the shortest retention the org may have.
+	LongestWindows time.Duration
+}
+
+const getOrgSettingSQL = `SELECT extract(epoch FROM (SELECT idempotency_retention FROM org_settings WHERE org = $1))::float8,
+	(SELECT coalesce(max(hold_window_ms + execution_timeout_ms), 0) FROM mandates WHERE org = $1)`
+
+// Get returns an org's settings.
+func (o *OrgSettings) Get(ctx context.Context, org string) (OrgSetting, error) {
+	return getOrgSetting(ctx, o.pool, org)
+}
+
+func getOrgSetting(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, org string) (OrgSetting, error) {
+	out := OrgSetting{Org: org}
+	var secs *float64
+	var windowsMS int64
+	if err := q.QueryRow(ctx, getOrgSettingSQL, org).Scan(&secs, &windowsMS); err != nil {
+		return out, fmt.Errorf("sink: read the settings of org %s: %w", org, interpretError(err))
+	}
+	if secs != nil {
+		out.Retention, out.RetentionSet = time.Duration(*secs*float64(time.Second)), true
+	}
+	out.LongestWindows = time.Duration(windowsMS) * time.Millisecond
+	return out, nil
+}
+
+// SetRetention stores an org's idempotency-key retention. It refuses
+// (ErrRetentionTooShort) one below an hour or below the hold window plus
+// execution timeout of any of the org's mandates: grants check the same
+// rule against the retention they see.
+func (o *OrgSettings) SetRetention(ctx context.Context, org string, d time.Duration) error {
+	if d < MinimumIdempotencyRetenti {
+		return fmt.Errorf("%w: %s for org %s is below one hour", ErrRetentionTooShort, d, org)
+	}
+	return pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
+		// Serialize with other changes of this org's settings.
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('mandated/org_settings/' || $1))`, org); err != nil {
+			return fmt.Errorf("sink: set retention: %w", interpretError(err))
+		}
+		cur, err := getOrgSetting(ctx, tx, org)
+		if err != nil {
+			return err
+		}
+		if d < cur.LongestWindows {
+			return fmt.Errorf("%w: %s for org %s is shorter than the hold window plus execution timeout of one of its mandates (%s)",
+				ErrRetentionTooShort, d, org, cur.LongestWindows)
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO org_settings (org, idempotency_retention) VALUES ($1, make_interval(secs => $2))
+			ON CONFLICT (org) DO UPDATE SET idempotency_retention = EXCLUDED.idempotency_retention`, org, d.Seconds())
+		if err != nil {
+			return fmt.Errorf("sink: set retention: %w", interpretError(err))
+		}
+		return nil
+	})
+}
+
+// retentionRefresher reads org_settings again every RetentionRefresh, so
+// a retention an operator changes applies without a restart.
+type retentionRefresher struct {
+	once sync.Once
+	quit chan struct{}
+	done chan struct{}
+}
+
+func (r *retentionRefresher) start(s *Sink) {
+	r.quit, r.done = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(r.done)
+		t := time.NewTicker(s.cfg.RetentionRefresh)
+		defer t.Stop()
+		for {
+			select {
+			case <-r.quit:
+				return
+			case <-t.C:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), s.cfg.StatementTimeout)
+			err := s.RefreshRetention(ctx)
+			cancel()
+			if err != nil {
+				s.log.Warn().Err(err).Msg("cannot refresh the per-org idempotency retention; keeping the last one read")
+			}
+		}
+	}()
+}
+
+func (r *retentionRefresher) stop() {
+	if r.quit == nil {
+		return // never started (a sink that only wraps a pool)
+	}
+	r.once.Do(func() { close(r.quit) })
+	<-r.done
+}
