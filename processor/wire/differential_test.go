@@ -1,0 +1,124 @@
+package wire_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/mandated/mandated/partitioner"
+	"github.com/mandated/mandated/processor/wire"
+)
+
+// jsonCommand is the wire form of every command as encoding/json reads it:
+// a pointer is a field that may be absent (or null).
+type jsonCommand struct {
+	V                       json.Number         `json:"v"`
+	Type                    wire.CommandType    `json:"type"`
+	Org                     string              `json:"org"`
+	MandateID               string              `json:"mandate_id"`
+	IdempotencyKey          string              `json:"idempotency_key"`
+	SentAt                  *string             `json:"sent_at"`
+	Uses                    int64               `json:"uses"`
+	MaxAmount               wire.Money          `json:"max_amount"`
+	TotalLimit              *wire.Money         `json:"total_limit"`
+	Operations              []string            `json:"operations"`
+	Targets                 []string            `json:"targets"`
+	ValidFrom               *string             `json:"valid_from"`
+	ValidUntil              *string             `json:"valid_until"`
+	ReleaseOnCancel         *bool               `json:"release_on_cancel"`
+	HoldSeconds             *int64              `json:"hold_seconds"`
+	ExecutionTimeoutSeconds *int64              `json:"execution_timeout_seconds"`
+	Reason                  string              `json:"reason"`
+	Operation               string              `json:"operation"`
+	Amount                  wire.Money          `json:"amount"`
+	Target                  string              `json:"target"`
+	BasedOnVersion          int64               `json:"based_on_version"`
+	Deadline                *string             `json:"deadline"`
+	AuthorizationID         string              `json:"authorization_id"`
+	ExternalRef             string              `json:"external_ref"`
+	NotExecutedProof        string              `json:"not_executed_proof"`
+	Detail                  string              `json:"detail"`
+	Outcome                 wire.ResolveOutcome `json:"outcome"`
+	Evidence                string              `json:"evidence"`
+}
+
+// command builds what Decode should return from what encoding/json read,
+// applying the contract's defaults.
+func (j *jsonCommand) command(t *testing.T) *wire.Command {
+	ts := func(s *string) time.Time {
+		if s == nil {
+			return time.Time{}
+		}
+		v, err := time.Parse(time.RFC3339Nano, *s)
+		require.NoError(t, err)
+		return v.UTC()
+	}
+	secs := func(p *int64, def time.Duration) time.Duration {
+		if p == nil {
+			return def
+		}
+		return time.Duration(*p) * time.Second
+	}
+	c := &wire.Command{Type: j.Type, Key: partitioner.MandateKey{Org: j.Org, MandateID: j.MandateID},
+		IdempotencyKey: j.IdempotencyKey, SentAt: ts(j.SentAt)}
+	switch j.Type {
+	case wire.CmdGrant:
+		release := true
+		if j.ReleaseOnCancel != nil {
+			release = *j.ReleaseOnCancel
+		}
+		c.Grant = &wire.Grant{Uses: j.Uses, MaxAmount: j.MaxAmount, TotalLimit: j.TotalLimit, Operations: j.Operations,
+			Targets: j.Targets, ValidFrom: ts(j.ValidFrom), ValidUntil: ts(j.ValidUntil), ReleaseOnCancel: release,
+			HoldWindow:       secs(j.HoldSeconds, wire.DefaultHoldWindow),
+			ExecutionTimeout: secs(j.ExecutionTimeoutSeconds, wire.DefaultExecutionTimout)}
+	case wire.CmdRevoke:
+		c.Revoke = &wire.Revoke{Reason: j.Reason}
+	case wire.CmdPropose:
+		c.Propose = &wire.Propose{Operation: j.Operation, Amount: j.Amount, Target: j.Target,
+			BasedOnVersion: j.BasedOnVersion, Deadline: ts(j.Deadline)}
+	case wire.CmdBegin:
+		c.Begin = &wire.Begin{AuthorizationID: j.AuthorizationID}
+	case wire.CmdCommit:
+		c.Commit = &wire.Commit{AuthorizationID: j.AuthorizationID, ExternalRef: j.ExternalRef}
+	case wire.CmdCancel:
+		c.Cancel = &wire.Cancel{AuthorizationID: j.AuthorizationID, Reason: j.Reason, NotExecutedProof: j.NotExecutedProof}
+	case wire.CmdReportUnknown:
+		c.Report = &wire.ReportUnknown{AuthorizationID: j.AuthorizationID, Detail: j.Detail}
+	case wire.CmdResolve:
+		c.Resolve = &wire.Resolve{AuthorizationID: j.AuthorizationID, Outcome: j.Outcome, ExternalRef: j.ExternalRef, Evidence: j.Evidence}
+	}
+	return c
+}
+
+// FuzzDecodeAgreesWithEncodingJSON: for every record the strict decoder
+// accepts, encoding/json decodes the same bytes into the wire struct
+// without error, and the command the decoder built equals the one built
+// from encoding/json's reading. The hand-written scanner can never read a
+// field (a string and its escapes, a number, a default) differently.
+func FuzzDecodeAgreesWithEncodingJSON(f *testing.F) {
+	for _, typ := range commandTypes {
+		f.Add([]byte(goodKey), readExample(f, typ))
+	}
+	for _, base := range [][]member{grantBase, revokeBase, proposeBase, beginBase, commitBase, cancelBase, reportBase, resolveBase} {
+		f.Add([]byte(goodKey), with(base))
+	}
+	f.Add([]byte(goodKey), with(proposeBase, "idempotency_key", `"k\u002dA\u0031"`, "target", `"c\u0075st:9"`))
+	f.Add([]byte(goodKey), with(revokeBase, "reason", `"caf\u00e9 \"quoted\" \\ back\/slash \ud83d\ude00"`))
+	f.Add([]byte(goodKey), with(grantBase, "hold_seconds", `null`, "targets", `[]`, "release_on_cancel", `false`))
+	f.Add([]byte(goodKey), with(grantBase, "total_limit", `{"currency":"EUR","minor_units":40000}`, "valid_until", `"2026-12-31T23:59:59.123456789+01:00"`))
+	f.Add([]byte(goodKey), with(proposeBase, "based_on_version", `9007199254740993`, "sent_at", `"2026-11-30T08:00:00-05:30"`))
+	f.Fuzz(func(t *testing.T, key, value []byte) {
+		cmd, rej := wire.Decode(key, value, wire.Limits{})
+		if rej != nil {
+			return
+		}
+		d := json.NewDecoder(bytes.NewReader(value))
+		d.DisallowUnknownFields()
+		var j jsonCommand
+		require.NoError(t, d.Decode(&j), "the decoder accepted what encoding/json cannot read into the wire struct: %q", value)
+		require.Equal(t, j.command(t), cmd, "the decoder and encoding/json read %q differently", value)
+	})
+}
