@@ -9,6 +9,7 @@ type Metrics struct {
 	TxnSeconds     prometheus.Histogram
 	PublishErrors  *prometheus.CounterVec
 	Parked         prometheus.Counter
+	RowByRow       prometheus.Counter
 	ParkedRows     prometheus.Gauge
 	Backlog        *prometheus.GaugeVec
 	OldestAge      prometheus.Gauge
@@ -43,6 +44,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "mandated_outbox_parked_total",
 			Help: "Outbox rows the broker refused for good (too large, invalid), moved to outbox_parked.",
 		}),
+		RowByRow: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mandated_outbox_row_by_row_retries_total",
+			Help: "Kafka transactions the broker refused as a whole, retried one row per transaction (only a row refused alone is parked).",
+		}),
 		ParkedRows: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "mandated_outbox_parked_rows",
 			Help: "Rows currently in outbox_parked (list them with mandatectl parked).",
@@ -73,7 +78,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Published, m.PublishSeconds, m.TxnSeconds, m.PublishErrors, m.Parked, m.ParkedRows,
+		reg.MustRegister(m.Published, m.PublishSeconds, m.TxnSeconds, m.PublishErrors, m.Parked, m.RowByRow, m.ParkedRows,
 			m.Backlog, m.OldestAge, m.Resumes, m.Fenced, m.Deleted, m.Gaps)
 	}
 	return m

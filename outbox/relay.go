@@ -493,6 +493,7 @@ func (pr *partitionRelay) publish(ctx context.Context, cl *kgo.Client, rows []Ro
 	if len(rows) == 1 {
 		return true, pr.park(ctx, rows[0].Seq, refused[rows[0].Seq])
 	}
+	pr.r.metrics.RowByRow.Inc()
 	pr.log.Warn().Int("rows", len(rows)).Int64("first_seq", rows[0].Seq).Int64("last_seq", rows[len(rows)-1].Seq).
 		Msg("the broker refused a transaction's records; publishing them one row per transaction")
 	return false, pr.publishRowByRow(ctx, cl, rows)

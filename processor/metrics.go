@@ -13,6 +13,7 @@ type Metrics struct {
 	GrantsOnProposals  prometheus.Counter
 	DeadlineMoves      *prometheus.CounterVec
 	Fenced             prometheus.Counter
+	Reclaims           prometheus.Counter
 	BatchRetries       *prometheus.CounterVec
 	VersionConflicts   prometheus.Counter
 	RecordFaults       prometheus.Counter
@@ -63,6 +64,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "mandated_fenced_commits_total",
 			Help: "Batch commits refused because this owner's partition epoch was stale (another owner took over).",
 		}),
+		Reclaims: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mandated_partition_reclaims_total",
+			Help: "Fenced partitions claimed again under a new epoch because the consumer group still assigned them to this member (a stray claimant had taken the epoch).",
+		}),
 		BatchRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mandated_batch_retries_total",
 			Help: "Batches decided again after a serialization failure, deadlock, lock timeout or concurrent write, by cause.",
@@ -73,7 +78,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		RecordFaults: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mandated_record_faults_total",
-			Help: "Records whose writes the database refused (a constraint or trigger); isolated and answered with a rejection.",
+			Help: "Records, or deadline moves, whose writes the database refused (a constraint or trigger); isolated: a record is answered with a rejection, a deadline move is tried again a minute later.",
 		}),
 		AmbiguousCommits: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mandated_ambiguous_commits_total",
@@ -125,7 +130,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		KeysPurged: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mandated_idempotency_keys_purged_total",
-			Help: "Idempotency keys deleted after their retention by the background purge.",
+			Help: "Idempotency keys deleted by the background purge: past their retention, bound to a denial or a terminal authorization.",
 		}),
 		PendingDeadlines: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "mandated_pending_deadlines",
@@ -138,7 +143,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.Decisions, m.Rejections, m.DeadLetters, m.Misrouted, m.GrantsOnProposals, m.DeadlineMoves,
-			m.Fenced, m.BatchRetries, m.VersionConflicts, m.RecordFaults, m.AmbiguousCommits, m.BatchSize,
+			m.Fenced, m.Reclaims, m.BatchRetries, m.VersionConflicts, m.RecordFaults, m.AmbiguousCommits, m.BatchSize,
 			m.CommitSeconds, m.DecisionLatency, m.ConsumerLag, m.PartitionsOwned, m.PartitionEpoch,
 			m.TakeoverSeconds, m.PredecessorsKilled, m.InDoubt, m.InDoubtOldest, m.KeysPurged, m.PendingDeadlines, m.Ready)
 	}

@@ -62,6 +62,7 @@ func (p *Processor) reclaim(w *worker) error {
 	}
 	p.workers[w.partition] = next
 	p.mu.Unlock()
+	p.metrics.Reclaims.Inc()
 	p.metrics.PartitionEpoch.WithLabelValues(strconv.Itoa(int(w.partition))).Set(float64(c.Epoch))
 	next.log.Warn().Int64("fenced_epoch", w.epoch).Int64("proposals_offset", c.ProposalsOffset).
 		Int64("grants_offset", c.GrantsOffset).Int64("next_seq", c.NextSeq).Msg("fenced partition re-claimed: still assigned here")

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
@@ -37,6 +38,7 @@ func TestAFencedOwnerStillAssignedReclaimsItsPartitionAfterARogueClaimantDiesAnd
 	require.Greater(t, r.Epoch, c.Epoch, "decided under a new epoch, after the rogue's")
 	require.Equal(t, r.Epoch, a.Service.Processor.Owned()[0])
 	require.NoError(t, a.Service.Processor.Ready(ctx))
+	require.Equal(t, 1.0, testutil.ToFloat64(a.Service.Metrics.Reclaims))
 
 	// And it keeps deciding.
 	again := h.SendAwait(propose("acme", "m", "after-fence-2", 100, nil))

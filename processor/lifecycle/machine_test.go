@@ -302,6 +302,8 @@ func TestGrant(t *testing.T) {
 			grant: func(g *wire.Grant) { g.MaxAmount.Currency = "USD" }, reason: wire.ReasonCurrencyChange, status: wire.MandateActive},
 		{name: "a grant on a revoked mandate is refused", prepare: func(t *testing.T, b *testBundle) { b.decide(t, revokeCmd(mandate)) },
 			grant: func(g *wire.Grant) { g.Uses = 10 }, reason: wire.ReasonMandateRevoked, status: wire.MandateRevoked},
+		{name: "a hold window and execution timeout that outlast the key retention (72h) are refused", prepare: func(t *testing.T, b *testBundle) {},
+			grant: func(g *wire.Grant) { g.ExecutionTimeout = 72 * time.Hour }, reason: wire.ReasonWindowsExceedRetention, status: wire.MandateActive},
 	}
 	for _, tc := range refusals {
 		t.Run(tc.name, func(t *testing.T) {
