@@ -33,6 +33,9 @@ func (p *Processor) recoverFenced(w *worker) bool {
 		if err == nil {
 			return true
 		}
+		if errors.Is(err, errStopped) {
+			return false
+		}
 		w.setFenceCause(err)
 		w.log.Warn().Err(err).Dur("backoff", backoff).Msg("fenced partition not re-claimed; unready until it is or until it is revoked")
 		w.sleepUnlessStopped(backoff)

@@ -381,9 +381,9 @@ func (w *worker) commit(items []item, due []lifecycle.AuthKey, now time.Time) er
 		switch {
 		case errors.Is(err, sink.ErrFenced):
 			w.p.metrics.Fenced.Inc()
-			w.log.Warn().Err(err).Msg("batch fenced: another owner holds this partition now; stopping this worker")
+			w.log.Warn().Err(err).Msg("batch fenced: another claimant took this partition's epoch; re-claiming it if the group still assigns it here")
 			w.mu.Lock()
-			w.fenced = true
+			w.fenced, w.cause = true, err
 			w.mu.Unlock()
 			if f := w.p.cfg.Test.OnFenced; f != nil {
 				f(w.partition, w.epoch)
