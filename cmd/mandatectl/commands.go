@@ -228,8 +228,8 @@ func sanitizeID(s string) string {
 }
 
 var specCommit = commandSpec{
-	typ:         wire.CmdCommit,
-	synopsis:    "--org ORG --mandate ID --authorization AU --external-ref REF [flags]",
+	typ:      wire.CmdCommit,
+	synopsis: "--org ORG --mandate ID --authorization AU --external-ref REF [flags]",
 	description: `Record that the external call happened, with the provider's reference (and
 optionally its result, a JSON object of at most 8 KiB, returned to every later
 caller). This consumes the use. After a begin it needs that begin's

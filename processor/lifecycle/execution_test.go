@@ -223,4 +223,3 @@ func TestExecutionPausedExecutorWakesAfterResolve(t *testing.T) {
 		})
 	}
 }
-
