@@ -522,6 +522,9 @@ func TestInvalidDecisionsFailTheSchema(t *testing.T) {
 		}},
 		{name: "a mandate with negative uses held", change: func(d map[string]any) { d["mandate"].(map[string]any)["uses_held"] = -1 }},
 		{name: "a source without an offset", change: func(d map[string]any) { delete(d["source"].(map[string]any), "offset") }},
+		{name: "an execution token of zero", change: func(d map[string]any) { d["execution_token"] = 0 }},
+		{name: "a result that is not an object", change: func(d map[string]any) { d["authorization"].(map[string]any)["result"] = "ok" }},
+		{name: "an executor outside the id grammar", change: func(d map[string]any) { d["authorization"].(map[string]any)["executor"] = "worker 1" }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

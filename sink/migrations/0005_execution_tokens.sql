@@ -14,8 +14,9 @@ ALTER TABLE mandates ADD COLUMN executions bigint NOT NULL DEFAULT 0 CHECK (exec
 
 ALTER TABLE authorizations
     ADD COLUMN execution_token bigint NOT NULL DEFAULT 0 CHECK (execution_token >= 0),
-    ADD COLUMN result text CHECK (result IS NULL OR (state = 'committed' AND octet_length(result) <= 8192)),
-    ADD COLUMN resolved boolean NOT NULL DEFAULT false;
+    ADD COLUMN result text,
+    ADD COLUMN resolved boolean NOT NULL DEFAULT false,
+    ADD CONSTRAINT result_only_when_committed CHECK (result IS NULL OR (state = 'committed' AND octet_length(result) <= 8192));
 
 -- Once handed out, an execution token and its executor never change, and a
 -- mandate's counter never goes back: a stale executor cannot be made current
