@@ -129,8 +129,15 @@ func line(dec *wire.Decision) string {
 	if dec.AuthorizationID != "" {
 		fmt.Fprintf(&b, " auth=%s…", dec.AuthorizationID[:min(len(dec.AuthorizationID), 11)])
 	}
+	if dec.ExecutionToken != 0 {
+		fmt.Fprintf(&b, " token=%d", dec.ExecutionToken)
+	}
 	if dec.HeldBy != nil {
-		fmt.Fprintf(&b, " held_by=%s…(%s)", dec.HeldBy.ID[:min(len(dec.HeldBy.ID), 11)], dec.HeldBy.State)
+		fmt.Fprintf(&b, " held_by=%s…(%s", dec.HeldBy.ID[:min(len(dec.HeldBy.ID), 11)], dec.HeldBy.State)
+		if dec.HeldBy.Executor != "" {
+			fmt.Fprintf(&b, " by %s", dec.HeldBy.Executor)
+		}
+		b.WriteString(")")
 	}
 	if m := dec.Mandate; m != nil {
 		fmt.Fprintf(&b, " uses held/spent/allowed=%d/%d/%d v%d", m.UsesHeld, m.UsesSpent, m.UsesAllowed, m.Version)
