@@ -126,11 +126,24 @@ func (p *Provider) Execute(op, intent, mandate string, amount int64) (string, er
 // Settle answers reconciliation for op definitively: executed with its
 // reference, or not executed — in which case op is voided, so a call still
 // in flight can never execute it later.
+//
+// Other processes (the resumers of S-12b) append their effects to the same
+// ledger file, so what is not known in memory is looked up there.
 func (p *Provider) Settle(op string) (executed bool, ref string, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if e := p.state[op]; e != nil {
 		return e.Kind == "effect", e.Ref, nil
+	}
+	effects, err := ReadLedger(p.path)
+	if err != nil {
+		return false, "", err
+	}
+	for _, e := range effects {
+		if e.Op == op {
+			p.state[op] = &ledgerEntry{Op: op, Kind: "effect", Ref: e.Ref}
+			return true, e.Ref, nil
+		}
 	}
 	e := &ledgerEntry{Op: op, Kind: "void", At: time.Now()}
 	if err := p.append(e); err != nil {
