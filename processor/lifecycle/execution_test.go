@@ -223,3 +223,21 @@ func TestExecutionPausedExecutorWakesAfterResolve(t *testing.T) {
 		})
 	}
 }
+
+func TestExecutionsBegunBeforeTokensExistedFinishAsBefore(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.grant(t)
+	id := b.reserve(t)
+	b.decide(t, beginCmd(id, "old-begin-key"))
+	// As migration 0005 leaves a row begun before it: no token recorded
+	// (and, when the old begin had no key, no executor).
+	a := b.auth(id)
+	a.ExecutionToken, a.Executor = 0, ""
+
+	loser, _ := b.decide(t, beginCmd(id, "new-executor"))
+	require.Equal(t, wire.OutcomeRefused, loser.Outcome)
+	require.Equal(t, wire.ReasonAlreadyExecuting, loser.Reason, "still someone else's execution")
+	c, _ := b.decideRaw(t, commitCmd(id, "re_1"))
+	require.Equal(t, wire.OutcomeCommitted, c.Outcome, "it commits without a token, as before")
+}

@@ -424,7 +424,9 @@ func (d *decider) begin() {
 		a.ExecutionToken = m.Executions
 		withAuth(d.answer(wire.OutcomeExecuting, "",
 			fmt.Sprintf("execution token %d: carry it on commit, cancel or report_unknown; use the authorization id as the provider's idempotency key", a.ExecutionToken)), a)
-	case a.Executor != "":
+	case a.Executor != "" || a.State == wire.StateExecuting || a.State == wire.StateInDoubt:
+		// (An execution begun before execution tokens existed may have no
+		// executor recorded; it is still someone else's.)
 		var detail string
 		switch a.State {
 		case wire.StateExecuting:
