@@ -264,10 +264,11 @@ func TestS12bEightResumerProcessesOnePausedBySIGSTOPOneKilled(t *testing.T) {
 		}
 		require.NoError(t, winner.cmd.Process.Signal(syscall.SIGSTOP))
 		s.Events.Add("pause_executor", "SIGSTOP", fmt.Sprint(winner.cmd.Process.Pid), nil)
-		// Kill one loser mid-run.
+		// Kill one loser mid-run (on a starved machine it may have finished
+		// already; then all seven report).
 		for _, p := range procs {
 			if p != winner {
-				require.NoError(t, p.cmd.Process.Kill())
+				_ = p.cmd.Process.Kill()
 				s.Events.Add("kill_executor", "SIGKILL", fmt.Sprint(p.cmd.Process.Pid), nil)
 				break
 			}
@@ -305,7 +306,7 @@ func TestS12bEightResumerProcessesOnePausedBySIGSTOPOneKilled(t *testing.T) {
 			require.Equal(t, wire.ReasonAlreadyExecuting, rep.Begin.Reason, "a loser is never told it may execute")
 			require.True(t, rep.InDoubt || rep.Final.Authorization.State == wire.StateCommitted, "a loser fails closed: %+v", rep)
 		}
-		require.Equal(t, 6, losers)
+		require.GreaterOrEqual(t, losers, 6, "every loser that was not killed reports")
 	}}))
 	require.Equal(t, 1, res.MaxEffectsPerOperation, "one effect for the approval at a provider that does not deduplicate")
 	require.Equal(t, 1, res.Effects)
