@@ -5,11 +5,14 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
+
+	"github.com/mandated/mandated/processor/lifecycle"
 )
 
 // Sink is mandated's PostgreSQL storage. Safe for concurrent use by the
@@ -21,6 +24,8 @@ type Sink struct {
 
 	mu        sync.RWMutex
 	retention map[string]time.Duration // per-org overrides from org_settings
+
+	replay atomic.Pointer[map[string]lifecycle.ReplaySetting] // per-org possible-replay settings (see intents.go)
 }
 
 // Open connects, applies migrations and loads the per-org retention table.
@@ -53,6 +58,10 @@ func Open(ctx context.Context, cfg Config, log zerolog.Logger) (*Sink, error) {
 		return nil, err
 	}
 	if err := s.RefreshRetention(ctx); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	if err := s.RefreshReplay(ctx); err != nil {
 		pool.Close()
 		return nil, err
 	}
@@ -90,7 +99,7 @@ func (s *Sink) Ping(ctx context.Context) error { return interpretError(s.pool.Pi
 
 // RefreshRetention reloads the per-org idempotency retention overrides.
 func (s *Sink) RefreshRetention(ctx context.Context) error {
-	rows, err := s.pool.Query(ctx, `SELECT org, extract(epoch FROM idempotency_retention)::float8 FROM org_settings`)
+	rows, err := s.pool.Query(ctx, `SELECT org, extract(epoch FROM idempotency_retention)::float8 FROM org_settings WHERE idempotency_retention IS NOT NULL`)
 	if err != nil {
 		return fmt.Errorf("sink: read org_settings: %w", interpretError(err))
 	}

@@ -82,6 +82,11 @@ type Decision struct {
 	Detail          string             `json:"detail,omitempty"`
 	ReplayOf        string             `json:"replay_of,omitempty"`        // the decision that first answered this intent
 	OriginalOutcome Outcome            `json:"original_outcome,omitempty"` // on a replay: what that first answer was
+	ForkOf          string             `json:"fork_of,omitempty"`          // on a fork: the authorization it supersedes
+	// PossibleReplayOf names a committed or executing authorization with
+	// the same material fingerprint, under another key, within the org's
+	// replay window (policy flag: decided normally; policy deny: denied).
+	PossibleReplayOf string `json:"possible_replay_of,omitempty"`
 	Authorization   *AuthorizationView `json:"authorization,omitempty"`
 	HeldBy          *AuthorizationView `json:"held_by,omitempty"` // on a denial: the authorization holding the authority
 	Mandate         *MandateView       `json:"mandate,omitempty"`
@@ -104,6 +109,7 @@ type AuthorizationView struct {
 	Deadline          time.Time  `json:"deadline"`
 	ExecutionDeadline *time.Time `json:"execution_deadline,omitempty"`
 	ExternalRef       string     `json:"external_ref,omitempty"`
+	ForkOf            string     `json:"fork_of,omitempty"` // the authorization of the same intent it superseded
 	CreatedAt         time.Time  `json:"created_at"`
 	UpdatedAt         time.Time  `json:"updated_at"`
 }

@@ -29,6 +29,8 @@ func (d *Decision) Encode() ([]byte, error) {
 	b = appendStrField(b, "detail", d.Detail, true)
 	b = appendStrField(b, "replay_of", d.ReplayOf, true)
 	b = appendStrField(b, "original_outcome", string(d.OriginalOutcome), true)
+	b = appendStrField(b, "fork_of", d.ForkOf, true)
+	b = appendStrField(b, "possible_replay_of", d.PossibleReplayOf, true)
 	if d.Authorization != nil {
 		b = append(b, `,"authorization":`...)
 		b = appendAuthorization(b, d.Authorization)
@@ -94,6 +96,7 @@ func appendAuthorization(b []byte, a *AuthorizationView) []byte {
 		b = appendTimeField(b, "execution_deadline", *a.ExecutionDeadline)
 	}
 	b = appendStrField(b, "external_ref", a.ExternalRef, true)
+	b = appendStrField(b, "fork_of", a.ForkOf, true)
 	b = appendTimeField(b, "created_at", a.CreatedAt)
 	b = appendTimeField(b, "updated_at", a.UpdatedAt)
 	return append(b, '}')

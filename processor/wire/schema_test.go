@@ -158,6 +158,9 @@ func TestEdgeCasesAreValidForSchemaAndDecoder(t *testing.T) {
 		{name: "a resolve as cancelled with an empty external reference", value: with(resolveBase, "outcome", `"cancelled"`, "external_ref", `""`)},
 		{name: "a propose with a nine-digit fraction and an offset", value: with(proposeBase, "sent_at", `"2199-12-31T23:59:59.999999999+23:59"`)},
 		{name: "a propose with the largest based-on version", value: with(proposeBase, "based_on_version", `4611686018427387904`)},
+		{name: "a propose forking an authorization of its intent", value: with(proposeBase,
+			"intent", `{"run_id":"run-1","step":"s.2","action":"refund:c-7"}`, "fork_of", `"au_x"`)},
+		{name: "a propose with a null intent and a null fork", value: with(proposeBase, "intent", "null", "fork_of", "null")},
 		{name: "a revoke with a 512-byte reason of emoji and escapes", value: with(revokeBase, "reason", `"`+strings.Repeat("😀", 127)+`\"\\\/"`)},
 		{name: "ids at their longest", value: with(proposeBase, "org", `"`+strings.Repeat("o", 63)+`"`,
 			"mandate_id", `"`+strings.Repeat("M", 128)+`"`, "idempotency_key", `"0._:-`+strings.Repeat("k", 123)+`"`)},
@@ -245,6 +248,13 @@ func TestInvalidCommandsFailSchemaAndDecoder(t *testing.T) {
 		{name: "a grantor field on a propose", schema: "propose", value: with(proposeBase, "uses", `1`), reason: wire.ReasonUnknownField},
 		{name: "a case-variant key", schema: "propose", value: plus(with(proposeBase), `"Type":"grant"`), reason: wire.ReasonAmbiguousField},
 		{name: "a null org", schema: "propose", value: with(proposeBase, "org", "null"), reason: wire.ReasonIDInvalid},
+		{name: "a fork without an intent", schema: "propose", value: with(proposeBase, "fork_of", `"au_x"`), reason: wire.ReasonMissingField},
+		{name: "a fork with a null intent", schema: "propose", value: with(proposeBase, "intent", "null", "fork_of", `"au_x"`), reason: wire.ReasonMissingField},
+		{name: "an intent without its step", schema: "propose", value: with(proposeBase, "intent", `{"run_id":"r","action":"a"}`), reason: wire.ReasonMissingField},
+		{name: "an unknown field in an intent", schema: "propose", value: with(proposeBase, "intent", `{"run_id":"r","step":"s","action":"a","key":"k"}`), reason: wire.ReasonUnknownField},
+		{name: "an intent run id outside the id grammar", schema: "propose", value: with(proposeBase, "intent", `{"run_id":"r/1","step":"s","action":"a"}`), reason: wire.ReasonIDInvalid},
+		{name: "an intent that is a string", schema: "propose", value: with(proposeBase, "intent", `"run-1/s/a"`), reason: wire.ReasonFieldInvalid},
+		{name: "a fork of an id outside the id grammar", schema: "propose", value: with(proposeBase, "intent", `{"run_id":"r","step":"s","action":"a"}`, "fork_of", `"au x"`), reason: wire.ReasonIDInvalid},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
