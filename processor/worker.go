@@ -531,7 +531,7 @@ func countIntents(m *Metrics, d *wire.Decision) {
 		m.IntentReplays.Inc()
 	case d.Reason == wire.ReasonPossibleReplay:
 		m.PossibleReplays.WithLabelValues(string(lifecycle.ReplayDeny)).Inc()
-	case d.PossibleReplayOf != "":
+	case d.PossibleReplay != "":
 		m.PossibleReplays.WithLabelValues(string(lifecycle.ReplayFlag)).Inc()
 	}
 	if d.ForkOf != "" && d.Outcome == wire.OutcomeReserved {

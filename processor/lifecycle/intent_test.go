@@ -158,18 +158,18 @@ func TestAPossibleReplayIsJudgedByTheOrgPolicyUpToTheWindowBoundary(t *testing.T
 			// Reserved (not begun): no replay yet.
 			r, _ := b.decide(t, proposeCmd(mandate, "k-2", 5_000))
 			require.Equal(t, wire.OutcomeReserved, r.Outcome)
-			require.Empty(t, r.PossibleReplayOf)
+			require.Empty(t, r.PossibleReplay)
 			b.decide(t, cancelCmd(r.AuthorizationID, ""))
 			b.decide(t, beginCmd(a, "exec-1"))
 
 			// Another amount, another target: not the same proposal.
 			other, _ := b.decide(t, proposeCmd(mandate, "k-3", 5_001))
-			require.Empty(t, other.PossibleReplayOf)
+			require.Empty(t, other.PossibleReplay)
 			b.decide(t, cancelCmd(other.AuthorizationID, ""))
 
 			b.now = created.Add(window - time.Nanosecond)
 			last, _ := b.decide(t, proposeCmd(mandate, "k-4", 5_000))
-			require.Equal(t, a, last.PossibleReplayOf, "1ns inside the window")
+			require.Equal(t, a, last.PossibleReplay, "1ns inside the window")
 			if policy == lifecycle.ReplayDeny {
 				require.Equal(t, wire.OutcomeDenied, last.Outcome)
 				require.Equal(t, wire.ReasonPossibleReplay, last.Reason)
@@ -186,13 +186,13 @@ func TestAPossibleReplayIsJudgedByTheOrgPolicyUpToTheWindowBoundary(t *testing.T
 			b.now = created.Add(window)
 			out, _ := b.decide(t, proposeCmd(mandate, "k-5", 5_000))
 			require.Equal(t, wire.OutcomeReserved, out.Outcome, "at the window's end: outside")
-			require.Empty(t, out.PossibleReplayOf)
+			require.Empty(t, out.PossibleReplay)
 
 			// With an intent, the intent decides, not the fingerprint.
 			b.now = created.Add(time.Minute)
 			in, _ := b.decide(t, proposeCmd(mandate, "k-6", 5_000, withIntent(runStep, "")))
 			require.Equal(t, wire.OutcomeReserved, in.Outcome)
-			require.Empty(t, in.PossibleReplayOf)
+			require.Empty(t, in.PossibleReplay)
 		})
 	}
 }

@@ -114,7 +114,7 @@ func (d *decider) answer(outcome wire.Outcome, reason wire.Reason, detail string
 	if d.fork != nil {
 		dec.ForkOf = d.fork.Key.ID
 	}
-	dec.PossibleReplayOf = d.possibleReplayOf
+	dec.PossibleReplay = d.possibleReplayOf
 	d.out = append(d.out, *dec)
 	return &d.out[len(d.out)-1]
 }
@@ -329,7 +329,7 @@ func (d *decider) propose() {
 				dec := deny(wire.ReasonPossibleReplay, fmt.Sprintf("the same proposal (operation, amount, target) under key %q is %s since %s, within the org's replay window: an agent replaying an action it already took? Send an intent to say which",
 					earlier.IdempotencyKey, earlier.State, earlier.CreatedAt.Format(time.RFC3339Nano)))
 				dec.HeldBy = authView(earlier)
-				dec.PossibleReplayOf = earlier.Key.ID
+				dec.PossibleReplay = earlier.Key.ID
 				return
 			}
 			d.possibleReplayOf = earlier.Key.ID

@@ -65,6 +65,9 @@ const (
 )
 
 // Decision is one answer on the decisions topic, schema version 1.
+// PossibleReplay is a committed or executing authorization with the same
+// operation, amount and target, under another key, within the org's replay
+// window (reason possible_replay under policy deny).
 type Decision struct {
 	V               int                `json:"v"`
 	DecisionID      string             `json:"decision_id"` // "<partition>-<sequence>"
@@ -83,10 +86,7 @@ type Decision struct {
 	ReplayOf        string             `json:"replay_of,omitempty"`        // the decision that first answered this intent
 	OriginalOutcome Outcome            `json:"original_outcome,omitempty"` // on a replay: what that first answer was
 	ForkOf          string             `json:"fork_of,omitempty"`          // on a fork: the authorization it supersedes
-	// PossibleReplayOf names a committed or executing authorization with
-	// the same material fingerprint, under another key, within the org's
-	// replay window (policy flag: decided normally; policy deny: denied).
-	PossibleReplayOf string `json:"possible_replay_of,omitempty"`
+	PossibleReplay  string             `json:"possible_replay_of,omitempty"`
 	Authorization   *AuthorizationView `json:"authorization,omitempty"`
 	HeldBy          *AuthorizationView `json:"held_by,omitempty"` // on a denial: the authorization holding the authority
 	Mandate         *MandateView       `json:"mandate,omitempty"`

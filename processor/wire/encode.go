@@ -30,7 +30,7 @@ func (d *Decision) Encode() ([]byte, error) {
 	b = appendStrField(b, "replay_of", d.ReplayOf, true)
 	b = appendStrField(b, "original_outcome", string(d.OriginalOutcome), true)
 	b = appendStrField(b, "fork_of", d.ForkOf, true)
-	b = appendStrField(b, "possible_replay_of", d.PossibleReplayOf, true)
+	b = appendStrField(b, "possible_replay_of", d.PossibleReplay, true)
 	if d.Authorization != nil {
 		b = append(b, `,"authorization":`...)
 		b = appendAuthorization(b, d.Authorization)
