@@ -480,6 +480,57 @@ func TestExamplesReplayThroughTheLifecycle(t *testing.T) {
 	require.JSONEq(t, string(want), string(got), "run go test -run TestExamplesReplayThroughTheLifecycle -update to accept")
 }
 
+// TestReplayOrForkDecisionsPassTheSchema runs the propose example's intent
+// through a restore, a fork and a possible replay: every decision passes
+// the decision schema and parses back.
+func TestReplayOrForkDecisionsPassTheSchema(t *testing.T) {
+	t.Parallel()
+	r := newExampleRun(t)
+	r.st.Replay = map[string]lifecycle.ReplaySetting{"acme": {Window: time.Hour, Policy: lifecycle.ReplayFlag}}
+	r.decide("grant", "mandate.grants", 17, "2026-11-30T08:00:00Z")
+	first := r.decide("propose", "mandate.proposals", 1842, "2026-11-30T08:05:00.5Z")[0]
+	variant := func(key, forkOf string, intent bool) *wire.Command {
+		cmd, rej := wire.Decode(r.key.Bytes(), readExample(t, "propose"), wire.Limits{})
+		require.Nil(t, rej)
+		cmd.IdempotencyKey, cmd.Propose.ForkOf, cmd.Propose.Deadline, cmd.Propose.BasedOnVersion = key, forkOf, time.Time{}, 0
+		if !intent {
+			cmd.Propose.Intent = nil
+		}
+		return cmd
+	}
+	decide := func(cmd *wire.Command, offset int64, now string) wire.Decision {
+		at, err := time.Parse(time.RFC3339Nano, now)
+		require.NoError(t, err)
+		ds := r.st.Decide(lifecycle.Input{Cmd: cmd, Source: wire.Source{Topic: "mandate.proposals", Partition: r.st.Partition, Offset: offset}}, at)
+		for i := range ds {
+			b, err := ds[i].Encode()
+			require.NoError(t, err)
+			r.all = append(r.all, b)
+		}
+		return ds[len(ds)-1]
+	}
+	live := decide(variant("refund-1842-restored-1", first.AuthorizationID, true), 1843, "2026-11-30T08:05:30Z")
+	require.Equal(t, wire.ReasonForkOfLive, live.Reason)
+	r.decide("commit", "mandate.proposals", 1844, "2026-11-30T08:06:00Z")
+	replayed := decide(variant("refund-1842-restored-2", "", true), 1845, "2026-11-30T08:07:00Z")
+	require.Equal(t, wire.ReasonIntentReplayed, replayed.Reason)
+	fork := decide(variant("refund-1842-second-refund", first.AuthorizationID, true), 1846, "2026-11-30T08:08:00Z")
+	require.Equal(t, wire.OutcomeDenied, fork.Outcome, "a single-use mandate: the fork is decided, and denied")
+	require.Equal(t, first.AuthorizationID, fork.ForkOf)
+	unknown := decide(variant("refund-1842-third", "au_none", true), 1847, "2026-11-30T08:09:00Z")
+	require.Equal(t, wire.ReasonForkOfUnknown, unknown.Reason)
+	flagged := decide(variant("refund-1842-no-intent", "", false), 1848, "2026-11-30T08:10:00Z")
+	require.Equal(t, first.AuthorizationID, flagged.PossibleReplay)
+	for _, b := range r.all {
+		require.NoError(t, validate(t, "decision", b), "%s", b)
+		d, err := wire.ParseDecision(b)
+		require.NoError(t, err)
+		again, err := d.Encode()
+		require.NoError(t, err)
+		require.JSONEq(t, string(b), string(again))
+	}
+}
+
 func TestDecisionExampleIsValid(t *testing.T) {
 	t.Parallel()
 	raw := readExample(t, "decision")
