@@ -56,6 +56,7 @@ type authorizationJSON struct {
 	ExternalRef       string     `json:"external_ref,omitempty"`
 	Detail            string     `json:"detail,omitempty"`
 	DecisionID        string     `json:"decision_id"`
+	ForkOf            string     `json:"fork_of,omitempty"`
 	CreatedAt         time.Time  `json:"created_at"`
 	UpdatedAt         time.Time  `json:"updated_at"`
 }
@@ -106,6 +107,7 @@ func toAuthorizationJSON(a *lifecycle.Authorization) authorizationJSON {
 		Amount: wire.Money{MinorUnits: a.Amount, Currency: a.Currency}, IdempotencyKey: a.IdempotencyKey,
 		MandateVersion: a.MandateVersion, Deadline: a.Deadline, ExternalRef: a.ExternalRef, Detail: a.Detail,
 		DecisionID: a.DecisionID, CreatedAt: a.CreatedAt, UpdatedAt: a.UpdatedAt}
+	v.ForkOf = a.ForkOf
 	if !a.ExecutionDeadline.IsZero() {
 		t := a.ExecutionDeadline
 		v.ExecutionDeadline = &t
