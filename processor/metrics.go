@@ -35,6 +35,11 @@ type Metrics struct {
 	KeysPurged         prometheus.Counter
 	PendingDeadlines   prometheus.Gauge
 	Ready              prometheus.Gauge
+
+	IntentReplays   prometheus.Counter
+	Forks           prometheus.Counter
+	PossibleReplays *prometheus.CounterVec
+	IntentsPurged   prometheus.Counter
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: none).
@@ -152,6 +157,25 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "mandated_ready",
 			Help: "1 while this instance is ready (holds current epochs, reaches Kafka and PostgreSQL), else 0; refreshed every 5 s by cmd/mandated.",
 		}),
+	}
+	m.IntentReplays = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "mandated_intent_replays_total",
+		Help: "Proposals whose intent already had an authorization, answered replayed (intent_replayed) whatever their key.",
+	})
+	m.Forks = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "mandated_forks_total",
+		Help: "Forks (fork_of a terminal authorization of the same intent) that took a new use.",
+	})
+	m.PossibleReplays = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "mandated_possible_replays_total",
+		Help: "Proposals without an intent matching a committed or executing authorization within the org's replay window, by the org's policy (deny, flag).",
+	}, []string{"policy"})
+	m.IntentsPurged = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "mandated_intents_purged_total",
+		Help: "Intents deleted by the background purge (retention over and the latest authorization terminal).",
+	})
+	if reg != nil {
+		reg.MustRegister(m.IntentReplays, m.Forks, m.PossibleReplays, m.IntentsPurged)
 	}
 	if reg != nil {
 		reg.MustRegister(m.Decisions, m.Rejections, m.DeadLetters, m.Misrouted, m.GrantsOnProposals, m.DeadlineMoves,

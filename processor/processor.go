@@ -397,6 +397,7 @@ func (p *Processor) statsLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		p.refreshReplaySettings(ctx)
 		owned := p.ownedPartitions()
 		if len(owned) == 0 {
 			p.metrics.InDoubt.Set(0)
@@ -412,6 +413,14 @@ func (p *Processor) statsLoop(ctx context.Context) {
 		}
 		p.metrics.InDoubt.Set(float64(n))
 		p.metrics.InDoubtOldest.Set(oldest.Seconds())
+	}
+}
+
+// refreshReplaySettings rereads the orgs' possible-replay settings, so a
+// change made with mandatectl org-settings applies within StatsInterval.
+func (p *Processor) refreshReplaySettings(ctx context.Context) {
+	if err := p.sink.RefreshReplay(ctx); err != nil && ctx.Err() == nil {
+		p.log.Warn().Err(err).Msg("cannot reread the orgs' replay settings; keeping the last ones")
 	}
 }
 

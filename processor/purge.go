@@ -3,6 +3,8 @@ package processor
 import (
 	"context"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // purgeLoop deletes expired idempotency keys of every owned partition on
@@ -26,25 +28,35 @@ func (p *Processor) purgeLoop(ctx context.Context) {
 	}
 }
 
-// purgePartition runs one interval's purge of partition n.
+// purgePartition runs one interval's purge of partition n: expired
+// idempotency keys, then expired intents, each for at most an eighth of the
+// interval.
 func (p *Processor) purgePartition(ctx context.Context, n int32) {
-	until := time.Now().Add(p.cfg.PurgeInterval / 4)
+	p.purgeKind(ctx, n, "idempotency keys", p.sink.PurgeExpiredKeys, p.metrics.KeysPurged)
+	p.purgeKind(ctx, n, "intents", p.sink.PurgeExpiredIntents, p.metrics.IntentsPurged)
+}
+
+// purgeKind deletes batches of one kind of expired row while they come
+// back full, within its share of the interval.
+func (p *Processor) purgeKind(ctx context.Context, n int32, what string,
+	purge func(context.Context, int32, time.Time, int) (int64, error), purged prometheus.Counter) {
+	until := time.Now().Add(p.cfg.PurgeInterval / 8)
 	var total int64
 	for ctx.Err() == nil {
-		k, err := p.sink.PurgeExpiredKeys(ctx, n, p.cfg.Test.Clock.Now(), p.cfg.PurgeBatch)
+		k, err := purge(ctx, n, p.cfg.Test.Clock.Now(), p.cfg.PurgeBatch)
 		if err != nil {
 			if ctx.Err() == nil {
-				p.log.Warn().Err(err).Int32("partition", n).Msg("idempotency key purge failed; next interval retries")
+				p.log.Warn().Err(err).Int32("partition", n).Msgf("purge of expired %s failed; next interval retries", what)
 			}
 			break
 		}
 		total += k
-		p.metrics.KeysPurged.Add(float64(k))
+		purged.Add(float64(k))
 		if k < int64(p.cfg.PurgeBatch) || time.Now().After(until) {
 			break
 		}
 	}
 	if total > 0 {
-		p.log.Info().Int32("partition", n).Int64("keys", total).Msg("purged expired idempotency keys")
+		p.log.Info().Int32("partition", n).Int64("rows", total).Msgf("purged expired %s", what)
 	}
 }

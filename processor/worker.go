@@ -309,6 +309,7 @@ func (w *worker) commit(items []item, due []lifecycle.AuthKey, now time.Time) er
 		if scope, ok := lifecycle.ScopeOf(c); ok {
 			needs.Idem[scope] = struct{}{}
 		}
+		w.replayNeeds(&needs, c, now)
 		switch c.Type {
 		case wire.CmdPropose, wire.CmdGrant:
 		case wire.CmdRevoke:
@@ -465,6 +466,7 @@ func (w *worker) committed(b *sink.Batch, res sink.Result, items []item, due []l
 	for i := range decisions {
 		d := &decisions[i]
 		m.Decisions.WithLabelValues(d.Command, string(d.Outcome)).Inc()
+		countIntents(m, d)
 		if d.Command == wire.CommandTimer {
 			m.DeadlineMoves.WithLabelValues(string(d.Outcome)).Inc()
 		}
@@ -494,6 +496,47 @@ func (w *worker) committed(b *sink.Batch, res sink.Result, items []item, due []l
 	if f := w.p.cfg.Test.OnCommitted; f != nil {
 		f(BatchReport{Partition: w.partition, Epoch: w.epoch, Records: len(items), Timers: len(due),
 			Decisions: decisions, NextSeq: w.pos.NextSeq, Attempts: res.Attempts})
+	}
+}
+
+// replayNeeds adds what deciding a propose needs for intents and possible
+// replays: its intent, or the org's replay setting and the mandate's recent
+// authorizations. An org's setting is read once per batch.
+func (w *worker) replayNeeds(needs *sink.Needs, c *wire.Command, now time.Time) {
+	if c.Type != wire.CmdPropose {
+		return
+	}
+	if scope, ok := lifecycle.IntentScopeOf(c); ok {
+		needs.Intents[scope] = struct{}{}
+		return
+	}
+	rs, seen := needs.Replay[c.Key.Org]
+	if !seen {
+		rs = w.p.sink.ReplaySetting(c.Key.Org)
+		needs.Replay[c.Key.Org] = rs
+	}
+	if rs.Window <= 0 {
+		return
+	}
+	since := now.Add(-rs.Window)
+	if t, ok := needs.Recent[c.Key]; !ok || since.Before(t) {
+		needs.Recent[c.Key] = since
+	}
+}
+
+// countIntents counts a committed decision's intent replay, fork or
+// possible replay.
+func countIntents(m *Metrics, d *wire.Decision) {
+	switch {
+	case d.Reason == wire.ReasonIntentReplayed:
+		m.IntentReplays.Inc()
+	case d.Reason == wire.ReasonPossibleReplay:
+		m.PossibleReplays.WithLabelValues(string(lifecycle.ReplayDeny)).Inc()
+	case d.PossibleReplay != "":
+		m.PossibleReplays.WithLabelValues(string(lifecycle.ReplayFlag)).Inc()
+	}
+	if d.ForkOf != "" && d.Outcome == wire.OutcomeReserved {
+		m.Forks.Inc()
 	}
 }
 

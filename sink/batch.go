@@ -99,6 +99,7 @@ func (s *Sink) attempt(ctx context.Context, b *Batch, res *Result) error {
 		iOrgs, iOps, iKeys = append(iOrgs, k.Org), append(iOps, k.Operation), append(iKeys, k.Key)
 	}
 	lb.Queue(loadIdemSQL, iOrgs, iOps, iKeys)
+	queueLoadIntents(&lb, b.Needs)
 	br := tx.SendBatch(ctx, &lb)
 	var stored Position
 	var epoch int64
@@ -124,6 +125,7 @@ func (s *Sink) attempt(ctx context.Context, b *Batch, res *Result) error {
 		return fmt.Errorf("%w: partition %d stores position %+v, this owner expected %+v", ErrFenced, b.Partition, stored, b.From)
 	}
 	st := lifecycle.NewState(b.Partition, epoch, stored.NextSeq, s.Retention)
+	st.Replay = b.Needs.Replay
 	rows, err := br.Query()
 	if err != nil {
 		br.Close()
@@ -152,16 +154,22 @@ func (s *Sink) attempt(ctx context.Context, b *Batch, res *Result) error {
 		rows.Close()
 		err = rows.Err()
 	}
+	if err == nil {
+		err = loadIntents(br, st)
+	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		return fmt.Errorf("load idempotency keys: %w", err)
+		return fmt.Errorf("load idempotency keys and intents: %w", err)
 	}
 
 	// Phase two: the authorizations.
 	if err := loadAuths(ctx, tx, st, b.Needs); err != nil {
 		return fmt.Errorf("load authorizations: %w", err)
+	}
+	if err := loadRecent(ctx, tx, st, b.Needs); err != nil {
+		return fmt.Errorf("load recent authorizations: %w", err)
 	}
 
 	out, err := b.Decide(st)
@@ -181,6 +189,7 @@ func (s *Sink) attempt(ctx context.Context, b *Batch, res *Result) error {
 	w.mandates(st)
 	w.auths(st)
 	w.idem(st)
+	w.intents(st)
 	w.outbox(out)
 	to := Position{ProposalsOffset: b.To.ProposalsOffset, GrantsOffset: b.To.GrantsOffset, NextSeq: st.NextSeq}
 	w.queue(advancePartitionSQL, []any{b.Partition, b.Epoch, to.ProposalsOffset, to.GrantsOffset, to.NextSeq,
@@ -208,4 +217,21 @@ func (s *Sink) attempt(ctx context.Context, b *Batch, res *Result) error {
 	}
 	res.Position, res.State, res.Rows = to, st, out
 	return nil
+}
+
+// loadIntents reads the intents of phase one's batch.
+func loadIntents(br pgx.BatchResults, st *lifecycle.State) error {
+	rows, err := br.Query()
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		r, err := scanIntent(rows)
+		if err != nil {
+			return err
+		}
+		st.Intents[r.Scope] = r
+	}
+	return rows.Err()
 }

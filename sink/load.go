@@ -18,6 +18,16 @@ type Needs struct {
 	Idem     map[lifecycle.IdemScope]struct{}
 	Auths    map[lifecycle.AuthKey]struct{}
 	Reserved map[partitioner.MandateKey]struct{} // every reserved authorization (for revoke)
+	Intents  map[lifecycle.IntentScope]struct{}
+
+	// Replay holds the possible-replay settings of the orgs whose
+	// proposals without an intent the batch decides (an org with the check
+	// off is absent); Recent, the mandates whose committed and executing
+	// authorizations created at or after the time given must be loaded
+	// to check them. The worker fills both from one reading of the
+	// settings, so the check and its load agree on every retry.
+	Replay map[string]lifecycle.ReplaySetting
+	Recent map[partitioner.MandateKey]time.Time
 }
 
 // NewNeeds returns empty needs.
@@ -27,6 +37,9 @@ func NewNeeds() Needs {
 		Idem:     map[lifecycle.IdemScope]struct{}{},
 		Auths:    map[lifecycle.AuthKey]struct{}{},
 		Reserved: map[partitioner.MandateKey]struct{}{},
+		Intents:  map[lifecycle.IntentScope]struct{}{},
+		Replay:   map[string]lifecycle.ReplaySetting{},
+		Recent:   map[partitioner.MandateKey]time.Time{},
 	}
 }
 
@@ -48,7 +61,7 @@ JOIN idempotency_keys i USING (org, operation, idempotency_key)`
 
 const authColumns = `a.org, a.mandate_id, a.authorization_id, a.state, a.version, a.operation, a.target, a.amount,
 a.currency, a.idempotency_key, a.mandate_version, a.deadline, a.execution_deadline, a.begin_key, a.external_ref,
-a.detail, a.decision_id, a.created_at, a.updated_at, a.execution_token, a.result, a.resolved`
+a.detail, a.decision_id, a.created_at, a.updated_at, a.execution_token, a.result, a.resolved, a.fork_of`
 
 // loadAuthsSQL loads authorizations by key, every reserved or in-doubt one
 // of the mandates in $4/$5 (revoke needs them all), and one in-doubt
@@ -114,7 +127,7 @@ func scanAuth(row pgx.Row) (*lifecycle.Authorization, error) {
 	err := row.Scan(&a.Key.Mandate.Org, &a.Key.Mandate.MandateID, &a.Key.ID, &state, &a.Version, &a.Operation,
 		&a.Target, &a.Amount, &a.Currency, &a.IdempotencyKey, &a.MandateVersion, &a.Deadline, &execDeadline,
 		&a.Executor, &a.ExternalRef, &a.Detail, &a.DecisionID, &a.CreatedAt, &a.UpdatedAt,
-		&a.ExecutionToken, &result, &a.Resolved)
+		&a.ExecutionToken, &result, &a.Resolved, &a.ForkOf)
 	if err != nil {
 		return nil, err
 	}
@@ -143,6 +156,9 @@ func loadAuths(ctx context.Context, tx pgx.Tx, st *lifecycle.State, needs Needs)
 		if r.AuthorizationID != "" {
 			keys[lifecycle.AuthKey{Mandate: r.Mandate, ID: r.AuthorizationID}] = struct{}{}
 		}
+	}
+	for _, r := range st.Intents {
+		keys[r.Head] = struct{}{}
 	}
 	var doubtOrgs, doubtIDs []string
 	for _, m := range st.Mandates {
@@ -175,6 +191,72 @@ func loadAuths(ctx context.Context, tx pgx.Tx, st *lifecycle.State, needs Needs)
 			return err
 		}
 		st.Auths[a.Key] = a
+	}
+	return rows.Err()
+}
+
+const loadIntentsSQL = `SELECT i.org, i.operation, i.run_id, i.step, i.action, i.mandate_id, i.authorization_id, i.decision_id,
+i.head_mandate_id, i.head_authorization_id, i.partition, i.created_at, i.updated_at, i.expires_at
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) AS k(org, operation, run_id, step, action)
+JOIN intents i USING (org, operation, run_id, step, action)`
+
+// queueLoadIntents queues the load of the intents a batch names.
+func queueLoadIntents(b *pgx.Batch, needs Needs) {
+	var orgs, ops, runs, steps, actions []string
+	for k := range needs.Intents {
+		orgs, ops, runs = append(orgs, k.Org), append(ops, k.Operation), append(runs, k.RunID)
+		steps, actions = append(steps, k.Step), append(actions, k.Action)
+	}
+	b.Queue(loadIntentsSQL, orgs, ops, runs, steps, actions)
+}
+
+func scanIntent(row pgx.Row) (*lifecycle.IntentRecord, error) {
+	var r lifecycle.IntentRecord
+	var mandateID, headMandateID string
+	err := row.Scan(&r.Scope.Org, &r.Scope.Operation, &r.Scope.RunID, &r.Scope.Step, &r.Scope.Action, &mandateID,
+		&r.Root.ID, &r.DecisionID, &headMandateID, &r.Head.ID, &r.Partition, &r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt)
+	if err != nil {
+		return nil, err
+	}
+	r.Root.Mandate = partitioner.MandateKey{Org: r.Scope.Org, MandateID: mandateID}
+	r.Head.Mandate = partitioner.MandateKey{Org: r.Scope.Org, MandateID: headMandateID}
+	r.CreatedAt, r.UpdatedAt, r.ExpiresAt = r.CreatedAt.UTC(), r.UpdatedAt.UTC(), r.ExpiresAt.UTC()
+	r.LoadedHead = r.Head
+	return &r, nil
+}
+
+// loadRecentSQL loads the committed and executing authorizations of the
+// given mandates created at or after each one's cutoff: what a proposal
+// without an intent may be a replay of.
+const loadRecentSQL = `SELECT ` + authColumns + `
+FROM unnest($1::text[], $2::text[], $3::timestamptz[]) AS k(org, mandate_id, since)
+JOIN authorizations a ON a.org = k.org AND a.mandate_id = k.mandate_id AND a.created_at >= k.since
+WHERE a.state IN ('committed', 'executing')`
+
+// loadRecent loads what the possible-replay check needs; an authorization
+// already loaded keeps its loaded copy.
+func loadRecent(ctx context.Context, tx pgx.Tx, st *lifecycle.State, needs Needs) error {
+	if len(needs.Recent) == 0 {
+		return nil
+	}
+	var orgs, ids []string
+	var since []pgtype.Timestamptz
+	for k, t := range needs.Recent {
+		orgs, ids, since = append(orgs, k.Org), append(ids, k.MandateID), append(since, tstz(t))
+	}
+	rows, err := tx.Query(ctx, loadRecentSQL, orgs, ids, since)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		a, err := scanAuth(rows)
+		if err != nil {
+			return err
+		}
+		if _, ok := st.Auths[a.Key]; !ok {
+			st.Auths[a.Key] = a
+		}
 	}
 	return rows.Err()
 }

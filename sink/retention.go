@@ -18,7 +18,7 @@ var ErrRetentionTooShort = errors.New("sink: idempotency retention too short")
 
 // RefreshRetention reloads the per-org idempotency retention overrides.
 func (s *Sink) RefreshRetention(ctx context.Context) error {
-	rows, err := s.pool.Query(ctx, `SELECT org, extract(epoch FROM idempotency_retention)::float8 FROM org_settings`)
+	rows, err := s.pool.Query(ctx, `SELECT org, extract(epoch FROM idempotency_retention)::float8 FROM org_settings WHERE idempotency_retention IS NOT NULL`)
 	if err != nil {
 		return fmt.Errorf("sink: read org_settings: %w", interpretError(err))
 	}

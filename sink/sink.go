@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
+
+	"github.com/mandated/mandated/processor/lifecycle"
 )
 
 // Sink is mandated's PostgreSQL storage. Safe for concurrent use by the
@@ -22,6 +25,7 @@ type Sink struct {
 	retention map[string]time.Duration // per-org overrides from org_settings
 
 	refresh retentionRefresher
+	replay  atomic.Pointer[map[string]lifecycle.ReplaySetting] // per-org possible-replay settings (see intents.go)
 }
 
 // Open connects, applies migrations and loads the per-org retention table.
@@ -54,6 +58,10 @@ func Open(ctx context.Context, cfg Config, log zerolog.Logger) (*Sink, error) {
 		return nil, err
 	}
 	if err := s.RefreshRetention(ctx); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	if err := s.RefreshReplay(ctx); err != nil {
 		pool.Close()
 		return nil, err
 	}

@@ -51,10 +51,10 @@ WHERE m.org = u.org AND m.mandate_id = u.mandate_id AND m.version = u.loaded_ver
 
 const insertAuthsSQL = `INSERT INTO authorizations (org, mandate_id, authorization_id, partition, state, version, operation, target,
   amount, currency, idempotency_key, mandate_version, deadline, execution_deadline, begin_key, external_ref, detail,
-  decision_id, created_at, updated_at, execution_token, result, resolved)
+  decision_id, created_at, updated_at, execution_token, result, resolved, fork_of)
 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::text[], $6::bigint[], $7::text[], $8::text[],
   $9::bigint[], $10::text[], $11::text[], $12::bigint[], $13::timestamptz[], $14::timestamptz[], $15::text[], $16::text[],
-  $17::text[], $18::text[], $19::timestamptz[], $20::timestamptz[], $21::bigint[], $22::text[], $23::bool[])`
+  $17::text[], $18::text[], $19::timestamptz[], $20::timestamptz[], $21::bigint[], $22::text[], $23::bool[], $24::text[])`
 
 const updateAuthsSQL = `UPDATE authorizations a SET state = u.state, version = u.version, execution_deadline = u.execution_deadline,
   begin_key = u.begin_key, external_ref = u.external_ref, detail = u.detail, updated_at = u.updated_at,
@@ -162,6 +162,7 @@ func (w *writeSet) mandates(st *lifecycle.State) {
 func (w *writeSet) auths(st *lifecycle.State) {
 	var (
 		iOrg, iMid, iID, iState, iOp, iTarget, iCur, iKey, iBegin, iRef, iDetail, iDec []string
+		iFork                                                                          []string
 		iPart                                                                          []int32
 		iVer, iAmt, iMver, iTok                                                        []int64
 		iDeadline, iExec, iCreated, iUpdated                                           []pgtype.Timestamptz
@@ -189,6 +190,7 @@ func (w *writeSet) auths(st *lifecycle.State) {
 			iBegin, iRef, iDetail, iDec = append(iBegin, a.Executor), append(iRef, a.ExternalRef), append(iDetail, a.Detail), append(iDec, a.DecisionID)
 			iCreated, iUpdated = append(iCreated, tstz(a.CreatedAt)), append(iUpdated, tstz(a.UpdatedAt))
 			iTok, iResult, iResolved = append(iTok, a.ExecutionToken), append(iResult, result(a.Result)), append(iResolved, a.Resolved)
+			iFork = append(iFork, a.ForkOf)
 			continue
 		}
 		uOrg, uMid, uID = append(uOrg, a.Key.Mandate.Org), append(uMid, a.Key.Mandate.MandateID), append(uID, a.Key.ID)
@@ -199,7 +201,7 @@ func (w *writeSet) auths(st *lifecycle.State) {
 	}
 	if n := len(iOrg); n > 0 {
 		w.queue(insertAuthsSQL, []any{iOrg, iMid, iID, iPart, iState, iVer, iOp, iTarget, iAmt, iCur, iKey, iMver,
-			iDeadline, iExec, iBegin, iRef, iDetail, iDec, iCreated, iUpdated, iTok, iResult, iResolved}, expectRows("insert authorizations", n))
+			iDeadline, iExec, iBegin, iRef, iDetail, iDec, iCreated, iUpdated, iTok, iResult, iResolved, iFork}, expectRows("insert authorizations", n))
 	}
 	if n := len(uOrg); n > 0 {
 		w.queue(updateAuthsSQL, []any{uOrg, uMid, uID, uLoaded, uState, uVer, uExec, uBegin, uRef, uDetail, uUpdated, uTok, uResult, uResolved},
@@ -250,4 +252,56 @@ func (w *writeSet) outbox(rows []outbox.Row) {
 	}
 	w.queue(insertOutboxSQL, []any{part, seq, epoch, kind, key, payload, reason, detail, srcTopic, srcPart, srcOff, created},
 		expectRows("insert outbox", n))
+}
+
+const insertIntentsSQL = `INSERT INTO intents (org, operation, run_id, step, action, mandate_id, authorization_id, decision_id,
+  head_mandate_id, head_authorization_id, partition, created_at, updated_at, expires_at)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
+  $9::text[], $10::text[], $11::int[], $12::timestamptz[], $13::timestamptz[], $14::timestamptz[])
+ON CONFLICT DO NOTHING`
+
+// updateIntentsSQL moves a lineage's head to its fork, compare-and-set on
+// the head loaded.
+const updateIntentsSQL = `UPDATE intents i SET head_mandate_id = u.head_mandate_id, head_authorization_id = u.head_authorization_id,
+  updated_at = u.updated_at, expires_at = u.expires_at
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[],
+  $10::timestamptz[], $11::timestamptz[])
+  AS u(org, operation, run_id, step, action, loaded_mandate_id, loaded_authorization_id, head_mandate_id, head_authorization_id,
+       updated_at, expires_at)
+WHERE i.org = u.org AND i.operation = u.operation AND i.run_id = u.run_id AND i.step = u.step AND i.action = u.action
+  AND i.head_mandate_id = u.loaded_mandate_id AND i.head_authorization_id = u.loaded_authorization_id`
+
+func (w *writeSet) intents(st *lifecycle.State) {
+	var iOrg, iOp, iRun, iStep, iAct, iMid, iAid, iDec, iHmid, iHaid []string
+	var iPart []int32
+	var iCreated, iUpdated, iExpires []pgtype.Timestamptz
+	var uOrg, uOp, uRun, uStep, uAct, uLmid, uLaid, uHmid, uHaid []string
+	var uUpdated, uExpires []pgtype.Timestamptz
+	for _, r := range st.Intents {
+		switch {
+		case r.New:
+			iOrg, iOp, iRun = append(iOrg, r.Scope.Org), append(iOp, r.Scope.Operation), append(iRun, r.Scope.RunID)
+			iStep, iAct = append(iStep, r.Scope.Step), append(iAct, r.Scope.Action)
+			iMid, iAid, iDec = append(iMid, r.Root.Mandate.MandateID), append(iAid, r.Root.ID), append(iDec, r.DecisionID)
+			iHmid, iHaid, iPart = append(iHmid, r.Head.Mandate.MandateID), append(iHaid, r.Head.ID), append(iPart, r.Partition)
+			iCreated, iUpdated, iExpires = append(iCreated, tstz(r.CreatedAt)), append(iUpdated, tstz(r.UpdatedAt)), append(iExpires, tstz(r.ExpiresAt))
+		case r.Dirty:
+			uOrg, uOp, uRun = append(uOrg, r.Scope.Org), append(uOp, r.Scope.Operation), append(uRun, r.Scope.RunID)
+			uStep, uAct = append(uStep, r.Scope.Step), append(uAct, r.Scope.Action)
+			uLmid, uLaid = append(uLmid, r.LoadedHead.Mandate.MandateID), append(uLaid, r.LoadedHead.ID)
+			uHmid, uHaid = append(uHmid, r.Head.Mandate.MandateID), append(uHaid, r.Head.ID)
+			uUpdated, uExpires = append(uUpdated, tstz(r.UpdatedAt)), append(uExpires, tstz(r.ExpiresAt))
+		}
+	}
+	if n := len(iOrg); n > 0 {
+		// Like keys: an intent another partition bound since we loaded
+		// (one intent proposed on two mandates at once) makes the batch
+		// decide again, now seeing that binding.
+		w.queue(insertIntentsSQL, []any{iOrg, iOp, iRun, iStep, iAct, iMid, iAid, iDec, iHmid, iHaid, iPart,
+			iCreated, iUpdated, iExpires}, expectRows("insert intents", n))
+	}
+	if n := len(uOrg); n > 0 {
+		w.queue(updateIntentsSQL, []any{uOrg, uOp, uRun, uStep, uAct, uLmid, uLaid, uHmid, uHaid, uUpdated, uExpires},
+			expectRows("update intents", n))
+	}
 }

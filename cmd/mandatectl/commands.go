@@ -133,10 +133,14 @@ var specPropose = commandSpec{
 authorization's id, needed by begin, commit and cancel) or says why not.
 --key is the idempotency key of the business intent: sending the same intent
 again is answered with the original authorization (replayed).
+--run-id, --step and --action name the intent by the workflow's facts: the
+same intent is answered replayed (intent_replayed) whatever the key, and a
+new use for it takes --fork-of naming its terminal latest authorization.
 The amount is in integer minor units (15000 EUR is 150.00 EUR).`,
 	examples: []string{
 		"mandatectl propose --org acme --mandate case-1842 --key refund-1 --operation refund \\\n    --amount 15000 --currency EUR --target customer-991",
 		"mandatectl propose --org acme --mandate case-1842 --key refund-1 --operation refund \\\n    --amount 15000 --currency EUR --target customer-991 --deadline 2m --json",
+		"mandatectl propose --org acme --mandate case-1842 --key refund-2 --operation refund \\\n    --amount 15000 --currency EUR --target customer-991 \\\n    --run-id run-5521 --step refund --action refund:customer-991 --fork-of au_...",
 	},
 	flags: func(fs *flag.FlagSet) func(map[string]bool) (map[string]any, error) {
 		operation := fs.String("operation", "", "the operation (required)")
@@ -146,6 +150,7 @@ The amount is in integer minor units (15000 EUR is 150.00 EUR).`,
 		basedOn := fs.Int64("based-on-version", 0, "the mandate version the agent saw (a newer one answers stale_version)")
 		var deadline timeFlag
 		fs.Var(&deadline, "deadline", "requested reservation deadline, a `time`: RFC 3339 or a duration from now (default: the mandate's hold window)")
+		intent := intentFlags(fs)
 		return func(set map[string]bool) (map[string]any, error) {
 			if err := required(set, "operation", "amount", "currency", "target"); err != nil {
 				return nil, err
@@ -160,6 +165,9 @@ The amount is in integer minor units (15000 EUR is 150.00 EUR).`,
 			}
 			if deadline.set {
 				body["deadline"] = deadline.String()
+			}
+			if err := intent(set, body); err != nil {
+				return nil, err
 			}
 			return body, nil
 		}

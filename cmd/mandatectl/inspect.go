@@ -59,6 +59,7 @@ type authorizationJSON struct {
 	Result            json.RawMessage `json:"result,omitempty"`
 	Detail            string          `json:"detail,omitempty"`
 	DecisionID        string          `json:"decision_id"`
+	ForkOf            string          `json:"fork_of,omitempty"`
 	CreatedAt         time.Time       `json:"created_at"`
 	UpdatedAt         time.Time       `json:"updated_at"`
 }
@@ -110,6 +111,7 @@ func toAuthorizationJSON(a *lifecycle.Authorization) authorizationJSON {
 		MandateVersion: a.MandateVersion, Deadline: a.Deadline, ExternalRef: a.ExternalRef, Detail: a.Detail,
 		DecisionID: a.DecisionID, CreatedAt: a.CreatedAt, UpdatedAt: a.UpdatedAt,
 		Executor: a.Executor, ExecutionToken: a.ExecutionToken, Result: a.Result}
+	v.ForkOf = a.ForkOf
 	if !a.ExecutionDeadline.IsZero() {
 		t := a.ExecutionDeadline
 		v.ExecutionDeadline = &t

@@ -111,7 +111,7 @@ func commands() map[string]command {
 		"reconcile":      {"list in-doubt executions with their tokens; resolve one on the operator's decision", groups[2], runReconcile},
 		"inspect":        {"show a mandate, its authorizations and its decision history", groups[2], runInspect},
 		"parked":         {"list outbox rows the broker refused for good", groups[2], runParked},
-		"org-settings":   {"show or change an org's settings (idempotency-key retention)", groups[2], runOrgSettings},
+		"org-settings":   {"show or change an org's settings (idempotency-key retention, possible-replay window and policy)", groups[2], runOrgSettings},
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"time"
 
@@ -81,6 +82,12 @@ timeout among its mandates, the shortest retention it may be given.`,
 		return exitFailed
 	}
 	printOrgSettings(a, s, *asJSON)
+	if !*asJSON {
+		if err := printReplay(ctx, a.stdout, pool, org); err != nil {
+			a.errorf("org-settings get: %v", err)
+			return exitFailed
+		}
+	}
 	return exitOK
 }
 
@@ -112,26 +119,39 @@ func printOrgSettings(a *app, s sink.OrgSetting, asJSON bool) {
 }
 
 func runOrgSettingsSet(a *app, args []string) int {
-	f := a.newFlagSet("org-settings set", "<org> --retention D [flags]",
+	f := a.newFlagSet("org-settings set", "<org> [--retention D] [--replay-window D|off] [--replay-policy deny|flag] [flags]",
 		`Change an org's settings. --retention is how long the org's idempotency keys
 are kept (the same intent within it is replayed; a key is kept longer while
 its authorization can still move). It is refused below one hour and below the
 hold window plus execution timeout of any of the org's mandates. The running
-daemons read it within a minute; no restart.`,
+daemons read it within a minute; no restart.
+
+--replay-window and --replay-policy govern possible replays of proposals
+without an intent: a proposal on the same mandate with the same operation,
+amount, currency and target as an authorization that is committed or
+executing and was reserved less than the window before, under another
+idempotency key. deny answers it denied (possible_replay, held_by the earlier
+authorization); flag decides it normally and names the earlier one in
+possible_replay_of. Default: off. Running daemons apply it within 10 s.`,
 		"mandatectl org-settings set acme --retention 7d",
-		"mandatectl org-settings set acme --retention 36h --json")
+		"mandatectl org-settings set acme --retention 36h --json",
+		"mandatectl org-settings set acme --replay-window 10m --replay-policy deny")
 	var db dbConn
 	db.register(f)
 	var retention durationFlag
-	f.Var(&retention, "retention", "idempotency-key retention (a `duration`: 36h, 7d; required)")
+	f.Var(&retention, "retention", "idempotency-key retention (a `duration`: 36h, 7d)")
+	var replay replayFlags
+	replay.register(f.FlagSet)
 	asJSON := f.Bool("json", false, "print the settings stored as JSON")
 	timeout := f.Duration("timeout", 30*time.Second, "bound on the change")
 	org, code, ok := parseOrgArg(f, args)
 	if !ok {
 		return code
 	}
-	if retention.d == 0 {
-		return f.usageErr("--retention is required")
+	set := map[string]bool{}
+	f.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	if retention.d == 0 && !replay.given(set) {
+		return f.usageErr("set needs --retention, --replay-window or --replay-policy")
 	}
 	ctx, cancel := withTimeout(a.ctx, *timeout)
 	defer cancel()
@@ -142,12 +162,20 @@ daemons read it within a minute; no restart.`,
 	}
 	defer pool.Close()
 	settings := sink.NewOrgSettings(pool)
-	if err := settings.SetRetention(ctx, org, retention.d); err != nil {
-		a.errorf("org-settings set: %v", err)
-		if errors.Is(err, sink.ErrRetentionTooShort) {
-			return exitUsage
+	if retention.d != 0 {
+		if err := settings.SetRetention(ctx, org, retention.d); err != nil {
+			a.errorf("org-settings set: %v", err)
+			if errors.Is(err, sink.ErrRetentionTooShort) {
+				return exitUsage
+			}
+			return exitFailed
 		}
-		return exitFailed
+	}
+	if replay.given(set) {
+		if err := replay.apply(ctx, pool, org, set); err != nil {
+			a.errorf("org-settings set: %v", err)
+			return exitFailed
+		}
 	}
 	s, err := settings.Get(ctx, org)
 	if err != nil {
@@ -155,6 +183,12 @@ daemons read it within a minute; no restart.`,
 		return exitFailed
 	}
 	printOrgSettings(a, s, *asJSON)
+	if !*asJSON {
+		if err := printReplay(ctx, a.stdout, pool, org); err != nil {
+			a.errorf("org-settings set: %v", err)
+			return exitFailed
+		}
+	}
 	return exitOK
 }
 

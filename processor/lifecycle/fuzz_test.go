@@ -27,6 +27,12 @@ var (
 	fuzzAmounts  = []int64{1, 50, 100, 101, 1000}
 	fuzzSteps    = []time.Duration{0, time.Nanosecond, time.Second - time.Nanosecond, time.Second, 29 * time.Second, time.Minute, time.Hour}
 	fuzzMaxSteps = 400
+	fuzzIntents  = []wire.Intent{{RunID: "r0", Step: "s0", Action: "a0"}, {RunID: "r0", Step: "s1", Action: "a0"}, {RunID: "r1", Step: "s0", Action: "a0"}}
+	// acme flags possible replays, globex denies them.
+	fuzzReplay = map[string]lifecycle.ReplaySetting{
+		"acme":   {Window: 30 * time.Second, Policy: lifecycle.ReplayFlag},
+		"globex": {Window: 30 * time.Second, Policy: lifecycle.ReplayDeny},
+	}
 )
 
 // bytesIn hands out fuzz bytes; once they run out, every read is zero and
@@ -72,17 +78,26 @@ type fuzzWorld struct {
 	bound   map[lifecycle.IdemScope]idemBinding
 	log     []wire.Decision
 	reserve map[lifecycle.IdemScope]int // reserved answers per scope
+
+	// The lineage of each intent, as the model follows it: the number of
+	// authorizations reserved for it that are not forks, and its latest.
+	intentRoots map[lifecycle.IntentScope]int
+	intentHead  map[lifecycle.IntentScope]lifecycle.AuthKey
 }
 
 func newFuzzWorld(t testing.TB) *fuzzWorld {
-	return &fuzzWorld{
-		t:       t,
-		st:      lifecycle.NewState(1, 2, 1, func(string) time.Duration { return 24 * time.Hour }),
-		now:     t0,
-		byKey:   map[lifecycle.AuthKey]*shadowAuth{},
-		bound:   map[lifecycle.IdemScope]idemBinding{},
-		reserve: map[lifecycle.IdemScope]int{},
+	w := &fuzzWorld{
+		t:           t,
+		st:          lifecycle.NewState(1, 2, 1, func(string) time.Duration { return 24 * time.Hour }),
+		now:         t0,
+		byKey:       map[lifecycle.AuthKey]*shadowAuth{},
+		bound:       map[lifecycle.IdemScope]idemBinding{},
+		reserve:     map[lifecycle.IdemScope]int{},
+		intentRoots: map[lifecycle.IntentScope]int{},
+		intentHead:  map[lifecycle.IntentScope]lifecycle.AuthKey{},
 	}
+	w.st.Replay = fuzzReplay
+	return w
 }
 
 // pickAuth names an authorization: mostly one that exists, under its own
@@ -152,10 +167,33 @@ func (w *fuzzWorld) propose(r *bytesIn) *wire.Command {
 	return &wire.Command{Type: wire.CmdPropose, Key: key, IdempotencyKey: pick(r, fuzzIdem), Propose: p}
 }
 
+// proposeIntent is a propose for one of a few intents: a plain one (a
+// restored agent's replay once the intent is bound), or a fork of the
+// intent's latest authorization, of another one, or of one that never was.
+func (w *fuzzWorld) proposeIntent(r *bytesIn) *wire.Command {
+	cmd := w.propose(r)
+	in := pick(r, fuzzIntents)
+	cmd.Propose.Intent = &in
+	scope, _ := lifecycle.IntentScopeOf(cmd)
+	switch n := r.next(); n % 4 {
+	case 1, 2:
+		if head, ok := w.intentHead[scope]; ok {
+			cmd.Propose.ForkOf = head.ID
+		} else {
+			cmd.Propose.ForkOf = "au_none"
+		}
+	case 3:
+		_, cmd.Propose.ForkOf = w.pickAuth(r)
+	}
+	return cmd
+}
+
 // step reads one action from r and applies it.
 func (w *fuzzWorld) step(r *bytesIn) {
 	var cmd *wire.Command
-	switch r.next() % 12 {
+	switch r.next() % 14 {
+	case 12, 13:
+		cmd = w.proposeIntent(r)
 	case 0:
 		cmd = w.grant(r)
 	case 1:
@@ -291,8 +329,14 @@ func (w *fuzzWorld) decide(cmd *wire.Command) {
 		}
 	}
 
-	// An idempotency key always gets the same authorization.
 	if cmd.Type == wire.CmdPropose {
+		w.checkIntent(cmd, before, answer)
+		w.checkPossibleReplay(cmd, answer)
+	}
+
+	// An idempotency key always gets the same authorization (an intent
+	// answers before its key does).
+	if cmd.Type == wire.CmdPropose && answer.Reason != wire.ReasonIntentReplayed {
 		b, ok := w.bound[scope]
 		switch answer.Outcome {
 		case wire.OutcomeReserved:
@@ -370,6 +414,87 @@ func (w *fuzzWorld) checkExecution(cmd *wire.Command, answer *wire.Decision, bef
 		if a := w.st.Auths[k]; existed && a.State != prev.State {
 			eq(t, prev.ExecutionToken, cmd.ExecutionToken(), "%s moved %s without its execution token", cmd.Type, k.ID)
 			holds(t, !prev.Resolved, "an executor acted after reconciliation")
+		}
+	}
+}
+
+// checkIntent checks replay-or-fork: one non-fork authorization per
+// intent; a bound intent is answered by its latest authorization unless
+// the proposal forks that one once it is terminal; a fork records whom it
+// superseded.
+func (w *fuzzWorld) checkIntent(cmd *wire.Command, before snapshot, answer *wire.Decision) {
+	t := w.t
+	p := cmd.Propose
+	scope, hasIntent := lifecycle.IntentScopeOf(cmd)
+	if !hasIntent {
+		holds(t, answer.Reason != wire.ReasonIntentReplayed && answer.ForkOf == "", "no intent, no lineage")
+		return
+	}
+	head, bound := w.intentHead[scope]
+	switch {
+	case answer.Reason == wire.ReasonIntentReplayed:
+		holds(t, bound, "a replay of an unbound intent")
+		eq(t, wire.OutcomeReplayed, answer.Outcome)
+		eq(t, head.ID, answer.AuthorizationID, "an intent replay names the intent's latest authorization")
+		holds(t, p.ForkOf == "" || p.ForkOf == w.st.Auths[head].ForkOf, "a fork of the latest authorization is not a replay")
+	case answer.Outcome == wire.OutcomeReserved:
+		a := w.st.Auths[lifecycle.AuthKey{Mandate: cmd.Key, ID: answer.AuthorizationID}]
+		if p.ForkOf == "" {
+			holds(t, !bound, "a bound intent reserved again without a fork")
+			w.intentRoots[scope]++
+			eq(t, 1, w.intentRoots[scope], "one non-fork authorization per intent")
+		} else {
+			holds(t, bound, "a fork of an unbound intent")
+			eq(t, head.ID, p.ForkOf, "a fork supersedes the intent's latest authorization")
+			prev, ok := before.auths[head]
+			holds(t, ok && prev.State.Terminal(), "a fork of a live authorization")
+			eq(t, p.ForkOf, answer.ForkOf)
+			eq(t, p.ForkOf, a.ForkOf)
+		}
+		w.intentHead[scope] = a.Key
+		eq(t, a.Key, w.st.Intents[scope].Head)
+	case answer.Reason == wire.ReasonForkOfLive:
+		holds(t, bound && p.ForkOf == head.ID && !w.st.Auths[head].State.Terminal(), "fork_of_live_authorization of %s", p.ForkOf)
+	case answer.Reason == wire.ReasonForkOfUnknown:
+		holds(t, p.ForkOf != "" && (!bound || p.ForkOf != head.ID), "fork_of_unknown of the latest authorization")
+	}
+	if rec := w.st.Intents[scope]; rec != nil {
+		eq(t, w.intentHead[scope], rec.Head, "the intent's latest authorization is the model's")
+	} else {
+		holds(t, !bound, "an intent binding vanished")
+	}
+}
+
+// checkPossibleReplay checks a proposal without an intent against the
+// authorizations it may replay: named when there is one, never otherwise.
+func (w *fuzzWorld) checkPossibleReplay(cmd *wire.Command, answer *wire.Decision) {
+	t := w.t
+	p := cmd.Propose
+	if p.Intent != nil || answer.Reason == wire.ReasonIntentReplayed {
+		return
+	}
+	if answer.PossibleReplay != "" {
+		a := w.st.Auths[lifecycle.AuthKey{Mandate: cmd.Key, ID: answer.PossibleReplay}]
+		holds(t, a != nil, "possible_replay_of names no authorization of the mandate")
+		holds(t, a.State == wire.StateCommitted || a.State == wire.StateExecuting, "possible replay of a %s authorization", a.State)
+		holds(t, a.Operation == p.Operation && a.Target == p.Target && a.Amount == p.Amount.MinorUnits && a.Currency == p.Amount.Currency,
+			"possible replay of another proposal")
+		holds(t, a.IdempotencyKey != cmd.IdempotencyKey, "possible replay under the same key")
+		holds(t, w.now.Sub(a.CreatedAt) < fuzzReplay[cmd.Key.Org].Window, "possible replay outside the window")
+		if fuzzReplay[cmd.Key.Org].Policy == lifecycle.ReplayDeny {
+			eq(t, wire.ReasonPossibleReplay, answer.Reason)
+		}
+		return
+	}
+	holds(t, answer.Reason != wire.ReasonPossibleReplay, "possible_replay without naming the authorization")
+	if answer.Outcome != wire.OutcomeReserved {
+		return
+	}
+	for k, a := range w.st.Auths {
+		if k.Mandate == cmd.Key && k.ID != answer.AuthorizationID && (a.State == wire.StateCommitted || a.State == wire.StateExecuting) &&
+			a.Operation == p.Operation && a.Target == p.Target && a.Amount == p.Amount.MinorUnits && a.Currency == p.Amount.Currency &&
+			a.IdempotencyKey != cmd.IdempotencyKey && w.now.Sub(a.CreatedAt) < fuzzReplay[cmd.Key.Org].Window {
+			holds(t, false, "a reservation within the replay window of %s does not name it", k.ID)
 		}
 	}
 }
@@ -597,7 +722,15 @@ func lifecycleSeeds() [][]byte {
 	// propose m0 pay 50 EUR t0, no version pin, no deadline, under k0 (and k1).
 	propose := []byte{opPropose, 0, 0, 1, 0, 0, 2, 1, 0}
 	propose2 := []byte{opPropose, 0, 0, 1, 0, 0, 2, 1, 1}
+	// propose m0 pay 50 EUR t0 for intent r0/s0/a0 under k0, k1 (a restored
+	// agent), and as a fork of the intent's latest authorization under k2.
+	const opIntent = 12
+	intent := []byte{opIntent, 0, 0, 1, 0, 0, 2, 1, 0, 0, 0}
+	restored := []byte{opIntent, 0, 0, 1, 0, 0, 2, 1, 1, 0, 0}
+	fork := []byte{opIntent, 0, 0, 1, 0, 0, 2, 1, 2, 0, 1}
 	seeds := [][]byte{
+		slices.Concat(grant, intent, restored),
+		slices.Concat(grant, intent, fork, []byte{opBegin, 0, 1, opCommit, 0, 0}, restored, fork, restored),
 		slices.Concat(grant, propose),
 		slices.Concat(grant, propose, []byte{opBegin, 0, 1}),
 		slices.Concat(grant, propose, []byte{opBegin, 0, 1, opClock, 5, opTick, 1}),
@@ -623,13 +756,23 @@ func lifecycleSeeds() [][]byte {
 func TestFuzzLifecycleSeedsReachEveryOutcome(t *testing.T) {
 	t.Parallel()
 	seen := map[wire.AuthState]bool{}
+	var intentReplays, forks int
 	for _, seed := range lifecycleSeeds() {
 		w := newFuzzWorld(t)
-		w.run(seed)
+		for _, d := range w.run(seed) {
+			if d.Reason == wire.ReasonIntentReplayed {
+				intentReplays++
+			}
+			if d.Outcome == wire.OutcomeReserved && d.ForkOf != "" {
+				forks++
+			}
+		}
 		for _, a := range w.st.Auths {
 			seen[a.State] = true
 		}
 	}
+	require.Positive(t, intentReplays, "no seed replays an intent")
+	require.Positive(t, forks, "no seed forks an intent")
 	for _, s := range []wire.AuthState{wire.StateReserved, wire.StateExecuting, wire.StateCommitted, wire.StateCancelled,
 		wire.StateExpired, wire.StateRevoked, wire.StateInDoubt} {
 		require.True(t, seen[s], "no seed reaches %s", s)

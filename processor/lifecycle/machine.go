@@ -89,6 +89,12 @@ type decider struct {
 	src wire.Source
 	now time.Time
 	out []wire.Decision
+
+	// A propose's lineage: the terminal authorization a fork supersedes,
+	// and an earlier authorization the proposal may replay (policy flag).
+	// Every answer emitted after they are set carries them.
+	fork             *Authorization
+	possibleReplayOf string
 }
 
 // answer emits the decision that answers the command. The pointer it
@@ -105,6 +111,10 @@ func (d *decider) answer(outcome wire.Outcome, reason wire.Reason, detail string
 		dec.SentAt = &t
 	}
 	dec.Mandate = mandateView(d.st.Mandates[d.cmd.Key])
+	if d.fork != nil {
+		dec.ForkOf = d.fork.Key.ID
+	}
+	dec.PossibleReplay = d.possibleReplayOf
 	d.out = append(d.out, *dec)
 	return &d.out[len(d.out)-1]
 }
@@ -252,7 +262,25 @@ func (d *decider) propose() {
 	m := d.st.Mandates[d.cmd.Key]
 	scope, _ := ScopeOf(d.cmd)
 	fp := proposeFingerprint(d.cmd)
+	iscope, hasIntent := IntentScopeOf(d.cmd)
+	// An intent that already has an authorization is answered by it,
+	// whatever the key: a restored agent's regenerated key cannot turn an
+	// old effect into a new use. Only a fork of its terminal latest
+	// authorization goes on to be decided.
+	var fork *Authorization
+	if hasIntent {
+		var done bool
+		if done, fork = d.intent(iscope); done {
+			return
+		}
+	}
 	if d.idempotency(scope, fp) {
+		return
+	}
+	d.fork = fork
+	if p.ForkOf != "" && d.fork == nil {
+		d.answer(wire.OutcomeRefused, wire.ReasonForkOfUnknown,
+			fmt.Sprintf("the intent has no authorization (yet) to fork; %q is not one of its authorizations", p.ForkOf))
 		return
 	}
 	// Answers that say the proposal could not be judged yet are not bound
@@ -295,6 +323,18 @@ func (d *decider) propose() {
 		dec := d.answer(wire.OutcomeDenied, reason, detail)
 		d.bind(scope, fp, dec)
 		return dec
+	}
+	if !hasIntent {
+		if earlier := d.possibleReplay(); earlier != nil {
+			if d.st.Replay[d.cmd.Key.Org].Policy == ReplayDeny {
+				dec := deny(wire.ReasonPossibleReplay, fmt.Sprintf("the same proposal (operation, amount, target) under key %q is %s since %s, within the org's replay window: an agent replaying an action it already took? Send an intent to say which",
+					earlier.IdempotencyKey, earlier.State, earlier.CreatedAt.Format(time.RFC3339Nano)))
+				dec.HeldBy = authView(earlier)
+				dec.PossibleReplay = earlier.Key.ID
+				return
+			}
+			d.possibleReplayOf = earlier.Key.ID
+		}
 	}
 	switch {
 	case m.Status == wire.MandateRevoked:
@@ -352,11 +392,106 @@ func (d *decider) propose() {
 		Amount: p.Amount.MinorUnits, Currency: p.Amount.Currency, IdempotencyKey: d.cmd.IdempotencyKey,
 		MandateVersion: m.Version, Deadline: deadline, CreatedAt: d.now, UpdatedAt: d.now, Dirty: true,
 	}
+	if d.fork != nil {
+		a.ForkOf = d.fork.Key.ID
+	}
 	m.LastAuthID = a.Key.ID
 	d.st.Auths[a.Key] = a
 	dec := withAuth(d.answer(wire.OutcomeReserved, "", ""), a)
 	a.DecisionID = dec.DecisionID
 	d.bind(scope, fp, dec)
+	if hasIntent {
+		d.bindIntent(iscope, a)
+	}
+}
+
+// intent answers a proposal whose intent is already bound and returns
+// true, unless the proposal is a fork of the intent's terminal latest
+// authorization: then it returns false and that authorization.
+func (d *decider) intent(scope IntentScope) (bool, *Authorization) {
+	rec := d.st.Intents[scope]
+	if rec == nil {
+		return false, nil
+	}
+	forkOf := d.cmd.Propose.ForkOf
+	head := d.st.Auths[rec.Head]
+	local := rec.Head.Mandate == d.cmd.Key
+	if head != nil && local {
+		d.applyDeadline(head)
+	}
+	switch {
+	case forkOf == "" || (head != nil && head.ForkOf != "" && forkOf == head.ForkOf):
+		// A replay of the action, or of the fork that already superseded
+		// forkOf: the latest authorization, as it stands now.
+		dec := d.answer(wire.OutcomeReplayed, wire.ReasonIntentReplayed,
+			"this intent already has an authorization: its answer, with the current state (to take a new use, fork it with fork_of once it is terminal)")
+		dec.OriginalOutcome = wire.OutcomeReserved
+		dec.ReplayOf = rec.DecisionID
+		dec.AuthorizationID = rec.Head.ID
+		if head != nil {
+			dec.ReplayOf = head.DecisionID
+			if local {
+				withAuth(dec, head)
+			} else {
+				dec.Detail += fmt.Sprintf("; the authorization is under mandate %s", rec.Head.Mandate)
+			}
+		}
+		dec.IdempotencyKey = d.cmd.IdempotencyKey
+		return true, nil
+	case head != nil && forkOf == rec.Head.ID:
+		if !head.State.Terminal() {
+			dec := d.answer(wire.OutcomeRefused, wire.ReasonForkOfLive,
+				fmt.Sprintf("authorization %s of this intent is %s: a fork supersedes only a terminal authorization (commit, cancel or let it expire first)", head.Key.ID, head.State))
+			dec.ForkOf = forkOf
+			dec.AuthorizationID = head.Key.ID
+			dec.HeldBy = authView(head)
+			return true, nil
+		}
+		return false, head
+	default:
+		d.answer(wire.OutcomeRefused, wire.ReasonForkOfUnknown,
+			fmt.Sprintf("%q is not the latest authorization of this intent (%s): a fork names the authorization it supersedes", forkOf, rec.Head.ID))
+		return true, nil
+	}
+}
+
+// bindIntent binds a new intent to its first authorization, or moves a
+// forked intent's lineage to the fork.
+func (d *decider) bindIntent(scope IntentScope, a *Authorization) {
+	expires := d.now.Add(d.st.Retention(scope.Org))
+	if rec := d.st.Intents[scope]; rec != nil {
+		rec.Head, rec.UpdatedAt, rec.ExpiresAt, rec.Dirty = a.Key, d.now, expires, true
+		return
+	}
+	d.st.Intents[scope] = &IntentRecord{
+		Scope: scope, Root: a.Key, DecisionID: a.DecisionID, Head: a.Key, Partition: d.st.Partition,
+		CreatedAt: d.now, UpdatedAt: d.now, ExpiresAt: expires, New: true,
+	}
+}
+
+// possibleReplay finds, when the org has a replay window, the latest
+// committed or executing authorization of the mandate with the same
+// material fingerprint (operation, amount, currency, target) under another
+// key, created less than the window before now.
+func (d *decider) possibleReplay() *Authorization {
+	rs := d.st.Replay[d.cmd.Key.Org]
+	if rs.Window <= 0 {
+		return nil
+	}
+	p := d.cmd.Propose
+	var best *Authorization
+	for k, a := range d.st.Auths {
+		if k.Mandate != d.cmd.Key || (a.State != wire.StateCommitted && a.State != wire.StateExecuting) ||
+			a.Operation != p.Operation || a.Target != p.Target || a.Amount != p.Amount.MinorUnits ||
+			a.Currency != p.Amount.Currency || a.IdempotencyKey == d.cmd.IdempotencyKey ||
+			a.CreatedAt.After(d.now) || d.now.Sub(a.CreatedAt) >= rs.Window {
+			continue
+		}
+		if best == nil || a.CreatedAt.After(best.CreatedAt) || (a.CreatedAt.Equal(best.CreatedAt) && a.Key.ID > best.Key.ID) {
+			best = a
+		}
+	}
+	return best
 }
 
 // authFor finds the authorization a command names, applying its deadline

@@ -96,6 +96,7 @@ type Authorization struct {
 	DecisionID string // the decision that reserved it
 	CreatedAt  time.Time
 	UpdatedAt  time.Time
+	ForkOf     string // the authorization of the same intent this one superseded
 
 	LoadedVersion int64
 	Dirty         bool
@@ -156,9 +157,13 @@ type State struct {
 	Mandates map[partitioner.MandateKey]*Mandate
 	Auths    map[AuthKey]*Authorization
 	Idem     map[IdemScope]*IdemRecord
+	Intents  map[IntentScope]*IntentRecord
 
 	// Retention returns how long an org's idempotency keys are kept.
 	Retention func(org string) time.Duration
+	// Replay holds the possible-replay settings of the orgs whose
+	// proposals the batch decides; an org that is absent has them off.
+	Replay map[string]ReplaySetting
 }
 
 // NewState returns an empty working set.
@@ -168,6 +173,7 @@ func NewState(partition int32, epoch, nextSeq int64, retention func(string) time
 		Mandates:  map[partitioner.MandateKey]*Mandate{},
 		Auths:     map[AuthKey]*Authorization{},
 		Idem:      map[IdemScope]*IdemRecord{},
+		Intents:   map[IntentScope]*IntentRecord{},
 		Retention: retention,
 	}
 }
@@ -222,6 +228,7 @@ func authView(a *Authorization) *wire.AuthorizationView {
 		Deadline: a.Deadline, ExternalRef: a.ExternalRef, CreatedAt: a.CreatedAt, UpdatedAt: a.UpdatedAt,
 		Executor: a.Executor, ExecutionToken: a.ExecutionToken, Result: a.Result,
 	}
+	v.ForkOf = a.ForkOf
 	if !a.ExecutionDeadline.IsZero() {
 		t := a.ExecutionDeadline
 		v.ExecutionDeadline = &t
@@ -247,4 +254,57 @@ func mandateView(m *Mandate) *wire.MandateView {
 		v.ValidUntil = &vu
 	}
 	return v
+}
+
+// IntentScope is the scope of an intent: like an idempotency key, one org
+// and one operation, then the workflow facts that name the action.
+type IntentScope struct {
+	Org       string
+	Operation string
+	wire.Intent
+}
+
+// IntentScopeOf returns the intent scope of a propose that carries one.
+func IntentScopeOf(c *wire.Command) (IntentScope, bool) {
+	if c.Type != wire.CmdPropose || c.Propose == nil || c.Propose.Intent == nil {
+		return IntentScope{}, false
+	}
+	return IntentScope{Org: c.Key.Org, Operation: c.Propose.Operation, Intent: *c.Propose.Intent}, true
+}
+
+// IntentRecord binds an intent to the first authorization it produced
+// (Root) and follows its lineage: Head is that authorization or the latest
+// fork that superseded it. Every member of the lineage but Head is terminal.
+type IntentRecord struct {
+	Scope      IntentScope
+	Root       AuthKey
+	DecisionID string // the decision that reserved Root
+	Head       AuthKey
+	Partition  int32 // Root's partition (whose background job purges the record)
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
+	ExpiresAt  time.Time // retention like a key's; never purged while Head is live
+
+	LoadedHead AuthKey // Head as read from storage (zero when new)
+	New        bool    // created in this batch
+	Dirty      bool    // Head moved in this batch
+}
+
+// ReplayPolicy says what a possible replay (no intent, same material
+// fingerprint within the org's window) is answered with.
+type ReplayPolicy string
+
+const (
+	ReplayDeny ReplayPolicy = "deny" // denied possible_replay, naming the earlier authorization
+	ReplayFlag ReplayPolicy = "flag" // decided normally; the decision names the earlier authorization
+)
+
+// Valid reports whether p is a known policy.
+func (p ReplayPolicy) Valid() bool { return p == ReplayDeny || p == ReplayFlag }
+
+// ReplaySetting is an org's possible-replay window and policy; a zero
+// Window turns the check off.
+type ReplaySetting struct {
+	Window time.Duration
+	Policy ReplayPolicy
 }

@@ -92,6 +92,21 @@ type Propose struct {
 	Target         string
 	BasedOnVersion int64     // 0 when the agent did not name one
 	Deadline       time.Time // requested reservation deadline; zero means the mandate's hold window
+	// Intent names the step of a workflow this proposal acts for, from the
+	// orchestrator's stable facts; nil when the agent named none.
+	Intent *Intent
+	// ForkOf names the authorization of Intent this proposal knowingly
+	// supersedes (which must be terminal); empty when it is not a fork.
+	ForkOf string
+}
+
+// Intent identifies one action of one workflow run: the same intent
+// proposed again (an agent restored from a checkpoint, under a regenerated
+// idempotency key) is a replay, not a new use. Each part is an id.
+type Intent struct {
+	RunID  string `json:"run_id"`
+	Step   string `json:"step"`
+	Action string `json:"action"`
 }
 
 // Begin is the compare-and-set gate before the external call: it elects

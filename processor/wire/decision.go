@@ -65,6 +65,9 @@ const (
 )
 
 // Decision is one answer on the decisions topic, schema version 1.
+// PossibleReplay is a committed or executing authorization with the same
+// operation, amount and target, under another key, within the org's replay
+// window (reason possible_replay under policy deny).
 type Decision struct {
 	V               int                `json:"v"`
 	DecisionID      string             `json:"decision_id"` // "<partition>-<sequence>"
@@ -83,6 +86,8 @@ type Decision struct {
 	ReplayOf        string             `json:"replay_of,omitempty"`        // the decision that first answered this intent
 	OriginalOutcome Outcome            `json:"original_outcome,omitempty"` // on a replay: what that first answer was
 	ExecutionToken  int64              `json:"execution_token,omitempty"`  // the token of the authorization's execution, once begun
+	ForkOf          string             `json:"fork_of,omitempty"`          // on a fork: the authorization it supersedes
+	PossibleReplay  string             `json:"possible_replay_of,omitempty"`
 	Authorization   *AuthorizationView `json:"authorization,omitempty"`
 	HeldBy          *AuthorizationView `json:"held_by,omitempty"` // on a denial: the authorization holding the authority
 	Mandate         *MandateView       `json:"mandate,omitempty"`
@@ -109,6 +114,7 @@ type AuthorizationView struct {
 	ExecutionToken    int64      `json:"execution_token,omitempty"` // its fencing token
 	// Result is the provider's answer the winning commit recorded (a JSON object).
 	Result    json.RawMessage `json:"result,omitempty"`
+	ForkOf    string          `json:"fork_of,omitempty"` // the authorization of the same intent it superseded
 	CreatedAt time.Time       `json:"created_at"`
 	UpdatedAt time.Time       `json:"updated_at"`
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/mandated/mandated/partitioner"
@@ -142,7 +143,7 @@ var commonFields = []string{"v", "type", "org", "mandate_id", "idempotency_key",
 var typeFields = map[CommandType][]string{
 	CmdGrant:         {"uses", "max_amount", "total_limit", "operations", "targets", "valid_from", "valid_until", "release_on_cancel", "hold_seconds", "execution_timeout_seconds"},
 	CmdRevoke:        {"reason"},
-	CmdPropose:       {"operation", "amount", "target", "based_on_version", "deadline"},
+	CmdPropose:       {"operation", "amount", "target", "based_on_version", "deadline", "intent", "fork_of"},
 	CmdBegin:         {"authorization_id", "executor"},
 	CmdCommit:        {"authorization_id", "external_ref", "execution_token", "result"},
 	CmdCancel:        {"authorization_id", "reason", "not_executed_proof", "execution_token"},
@@ -151,6 +152,8 @@ var typeFields = map[CommandType][]string{
 }
 
 var moneyFields = []string{"minor_units", "currency"}
+
+var intentFields = []string{"run_id", "step", "action"}
 
 // Decode turns one record (its key and value) into a Command, or says why
 // it cannot. It never panics and does no I/O.
@@ -283,9 +286,14 @@ func Decode(recordKey, value []byte, lim Limits) (*Command, *Rejection) {
 			Target:         r.id("target", true),
 			BasedOnVersion: r.integer("based_on_version", false, 1, 1<<62, ReasonFieldInvalid),
 			Deadline:       r.timestamp("deadline", false),
+			Intent:         r.intent("intent"),
+			ForkOf:         r.id("fork_of", false),
 		}
 		if r.err != nil && r.err.Reason == ReasonTimestampInvalid && r.err.field == "deadline" {
 			r.err.Reason = ReasonDeadlineInvalid
+		}
+		if r.err == nil && cmd.Propose.ForkOf != "" && cmd.Propose.Intent == nil {
+			r.failField("intent", ReasonMissingField, "missing_field:intent (fork_of names an authorization of an intent)")
 		}
 	case CmdBegin:
 		b := &Begin{AuthorizationID: r.id("authorization_id", true), Executor: r.id("executor", false)}
@@ -570,6 +578,34 @@ func (r *reader) money(field string, required bool) Money {
 		return Money{}
 	}
 	return Money{MinorUnits: i, Currency: cur}
+}
+
+// intent reads an optional {"run_id", "step", "action"} object of ids.
+func (r *reader) intent(field string) *Intent {
+	v, ok := r.get(r.obj, field, false)
+	if !ok {
+		return nil
+	}
+	m, isObj := v.(object)
+	if !isObj {
+		r.failField(field, ReasonFieldInvalid, "field_invalid:%s must be an object {\"run_id\", \"step\", \"action\"}", field)
+		return nil
+	}
+	if unknown := unknownKeys(m, intentFields); len(unknown) > 0 {
+		r.failField(field, ReasonUnknownField, "unknown field(s) %q in %s", unknown, field)
+		return nil
+	}
+	sub := reader{obj: m}
+	in := &Intent{RunID: sub.id("run_id", true), Step: sub.id("step", true), Action: sub.id("action", true)}
+	if sub.err != nil {
+		detail := field + "." + sub.err.Detail
+		if rest, ok := strings.CutPrefix(sub.err.Detail, "missing_field:"); ok {
+			detail = "missing_field:" + field + "." + rest
+		}
+		r.failField(field, sub.err.Reason, "%s", detail)
+		return nil
+	}
+	return in
 }
 
 // stringList reads an array of strings of a grammar (nil: the id grammar).

@@ -546,7 +546,13 @@ func TestDecodeAcceptsValidCommands(t *testing.T) {
 		{name: "the propose example decodes every field", value: example("propose"), want: &wire.Command{
 			Type: wire.CmdPropose, Key: key, IdempotencyKey: "refund-1842-attempt-intent", SentAt: at("2026-11-30T08:05:00.25Z"),
 			Propose: &wire.Propose{Operation: "payment.refund", Amount: wire.Money{MinorUnits: 15000, Currency: "EUR"},
-				Target: "customer-77", BasedOnVersion: 1, Deadline: at("2026-11-30T08:09:00Z")}}},
+				Target: "customer-77", BasedOnVersion: 1, Deadline: at("2026-11-30T08:09:00Z"),
+				Intent: &wire.Intent{RunID: "run-5521", Step: "refund", Action: "payment.refund:customer-77"}}}},
+		{name: "a fork decodes its intent and the authorization it supersedes", value: with(proposeBase,
+			"intent", `{"action":"a.1","run_id":"run-1","step":"s:2"}`, "fork_of", `"au_x"`), want: &wire.Command{
+			Type: wire.CmdPropose, Key: key, IdempotencyKey: "intent-1",
+			Propose: &wire.Propose{Operation: "payment.refund", Amount: wire.Money{MinorUnits: 15000, Currency: "EUR"},
+				Target: "customer-77", Intent: &wire.Intent{RunID: "run-1", Step: "s:2", Action: "a.1"}, ForkOf: "au_x"}}},
 		{name: "a propose at the maximum amount with an offset deadline decodes in UTC", value: with(proposeBase,
 			"amount", `{"minor_units":1000000000000000,"currency":"EUR"}`, "deadline", `"2026-11-30T09:09:00.123456789+01:00"`), want: &wire.Command{
 			Type: wire.CmdPropose, Key: key, IdempotencyKey: "intent-1",

@@ -32,6 +32,8 @@ func (d *Decision) Encode() ([]byte, error) {
 	if d.ExecutionToken != 0 {
 		b = appendIntField(b, "execution_token", d.ExecutionToken)
 	}
+	b = appendStrField(b, "fork_of", d.ForkOf, true)
+	b = appendStrField(b, "possible_replay_of", d.PossibleReplay, true)
 	if d.Authorization != nil {
 		b = append(b, `,"authorization":`...)
 		b = appendAuthorization(b, d.Authorization)
@@ -107,6 +109,7 @@ func appendAuthorization(b []byte, a *AuthorizationView) []byte {
 		b = append(b, `,"result":`...)
 		b = append(b, a.Result...)
 	}
+	b = appendStrField(b, "fork_of", a.ForkOf, true)
 	b = appendTimeField(b, "created_at", a.CreatedAt)
 	b = appendTimeField(b, "updated_at", a.UpdatedAt)
 	return append(b, '}')

@@ -234,6 +234,12 @@ func checkCommand(t *testing.T, cmd *wire.Command) {
 		require.True(t, partitioner.ValidID(p.Target), p.Target)
 		require.True(t, p.BasedOnVersion >= 0 && p.BasedOnVersion <= 1<<62)
 		checkTime(t, p.Deadline)
+		if p.Intent != nil {
+			for _, id := range []string{p.Intent.RunID, p.Intent.Step, p.Intent.Action} {
+				require.True(t, partitioner.ValidID(id), id)
+			}
+		}
+		require.True(t, p.ForkOf == "" || (partitioner.ValidID(p.ForkOf) && p.Intent != nil), "a fork names an id and has an intent")
 	case cmd.Begin != nil:
 		require.True(t, partitioner.ValidID(cmd.Begin.Executor), "a begin always names its executor: %q", cmd.Begin.Executor)
 	case cmd.Commit != nil:
@@ -300,6 +306,10 @@ func encodeCommand(t *testing.T, cmd *wire.Command) []byte {
 			m["based_on_version"] = p.BasedOnVersion
 		}
 		optTime("deadline", p.Deadline)
+		if p.Intent != nil {
+			m["intent"] = p.Intent
+		}
+		opt("fork_of", p.ForkOf)
 	case cmd.Begin != nil:
 		m["authorization_id"], m["executor"] = cmd.Begin.AuthorizationID, cmd.Begin.Executor
 	case cmd.Commit != nil:

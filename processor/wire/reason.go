@@ -51,6 +51,10 @@ const (
 	ReasonInDoubtPending      Reason = "in_doubt_pending"
 	ReasonStaleVersion        Reason = "stale_version"
 	ReasonIdempotencyConflict Reason = "idempotency_key_reused"
+	ReasonIntentReplayed      Reason = "intent_replayed"            // replayed: the intent already has an authorization
+	ReasonPossibleReplay      Reason = "possible_replay"            // denied: the same material proposal was recently committed or begun
+	ReasonForkOfLive          Reason = "fork_of_live_authorization" // refused: a fork must supersede a terminal authorization
+	ReasonForkOfUnknown       Reason = "fork_of_unknown"            // refused: fork_of is not the intent's latest authorization
 
 	ReasonAuthorizationNotFound Reason = "authorization_not_found"
 	ReasonDeadlinePassed        Reason = "deadline_passed"

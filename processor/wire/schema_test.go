@@ -162,6 +162,9 @@ func TestEdgeCasesAreValidForSchemaAndDecoder(t *testing.T) {
 		{name: "a resolve as cancelled with an empty external reference", value: with(resolveBase, "outcome", `"cancelled"`, "external_ref", `""`)},
 		{name: "a propose with a nine-digit fraction and an offset", value: with(proposeBase, "sent_at", `"2199-12-31T23:59:59.999999999+23:59"`)},
 		{name: "a propose with the largest based-on version", value: with(proposeBase, "based_on_version", `4611686018427387904`)},
+		{name: "a propose forking an authorization of its intent", value: with(proposeBase,
+			"intent", `{"run_id":"run-1","step":"s.2","action":"refund:c-7"}`, "fork_of", `"au_x"`)},
+		{name: "a propose with a null intent and a null fork", value: with(proposeBase, "intent", "null", "fork_of", "null")},
 		{name: "a revoke with a 512-byte reason of emoji and escapes", value: with(revokeBase, "reason", `"`+strings.Repeat("😀", 127)+`\"\\\/"`)},
 		{name: "ids at their longest", value: with(proposeBase, "org", `"`+strings.Repeat("o", 63)+`"`,
 			"mandate_id", `"`+strings.Repeat("M", 128)+`"`, "idempotency_key", `"0._:-`+strings.Repeat("k", 123)+`"`)},
@@ -253,6 +256,13 @@ func TestInvalidCommandsFailSchemaAndDecoder(t *testing.T) {
 		{name: "a grantor field on a propose", schema: "propose", value: with(proposeBase, "uses", `1`), reason: wire.ReasonUnknownField},
 		{name: "a case-variant key", schema: "propose", value: plus(with(proposeBase), `"Type":"grant"`), reason: wire.ReasonAmbiguousField},
 		{name: "a null org", schema: "propose", value: with(proposeBase, "org", "null"), reason: wire.ReasonIDInvalid},
+		{name: "a fork without an intent", schema: "propose", value: with(proposeBase, "fork_of", `"au_x"`), reason: wire.ReasonMissingField},
+		{name: "a fork with a null intent", schema: "propose", value: with(proposeBase, "intent", "null", "fork_of", `"au_x"`), reason: wire.ReasonMissingField},
+		{name: "an intent without its step", schema: "propose", value: with(proposeBase, "intent", `{"run_id":"r","action":"a"}`), reason: wire.ReasonMissingField},
+		{name: "an unknown field in an intent", schema: "propose", value: with(proposeBase, "intent", `{"run_id":"r","step":"s","action":"a","key":"k"}`), reason: wire.ReasonUnknownField},
+		{name: "an intent run id outside the id grammar", schema: "propose", value: with(proposeBase, "intent", `{"run_id":"r/1","step":"s","action":"a"}`), reason: wire.ReasonIDInvalid},
+		{name: "an intent that is a string", schema: "propose", value: with(proposeBase, "intent", `"run-1/s/a"`), reason: wire.ReasonFieldInvalid},
+		{name: "a fork of an id outside the id grammar", schema: "propose", value: with(proposeBase, "intent", `{"run_id":"r","step":"s","action":"a"}`, "fork_of", `"au x"`), reason: wire.ReasonIDInvalid},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -481,6 +491,57 @@ func TestExamplesReplayThroughTheLifecycle(t *testing.T) {
 	want, err := os.ReadFile(path)
 	require.NoError(t, err)
 	require.JSONEq(t, string(want), string(got), "run go test -run TestExamplesReplayThroughTheLifecycle -update to accept")
+}
+
+// TestReplayOrForkDecisionsPassTheSchema runs the propose example's intent
+// through a restore, a fork and a possible replay: every decision passes
+// the decision schema and parses back.
+func TestReplayOrForkDecisionsPassTheSchema(t *testing.T) {
+	t.Parallel()
+	r := newExampleRun(t)
+	r.st.Replay = map[string]lifecycle.ReplaySetting{"acme": {Window: time.Hour, Policy: lifecycle.ReplayFlag}}
+	r.decide("grant", "mandate.grants", 17, "2026-11-30T08:00:00Z")
+	first := r.decide("propose", "mandate.proposals", 1842, "2026-11-30T08:05:00.5Z")[0]
+	variant := func(key, forkOf string, intent bool) *wire.Command {
+		cmd, rej := wire.Decode(r.key.Bytes(), readExample(t, "propose"), wire.Limits{})
+		require.Nil(t, rej)
+		cmd.IdempotencyKey, cmd.Propose.ForkOf, cmd.Propose.Deadline, cmd.Propose.BasedOnVersion = key, forkOf, time.Time{}, 0
+		if !intent {
+			cmd.Propose.Intent = nil
+		}
+		return cmd
+	}
+	decide := func(cmd *wire.Command, offset int64, now string) wire.Decision {
+		at, err := time.Parse(time.RFC3339Nano, now)
+		require.NoError(t, err)
+		ds := r.st.Decide(lifecycle.Input{Cmd: cmd, Source: wire.Source{Topic: "mandate.proposals", Partition: r.st.Partition, Offset: offset}}, at)
+		for i := range ds {
+			b, err := ds[i].Encode()
+			require.NoError(t, err)
+			r.all = append(r.all, b)
+		}
+		return ds[len(ds)-1]
+	}
+	live := decide(variant("refund-1842-restored-1", first.AuthorizationID, true), 1843, "2026-11-30T08:05:30Z")
+	require.Equal(t, wire.ReasonForkOfLive, live.Reason)
+	r.decide("commit", "mandate.proposals", 1844, "2026-11-30T08:06:00Z")
+	replayed := decide(variant("refund-1842-restored-2", "", true), 1845, "2026-11-30T08:07:00Z")
+	require.Equal(t, wire.ReasonIntentReplayed, replayed.Reason)
+	fork := decide(variant("refund-1842-second-refund", first.AuthorizationID, true), 1846, "2026-11-30T08:08:00Z")
+	require.Equal(t, wire.OutcomeDenied, fork.Outcome, "a single-use mandate: the fork is decided, and denied")
+	require.Equal(t, first.AuthorizationID, fork.ForkOf)
+	unknown := decide(variant("refund-1842-third", "au_none", true), 1847, "2026-11-30T08:09:00Z")
+	require.Equal(t, wire.ReasonForkOfUnknown, unknown.Reason)
+	flagged := decide(variant("refund-1842-no-intent", "", false), 1848, "2026-11-30T08:10:00Z")
+	require.Equal(t, first.AuthorizationID, flagged.PossibleReplay)
+	for _, b := range r.all {
+		require.NoError(t, validate(t, "decision", b), "%s", b)
+		d, err := wire.ParseDecision(b)
+		require.NoError(t, err)
+		again, err := d.Encode()
+		require.NoError(t, err)
+		require.JSONEq(t, string(b), string(again))
+	}
 }
 
 func TestDecisionExampleIsValid(t *testing.T) {
