@@ -2,6 +2,7 @@ package wire_test
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"testing"
 	"time"
@@ -43,6 +44,11 @@ type jsonCommand struct {
 	Detail                  string              `json:"detail"`
 	Outcome                 wire.ResolveOutcome `json:"outcome"`
 	Evidence                string              `json:"evidence"`
+	Executor                string              `json:"executor"`
+	ExecutionToken          int64               `json:"execution_token"`
+	Result                  json.RawMessage     `json:"result"`
+	Intent                  *wire.Intent        `json:"intent"`
+	ForkOf                  string              `json:"fork_of"`
 }
 
 // command builds what Decode should return from what encoding/json read,
@@ -78,19 +84,36 @@ func (j *jsonCommand) command(t *testing.T) *wire.Command {
 		c.Revoke = &wire.Revoke{Reason: j.Reason}
 	case wire.CmdPropose:
 		c.Propose = &wire.Propose{Operation: j.Operation, Amount: j.Amount, Target: j.Target,
-			BasedOnVersion: j.BasedOnVersion, Deadline: ts(j.Deadline)}
+			BasedOnVersion: j.BasedOnVersion, Deadline: ts(j.Deadline), Intent: j.Intent, ForkOf: j.ForkOf}
 	case wire.CmdBegin:
-		c.Begin = &wire.Begin{AuthorizationID: j.AuthorizationID}
+		// Without an executor the idempotency key stands in for it (v1).
+		c.Begin = &wire.Begin{AuthorizationID: j.AuthorizationID, Executor: cmp.Or(j.Executor, j.IdempotencyKey)}
 	case wire.CmdCommit:
-		c.Commit = &wire.Commit{AuthorizationID: j.AuthorizationID, ExternalRef: j.ExternalRef}
+		c.Commit = &wire.Commit{AuthorizationID: j.AuthorizationID, ExternalRef: j.ExternalRef,
+			ExecutionToken: j.ExecutionToken, Result: canonicalResult(t, j.Result)}
 	case wire.CmdCancel:
-		c.Cancel = &wire.Cancel{AuthorizationID: j.AuthorizationID, Reason: j.Reason, NotExecutedProof: j.NotExecutedProof}
+		c.Cancel = &wire.Cancel{AuthorizationID: j.AuthorizationID, Reason: j.Reason, NotExecutedProof: j.NotExecutedProof,
+			ExecutionToken: j.ExecutionToken}
 	case wire.CmdReportUnknown:
-		c.Report = &wire.ReportUnknown{AuthorizationID: j.AuthorizationID, Detail: j.Detail}
+		c.Report = &wire.ReportUnknown{AuthorizationID: j.AuthorizationID, Detail: j.Detail, ExecutionToken: j.ExecutionToken}
 	case wire.CmdResolve:
-		c.Resolve = &wire.Resolve{AuthorizationID: j.AuthorizationID, Outcome: j.Outcome, ExternalRef: j.ExternalRef, Evidence: j.Evidence}
+		c.Resolve = &wire.Resolve{AuthorizationID: j.AuthorizationID, Outcome: j.Outcome, ExternalRef: j.ExternalRef, Evidence: j.Evidence,
+			ExecutionToken: j.ExecutionToken}
 	}
 	return c
+}
+
+// canonicalResult is a commit's result as the contract stores it: what
+// encoding/json writes for the decoded value (compact, sorted keys).
+func canonicalResult(t *testing.T, raw json.RawMessage) json.RawMessage {
+	if raw == nil {
+		return nil
+	}
+	var v any
+	require.NoError(t, json.Unmarshal(raw, &v))
+	b, err := json.Marshal(v)
+	require.NoError(t, err)
+	return b
 }
 
 // FuzzDecodeAgreesWithEncodingJSON: for every record the strict decoder
