@@ -730,7 +730,7 @@ func lifecycleSeeds() [][]byte {
 	fork := []byte{opIntent, 0, 0, 1, 0, 0, 2, 1, 2, 0, 1}
 	seeds := [][]byte{
 		slices.Concat(grant, intent, restored),
-		slices.Concat(grant, intent, fork, []byte{opBegin, 0, 1, opCommit, 0, 0}, restored, fork, restored),
+		slices.Concat(grant, intent, fork, []byte{opBegin, 0, 1, opCommit, 0, 0, 0, 0}, restored, fork, restored),
 		slices.Concat(grant, propose),
 		slices.Concat(grant, propose, []byte{opBegin, 0, 1}),
 		slices.Concat(grant, propose, []byte{opBegin, 0, 1, opClock, 5, opTick, 1}),
