@@ -110,6 +110,7 @@ func commands() map[string]command {
 		"in-doubt":       {"list in-doubt authorizations older than a threshold", groups[2], runInDoubt},
 		"inspect":        {"show a mandate, its authorizations and its decision history", groups[2], runInspect},
 		"parked":         {"list outbox rows the broker refused for good", groups[2], runParked},
+		"acls":           {"print or create the Kafka ACLs of each role (plan, apply)", groups[0], runACLs},
 		"grantor-keys":   {"grantor signing keys and each org's grant_signing (generate, add, revoke, list, require, relax)", groups[0], runGrantorKeys},
 	}
 }
