@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"sort"
 	"time"
 
 	"github.com/mandated/mandated/partitioner"
@@ -270,11 +271,22 @@ grant_signing setting.`,
 			untilText(k.ValidUntil), revoked, dash(k.Note))
 	}
 	_ = tw.Flush()
-	for o, m := range signingModesView(modes, org) {
-		fmt.Fprintf(a.stdout, "grant_signing %s: %s\n", o, m)
+	if org != "" {
+		mode, err := signingModeOf(ctx, pool, org)
+		if err != nil {
+			a.errorf("grantor-keys list: %v", err)
+			return exitFailed
+		}
+		fmt.Fprintf(a.stdout, "grant_signing %s: %s\n", org, mode)
+		return exitOK
 	}
-	if org != "" && modes[org] == "" {
-		fmt.Fprintf(a.stdout, "grant_signing %s: %s (default)\n", org, sink.SigningOff)
+	orgs := make([]string, 0, len(modes))
+	for o := range modes {
+		orgs = append(orgs, o)
+	}
+	sort.Strings(orgs)
+	for _, o := range orgs {
+		fmt.Fprintf(a.stdout, "grant_signing %s: %s\n", o, modes[o])
 	}
 	return exitOK
 }

@@ -77,3 +77,16 @@ apply it within --grantor-key-refresh (5s).`, mode),
 		return nil
 	})
 }
+
+// signingModeOf returns an org's grant_signing (off when it has no row),
+// for 'mandatectl org-settings get'.
+func signingModeOf(ctx context.Context, q sink.Querier, org string) (sink.SigningMode, error) {
+	modes, err := sink.SigningModes(ctx, q)
+	if err != nil {
+		return "", err
+	}
+	if m, ok := modes[org]; ok {
+		return m, nil
+	}
+	return sink.SigningOff, nil
+}

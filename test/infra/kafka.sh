@@ -95,6 +95,9 @@ start() {
 	pid=$(kafka_node_pid "$DIR")
 	[ -z "$pid" ] || die "already running (pid $pid)"
 	[ -f "$DIR/cluster.id" ] || die "$DIR holds no formatted broker; use up"
+	# The current settings (the authorizer of the SASL instance, say) also
+	# apply to a broker formatted by an older version of this script.
+	write_props
 	port_open "$KAFKA_PORT" && die "127.0.0.1:$KAFKA_PORT is in use by a process this script did not start"
 	reserve_port "$KAFKA_PORT"
 	reserve_port "$KAFKA_CONTROLLER_PORT"
