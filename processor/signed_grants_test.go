@@ -11,9 +11,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/test/harness"
+	"github.com/mandated/mandated/test/testenv"
 )
 
 // sendSigned produces cmd to the grants topic, signed by keyID with priv
@@ -168,4 +170,39 @@ func TestAGrantsTopicWriterWithoutAKeyCannotMintAuthority(t *testing.T) {
 	keys, err := sink.GrantorKeys(ctx, pool, "acme")
 	require.NoError(t, err)
 	require.Len(t, keys, 5)
+}
+
+// TestARevokedGrantorKeyStopsSigningWithinTheRefresh: the processor caches
+// the keys, and a revocation reaches it within GrantorKeyRefresh.
+func TestARevokedGrantorKeyStopsSigningWithinTheRefresh(t *testing.T) {
+	t.Parallel()
+	const refresh = 300 * time.Millisecond
+	h := harness.New(t, harness.Options{Partitions: 1, Configure: func(c *processor.ServiceConfig) {
+		c.Processor.GrantorKeyRefresh = refresh
+	}})
+	in := h.Start("a")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool := in.Service.Sink.Pool()
+	_, priv, err := ed25519.GenerateKey(nil)
+	require.NoError(t, err)
+	require.NoError(t, sink.AddGrantorKey(ctx, pool, sink.GrantorKey{Org: "acme", KeyID: "k1",
+		PublicKey: priv.Public().(ed25519.PublicKey), ValidFrom: time.Now().Add(-time.Minute)}))
+	require.NoError(t, sink.SetSigningMode(ctx, pool, "acme", sink.SigningRequired))
+	d := h.Await(sendSigned(t, h, grant("acme", "m0", 1, nil), "k1", priv, nil))
+	require.Equal(t, wire.OutcomeGranted, d.Outcome, "%+v", d)
+
+	require.NoError(t, sink.RevokeGrantorKey(ctx, pool, "acme", "k1", time.Now()))
+	revokedAt := time.Now()
+	n := 0
+	testenv.WaitFor(t, 20*time.Second, func() bool {
+		n++
+		d := h.Await(sendSigned(t, h, grant("acme", fmt.Sprintf("m%d", n), 1, nil), "k1", priv, nil))
+		if d.Outcome == wire.OutcomeGranted {
+			require.Less(t, time.Since(revokedAt), refresh+5*time.Second, "only a cached keyring still accepts the key")
+			return false
+		}
+		require.Equal(t, wire.ReasonSignatureKeyRevoked, d.Reason, "%+v", d)
+		return true
+	}, "the revocation reaches the processor")
 }

@@ -2,7 +2,9 @@ package processor
 
 import (
 	"bytes"
+	"context"
 	"crypto/ed25519"
+	"errors"
 	"testing"
 	"time"
 
@@ -169,4 +171,34 @@ func FuzzGrantorSignatureVerification(f *testing.F) {
 			require.NoError(t, err)
 		}
 	})
+}
+
+// TestTheKeyringIsReadOncePerRefreshUnlessForced: grantor commands do not
+// cost a database read each; a stale cache or an unknown key reloads it.
+func TestTheKeyringIsReadOncePerRefreshUnlessForced(t *testing.T) {
+	t.Parallel()
+	loads := 0
+	k := &keyring{refresh: time.Hour, load: func(context.Context) (*sink.Keyring, error) {
+		loads++
+		return &sink.Keyring{}, nil
+	}}
+	ctx := context.Background()
+	for range 5 {
+		_, err := k.get(ctx, false)
+		require.NoError(t, err)
+	}
+	require.Equal(t, 1, loads, "one read serves every command within the refresh interval")
+	_, err := k.get(ctx, true)
+	require.NoError(t, err)
+	require.Equal(t, 2, loads, "forced: reloaded")
+	k.refresh = time.Nanosecond
+	_, err = k.get(ctx, false)
+	require.NoError(t, err)
+	require.Equal(t, 3, loads, "stale: reloaded")
+
+	failing := &keyring{refresh: time.Hour, load: func(context.Context) (*sink.Keyring, error) {
+		return nil, errors.New("database down")
+	}}
+	_, err = failing.get(ctx, false)
+	require.Error(t, err, "no keyring is ever invented")
 }

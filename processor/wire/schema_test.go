@@ -154,6 +154,8 @@ func TestEdgeCasesAreValidForSchemaAndDecoder(t *testing.T) {
 			"hold_seconds", `604800`, "execution_timeout_seconds", `604800`,
 			"operations", repeatOperations(wire.MaxOperations))},
 		{name: "a grant with an empty targets list", value: with(grantBase, "targets", `[]`)},
+		{name: "a signed revoke", value: with(revokeBase, "signature",
+			`{"key_id":"treasury-2026-11","alg":"ed25519","sig":"`+strings.Repeat("A", 86)+`=="}`)},
 		{name: "a begin with an empty idempotency key", value: with(beginBase, "idempotency_key", `""`)},
 		{name: "a resolve as cancelled with an empty external reference", value: with(resolveBase, "outcome", `"cancelled"`, "external_ref", `""`)},
 		{name: "a propose with a nine-digit fraction and an offset", value: with(proposeBase, "sent_at", `"2199-12-31T23:59:59.999999999+23:59"`)},
