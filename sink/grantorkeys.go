@@ -11,9 +11,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// Querier is what the grantor-key queries need: a pool, a connection or a
+// KeyQuerier is what the grantor-key queries need: a pool, a connection or a
 // transaction.
-type Querier interface {
+type KeyQuerier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
@@ -46,7 +46,7 @@ var ErrKeyExists = errors.New("sink: grantor key already exists")
 
 // AddGrantorKey registers a key. Key ids are never reused within an org,
 // so a decision's signed_by names one key forever.
-func AddGrantorKey(ctx context.Context, q Querier, k GrantorKey) error {
+func AddGrantorKey(ctx context.Context, q KeyQuerier, k GrantorKey) error {
 	if len(k.PublicKey) != ed25519.PublicKeySize {
 		return fmt.Errorf("sink: grantor key %s: not an Ed25519 public key (%d bytes)", k.KeyID, len(k.PublicKey))
 	}
@@ -68,7 +68,7 @@ func AddGrantorKey(ctx context.Context, q Querier, k GrantorKey) error {
 
 // RevokeGrantorKey marks a key revoked as of at (it stays on record). A key
 // already revoked keeps its first revocation time.
-func RevokeGrantorKey(ctx context.Context, q Querier, org, keyID string, at time.Time) error {
+func RevokeGrantorKey(ctx context.Context, q KeyQuerier, org, keyID string, at time.Time) error {
 	tag, err := q.Exec(ctx, `UPDATE grantor_keys SET revoked_at = coalesce(revoked_at, $3) WHERE org = $1 AND key_id = $2`, org, keyID, at)
 	if err != nil {
 		return fmt.Errorf("sink: revoke grantor key: %w", interpretError(err))
@@ -80,7 +80,7 @@ func RevokeGrantorKey(ctx context.Context, q Querier, org, keyID string, at time
 }
 
 // GrantorKeys lists the keys of org, or of every org when org is empty.
-func GrantorKeys(ctx context.Context, q Querier, org string) ([]GrantorKey, error) {
+func GrantorKeys(ctx context.Context, q KeyQuerier, org string) ([]GrantorKey, error) {
 	rows, err := q.Query(ctx, `SELECT org, key_id, alg, public_key, valid_from, valid_until, revoked_at, note, created_at
 		FROM grantor_keys WHERE $1 = '' OR org = $1 ORDER BY org, valid_from, key_id`, org)
 	if err != nil {
@@ -109,7 +109,7 @@ func GrantorKeys(ctx context.Context, q Querier, org string) ([]GrantorKey, erro
 }
 
 // SetSigningMode stores an org's grant_signing setting.
-func SetSigningMode(ctx context.Context, q Querier, org string, mode SigningMode) error {
+func SetSigningMode(ctx context.Context, q KeyQuerier, org string, mode SigningMode) error {
 	if mode != SigningOff && mode != SigningRequired {
 		return fmt.Errorf("sink: grant signing mode %q is not off or required", mode)
 	}
@@ -123,7 +123,7 @@ func SetSigningMode(ctx context.Context, q Querier, org string, mode SigningMode
 
 // SigningModes returns every org's grant_signing setting that is not the
 // default (an org without a row is SigningOff).
-func SigningModes(ctx context.Context, q Querier) (map[string]SigningMode, error) {
+func SigningModes(ctx context.Context, q KeyQuerier) (map[string]SigningMode, error) {
 	rows, err := q.Query(ctx, `SELECT org, mode FROM org_grant_signing`)
 	if err != nil {
 		return nil, fmt.Errorf("sink: read grant signing: %w", interpretError(err))

@@ -121,7 +121,7 @@ RFC 3339 or a duration from now (90m, 30d).`,
 	if *pubFile == "" {
 		return f.usageErr("--public-key-file is required")
 	}
-	pub, err := readPublicKey(*pubFile)
+	pub, err := readGrantorPublicKey(*pubFile)
 	if err != nil {
 		return f.usageErr("--public-key-file: %v", err)
 	}
@@ -132,13 +132,13 @@ RFC 3339 or a duration from now (90m, 30d).`,
 	if !validUntil.t.IsZero() && !validUntil.t.After(from) {
 		return f.usageErr("--valid-until must be after --valid-from")
 	}
-	return withWriteConn(a, f, &db, *timeout, "grantor-keys add", func(ctx context.Context, q sink.Querier) error {
+	return withGrantorKeysConn(a, f, &db, *timeout, "grantor-keys add", func(ctx context.Context, q sink.KeyQuerier) error {
 		if err := sink.AddGrantorKey(ctx, q, sink.GrantorKey{Org: org, KeyID: keyID, PublicKey: pub,
 			ValidFrom: from, ValidUntil: validUntil.t, Note: *note}); err != nil {
 			return err
 		}
 		fmt.Fprintf(a.stdout, "added grantor key %s for org %s, valid from %s until %s\n", keyID, org,
-			fmtTime(from), untilText(validUntil.t))
+			fmtTime(from), validUntilText(validUntil.t))
 		return nil
 	})
 }
@@ -160,7 +160,7 @@ func runGrantorKeysRevoke(a *app, args []string) int {
 	if err != nil {
 		return f.usageErr("%v", err)
 	}
-	return withWriteConn(a, f, &db, *timeout, "grantor-keys revoke", func(ctx context.Context, q sink.Querier) error {
+	return withGrantorKeysConn(a, f, &db, *timeout, "grantor-keys revoke", func(ctx context.Context, q sink.KeyQuerier) error {
 		if err := sink.RevokeGrantorKey(ctx, q, org, keyID, time.Now()); err != nil {
 			return err
 		}
@@ -181,7 +181,7 @@ type grantorKeyView struct {
 	Note       string     `json:"note,omitempty"`
 }
 
-func keyState(k sink.GrantorKey, now time.Time) string {
+func grantorKeyState(k sink.GrantorKey, now time.Time) string {
 	switch {
 	case !k.RevokedAt.IsZero() && !now.Before(k.RevokedAt):
 		return "revoked"
@@ -243,8 +243,8 @@ grant_signing setting.`,
 	if *asJSON {
 		views := make([]grantorKeyView, 0, len(keys))
 		for _, k := range keys {
-			v := grantorKeyView{Org: k.Org, KeyID: k.KeyID, Alg: k.Alg, PublicKey: publicKeyPEM(k.PublicKey),
-				ValidFrom: k.ValidFrom.UTC(), State: keyState(k, now), Note: k.Note}
+			v := grantorKeyView{Org: k.Org, KeyID: k.KeyID, Alg: k.Alg, PublicKey: grantorPublicKeyPEM(k.PublicKey),
+				ValidFrom: k.ValidFrom.UTC(), State: grantorKeyState(k, now), Note: k.Note}
 			if !k.ValidUntil.IsZero() {
 				t := k.ValidUntil.UTC()
 				v.ValidUntil = &t
@@ -267,8 +267,8 @@ grant_signing setting.`,
 		if !k.RevokedAt.IsZero() {
 			revoked = fmtTime(k.RevokedAt)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.Org, k.KeyID, keyState(k, now), fmtTime(k.ValidFrom),
-			untilText(k.ValidUntil), revoked, dash(k.Note))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.Org, k.KeyID, grantorKeyState(k, now), fmtTime(k.ValidFrom),
+			validUntilText(k.ValidUntil), revoked, dash(k.Note))
 	}
 	_ = tw.Flush()
 	if org != "" {
@@ -314,15 +314,15 @@ func orgAndKeyID(pos []string) (string, string, error) {
 	return pos[0], pos[1], nil
 }
 
-func untilText(t time.Time) string {
+func validUntilText(t time.Time) string {
 	if t.IsZero() {
 		return "never"
 	}
 	return fmtTime(t)
 }
 
-// withWriteConn runs fn on one read-write connection.
-func withWriteConn(a *app, f *flagSet, db *dbConn, timeout time.Duration, name string, fn func(context.Context, sink.Querier) error) int {
+// withGrantorKeysConn runs fn on one read-write connection.
+func withGrantorKeysConn(a *app, f *flagSet, db *dbConn, timeout time.Duration, name string, fn func(context.Context, sink.KeyQuerier) error) int {
 	if _, err := db.resolve(); err != nil {
 		return f.usageErr("%v", err)
 	}
@@ -341,7 +341,7 @@ func withWriteConn(a *app, f *flagSet, db *dbConn, timeout time.Duration, name s
 	return exitOK
 }
 
-func readPublicKey(path string) (ed25519.PublicKey, error) {
+func readGrantorPublicKey(path string) (ed25519.PublicKey, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
@@ -361,7 +361,7 @@ func readPublicKey(path string) (ed25519.PublicKey, error) {
 	return pub, nil
 }
 
-func publicKeyPEM(pub ed25519.PublicKey) string {
+func grantorPublicKeyPEM(pub ed25519.PublicKey) string {
 	der, err := x509.MarshalPKIXPublicKey(pub)
 	if err != nil {
 		return ""
@@ -369,7 +369,7 @@ func publicKeyPEM(pub ed25519.PublicKey) string {
 	return string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}))
 }
 
-func readPrivateKey(path string) (ed25519.PrivateKey, error) {
+func readGrantorPrivateKey(path string) (ed25519.PrivateKey, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
@@ -411,7 +411,7 @@ func (s *signingFlags) sign(value []byte) ([]byte, error) {
 	if s.keyID == "" {
 		return nil, errors.New("--signing-key-id is required with --signing-key-file")
 	}
-	priv, err := readPrivateKey(s.keyFile)
+	priv, err := readGrantorPrivateKey(s.keyFile)
 	if err != nil {
 		return nil, fmt.Errorf("--signing-key-file: %w", err)
 	}

@@ -22,7 +22,7 @@ func (s *signingSetting) register(fs *flag.FlagSet) {
 }
 
 // apply stores the setting when the flag was given.
-func (s *signingSetting) apply(ctx context.Context, q sink.Querier, org string) error {
+func (s *signingSetting) apply(ctx context.Context, q sink.KeyQuerier, org string) error {
 	if s.mode == "" {
 		return nil
 	}
@@ -60,7 +60,7 @@ apply it within --grantor-key-refresh (5s).`, mode),
 	}
 	org := pos[0]
 	s := signingSetting{mode: string(mode)}
-	return withWriteConn(a, f, &db, *timeout, "grantor-keys "+verb, func(ctx context.Context, q sink.Querier) error {
+	return withGrantorKeysConn(a, f, &db, *timeout, "grantor-keys "+verb, func(ctx context.Context, q sink.KeyQuerier) error {
 		if mode == sink.SigningRequired {
 			keys, err := sink.GrantorKeys(ctx, q, org)
 			if err != nil {
@@ -80,7 +80,7 @@ apply it within --grantor-key-refresh (5s).`, mode),
 
 // signingModeOf returns an org's grant_signing (off when it has no row),
 // for 'mandatectl org-settings get'.
-func signingModeOf(ctx context.Context, q sink.Querier, org string) (sink.SigningMode, error) {
+func signingModeOf(ctx context.Context, q sink.KeyQuerier, org string) (sink.SigningMode, error) {
 	modes, err := sink.SigningModes(ctx, q)
 	if err != nil {
 		return "", err
