@@ -29,6 +29,8 @@ type item struct {
 	src    wire.Source
 	sentAt time.Time
 	rec    *kgo.Record
+	// signedBy is the grantor key whose signature verified (itemCommand).
+	signedBy string
 }
 
 // classify decodes a record and decides which path it takes. A record that

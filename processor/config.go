@@ -28,6 +28,7 @@ const (
 	PurgeBatchDefault           = 1000
 	StatsIntervalDefault        = 10 * time.Second
 	FetchMaxWaitDefault         = 250 * time.Millisecond
+	GrantorKeyRefreshDefault    = 5 * time.Second
 )
 
 // PartitionListener hears about ownership and commits; the outbox relay is
@@ -91,6 +92,12 @@ type Config struct {
 	// FetchMaxWait bounds how long an idle fetch waits. Defaults to
 	// FetchMaxWaitDefault.
 	FetchMaxWait time.Duration
+	// GrantorKeyRefresh is how old the cached grantor keys and signing
+	// settings may be before a grantor command reloads them: a key
+	// revocation or a new grant_signing=required takes effect within it
+	// (a key the cache does not know is looked up at once). Defaults to
+	// GrantorKeyRefreshDefault.
+	GrantorKeyRefresh time.Duration
 	// Listener hears about ownership and commits. Defaults to none.
 	Listener PartitionListener
 
@@ -139,6 +146,7 @@ func (c Config) WithDefaults() Config {
 	c.PurgeBatch = cmp.Or(c.PurgeBatch, PurgeBatchDefault)
 	c.StatsInterval = cmp.Or(c.StatsInterval, StatsIntervalDefault)
 	c.FetchMaxWait = cmp.Or(c.FetchMaxWait, FetchMaxWaitDefault)
+	c.GrantorKeyRefresh = cmp.Or(c.GrantorKeyRefresh, GrantorKeyRefreshDefault)
 	if c.Test.Clock == nil {
 		c.Test.Clock = clock.Real{}
 	}
@@ -164,6 +172,8 @@ func (c Config) Validate() error {
 		return errors.New("processor: RebalanceTimeout must be at least SessionTimeout")
 	case c.PurgeBatch < 1:
 		return errors.New("processor: PurgeBatch must be positive")
+	case c.GrantorKeyRefresh < 0:
+		return errors.New("processor: GrantorKeyRefresh must not be negative")
 	}
 	return nil
 }

@@ -24,6 +24,7 @@ type Processor struct {
 	sink    *sink.Sink
 	log     zerolog.Logger
 	metrics *Metrics
+	keys    *keyring
 
 	client     *kgo.Client
 	partitions int32 // the topics' partition count
@@ -47,8 +48,12 @@ func New(cfg Config, s *sink.Sink, log zerolog.Logger, m *Metrics) (*Processor, 
 	if m == nil {
 		m = NewMetrics(nil)
 	}
-	return &Processor{cfg: cfg, sink: s, log: log.With().Str("component", "processor").Logger(), metrics: m,
-		workers: map[int32]*worker{}}, nil
+	p := &Processor{cfg: cfg, sink: s, log: log.With().Str("component", "processor").Logger(), metrics: m,
+		workers: map[int32]*worker{}}
+	p.keys = &keyring{refresh: cfg.GrantorKeyRefresh, load: func(ctx context.Context) (*sink.Keyring, error) {
+		return p.sink.LoadKeyring(ctx)
+	}}
+	return p, nil
 }
 
 // Config returns the effective configuration.

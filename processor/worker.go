@@ -233,6 +233,9 @@ func (w *worker) step() (bool, error) {
 	if len(items) == 0 && len(due) == 0 {
 		return true, nil
 	}
+	if err := w.verifySignatures(items, now); err != nil {
+		return true, err
+	}
 	err := w.commitIsolating(items, due, now)
 	if errors.Is(err, sink.ErrFenced) {
 		w.unshift(recs) // a successor re-claiming the partition decides them
@@ -350,7 +353,13 @@ func (w *worker) commit(items []item, due []lifecycle.AuthKey, now time.Time) er
 				var err error
 				switch it.kind {
 				case itemCommand:
-					err = emit(st.Decide(lifecycle.Input{Cmd: it.cmd, Source: it.src}, now)...)
+					ds := st.Decide(lifecycle.Input{Cmd: it.cmd, Source: it.src}, now)
+					if it.signedBy != "" {
+						for i := range ds {
+							ds[i].SignedBy = it.signedBy
+						}
+					}
+					err = emit(ds...)
 				case itemReject:
 					d := st.Reject(it.key, it.rej, it.src, it.sentAt, now)
 					if it.home >= 0 {

@@ -72,7 +72,7 @@ func Open(ctx context.Context, cfg Config, log zerolog.Logger) (*Sink, error) {
 func (s *Sink) migrate(ctx context.Context) error {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
-		return fmt.Errorf("sink: connect: %w", interpretError(err))
+		return fmt.Errorf("sink: connect: %w", tlsHint(interpretError(err)))
 	}
 	defer conn.Release()
 	applied, err := Migrate(ctx, conn.Conn())

@@ -112,6 +112,8 @@ func commands() map[string]command {
 		"inspect":        {"show a mandate, its authorizations and its decision history", groups[2], runInspect},
 		"parked":         {"list outbox rows the broker refused for good", groups[2], runParked},
 		"org-settings":   {"show or change an org's settings (idempotency-key retention, possible-replay window and policy)", groups[2], runOrgSettings},
+		"acls":           {"print or create the Kafka ACLs of each role (plan, apply)", groups[0], runACLs},
+		"grantor-keys":   {"grantor signing keys and each org's grant_signing (generate, add, revoke, list, require, relax)", groups[0], runGrantorKeys},
 	}
 }
 

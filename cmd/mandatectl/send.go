@@ -67,6 +67,10 @@ decided).`
 		asJSON := f.Bool("json", false, "print the decision as published (JSON) instead of a table")
 		noWait := f.Bool("no-wait", false, "produce the command and exit 0 without waiting for its decision")
 		build := spec.flags(f.FlagSet)
+		var signing signingFlags
+		if spec.typ.Signable() {
+			signing.register(f.FlagSet)
+		}
 
 		pos, code, ok := f.parse(args)
 		if !ok {
@@ -100,6 +104,9 @@ decided).`
 		if err != nil {
 			a.errorf("%s: encode the command: %v", name, err)
 			return exitFailed
+		}
+		if value, err = signing.sign(value); err != nil {
+			return f.usageErr("%v", err)
 		}
 		// Decode exactly as the processor will: a command it would reject is
 		// a usage error here, and nothing is produced.

@@ -68,6 +68,7 @@ type config struct {
 	logFormat        string
 	logLevel         string
 	failpoints       string
+	grantorKeyTTL    time.Duration
 }
 
 func (c *config) register(fs *flag.FlagSet) {
@@ -99,6 +100,7 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 30*time.Second, "bound on a graceful shutdown")
 	fs.StringVar(&c.logFormat, "log-format", "auto", "json, console, or auto (console on a terminal)")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.DurationVar(&c.grantorKeyTTL, "grantor-key-refresh", processor.GrantorKeyRefreshDefault, "how old the cached grantor keys and grant_signing settings may be (a key revocation takes effect within it)")
 	fs.StringVar(&c.failpoints, "failpoints", "", "fault injection for tests: name=action;... (see processor/failpoint)")
 }
 
@@ -130,7 +132,7 @@ func (c *config) serviceConfig(log zerolog.Logger, reg prometheus.Registerer) (p
 		Processor: processor.Config{Brokers: brokers, KafkaOpts: kopts, ClientHooks: hooks, Group: c.group, Owner: c.owner,
 			ProposalsTopic: c.proposalsTopic, GrantsTopic: c.grantsTopic, DecisionsTopic: c.decisionsTopic,
 			DeadLetterTopic: c.deadLetterTopic, MaxBatch: c.maxBatch, MaxRecordBytes: c.maxRecordBytes,
-			SessionTimeout: c.sessionTimeout, RebalanceTimeout: c.rebalanceTimeout},
+			SessionTimeout: c.sessionTimeout, RebalanceTimeout: c.rebalanceTimeout, GrantorKeyRefresh: c.grantorKeyTTL},
 		Relay: outbox.Config{Brokers: brokers, KafkaOpts: kopts, ClientHooks: hooks, DecisionsTopic: c.decisionsTopic,
 			DeadLetterTopic: c.deadLetterTopic, TransactionalIDPrefix: c.relayTxnPrefix, MaxRows: c.relayMaxRows,
 			IdlePoll: c.relayIdlePoll, TransactionTimeout: c.relayTxnTimeout, Linger: c.relayLinger,

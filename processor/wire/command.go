@@ -56,6 +56,11 @@ type Command struct {
 	IdempotencyKey string    // required for propose; optional elsewhere
 	SentAt         time.Time // the producer's clock, for latency only; zero when absent
 
+	// Signature is a grantor command's signature, nil when it carries none;
+	// SignedMessage is what it signs (SigningMessage of the record value).
+	Signature     *Signature
+	SignedMessage []byte
+
 	Grant   *Grant
 	Revoke  *Revoke
 	Propose *Propose

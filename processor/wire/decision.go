@@ -94,7 +94,8 @@ type Decision struct {
 	HomePartition   *int32             `json:"home_partition,omitempty"` // on a misrouted rejection
 	Source          *Source            `json:"source,omitempty"`
 	DecidedAt       time.Time          `json:"decided_at"`
-	SentAt          *time.Time         `json:"sent_at,omitempty"` // the command's sent_at, echoed for latency
+	SentAt          *time.Time         `json:"sent_at,omitempty"`   // the command's sent_at, echoed for latency
+	SignedBy        string             `json:"signed_by,omitempty"` // the grantor key whose signature was verified
 }
 
 // AuthorizationView is an authorization as a decision shows it.

@@ -217,7 +217,7 @@ func Decode(recordKey, value []byte, lim Limits) (*Command, *Rejection) {
 	if !ct.Known() {
 		return fail(ReasonUnknownCommand, "command type %q is not one of grant, revoke, propose, begin, commit, cancel, report_unknown, resolve", ts)
 	}
-	if unknown := unknownKeys(obj, commonFields, typeFields[ct]); len(unknown) > 0 {
+	if unknown := unknownKeys(obj, commonFields, typeFields[ct], signableFields(ct)); len(unknown) > 0 {
 		return fail(ReasonUnknownField, "unknown field(s) %q for a %s command", unknown, ct)
 	}
 
@@ -330,6 +330,9 @@ func Decode(recordKey, value []byte, lim Limits) (*Command, *Rejection) {
 			}
 		}
 		cmd.Resolve = res
+	}
+	if r.err == nil {
+		cmd.Signature, cmd.SignedMessage, r.err = readSignature(obj)
 	}
 	if r.err != nil {
 		return fail(r.err.Reason, "%s", r.err.Detail)

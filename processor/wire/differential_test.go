@@ -49,6 +49,11 @@ type jsonCommand struct {
 	Result                  json.RawMessage     `json:"result"`
 	Intent                  *wire.Intent        `json:"intent"`
 	ForkOf                  string              `json:"fork_of"`
+	Signature               *struct {
+		KeyID string `json:"key_id"`
+		Alg   string `json:"alg"`
+		Sig   []byte `json:"sig"` // standard base64, as encoding/json reads []byte
+	} `json:"signature"`
 }
 
 // command builds what Decode should return from what encoding/json read,
@@ -133,6 +138,7 @@ func FuzzDecodeAgreesWithEncodingJSON(f *testing.F) {
 	f.Add([]byte(goodKey), with(grantBase, "hold_seconds", `null`, "targets", `[]`, "release_on_cancel", `false`))
 	f.Add([]byte(goodKey), with(grantBase, "total_limit", `{"currency":"EUR","minor_units":40000}`, "valid_until", `"2026-12-31T23:59:59.123456789+01:00"`))
 	f.Add([]byte(goodKey), with(proposeBase, "based_on_version", `9007199254740993`, "sent_at", `"2026-11-30T08:00:00-05:30"`))
+	f.Add([]byte(goodKey), with(grantBase, "signature", `{"key_id":"grantor-1","alg":"ed25519","sig":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=="}`))
 	f.Fuzz(func(t *testing.T, key, value []byte) {
 		cmd, rej := wire.Decode(key, value, wire.Limits{})
 		if rej != nil {
@@ -142,6 +148,13 @@ func FuzzDecodeAgreesWithEncodingJSON(f *testing.F) {
 		d.DisallowUnknownFields()
 		var j jsonCommand
 		require.NoError(t, d.Decode(&j), "the decoder accepted what encoding/json cannot read into the wire struct: %q", value)
-		require.Equal(t, j.command(t), cmd, "the decoder and encoding/json read %q differently", value)
+		want := j.command(t)
+		if j.Signature != nil {
+			want.Signature = &wire.Signature{KeyID: j.Signature.KeyID, Alg: j.Signature.Alg, Sig: j.Signature.Sig}
+			msg, err := wire.SigningMessage(value)
+			require.NoError(t, err)
+			want.SignedMessage = msg
+		}
+		require.Equal(t, want, cmd, "the decoder and encoding/json read %q differently", value)
 	})
 }

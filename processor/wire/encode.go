@@ -78,6 +78,7 @@ func (d *Decision) Encode() ([]byte, error) {
 	if d.SentAt != nil {
 		b = appendTimeField(b, "sent_at", *d.SentAt)
 	}
+	b = appendStrField(b, "signed_by", d.SignedBy, true)
 	return append(b, '}'), nil
 }
 

@@ -21,7 +21,7 @@ var decoderReasons = map[wire.Reason]bool{
 	wire.ReasonUnsupportedVersion: true, wire.ReasonUnknownCommand: true, wire.ReasonMissingField: true,
 	wire.ReasonFieldInvalid: true, wire.ReasonIDInvalid: true, wire.ReasonAmountInvalid: true, wire.ReasonCurrencyInvalid: true,
 	wire.ReasonTimestampInvalid: true, wire.ReasonDeadlineInvalid: true, wire.ReasonMissingIdentity: true,
-	wire.ReasonMissingRecordKey: true, wire.ReasonKeyMismatch: true,
+	wire.ReasonMissingRecordKey: true, wire.ReasonKeyMismatch: true, wire.ReasonSignatureMalformed: true,
 }
 
 // beforeParse are the reasons given before the body is known to be one
@@ -70,7 +70,9 @@ func FuzzDecode(f *testing.F) {
 		require.NoError(t, validate(t, "command", again), "%s", again)
 		cmd3, rej3 := wire.Decode(key, again, wire.Limits{})
 		require.Nil(t, rej3, "the canonical encoding decodes: %s", again)
-		require.Equal(t, cmd, cmd3, "a command survives a round trip through its canonical encoding")
+		unsigned := *cmd // the re-encoding carries no signature
+		unsigned.Signature, unsigned.SignedMessage = nil, nil
+		require.Equal(t, &unsigned, cmd3, "a command survives a round trip through its canonical encoding")
 	})
 }
 

@@ -75,3 +75,13 @@ const (
 	ReasonExecutionTimeout   Reason = "execution_timeout"
 	ReasonRevokedByGrantor   Reason = "revoked_by_grantor"
 )
+
+// Reasons for a refused signature (outcome "rejected": nothing changes).
+const (
+	ReasonSignatureMissing    Reason = "signature_missing"     // the org requires signed grantor commands
+	ReasonSignatureMalformed  Reason = "signature_malformed"   // not {key_id, alg: ed25519, sig: base64 of 64 bytes}
+	ReasonSignatureUnknownKey Reason = "signature_unknown_key" // no such key for the command's org
+	ReasonSignatureKeyExpired Reason = "signature_key_expired" // outside the key's validity window
+	ReasonSignatureKeyRevoked Reason = "signature_key_revoked" // the key was revoked
+	ReasonSignatureInvalid    Reason = "signature_invalid"     // the signature does not verify
+)

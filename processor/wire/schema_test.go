@@ -154,6 +154,8 @@ func TestEdgeCasesAreValidForSchemaAndDecoder(t *testing.T) {
 			"hold_seconds", `604800`, "execution_timeout_seconds", `604800`,
 			"operations", repeatOperations(wire.MaxOperations))},
 		{name: "a grant with an empty targets list", value: with(grantBase, "targets", `[]`)},
+		{name: "a signed revoke", value: with(revokeBase, "signature",
+			`{"key_id":"treasury-2026-11","alg":"ed25519","sig":"`+strings.Repeat("A", 86)+`=="}`)},
 		{name: "a begin with an empty idempotency key", value: with(beginBase, "idempotency_key", `""`)},
 		{name: "a begin naming its executor only by idempotency key (v1, deprecated)", value: with(beginBase, "executor", "-", "idempotency_key", `"resume-1"`)},
 		{name: "a commit with the largest token and an 8 KiB result", value: with(commitBase, "execution_token", `4611686018427387904`,
@@ -524,6 +526,7 @@ func TestReplayOrForkDecisionsPassTheSchema(t *testing.T) {
 	}
 	live := decide(variant("refund-1842-restored-1", first.AuthorizationID, true), 1843, "2026-11-30T08:05:30Z")
 	require.Equal(t, wire.ReasonForkOfLive, live.Reason)
+	r.decide("begin", "mandate.proposals", 1850, "2026-11-30T08:05:45Z")
 	r.decide("commit", "mandate.proposals", 1844, "2026-11-30T08:06:00Z")
 	replayed := decide(variant("refund-1842-restored-2", "", true), 1845, "2026-11-30T08:07:00Z")
 	require.Equal(t, wire.ReasonIntentReplayed, replayed.Reason)

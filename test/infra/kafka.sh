@@ -6,7 +6,10 @@
 # Defaults: PLAINTEXT on 127.0.0.1:19092, controller 19093, state in .infra/kafka/.
 # KAFKA_SASL=1 runs a second instance with a SASL_PLAINTEXT (SCRAM-SHA-256) listener
 # instead: 127.0.0.1:19192, controller 19193, state in .infra/kafka-sasl/, user
-# KAFKA_SASL_USER / KAFKA_SASL_PASSWORD created at format time (--add-scram).
+# KAFKA_SASL_USER / KAFKA_SASL_PASSWORD created at format time (--add-scram), a super
+# user; the broker authorizes with KRaft's StandardAuthorizer and
+# allow.everyone.if.no.acl.found=false, so any other SCRAM user can do only what
+# ACLs allow (tests create such users and apply 'mandatectl acls').
 #
 # Environment: KAFKA_PORT, KAFKA_CONTROLLER_PORT, KAFKA_DIR, KAFKA_SASL,
 # KAFKA_SASL_USER, KAFKA_SASL_PASSWORD, KAFKA_HEAP_OPTS, KAFKA_JVM_OPTS,
@@ -61,6 +64,15 @@ EOF
 sasl.enabled.mechanisms=SCRAM-SHA-256
 sasl.mechanism.inter.broker.protocol=SCRAM-SHA-256
 listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="$KAFKA_SASL_USER" password="$KAFKA_SASL_PASSWORD";
+
+# ACLs on a real authorizer: nothing is allowed that no ACL allows. The admin
+# user the scripts and tests use is a super user, and so is the loopback-only
+# PLAINTEXT controller listener's ANONYMOUS principal (the broker's own
+# connection to its controller; SCRAM cannot authenticate controllers).
+# Every other principal gets exactly what 'mandatectl acls apply' creates.
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+allow.everyone.if.no.acl.found=false
+super.users=User:$KAFKA_SASL_USER;User:ANONYMOUS
 EOF
 		fi
 		echo
@@ -83,6 +95,9 @@ start() {
 	pid=$(kafka_node_pid "$DIR")
 	[ -z "$pid" ] || die "already running (pid $pid)"
 	[ -f "$DIR/cluster.id" ] || die "$DIR holds no formatted broker; use up"
+	# The current settings (the authorizer of the SASL instance, say) also
+	# apply to a broker formatted by an older version of this script.
+	write_props
 	port_open "$KAFKA_PORT" && die "127.0.0.1:$KAFKA_PORT is in use by a process this script did not start"
 	reserve_port "$KAFKA_PORT"
 	reserve_port "$KAFKA_CONTROLLER_PORT"

@@ -1,0 +1,140 @@
+package processor
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/sink"
+)
+
+// Signed grants: a grant, revoke or resolve may carry an Ed25519 signature
+// by a grantor key registered for its org, and an org may require one.
+// The processor checks it after decoding and before the state machine, so
+// a principal that can write the grants topic but holds no key cannot mint
+// authority, and the lifecycle never sees an unverified grantor command.
+
+// keyring caches the grantor keys and signing settings read from
+// PostgreSQL. Workers share it; a read older than the refresh interval is
+// replaced before use, and a signature naming a key the cache does not
+// know forces a reload (once per batch), so a key added a moment ago works
+// at once. A revocation or a new "required" takes effect within the
+// refresh interval.
+type keyring struct {
+	load    func(context.Context) (*sink.Keyring, error)
+	refresh time.Duration
+
+	mu     sync.Mutex
+	ring   *sink.Keyring
+	loaded time.Time // wall clock of the read
+}
+
+// get returns the keyring, reloading it if it is older than the refresh
+// interval or if force is set.
+func (k *keyring) get(ctx context.Context, force bool) (*sink.Keyring, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.ring != nil && !force && time.Since(k.loaded) < k.refresh {
+		return k.ring, nil
+	}
+	ring, err := k.load(ctx)
+	if err != nil {
+		return nil, err
+	}
+	k.ring, k.loaded = ring, time.Now()
+	return ring, nil
+}
+
+// verifyCommand checks a signable command's signature against ring at now.
+// It returns the key id that signed it ("" for an accepted unsigned
+// command), or the rejection that answers it. It is pure.
+func verifyCommand(ring *sink.Keyring, cmd *wire.Command, now time.Time) (string, *wire.Rejection) {
+	org := cmd.Key.Org
+	refuse := func(reason wire.Reason, format string, args ...any) (string, *wire.Rejection) {
+		key := cmd.Key
+		return "", &wire.Rejection{Reason: reason, Key: &key, Type: cmd.Type, IdempotencyKey: cmd.IdempotencyKey,
+			AuthorizationID: cmd.AuthorizationID(), Detail: fmt.Sprintf(format, args...)}
+	}
+	sig := cmd.Signature
+	if sig == nil {
+		if ring.Modes[org] == sink.SigningRequired {
+			return refuse(wire.ReasonSignatureMissing, "org %s requires signed %s commands (grant_signing=required): sign it with a grantor key registered for the org", org, cmd.Type)
+		}
+		return "", nil
+	}
+	k, ok := ring.Keys[org][sig.KeyID]
+	switch {
+	case !ok:
+		return refuse(wire.ReasonSignatureUnknownKey, "no grantor key %q is registered for org %s", sig.KeyID, org)
+	case !k.RevokedAt.IsZero() && !now.Before(k.RevokedAt):
+		return refuse(wire.ReasonSignatureKeyRevoked, "grantor key %q of org %s was revoked at %s", sig.KeyID, org, k.RevokedAt.UTC().Format(time.RFC3339))
+	case now.Before(k.ValidFrom):
+		return refuse(wire.ReasonSignatureKeyExpired, "grantor key %q of org %s is not valid before %s", sig.KeyID, org, k.ValidFrom.UTC().Format(time.RFC3339))
+	case !k.ValidUntil.IsZero() && !now.Before(k.ValidUntil):
+		return refuse(wire.ReasonSignatureKeyExpired, "grantor key %q of org %s expired at %s", sig.KeyID, org, k.ValidUntil.UTC().Format(time.RFC3339))
+	case !cmd.VerifySignature(k.PublicKey):
+		return refuse(wire.ReasonSignatureInvalid, "the signature by grantor key %q does not verify over this command's canonical form", sig.KeyID)
+	}
+	return sig.KeyID, nil
+}
+
+// verifySignatures checks every signable command of a batch before it is
+// decided: a refused one becomes a rejection, an accepted one remembers
+// its signer for the decisions.
+func (w *worker) verifySignatures(items []item, now time.Time) error {
+	var signable []int
+	for i := range items {
+		if items[i].kind == itemCommand && items[i].cmd.Type.Signable() {
+			signable = append(signable, i)
+		}
+	}
+	if len(signable) == 0 {
+		return nil
+	}
+	ring, err := w.keyring(false)
+	if err != nil {
+		return err
+	}
+	reloaded := false
+	for _, i := range signable {
+		it := &items[i]
+		signer, rej := verifyCommand(ring, it.cmd, now)
+		if rej != nil && rej.Reason == wire.ReasonSignatureUnknownKey && !reloaded {
+			if ring, err = w.keyring(true); err != nil {
+				return err
+			}
+			reloaded = true
+			signer, rej = verifyCommand(ring, it.cmd, now)
+		}
+		if rej != nil {
+			*it = w.p.reject(*it, it.cmd.Key, rej, -1)
+			it.cmd = nil
+			continue
+		}
+		it.signedBy = signer
+	}
+	return nil
+}
+
+// keyring returns the cached keyring, retrying a failed read with backoff
+// until it succeeds or the worker stops: a grantor command is never
+// decided without knowing whether its org requires a signature.
+func (w *worker) keyring(force bool) (*sink.Keyring, error) {
+	backoff := 50 * time.Millisecond
+	for {
+		ring, err := w.p.keys.get(w.ctx, force)
+		if err == nil {
+			return ring, nil
+		}
+		if w.ctx.Err() != nil {
+			return nil, errStopped
+		}
+		w.log.Error().Err(err).Dur("backoff", backoff).Msg("cannot read the grantor keys; retrying")
+		if !sleepCtx(w.ctx, backoff) {
+			return nil, errStopped
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
