@@ -70,8 +70,9 @@ func TestARestoredAgentWithANewKeyIsReplayedAndNeverTakesASecondUseOfAMultiUseMa
 	h.SendAwait(grant("acme", "m", 5, nil))
 	first := h.SendAwait(propose("acme", "m", "call-uuid-1", 100, withIntent("run-1", "refund", "refund:customer-991", "")))
 	require.Equal(t, wire.OutcomeReserved, first.Outcome)
-	h.SendAwait(authCmd("begin", "acme", "m", first.AuthorizationID, map[string]any{"idempotency_key": "exec-1"}))
-	h.SendAwait(authCmd("commit", "acme", "m", first.AuthorizationID, map[string]any{"external_ref": "re_1"}))
+	began := h.SendAwait(authCmd("begin", "acme", "m", first.AuthorizationID, map[string]any{"executor": "exec-1"}))
+	require.Equal(t, wire.OutcomeExecuting, began.Outcome)
+	h.SendAwait(authCmd("commit", "acme", "m", first.AuthorizationID, map[string]any{"external_ref": "re_1", "execution_token": began.ExecutionToken}))
 
 	// Restored from a checkpoint taken before the call, the agent proposes
 	// the same action under a regenerated key.
@@ -278,7 +279,7 @@ func TestAnIntentWhoseKeysWerePurgedIsStillReplayedWhileItsAuthorizationIsLive(t
 	ctx := context.Background()
 	h.SendAwait(grant("acme", "m", 5, map[string]any{"execution_timeout_seconds": 3600}))
 	live := h.SendAwait(propose("acme", "m", "k-live", 100, withIntent("run-1", "refund", "r", "")))
-	h.SendAwait(authCmd("begin", "acme", "m", live.AuthorizationID, map[string]any{"idempotency_key": "exec-1"}))
+	h.SendAwait(authCmd("begin", "acme", "m", live.AuthorizationID, map[string]any{"executor": "exec-1"}))
 	done := h.SendAwait(propose("acme", "m", "k-done", 100, withIntent("run-1", "notify", "r", "")))
 	h.SendAwait(authCmd("commit", "acme", "m", done.AuthorizationID, map[string]any{"external_ref": "re_1"}))
 
