@@ -89,6 +89,11 @@ type Decision struct {
 	Source          *Source            `json:"source,omitempty"`
 	DecidedAt       time.Time          `json:"decided_at"`
 	SentAt          *time.Time         `json:"sent_at,omitempty"` // the command's sent_at, echoed for latency
+	// PrevHash and Hash chain the partition's decisions (see chain.go):
+	// set by the sink when it writes the outbox row, always the last two
+	// members of the published JSON. Fields added to Decision go above.
+	PrevHash string `json:"prev_hash,omitempty"`
+	Hash     string `json:"hash,omitempty"`
 }
 
 // AuthorizationView is an authorization as a decision shows it.

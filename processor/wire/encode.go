@@ -73,6 +73,10 @@ func (d *Decision) Encode() ([]byte, error) {
 	if d.SentAt != nil {
 		b = appendTimeField(b, "sent_at", *d.SentAt)
 	}
+	// The chain members come last, in this order: Seal appends them to an
+	// encoding without them, and the canonical form strips the hash member.
+	b = appendStrField(b, "prev_hash", d.PrevHash, true)
+	b = appendStrField(b, "hash", d.Hash, true)
 	return append(b, '}'), nil
 }
 
