@@ -14,11 +14,11 @@ import (
 type Claim struct {
 	Partition       int32
 	Epoch           int64
-	ProposalsOffset int64 // the next proposals offset to consume
-	GrantsOffset    int64 // the next grants offset to consume
-	NextSeq         int64 // the next outbox sequence
+	ProposalsOffset int64  // the next proposals offset to consume
+	GrantsOffset    int64  // the next grants offset to consume
+	NextSeq         int64  // the next outbox sequence
 	Head            []byte // the chain's head: the hash of record NextSeq-1, or the anchor
-	Terminated      int   // predecessor sessions terminated to take over
+	Terminated      int    // predecessor sessions terminated to take over
 	Waited          time.Duration
 }
 

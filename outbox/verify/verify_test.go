@@ -225,7 +225,9 @@ func TestACounterChangedByHandInPostgresIsDriftAtItsMandate(t *testing.T) {
 	var spent int64
 	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT partition, uses_spent FROM mandates WHERE org = 'acme' AND mandate_id = 'tampered'`).Scan(&part, &spent))
 	handEdit(t, b.pool, part, `UPDATE mandates SET uses_spent = uses_spent - 1, amount_held = amount_held + 5 WHERE org = 'acme' AND mandate_id = 'tampered'`)
-	last := b.h.Decisions.Wait(b.h.Timeout, func(d wire.Decision) bool { return d.MandateID == "tampered" && d.Command == "revoke" && d.Source != nil })
+	last := b.h.Decisions.Wait(b.h.Timeout, func(d wire.Decision) bool {
+		return d.MandateID == "tampered" && d.Command == "revoke" && d.Source != nil
+	})
 
 	rep := b.verify(t)
 	require.Empty(t, rep.Breaks)
