@@ -17,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/mandated/mandated/outbox/verify"
+	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/processor/failpoint"
 	"github.com/mandated/mandated/processor/wire"
@@ -307,22 +308,52 @@ func produceForged(t *testing.T, h *harness.Harness, value []byte, seq int64) in
 func TestTheChainContinuesThroughRebalancesAndTakeovers(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 2)
-	a := b.h.Start("a")
-	lifecycle(t, b.h, "acme", "m-0")
-	b.h.Start("b")
-	lifecycle(t, b.h, "acme", "m-1")
-	b.h.Stop(a)
-	lifecycle(t, b.h, "acme", "m-2")
-	b.h.Start("c")
-	lifecycle(t, b.h, "acme", "m-3")
-
-	rep := b.verify(t)
-	requireVerified(t, rep)
-	epochs := map[int64]bool{}
-	for _, r := range b.h.Decisions.Records() {
-		epochs[r.Decision.Epoch] = true
+	// Every phase decides on both partitions.
+	phase := func(n int) {
+		var wg sync.WaitGroup
+		for p := range int32(2) {
+			wg.Add(1)
+			go func() { defer wg.Done(); lifecycle(t, b.h, "acme", mandateOn(p, 2, fmt.Sprintf("m-%d-", n))) }()
+		}
+		wg.Wait()
 	}
-	require.Greater(t, len(epochs), 1, "the partitions changed hands")
+	owns := func(in *harness.Instance, n int) {
+		testenv.WaitFor(t, time.Minute, func() bool { return len(in.Service.Processor.Owned()) == n }, in.Name+" owns its share")
+	}
+	a := b.h.Start("a")
+	owns(a, 2)
+	phase(0)
+	bb := b.h.Start("b")
+	owns(bb, 1)
+	owns(a, 1)
+	phase(1)
+	b.h.Stop(a)
+	owns(bb, 2)
+	phase(2)
+	c := b.h.Start("c")
+	owns(c, 1)
+	owns(bb, 1)
+	phase(3)
+
+	requireVerified(t, b.verify(t))
+	epochs := map[int32]map[int64]bool{0: {}, 1: {}}
+	for _, r := range b.h.Decisions.Records() {
+		epochs[r.Partition][r.Decision.Epoch] = true
+	}
+	for p, es := range epochs {
+		require.GreaterOrEqual(t, len(es), 3, "partition %d changed hands while deciding: epochs %v", p, es)
+	}
+}
+
+// mandateOn returns a mandate id with the prefix whose key is at home on
+// partition p of n.
+func mandateOn(p, n int32, prefix string) string {
+	for i := 0; ; i++ {
+		id := fmt.Sprintf("%s%d", prefix, i)
+		if partitioner.ForKey([]byte("acme/"+id), n) == p {
+			return id
+		}
+	}
 }
 
 // The relay dies after Kafka committed a transaction and before it marked
