@@ -33,7 +33,7 @@ both values and the decision where they part.
 (partition:sequence:hash:decisions offset:dead-letter offset) for an auditor
 to keep outside the system; a later 'verify --since <checkpoint>' proves the
 log since then extends it, without reading what came before. --since also
-takes a bare hash (the partitions are read from their start to find it).
+takes a bare hash with one --partition (read from its start to find it).
 
 With --pushgateway or --metrics-file it exports mandated_verify_* metrics
 (deploy/kubernetes/verify-cronjob.yaml runs it hourly; an alert fires on
@@ -43,6 +43,7 @@ error.`,
 		"mandatectl verify --partition 3 --json",
 		"mandatectl verify --checkpoint > checkpoints-$(date +%F).txt",
 		"mandatectl verify --since \"$(paste -sd, checkpoints-2026-11-30.txt)\"",
+		"mandatectl verify --partition 3 --since 7d0c3f3316bfedb8f4b66bb35927e8a678cf1fba424c457851d631fca30c5251",
 		"mandatectl verify --pushgateway http://pushgateway:9091")
 	var kc kafkaConn
 	kc.register(f)
@@ -94,6 +95,9 @@ error.`,
 			return f.usageErr("--since: %v", err)
 		}
 		cfg.Since = append(cfg.Since, c)
+	}
+	if cfg.SinceHash != nil && len(cfg.Partitions) != 1 {
+		return f.usageErr("--since with a bare hash needs exactly one --partition (the one the hash is on)")
 	}
 	opts, err := kc.opts(a)
 	if err != nil {

@@ -40,9 +40,9 @@ type Config struct {
 	// Since starts a partition's verification after a checkpoint instead of
 	// at the beginning of the topic. Defaults to none.
 	Since []Checkpoint
-	// SinceHash starts after the record with this hash, on whichever
-	// partition holds it (the partitions are read from their beginning to
-	// find it). Defaults to none.
+	// SinceHash starts after the record with this hash (the partition is
+	// read from its beginning to find it). It needs exactly one partition
+	// in Partitions. Defaults to none.
 	SinceHash *wire.ChainHash
 	// CatchUpTimeout bounds the wait for the relay to publish the records
 	// PostgreSQL holds. Defaults to CatchUpTimeoutDefault.
@@ -174,6 +174,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	cfg.CatchUpTimeout = cmp.Or(cfg.CatchUpTimeout, CatchUpTimeoutDefault)
 	if cfg.Pool == nil || len(cfg.KafkaOpts) == 0 || cfg.DecisionsTopic == "" || cfg.DeadLetterTopic == "" {
 		return nil, errors.New("verify: Pool, KafkaOpts, DecisionsTopic and DeadLetterTopic are required")
+	}
+	if cfg.SinceHash != nil && len(cfg.Partitions) != 1 {
+		return nil, errors.New("verify: SinceHash needs exactly one partition")
 	}
 	parts := cfg.Partitions
 	if len(parts) == 0 {
@@ -373,8 +376,8 @@ func (pv *partitionVerifier) run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if pv.reached() || time.Now().After(deadline) {
-			break
+		if pv.reached() || pv.skipping || time.Now().After(deadline) {
+			break // (skipping: the start hash must be among what is published)
 		}
 		if err := refreshDL(); err != nil {
 			return err
@@ -400,7 +403,7 @@ func (pv *partitionVerifier) run(ctx context.Context) error {
 // reached reports whether the history has been read up to PostgreSQL's
 // last record.
 func (pv *partitionVerifier) reached() bool {
-	return !pv.snap.Claimed || pv.started && pv.expect > pv.snap.LastSeq
+	return !pv.snap.Claimed || pv.snap.LastSeq == 0 || pv.started && pv.expect > pv.snap.LastSeq
 }
 
 func (pv *partitionVerifier) progress() {
