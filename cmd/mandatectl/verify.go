@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"flag"
 	"fmt"
 	"strconv"
 	"strings"
@@ -58,11 +57,8 @@ error.`,
 	asJSON := f.Bool("json", false, "print the report as JSON")
 	catchUp := f.Duration("catch-up-timeout", verify.CatchUpTimeoutDefault, "how long to wait for the relay to publish what PostgreSQL holds")
 	timeout := f.Duration("timeout", 0, "bound on the whole run (0: none)")
-	var pushURL, metricsFile string
-	f.env(func(fs *flag.FlagSet) {
-		fs.StringVar(&pushURL, "pushgateway", "", "push mandated_verify_* metrics to this Prometheus Pushgateway (job mandated_verify)")
-		fs.StringVar(&metricsFile, "metrics-file", "", "write mandated_verify_* metrics to this file (node exporter textfile format)")
-	})
+	pushURL := f.String("pushgateway", "", "push mandated_verify_* metrics to this Prometheus Pushgateway (job mandated_verify)")
+	metricsFile := f.String("metrics-file", "", "write mandated_verify_* metrics to this file (node exporter textfile format)")
 	pos, code, ok := f.parse(args)
 	if !ok {
 		return code
@@ -122,7 +118,7 @@ error.`,
 		pool.Close()
 	}
 	metrics.Observe(start, rep, err)
-	if code := exportVerifyMetrics(a, metrics, err == nil, pushURL, metricsFile); code != exitOK && err == nil {
+	if code := exportVerifyMetrics(a, metrics, err == nil, *pushURL, *metricsFile); code != exitOK && err == nil {
 		return code
 	}
 	if err != nil {
