@@ -88,6 +88,8 @@ const (
 	hashSuffix = len(hashMember) + 2*sha256.Size + 2
 	// prevTail is `,"prev_hash":"<64 hex>"`.
 	prevTail = len(prevMember) + 2*sha256.Size + 1
+	// chainMembersLen is what Seal adds to an encoded decision.
+	chainMembersLen = prevTail + hashSuffix - 1
 )
 
 // Seal appends the chain members to an encoded decision that has neither

@@ -47,6 +47,7 @@ func TestChainGoldenVectors(t *testing.T) {
 		sealed, h := Seal(enc, anchor)
 		require.Equal(t, goldenExampleDecision, h.String())
 		require.Len(t, sealed, len(enc)+lenChainMembersInBytes)
+		require.Equal(t, lenChainMembersInBytes, chainMembersLen)
 		require.True(t, strings.HasSuffix(string(sealed), `,"prev_hash":"`+goldenAnchor4After100+`","hash":"`+goldenExampleDecision+`"}`))
 		// Spelled out: the canonical form is the published bytes minus the hash member.
 		canonical := string(enc[:len(enc)-1]) + `,"prev_hash":"` + goldenAnchor4After100 + `"}`
