@@ -588,6 +588,11 @@ func (pv *partitionVerifier) finish() {
 	case !pv.reached() && s.LastSeq > 0:
 		pv.brk(none, BreakUnpublished, "PostgreSQL holds records up to sequence %d; the topics show up to %d after %s",
 			s.LastSeq, pv.expect-1, pv.cfg.CatchUpTimeout)
+	case pv.since != nil && pv.since.Sequence > s.LastSeq:
+		pv.brk(none, BreakSince, "the checkpoint is at sequence %d, beyond the last sequence %d PostgreSQL holds (restored from an older backup?)",
+			pv.since.Sequence, s.LastSeq)
+	case pv.since != nil && pv.since.Sequence == s.LastSeq && pv.since.Hash != s.Head:
+		pv.brk(none, BreakSince, "the checkpoint's hash %s at sequence %d is not PostgreSQL's head %s", pv.since.Hash, s.LastSeq, s.Head)
 	case pv.hashAtLS != nil && *pv.hashAtLS != s.Head && !(s.Anchored && s.LastSeq <= s.AnchorSeq):
 		pv.brk(none, BreakHead, "the published record %d has hash %s, PostgreSQL recorded the head %s", s.LastSeq, *pv.hashAtLS, s.Head)
 	}

@@ -176,24 +176,31 @@ func TestACleanHistoryVerifiesAndACheckpointProvesItsExtension(t *testing.T) {
 		require.Equal(t, p.Head, c)
 		cps = append(cps, c)
 	}
-	lifecycle(t, b.h, "acme", "m-after")
+	lifecycle(t, b.h, "acme", mandateOn(0, 2, "after-")) // new history on partition 0 only
 	since := b.verify(t, func(c *verify.Config) { c.Since = cps })
 	requireVerified(t, since)
-	for i, p := range since.Partitions {
+	require.Equal(t, cps[0].Sequence+1, since.Partitions[0].From)
+	require.Positive(t, since.Partitions[0].Decisions)
+	require.Zero(t, since.Partitions[1].Decisions)
+	for _, p := range since.Partitions {
 		require.False(t, p.Complete)
-		if p.Decisions > 0 {
-			require.Equal(t, cps[i].Sequence+1, p.From)
-		}
 	}
 	require.Less(t, since.Records, rep.Records)
 
-	// A checkpoint that is not on the chain is refused.
-	bad := cps[0]
-	bad.Hash = wire.Anchor(99, 99)
-	rep = b.verify(t, func(c *verify.Config) { c.Since = []verify.Checkpoint{bad}; c.Partitions = []int32{bad.Partition} })
-	if since.Partitions[0].Decisions > 0 {
-		require.NotEmpty(t, rep.Breaks)
-		require.Equal(t, verify.BreakPrevHash, rep.Breaks[0].Kind)
+	// A checkpoint that is not on the chain is refused: where history
+	// followed it, the next record does not name it; where none did,
+	// PostgreSQL's head is not it; and one beyond PostgreSQL's head is a
+	// database restored from before it.
+	for _, tc := range []struct {
+		p    int32
+		seq  int64
+		kind string
+	}{{0, cps[0].Sequence, verify.BreakPrevHash}, {1, cps[1].Sequence, verify.BreakSince}, {1, cps[1].Sequence + 5, verify.BreakSince}} {
+		bad := cps[tc.p]
+		bad.Hash, bad.Sequence = wire.Anchor(99, 99), tc.seq
+		rep := b.verify(t, func(c *verify.Config) { c.Since = []verify.Checkpoint{bad}; c.Partitions = []int32{tc.p} })
+		require.Len(t, rep.Breaks, 1, "%+v", rep.Breaks)
+		require.Equal(t, tc.kind, rep.Breaks[0].Kind, "%+v", rep.Breaks)
 	}
 }
 
