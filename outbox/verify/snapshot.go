@@ -106,7 +106,7 @@ func readSnapshot(ctx context.Context, pool *pgxpool.Pool, partition int32) (*sn
 				rows.Close()
 				return fmt.Errorf("read parked rows: %w", err)
 			}
-			e := entry{Topic: "outbox_parked", Seq: seq, HasSeq: true, Offset: -1, Chained: true}
+			e := entry{Topic: "outbox_parked", Seq: seq, HasSeq: true, Offset: -1, Chained: true, DL: kind == 1}
 			copy(e.Link.Prev[:], prev)
 			copy(e.Link.Claimed[:], hash)
 			e.Link.Computed = e.Link.Claimed // a parked dead letter's record was never built; its stored hash stands
