@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/goleak"
 
@@ -377,4 +378,47 @@ func TestTheChainSurvivesARelayDyingBetweenProduceAndMark(t *testing.T) {
 	testenv.WaitFor(t, time.Minute, func() bool { return failpoint.Hits(failpoint.RelayAfterProduceBeforeMark) >= 5 }, "the relay died five times")
 	failpoint.Disable(failpoint.RelayAfterProduceBeforeMark)
 	requireVerified(t, b.verify(t))
+}
+
+// A decision the broker refuses for good is parked: it never reaches the
+// topic, but it keeps its place in the chain, and verify checks it from
+// outbox_parked and counts it in the rebuild.
+func TestAParkedDecisionKeepsItsPlaceInTheChain(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	b.h.Start("a")
+	require.Equal(t, wire.OutcomeGranted, b.h.SendAwait(grant("acme", "m", 3, nil)).Outcome)
+
+	// For a moment the decisions topic takes no decision (its transaction
+	// markers still fit).
+	setMaxMessageBytes(t, b.h, "512")
+	b.h.Send(propose("acme", "m", "k1", 100))
+	testenv.WaitFor(t, time.Minute, func() bool {
+		var n int
+		require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox_parked`).Scan(&n))
+		return n == 1
+	}, "the reservation's decision parked")
+	setMaxMessageBytes(t, b.h, "1048588")
+	r2 := b.h.SendAwait(propose("acme", "m", "k2", 200))
+	require.Equal(t, wire.OutcomeReserved, r2.Outcome)
+	require.Equal(t, int64(2), r2.Mandate.UsesHeld, "the parked reservation holds its use")
+
+	rep := b.verify(t)
+	requireVerified(t, rep)
+	require.Equal(t, int64(1), rep.Partitions[0].Parked)
+	require.Equal(t, int64(2), rep.Partitions[0].Decisions)
+}
+
+func setMaxMessageBytes(t *testing.T, h *harness.Harness, v string) {
+	t.Helper()
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(h.Brokers...)}, h.KafkaOpts...)...)
+	require.NoError(t, err)
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := kadm.NewClient(cl).AlterTopicConfigs(ctx, []kadm.AlterConfig{{Op: kadm.SetConfig, Name: "max.message.bytes", Value: &v}}, h.Spec.Decisions)
+	require.NoError(t, err)
+	for _, r := range resp {
+		require.NoError(t, r.Err)
+	}
 }
