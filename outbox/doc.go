@@ -2,7 +2,9 @@
 // transaction writes next to the state they describe (decisions and dead
 // letters, one gapless sequence per partition), and the relay that
 // publishes them to Kafka in order, exactly once, from the partition's
-// owner only.
+// owner only. Chain links the rows of a batch into the partition's hash
+// chain before they are written; the relay publishes the sealed bytes as
+// they are stored, so a replay republishes identical records.
 //
 // It must never decide anything: it moves what the processor committed.
 package outbox

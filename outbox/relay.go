@@ -563,6 +563,12 @@ func (pr *partitionRelay) produceTxn(ctx context.Context, cl *kgo.Client, rows [
 			if len(row.Payload) >= wire.DeadLetterMaxByte {
 				rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: wire.HeaderTruncated, Value: []byte("true")})
 			}
+			if row.Chained() {
+				rec.Headers = append(rec.Headers,
+					kgo.RecordHeader{Key: wire.HeaderPrevHash, Value: []byte(row.PrevHash.String())},
+					kgo.RecordHeader{Key: wire.HeaderHash, Value: []byte(row.Hash.String())},
+				)
+			}
 		}
 		wg.Add(1)
 		cl.Produce(ctx, rec, func(_ *kgo.Record, err error) {

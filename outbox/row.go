@@ -1,6 +1,10 @@
 package outbox
 
-import "time"
+import (
+	"time"
+
+	"github.com/mandated/mandated/processor/wire"
+)
 
 // Kind says which topic an outbox row goes to.
 type Kind int16
@@ -35,4 +39,10 @@ type Row struct {
 	SourceOffset    int64
 
 	CreatedAt time.Time
+
+	// The chain (see Chain): zero on rows written before migration 0008.
+	PrevHash, Hash wire.ChainHash
 }
+
+// Chained reports whether the row carries chain members.
+func (r *Row) Chained() bool { return !r.Hash.IsZero() }

@@ -15,7 +15,7 @@ import (
 type store struct{ pool *pgxpool.Pool }
 
 const loadRowsSQL = `SELECT partition, seq, epoch, kind, record_key, payload, reason, detail, source_topic,
-  source_partition, source_offset, created_at
+  source_partition, source_offset, created_at, prev_hash, hash
 FROM outbox WHERE partition = $1 AND seq > $2 ORDER BY seq LIMIT $3`
 
 func (s store) load(ctx context.Context, partition int32, after int64, limit int) ([]Row, error) {
@@ -26,9 +26,12 @@ func (s store) load(ctx context.Context, partition int32, after int64, limit int
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Row, error) {
 		var row Row
 		var kind int16
+		var prev, hash []byte
 		err := r.Scan(&row.Partition, &row.Seq, &row.Epoch, &kind, &row.Key, &row.Payload, &row.Reason, &row.Detail,
-			&row.SourceTopic, &row.SourcePartition, &row.SourceOffset, &row.CreatedAt)
+			&row.SourceTopic, &row.SourcePartition, &row.SourceOffset, &row.CreatedAt, &prev, &hash)
 		row.Kind = Kind(kind)
+		copy(row.PrevHash[:], prev)
+		copy(row.Hash[:], hash)
 		return row, err
 	})
 }
@@ -128,8 +131,8 @@ func (s store) park(ctx context.Context, partition int32, epoch, seq int64, reas
 		}
 		// The broker's reason goes in reason; a dead letter's own reason,
 		// detail and source are kept in original.
-		if _, err := tx.Exec(ctx, `INSERT INTO outbox_parked (partition, seq, epoch, kind, record_key, payload, reason, created_at, original)
-			SELECT partition, seq, epoch, kind, record_key, payload, $3, created_at,
+		if _, err := tx.Exec(ctx, `INSERT INTO outbox_parked (partition, seq, epoch, kind, record_key, payload, reason, created_at, prev_hash, hash, original)
+			SELECT partition, seq, epoch, kind, record_key, payload, $3, created_at, prev_hash, hash,
 			  jsonb_build_object('reason', reason, 'detail', detail, 'source_topic', source_topic,
 			    'source_partition', source_partition, 'source_offset', source_offset)
 			FROM outbox WHERE partition = $1 AND seq = $2

@@ -248,7 +248,7 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 		out[p.cfg.GrantsTopic][n] = kgo.NewOffset().At(c.GrantsOffset).WithEpoch(-1)
 		p.metrics.PartitionEpoch.WithLabelValues(strconv.Itoa(int(n))).Set(float64(c.Epoch))
 		w.log.Info().Int64("proposals_offset", c.ProposalsOffset).Int64("grants_offset", c.GrantsOffset).
-			Int64("next_seq", c.NextSeq).Dur("claim_took", c.Waited).Int("predecessors_terminated", c.Terminated).
+			Int64("next_seq", c.NextSeq).Hex("chain_head", c.Head).Dur("claim_took", c.Waited).Int("predecessors_terminated", c.Terminated).
 			Msg("partition assigned")
 		go w.run()
 		if l := p.cfg.Listener; l != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/processor/lifecycle"
+	"github.com/mandated/mandated/processor/wire"
 )
 
 // Position is where a partition's consumption and outbox stand.
@@ -104,7 +105,8 @@ func (s *Sink) attempt(ctx context.Context, b *Batch, res *Result) error {
 	var stored Position
 	var epoch int64
 	var setting string
-	if err := br.QueryRow().Scan(&epoch, &stored.ProposalsOffset, &stored.GrantsOffset, &stored.NextSeq, &setting); err != nil {
+	var head []byte
+	if err := br.QueryRow().Scan(&epoch, &stored.ProposalsOffset, &stored.GrantsOffset, &stored.NextSeq, &head, &setting); err != nil {
 		br.Close()
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("%w: partition %d has never been claimed", ErrFenced, b.Partition)
@@ -184,6 +186,14 @@ func (s *Sink) attempt(ctx context.Context, b *Batch, res *Result) error {
 		}
 	}
 
+	// The chain: the head read under the partition lock, so whichever
+	// epoch writes next continues it.
+	var prev wire.ChainHash
+	if copy(prev[:], head) != len(prev) {
+		return fmt.Errorf("partition %d: stored chain head is %d bytes, not %d", b.Partition, len(head), len(prev))
+	}
+	newHead := outbox.Chain(out, prev)
+
 	// Phase three, one round trip: every write and the new position.
 	var w writeSet
 	w.mandates(st)
@@ -193,7 +203,7 @@ func (s *Sink) attempt(ctx context.Context, b *Batch, res *Result) error {
 	w.outbox(out)
 	to := Position{ProposalsOffset: b.To.ProposalsOffset, GrantsOffset: b.To.GrantsOffset, NextSeq: st.NextSeq}
 	w.queue(advancePartitionSQL, []any{b.Partition, b.Epoch, to.ProposalsOffset, to.GrantsOffset, to.NextSeq,
-		stored.ProposalsOffset, stored.GrantsOffset, stored.NextSeq}, expectRows("advance partition", 1))
+		stored.ProposalsOffset, stored.GrantsOffset, stored.NextSeq, newHead[:]}, expectRows("advance partition", 1))
 	wr := tx.SendBatch(ctx, &w.batch)
 	for _, check := range w.checks {
 		if err := check(wr); err != nil {

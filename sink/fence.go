@@ -14,10 +14,11 @@ import (
 type Claim struct {
 	Partition       int32
 	Epoch           int64
-	ProposalsOffset int64 // the next proposals offset to consume
-	GrantsOffset    int64 // the next grants offset to consume
-	NextSeq         int64 // the next outbox sequence
-	Terminated      int   // predecessor sessions terminated to take over
+	ProposalsOffset int64  // the next proposals offset to consume
+	GrantsOffset    int64  // the next grants offset to consume
+	NextSeq         int64  // the next outbox sequence
+	Head            []byte // the chain's head: the hash of record NextSeq-1, or the anchor
+	Terminated      int    // predecessor sessions terminated to take over
 	Waited          time.Duration
 }
 
@@ -73,8 +74,8 @@ func (s *Sink) Claim(ctx context.Context, partition int32, owner string) (Claim,
 			return tx.QueryRow(ctx, `INSERT INTO mandated_partitions (partition, epoch, owner) VALUES ($1, 1, $2)
 				ON CONFLICT (partition) DO UPDATE
 				SET epoch = mandated_partitions.epoch + 1, owner = EXCLUDED.owner, claimed_at = now(), updated_at = now()
-				RETURNING epoch, proposals_offset, grants_offset, next_seq`, partition, owner).
-				Scan(&c.Epoch, &c.ProposalsOffset, &c.GrantsOffset, &c.NextSeq)
+				RETURNING epoch, proposals_offset, grants_offset, next_seq, head_hash`, partition, owner).
+				Scan(&c.Epoch, &c.ProposalsOffset, &c.GrantsOffset, &c.NextSeq, &c.Head)
 		})
 		done <- result{c, err}
 	}()

@@ -43,7 +43,7 @@ func NewNeeds() Needs {
 	}
 }
 
-const lockPartitionSQL = `SELECT epoch, proposals_offset, grants_offset, next_seq, set_config('mandated.partition', $1::int::text, true)
+const lockPartitionSQL = `SELECT epoch, proposals_offset, grants_offset, next_seq, head_hash, set_config('mandated.partition', $1::int::text, true)
 FROM mandated_partitions WHERE partition = $1::int FOR NO KEY UPDATE`
 
 const mandateColumns = `m.org, m.mandate_id, m.partition, m.version, m.status, m.operations, m.targets, m.currency,

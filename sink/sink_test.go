@@ -255,3 +255,112 @@ func TestAnExecutionTokenAndItsExecutorNeverChangeAndTheCounterNeverGoesBack(t *
 	require.NoError(t, inPartition(ctx, b, home, insert,
 		exec(ctx, `UPDATE authorizations SET state = 'committed', external_ref = 'r', result = '{"ok":true}' WHERE authorization_id = 'au_e'`)))
 }
+
+func storedHead(t *testing.T, conn *pgx.Conn, p int32) (wire.ChainHash, int64) {
+	t.Helper()
+	var head []byte
+	var after int64
+	require.NoError(t, conn.QueryRow(context.Background(), `SELECT p.head_hash, a.after_seq FROM mandated_partitions p
+		JOIN chain_anchors a USING (partition) WHERE partition = $1`, p).Scan(&head, &after))
+	var h wire.ChainHash
+	copy(h[:], head)
+	return h, after
+}
+
+// The writer chains each batch onto the head stored with the fence, so a
+// takeover (a new epoch) continues the chain the previous owner left.
+func TestEachBatchContinuesTheChainFromTheHeadStoredWithTheFenceAcrossATakeover(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, b.url)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	key := partitioner.MandateKey{Org: "acme", MandateID: "chain-1"}
+	p := key.Partition(4)
+	now := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
+
+	c1, err := b.sink.Claim(ctx, p, "first")
+	require.NoError(t, err)
+	require.Equal(t, wire.Anchor(p, 0).String(), fmt.Sprintf("%x", c1.Head), "a first claim starts at the anchor")
+	r1, err := b.sink.Commit(ctx, grantBatch(c1, key, now))
+	require.NoError(t, err)
+	require.Len(t, r1.Rows, 1)
+	require.Equal(t, wire.Anchor(p, 0), r1.Rows[0].PrevHash)
+	l, err := wire.DecisionLink(r1.Rows[0].Payload)
+	require.NoError(t, err)
+	require.True(t, l.Intact())
+	require.Equal(t, r1.Rows[0].Hash, l.Claimed)
+	head, after := storedHead(t, conn, p)
+	require.Equal(t, r1.Rows[0].Hash, head)
+	require.Zero(t, after)
+
+	c2, err := b.sink.Claim(ctx, p, "second")
+	require.NoError(t, err)
+	require.Greater(t, c2.Epoch, c1.Epoch)
+	require.Equal(t, fmt.Sprintf("%x", r1.Rows[0].Hash[:]), fmt.Sprintf("%x", c2.Head))
+	key2 := partitioner.MandateKey{Org: "acme", MandateID: "chain-1"}
+	r2, err := b.sink.Commit(ctx, grantBatch(c2, key2, now.Add(time.Second)))
+	require.NoError(t, err)
+	require.Equal(t, r1.Rows[0].Hash, r2.Rows[0].PrevHash, "the new epoch continues the chain")
+	head, _ = storedHead(t, conn, p)
+	require.Equal(t, r2.Rows[0].Hash, head)
+
+	// The outbox row keeps exactly the bytes and hashes the relay publishes.
+	var payload, prev, hash []byte
+	require.NoError(t, conn.QueryRow(ctx, `SELECT payload, prev_hash, hash FROM outbox WHERE partition = $1 AND seq = $2`,
+		p, r2.Rows[0].Seq).Scan(&payload, &prev, &hash))
+	require.Equal(t, r2.Rows[0].Payload, payload)
+	require.Equal(t, r2.Rows[0].PrevHash[:], prev)
+	require.Equal(t, r2.Rows[0].Hash[:], hash)
+}
+
+// Migration 0008 anchors each partition that already has decisions after
+// its last sequence; the database computes anchors as wire.Anchor does.
+func TestMigration0008AnchorsExistingPartitionsAfterTheirLastSequence(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, testenv.Database(t))
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	ms, err := sink.Migrations()
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `CREATE TABLE mandated_schema_migrations (version integer PRIMARY KEY, name text NOT NULL,
+		applied_at timestamptz NOT NULL DEFAULT now())`)
+	require.NoError(t, err)
+	for _, m := range ms {
+		if m.Version >= 8 {
+			break
+		}
+		_, err := conn.Exec(ctx, m.SQL)
+		require.NoError(t, err, m.Name)
+		_, err = conn.Exec(ctx, `INSERT INTO mandated_schema_migrations (version, name) VALUES ($1, $2)`, m.Version, m.Name)
+		require.NoError(t, err)
+	}
+	_, err = conn.Exec(ctx, `INSERT INTO mandated_partitions (partition, epoch, owner, next_seq) VALUES (0, 3, 'old', 42), (1, 1, 'old', 1)`)
+	require.NoError(t, err)
+
+	applied, err := sink.Migrate(ctx, conn)
+	require.NoError(t, err)
+	require.Contains(t, applied, 8)
+	head, after := storedHead(t, conn, 0)
+	require.Equal(t, int64(41), after)
+	require.Equal(t, wire.Anchor(0, 41), head)
+	head, after = storedHead(t, conn, 1)
+	require.Zero(t, after)
+	require.Equal(t, wire.Anchor(1, 0), head)
+	_, err = conn.Exec(ctx, `INSERT INTO mandated_partitions (partition, epoch, owner) VALUES (7, 1, 'new')`)
+	require.NoError(t, err)
+	head, after = storedHead(t, conn, 7)
+	require.Zero(t, after)
+	require.Equal(t, wire.Anchor(7, 0), head)
+	for _, v := range []struct {
+		p     int32
+		after int64
+	}{{0, 0}, {11, 123456789}, {2147483647, 9223372036854775806}} {
+		var sum []byte
+		require.NoError(t, conn.QueryRow(ctx, `SELECT mandated_chain_anchor($1, $2)`, v.p, v.after).Scan(&sum))
+		want := wire.Anchor(v.p, v.after)
+		require.Equal(t, want[:], sum)
+	}
+}

@@ -72,11 +72,11 @@ SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[]
 ON CONFLICT DO NOTHING`
 
 const insertOutboxSQL = `INSERT INTO outbox (partition, seq, epoch, kind, record_key, payload, reason, detail, source_topic,
-  source_partition, source_offset, created_at)
+  source_partition, source_offset, created_at, prev_hash, hash)
 SELECT * FROM unnest($1::int[], $2::bigint[], $3::bigint[], $4::smallint[], $5::bytea[], $6::bytea[], $7::text[], $8::text[],
-  $9::text[], $10::int[], $11::bigint[], $12::timestamptz[])`
+  $9::text[], $10::int[], $11::bigint[], $12::timestamptz[], $13::bytea[], $14::bytea[])`
 
-const advancePartitionSQL = `UPDATE mandated_partitions SET proposals_offset = $3, grants_offset = $4, next_seq = $5, updated_at = now()
+const advancePartitionSQL = `UPDATE mandated_partitions SET proposals_offset = $3, grants_offset = $4, next_seq = $5, head_hash = $9, updated_at = now()
 WHERE partition = $1 AND epoch = $2 AND proposals_offset = $6 AND grants_offset = $7 AND next_seq = $8`
 
 // tstz maps the zero time to NULL.
@@ -244,13 +244,17 @@ func (w *writeSet) outbox(rows []outbox.Row) {
 	key, payload := make([][]byte, n), make([][]byte, n)
 	reason, detail, srcTopic := make([]string, n), make([]string, n), make([]string, n)
 	created := make([]pgtype.Timestamptz, n)
+	prev, hash := make([][]byte, n), make([][]byte, n)
 	for i, r := range rows {
+		if r.Chained() {
+			prev[i], hash[i] = rows[i].PrevHash[:], rows[i].Hash[:]
+		}
 		part[i], seq[i], epoch[i], kind[i] = r.Partition, r.Seq, r.Epoch, int16(r.Kind)
 		key[i], payload[i] = r.Key, r.Payload
 		reason[i], detail[i], srcTopic[i], srcPart[i], srcOff[i] = r.Reason, r.Detail, r.SourceTopic, r.SourcePartition, r.SourceOffset
 		created[i] = tstz(r.CreatedAt)
 	}
-	w.queue(insertOutboxSQL, []any{part, seq, epoch, kind, key, payload, reason, detail, srcTopic, srcPart, srcOff, created},
+	w.queue(insertOutboxSQL, []any{part, seq, epoch, kind, key, payload, reason, detail, srcTopic, srcPart, srcOff, created, prev, hash},
 		expectRows("insert outbox", n))
 }
 

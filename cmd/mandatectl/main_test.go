@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -585,4 +586,66 @@ func TestBuiltBinaryReadsTheDaemonsEnvironment(t *testing.T) {
 	var exitErr *exec.ExitError
 	require.ErrorAs(t, err, &exitErr)
 	require.Equal(t, exitUsage, exitErr.ExitCode())
+}
+
+func TestVerifyExitsZeroOnAVerifiedHistoryAndOneOnDrift(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.h.Start(b.instance)
+	b.grant(t, "acme", "audited")
+	r, d := b.propose(t, "acme", "audited", "refund-1", 15000)
+	require.Equal(t, exitOK, r.code, "%s", r)
+	part := d.Partition
+	args := func(extra ...string) []string {
+		return append(append([]string{"verify"}, extra...), append(append([]string(nil), b.kafka...), b.db...)...)
+	}
+
+	metrics := filepath.Join(t.TempDir(), "verify.prom")
+	r = ctl(t, args("--metrics-file", metrics)...)
+	require.Equal(t, exitOK, r.code, "%s", r)
+	require.Contains(t, r.stdout, "verified: ")
+	prom, err := os.ReadFile(metrics)
+	require.NoError(t, err)
+	require.Contains(t, string(prom), "mandated_verify_success 1")
+	require.Contains(t, string(prom), "mandated_verify_last_completed_timestamp_seconds")
+
+	// The checkpoints, one per partition with history, and a verify since them.
+	r = ctl(t, args("--checkpoint")...)
+	require.Equal(t, exitOK, r.code, "%s", r)
+	lines := strings.Fields(r.stdout)
+	require.NotEmpty(t, lines)
+	require.Contains(t, r.stdout, fmt.Sprintf("%d:%d:%s:", part, d.Sequence, d.Hash))
+	r, _ = b.propose(t, "acme", "audited", "refund-2", 100)
+	require.Equal(t, exitOK, r.code, "%s", r)
+	r = ctl(t, args("--since", strings.Join(lines, ","), "--json")...)
+	require.Equal(t, exitOK, r.code, "%s", r)
+	require.Contains(t, r.stdout, `"breaks": []`)
+	r = ctl(t, args("--partition", fmt.Sprint(part), "--since", d.Hash)...)
+	require.Equal(t, exitOK, r.code, "%s", r)
+
+	// A counter changed by hand: drift, named, exit 1.
+	pool, err := pgxpool.New(context.Background(), b.h.DatabaseURL)
+	require.NoError(t, err)
+	defer pool.Close()
+	require.NoError(t, pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(context.Background(), `SELECT set_config('mandated.partition', $1::int::text, true)`, part); err != nil {
+			return err
+		}
+		_, err := tx.Exec(context.Background(), `UPDATE mandates SET uses_held = 0, amount_held = 0 WHERE org = 'acme' AND mandate_id = 'audited'`)
+		return err
+	}))
+	r = ctl(t, args("--metrics-file", metrics)...)
+	require.Equal(t, exitFailed, r.code, "%s", r)
+	require.Contains(t, r.stdout, "DRIFT (database) acme/audited uses_held: the decisions say 2, PostgreSQL holds 0")
+	require.Contains(t, r.stdout, "NOT VERIFIED")
+	prom, err = os.ReadFile(metrics)
+	require.NoError(t, err)
+	require.Contains(t, string(prom), "mandated_verify_success 0")
+	require.Contains(t, string(prom), `mandated_verify_drifts{kind="database"} 2`)
+
+	// Usage errors exit 2.
+	for _, bad := range [][]string{{"--since", "not-a-hash"}, {"--since", "1:2:3"}, {"--partition", "x"}, {"--since", d.Hash}} {
+		r = ctl(t, args(bad...)...)
+		require.Equal(t, exitUsage, r.code, "%v: %s", bad, r)
+	}
 }

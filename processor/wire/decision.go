@@ -96,6 +96,11 @@ type Decision struct {
 	DecidedAt       time.Time          `json:"decided_at"`
 	SentAt          *time.Time         `json:"sent_at,omitempty"`   // the command's sent_at, echoed for latency
 	SignedBy        string             `json:"signed_by,omitempty"` // the grantor key whose signature was verified
+	// PrevHash and Hash chain the partition's decisions (see chain.go):
+	// set by the sink when it writes the outbox row, always the last two
+	// members of the published JSON. Fields added to Decision go above.
+	PrevHash string `json:"prev_hash,omitempty"`
+	Hash     string `json:"hash,omitempty"`
 }
 
 // AuthorizationView is an authorization as a decision shows it.

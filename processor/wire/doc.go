@@ -10,5 +10,9 @@
 // rejected, never ignored. Amounts are integer minor units; floats never
 // touch money.
 //
+// chain.go defines the decision chain's canonical form (the published
+// bytes minus the hash member) and anchors; see the README's "The decision
+// chain".
+//
 // This package must never do I/O or read the clock.
 package wire

@@ -11,7 +11,7 @@ import (
 // output is the same JSON object encoding/json would write, field for
 // field, which TestEncodeMatchesEncodingJSON holds it to.
 func (d *Decision) Encode() ([]byte, error) {
-	b := make([]byte, 0, 1024)
+	b := make([]byte, 0, 1024+chainMembersLen) // room for the chain members Seal appends
 	b = append(b, `{"v":`...)
 	b = strconv.AppendInt(b, int64(d.V), 10)
 	b = appendStrField(b, "decision_id", d.DecisionID, false)
@@ -79,6 +79,10 @@ func (d *Decision) Encode() ([]byte, error) {
 		b = appendTimeField(b, "sent_at", *d.SentAt)
 	}
 	b = appendStrField(b, "signed_by", d.SignedBy, true)
+	// The chain members come last, in this order: Seal appends them to an
+	// encoding without them, and the canonical form strips the hash member.
+	b = appendStrField(b, "prev_hash", d.PrevHash, true)
+	b = appendStrField(b, "hash", d.Hash, true)
 	return append(b, '}'), nil
 }
 

@@ -61,6 +61,9 @@ func randomDecision(r *rand.Rand) *Decision {
 	if r.IntN(2) == 0 {
 		d.SentAt = &tm
 	}
+	if r.IntN(2) == 0 {
+		d.PrevHash, d.Hash = text(), text()
+	}
 	return d
 }
 

@@ -484,7 +484,15 @@ func TestExamplesReplayThroughTheLifecycle(t *testing.T) {
 		require.JSONEq(t, string(b), string(again))
 	}
 
-	got, err := json.MarshalIndent(reserved[0], "", "  ")
+	// The example is published as the partition's first chained record
+	// after sequence 100.
+	enc, err := reserved[0].Encode()
+	require.NoError(t, err)
+	sealed, _ := wire.Seal(enc, wire.Anchor(reserved[0].Partition, reserved[0].Sequence-1))
+	require.NoError(t, validate(t, "decision", sealed), "%s", sealed)
+	published, err := wire.ParseDecision(sealed)
+	require.NoError(t, err)
+	got, err := json.MarshalIndent(published, "", "  ")
 	require.NoError(t, err)
 	path := filepath.Join("testdata", "examples", "decision.json")
 	if *update {
@@ -575,6 +583,8 @@ func TestInvalidDecisionsFailTheSchema(t *testing.T) {
 		{name: "an unknown reason code", change: func(d map[string]any) { d["reason"] = "because" }},
 		{name: "an extra field", change: func(d map[string]any) { d["admin"] = true }},
 		{name: "no decision id", change: func(d map[string]any) { delete(d, "decision_id") }},
+		{name: "a hash in upper case", change: func(d map[string]any) { d["hash"] = strings.ToUpper(d["hash"].(string)) }},
+		{name: "a prev_hash too short", change: func(d map[string]any) { d["prev_hash"] = "abc" }},
 		{name: "a fractional sequence", change: func(d map[string]any) { d["sequence"] = 1.5 }},
 		{name: "a negative partition", change: func(d map[string]any) { d["partition"] = -1 }},
 		{name: "a decided_at that is not a timestamp", change: func(d map[string]any) { d["decided_at"] = "yesterday" }},

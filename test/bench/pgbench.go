@@ -223,6 +223,9 @@ func buildP2Script(stmts map[string]string, prm p2Params, path string) error {
 		txt := func(v []string) string { return arrayLit(v, "text[]") }
 		seqExpr := fmt.Sprintf("ARRAY(SELECT :u::bigint * 10000 + g FROM generate_series(1, %d) g)", B)
 		payloadExpr := fmt.Sprintf("array_fill('%s'::bytea, ARRAY[%d])", byteaElem(prm.payload), B)
+		// The chain members (their values do not change PostgreSQL's work).
+		hashExpr := fmt.Sprintf("'%s'::bytea", byteaElem(make([]byte, 32)))
+		hashesExpr := fmt.Sprintf("array_fill(%s, ARRAY[%d])", hashExpr, B)
 		args := map[string][]string{
 			"lockPartitionSQL": {ps},
 			"loadMandatesSQL":  {txt(repeat("bench", D)), txt(mids(distinct))},
@@ -247,8 +250,9 @@ func buildP2Script(stmts map[string]string, prm p2Params, path string) error {
 				arrayLit(repeat(created, B), "timestamptz[]"), arrayLit(repeat(expires, B), "timestamptz[]")},
 			"insertOutboxSQL": {arrayLit(repeat(ps, B), "int[]"), seqExpr, arrayLit(repeat("1", B), "bigint[]"), arrayLit(repeat("0", B), "smallint[]"),
 				arrayLit(rkeys, "bytea[]"), payloadExpr, txt(repeat("", B)), txt(repeat("", B)), txt(repeat("", B)),
-				arrayLit(repeat("-1", B), "int[]"), arrayLit(offs, "bigint[]"), arrayLit(repeat(created, B), "timestamptz[]")},
-			"advancePartitionSQL": {ps, "1", "0", "0", "1", "0", "0", "1"},
+				arrayLit(repeat("-1", B), "int[]"), arrayLit(offs, "bigint[]"), arrayLit(repeat(created, B), "timestamptz[]"),
+				hashesExpr, hashesExpr},
+			"advancePartitionSQL": {ps, "1", "0", "0", "1", "0", "0", "1", hashExpr},
 		}
 		sb.WriteString("BEGIN ISOLATION LEVEL READ COMMITTED;\n")
 		for _, name := range batchStatementNames {

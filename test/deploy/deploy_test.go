@@ -300,7 +300,7 @@ func TestEveryManifestParses(t *testing.T) {
 		"deploy/compose/docker-compose.yaml", "deploy/grafana/mandated.json",
 		"deploy/kubernetes/deployment.yaml", "deploy/kubernetes/configmap.yaml", "deploy/kubernetes/secret.yaml",
 		"deploy/kubernetes/pdb.yaml", "deploy/kubernetes/service.yaml", "deploy/kubernetes/migrate-job.yaml",
-		"deploy/prometheus/alerts.yaml", "deploy/prometheus/prometheus.yaml",
+		"deploy/kubernetes/verify-cronjob.yaml", "deploy/prometheus/alerts.yaml", "deploy/prometheus/prometheus.yaml",
 	} {
 		require.Contains(t, seen, want)
 	}
@@ -492,6 +492,20 @@ func TestKubernetesManifests(t *testing.T) {
 		checkMandatectlScript(t, script)
 	})
 
+	t.Run("the verify CronJob runs mandatectl verify with flags it has, hourly, never two at once", func(t *testing.T) {
+		cj := one(t, objs, "CronJob")
+		require.Equal(t, "Forbid", str(dig(cj, "spec", "concurrencyPolicy")))
+		require.Len(t, strings.Fields(str(dig(cj, "spec", "schedule"))), 5)
+		pod := dig(cj, "spec", "jobTemplate", "spec", "template", "spec")
+		jc := dig(pod, "containers", 0)
+		script := strings.Join(append(toStrings(dig(jc, "command")), toStrings(dig(jc, "args"))...), " ")
+		require.Contains(t, script, "mandatectl verify")
+		require.Contains(t, script, "--pushgateway")
+		checkMandatectlScript(t, script)
+		require.Equal(t, dig(one(t, objs, "Job"), "spec", "template", "spec", "containers", 0, "envFrom"), dig(jc, "envFrom"),
+			"verify connects as the migration Job does")
+	})
+
 	t.Run("kubectl kustomize builds the directory", func(t *testing.T) {
 		kubectl, err := exec.LookPath("kubectl")
 		if err != nil {
@@ -499,7 +513,7 @@ func TestKubernetesManifests(t *testing.T) {
 		}
 		out, err := exec.Command(kubectl, "kustomize", deployPath(t, "kubernetes")).CombinedOutput()
 		require.NoError(t, err, "%s", out)
-		for _, kind := range []string{"ConfigMap", "Secret", "Deployment", "PodDisruptionBudget", "Service", "Job"} {
+		for _, kind := range []string{"ConfigMap", "Secret", "Deployment", "PodDisruptionBudget", "Service", "Job", "CronJob"} {
 			require.Contains(t, string(out), "kind: "+kind)
 		}
 		require.Contains(t, string(out), "image: registry.example.com/mandated:0.1.0")

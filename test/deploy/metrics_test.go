@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/plugin/kprom"
 
 	"github.com/mandated/mandated/outbox"
+	"github.com/mandated/mandated/outbox/verify"
 	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/sink"
 )
@@ -111,6 +112,7 @@ func declaredMetrics(t testing.TB) catalogue {
 	rec := &recorder{cat: catalogue{}}
 	processor.NewMetrics(rec)
 	outbox.NewMetrics(rec)
+	verify.NewMetrics(rec) // mandatectl verify's, pushed by the CronJob
 	rec.MustRegister(sink.NewPoolCollector(&sink.Sink{}))
 	// kprom registers when a client is created (cmd/mandated's options).
 	cl, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1"),

@@ -197,5 +197,29 @@ func TestOperatorsRebalanceThreeProcessesUnderLoadWithoutASecondDecision(t *test
 		require.Contains(t, []any{"p3", "p4"}, row["owner"], "%v", row)
 		require.Equal(t, float64(end[p]), row["epoch"], "%v", row)
 	}
-	t.Logf("%d proposals, %d partitions re-claimed, epochs %v → %v", len(sent), bumped, start, end)
+
+	// The auditor's view: the chain of every partition continued through
+	// the stop, the kill -9 and the takeovers, and the decisions rebuild
+	// exactly what PostgreSQL holds.
+	vout, err := exec.Command(procs.Binary(t, "mandatectl"), "verify", "--json", "--brokers", joinComma(h.Brokers),
+		"--database-url", h.DatabaseURL, "--decisions-topic", h.Spec.Decisions, "--dead-letter-topic", h.Spec.DeadLetter).Output()
+	require.NoError(t, err, "%s", vout)
+	var report struct {
+		Partitions []struct {
+			Complete  bool  `json:"complete"`
+			Decisions int64 `json:"decisions"`
+		} `json:"partitions"`
+		Breaks  []any `json:"breaks"`
+		Drifts  []any `json:"drifts"`
+		Records int64 `json:"records"`
+	}
+	require.NoError(t, json.Unmarshal(vout, &report), "%s", vout)
+	require.Empty(t, report.Breaks)
+	require.Empty(t, report.Drifts)
+	require.Len(t, report.Partitions, 6)
+	for _, p := range report.Partitions {
+		require.True(t, p.Complete)
+	}
+	require.GreaterOrEqual(t, report.Records, int64(len(sent)+mandates))
+	t.Logf("%d proposals, %d partitions re-claimed, epochs %v → %v; verify checked %d records", len(sent), bumped, start, end, report.Records)
 }
