@@ -389,3 +389,6 @@ func (c *Client) watch(authorizationID string) (w *watcher, stop func()) {
 		c.mu.Unlock()
 	}
 }
+
+// Ping checks that a broker answers.
+func (c *Client) Ping(ctx context.Context) error { return c.producer.Ping(ctx) }

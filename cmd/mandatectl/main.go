@@ -110,6 +110,7 @@ func commands() map[string]command {
 		"in-doubt":       {"list in-doubt authorizations older than a threshold", groups[2], runInDoubt},
 		"inspect":        {"show a mandate, its authorizations and its decision history", groups[2], runInspect},
 		"parked":         {"list outbox rows the broker refused for good", groups[2], runParked},
+		"tokens":         {"create, revoke or list the HTTP gateway's per-org bearer tokens", groups[0], runTokens},
 	}
 }
 
