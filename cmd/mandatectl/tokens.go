@@ -20,6 +20,11 @@ const tokensUsage = `usage: mandatectl tokens create|revoke|list [flags]
 A token acts for its org only, and only as an agent or platform (propose,
 begin, commit, cancel, report-unknown, status); grants, revokes and resolves
 are never taken over HTTP. Run 'mandatectl tokens create --help'.
+
+Examples:
+  mandatectl tokens create acme --name refund-agent
+  mandatectl tokens list --org acme
+  mandatectl tokens revoke gt_abcdefghijklmnop
 `
 
 func runTokens(a *app, args []string) int {
