@@ -130,27 +130,24 @@ func TestClientLostDecisionIsErrNoDecisionAndTheRetryReplays(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	key := client.IntentKey("run-9", "2", "refund")
-	// No processor: the grant itself goes unanswered.
-	_, err := b.cl.Grant(ctxFor(t, time.Second), client.Grant{
-		Ref: client.Ref{Org: b.org, MandateID: "m-lost"}, Uses: 1,
-		MaxAmount: wire.Money{MinorUnits: 20000, Currency: "EUR"}, Operations: []string{"payment.refund"},
-	})
-	require.ErrorIs(t, err, client.ErrNoDecision)
-	_, err = b.cl.Propose(ctxFor(t, 1500*time.Millisecond), b.propose("m-lost", key))
+	first := b.h.Start("a")
+	b.grant(t, "m-lost", 1)
+	b.h.Stop(first) // nothing decides now: the proposal's answer is lost to its caller
+	_, err := b.cl.Propose(ctxFor(t, 1500*time.Millisecond), b.propose("m-lost", key))
 	require.ErrorIs(t, err, client.ErrNoDecision)
 	var nd *client.NoDecisionError
 	require.ErrorAs(t, err, &nd)
 	require.Equal(t, b.h.Spec.Proposals, nd.Source.Topic)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 
-	b.h.Start("a")
+	b.h.Start("b")
 	retry, err := b.cl.Propose(ctxFor(t, 60*time.Second), b.propose("m-lost", key))
 	require.NoError(t, err)
 	require.Equal(t, wire.OutcomeReplayed, retry.Outcome, "%s", retry.Raw)
 	require.Equal(t, wire.OutcomeReserved, retry.OriginalOutcome)
-	first := b.h.Await(harness.Sent{Topic: nd.Source.Topic, Partition: nd.Source.Partition, Offset: nd.Source.Offset})
-	require.Equal(t, wire.OutcomeReserved, first.Outcome, "the lost call's record was decided after all")
-	require.Equal(t, first.AuthorizationID, retry.AuthorizationID, "the retry answers with the first authorization")
+	lost := b.h.Await(harness.Sent{Topic: nd.Source.Topic, Partition: nd.Source.Partition, Offset: nd.Source.Offset})
+	require.Equal(t, wire.OutcomeReserved, lost.Outcome, "the lost call's record was decided after all")
+	require.Equal(t, lost.AuthorizationID, retry.AuthorizationID, "the retry answers with the first authorization")
 }
 
 // A decision published again (same partition and sequence) is dropped: the
@@ -256,12 +253,11 @@ func TestExecuteEightConcurrentCallsRunTheEffectOnce(t *testing.T) {
 		}
 	}
 	require.Equal(t, 1, winners)
-	if results[0].Decision.ExecutionToken() > 0 || results[0].Decision.Result() != nil {
-		for i := range n {
-			require.JSONEq(t, string(results[0].Result), string(results[i].Result), "caller %d sees the recorded result", i)
-		}
-	} else {
-		t.Log("the server records no results (no executor boundary yet): the results compared are the external references")
+	// The executor boundary records the winner's result: every caller gets it.
+	for i := range n {
+		require.Positive(t, results[i].Decision.ExecutionToken(), "caller %d: the execution carries its token", i)
+		require.NotEmpty(t, results[i].Result, "caller %d", i)
+		require.JSONEq(t, string(results[0].Result), string(results[i].Result), "caller %d sees the recorded result", i)
 	}
 }
 

@@ -94,10 +94,7 @@ type Begin struct {
 
 func (b Begin) fields() (map[string]any, error) {
 	m := b.put(map[string]any{}, wire.CmdBegin)
-	// The executor travels as the begin's idempotency key, which every
-	// server version reads as the executor (the executor boundary keeps it
-	// as the v1 spelling).
-	putIf(m, "idempotency_key", b.Executor)
+	putIf(m, "executor", b.Executor)
 	return m, nil
 }
 

@@ -159,7 +159,12 @@ func (c *Client) runWinner(ctx context.Context, auth AuthorizationRef, begun *De
 }
 
 // awaitWinner waits for a decision that shows the authorization settled.
+// The refusal itself may already show it (a begin after the winner
+// committed is refused with the winner's outcome and result).
 func (c *Client) awaitWinner(ctx context.Context, last *Decision, w *watcher) (*Execution, error) {
+	if last.State().Terminal() {
+		return settled(last)
+	}
 	for {
 		for _, d := range w.take() {
 			if d.Authorization == nil {

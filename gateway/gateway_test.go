@@ -354,6 +354,7 @@ func TestGatewayEightConcurrentResumesOfOneApprovalExecuteOnce(t *testing.T) {
 	var ledger []string // a side-effect ledger that does not deduplicate
 	const n = 8
 	refs := make([]string, n)
+	results := make([]string, n)
 	codes := make([]int, n)
 	start := make(chan struct{})
 	var wg sync.WaitGroup
@@ -371,10 +372,17 @@ func TestGatewayEightConcurrentResumesOfOneApprovalExecuteOnce(t *testing.T) {
 				ledger = append(ledger, authID)
 				ref := fmt.Sprintf("re_%d", len(ledger))
 				mu.Unlock()
-				c := b.do(t, req{method: "POST", path: authPath + "/commit", token: b.tokens["acme"],
-					body: []byte(`{"external_ref":"` + ref + `"}`)})
+				commit := map[string]any{"external_ref": ref, "result": map[string]any{"refund": ref}}
+				if tok, ok := begin.json(t)["execution_token"]; ok { // the executor boundary's token
+					commit["execution_token"] = tok
+				}
+				body, err := json.Marshal(commit)
+				require.NoError(t, err)
+				c := b.do(t, req{method: "POST", path: authPath + "/commit", token: b.tokens["acme"], body: body})
 				require.Equal(t, http.StatusOK, c.status, "%s", c.body)
 				refs[i] = c.json(t)["authorization"].(map[string]any)["external_ref"].(string)
+				st := b.do(t, req{method: "GET", path: authPath, token: b.tokens["acme"]})
+				results[i] = fmt.Sprint(st.json(t)["result"])
 				return
 			}
 			// A loser is told who holds it, never to execute; it reads the
@@ -386,6 +394,7 @@ func TestGatewayEightConcurrentResumesOfOneApprovalExecuteOnce(t *testing.T) {
 				st := b.do(t, req{method: "GET", path: authPath, token: b.tokens["acme"]})
 				if m := st.json(t); m["terminal"] == true {
 					refs[i] = m["external_ref"].(string)
+					results[i] = fmt.Sprint(m["result"])
 					return
 				}
 			}
@@ -397,6 +406,7 @@ func TestGatewayEightConcurrentResumesOfOneApprovalExecuteOnce(t *testing.T) {
 	winners := 0
 	for i := range n {
 		require.Equal(t, refs[0], refs[i], "caller %d sees the same outcome", i)
+		require.Equal(t, results[0], results[i], "caller %d reads the same recorded result", i)
 		require.NotEmpty(t, refs[i], "caller %d saw the outcome (did not time out in doubt)", i)
 		if codes[i] == http.StatusOK {
 			winners++
@@ -464,7 +474,8 @@ func TestGatewayEveryProblemStatusFromARealRequest(t *testing.T) {
 		{"no token is 401", req{method: "POST", path: prop, body: proposeBody(1), headers: map[string]string{"Idempotency-Key": "p-2"}, invalid: true}, 401, gateway.ReasonUnauthenticated},
 		{"another org's token is 403", req{method: "POST", path: prop, token: b.tokens["globex"], body: proposeBody(1), headers: map[string]string{"Idempotency-Key": "p-2"}}, 403, gateway.ReasonOrgForbidden},
 		{"an unknown authorization is 404", req{method: "GET", path: "/v1/orgs/acme/mandates/m-p/authorizations/au_nope", token: tok}, 404, wire.ReasonAuthorizationNotFound},
-		{"beginning an unknown authorization is 404", req{method: "POST", path: "/v1/orgs/acme/mandates/m-p/authorizations/au_nope/begin", token: tok, body: []byte(`{}`)}, 404, wire.ReasonAuthorizationNotFound},
+		{"beginning an unknown authorization is 404", req{method: "POST", path: "/v1/orgs/acme/mandates/m-p/authorizations/au_nope/begin", token: tok, body: []byte(`{}`), headers: map[string]string{"Idempotency-Key": "worker-1"}}, 404, wire.ReasonAuthorizationNotFound},
+		{"a begin that names no executor is 400", req{method: "POST", path: authPath + "/begin", token: tok, body: []byte(`{}`)}, 400, wire.ReasonMissingField},
 		{"an unknown route is 404", req{method: "GET", path: "/v2/nothing", token: tok, unspecified: true}, 404, gateway.ReasonNotFound},
 		{"a stale mandate version is 409", req{method: "POST", path: prop, token: tok, body: []byte(`{"operation":"payment.refund","amount":{"minor_units":1,"currency":"EUR"},"target":"t","based_on_version":99}`), headers: map[string]string{"Idempotency-Key": "p-3"}}, 409, wire.ReasonStaleVersion},
 		{"committing a reserved authorization twice with another reference is 409", req{}, 409, wire.ReasonOtherExternalRef},

@@ -172,7 +172,7 @@ func (s *Server) controlPlane(w http.ResponseWriter, r *http.Request) {
 }
 
 // fieldsFromURL are set by the gateway; a body must not name them.
-var fieldsFromURL = []string{"v", "type", "org", "mandate_id", "authorization_id", "idempotency_key", "sent_at"}
+var fieldsFromURL = []string{"v", "type", "org", "mandate_id", "authorization_id", "idempotency_key", "executor", "sent_at"}
 
 // command handles one command on its resource.
 func (s *Server) command(typ wire.CommandType) http.HandlerFunc {
@@ -206,7 +206,12 @@ func (s *Server) command(typ wire.CommandType) http.HandlerFunc {
 		if authID != "" {
 			body["authorization_id"] = authID
 		}
-		if key != "" {
+		switch {
+		case key == "":
+		case typ == wire.CmdBegin:
+			// On begin the key names this execution attempt: the executor.
+			body["executor"] = key
+		default:
 			body["idempotency_key"] = key
 		}
 		raw, err := json.Marshal(body)

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -14,24 +15,27 @@ import (
 // AuthorizationStatus is an authorization as its PostgreSQL row shows it:
 // the source of truth, whatever any decision said before.
 type AuthorizationStatus struct {
-	Org               string     `json:"org"`
-	MandateID         string     `json:"mandate_id"`
-	ID                string     `json:"authorization_id"`
-	State             string     `json:"state"`
-	Terminal          bool       `json:"terminal"`
-	Version           int64      `json:"version"`
-	Operation         string     `json:"operation"`
-	Target            string     `json:"target"`
-	Amount            wire.Money `json:"amount"`
-	IdempotencyKey    string     `json:"idempotency_key"`
-	MandateVersion    int64      `json:"mandate_version"`
-	Deadline          time.Time  `json:"deadline"`
-	ExecutionDeadline *time.Time `json:"execution_deadline,omitempty"`
-	ExternalRef       string     `json:"external_ref,omitempty"`
-	Detail            string     `json:"detail,omitempty"`
-	DecisionID        string     `json:"decision_id"`
-	CreatedAt         time.Time  `json:"created_at"`
-	UpdatedAt         time.Time  `json:"updated_at"`
+	Org               string          `json:"org"`
+	MandateID         string          `json:"mandate_id"`
+	ID                string          `json:"authorization_id"`
+	State             string          `json:"state"`
+	Terminal          bool            `json:"terminal"`
+	Version           int64           `json:"version"`
+	Operation         string          `json:"operation"`
+	Target            string          `json:"target"`
+	Amount            wire.Money      `json:"amount"`
+	IdempotencyKey    string          `json:"idempotency_key"`
+	MandateVersion    int64           `json:"mandate_version"`
+	Deadline          time.Time       `json:"deadline"`
+	ExecutionDeadline *time.Time      `json:"execution_deadline,omitempty"`
+	ExternalRef       string          `json:"external_ref,omitempty"`
+	Executor          string          `json:"executor,omitempty"`
+	ExecutionToken    int64           `json:"execution_token,omitempty"`
+	Result            json.RawMessage `json:"result,omitempty"`
+	Detail            string          `json:"detail,omitempty"`
+	DecisionID        string          `json:"decision_id"`
+	CreatedAt         time.Time       `json:"created_at"`
+	UpdatedAt         time.Time       `json:"updated_at"`
 }
 
 // ProposalStatus is what the idempotency record of a proposal says, with
@@ -58,14 +62,19 @@ func (s *Server) readOnly(ctx context.Context, fn func(pgx.Tx) error) error {
 }
 
 const authorizationQuery = `SELECT org, mandate_id, authorization_id, state, version, operation, target, amount, currency,
-	idempotency_key, mandate_version, deadline, execution_deadline, external_ref, detail, decision_id, created_at, updated_at
+	idempotency_key, mandate_version, deadline, execution_deadline, external_ref, begin_key, execution_token, result,
+	detail, decision_id, created_at, updated_at
 	FROM authorizations WHERE org = $1 AND mandate_id = $2 AND authorization_id = $3`
 
 func scanAuthorization(row pgx.Row) (*AuthorizationStatus, error) {
 	var a AuthorizationStatus
+	var result *string
 	err := row.Scan(&a.Org, &a.MandateID, &a.ID, &a.State, &a.Version, &a.Operation, &a.Target, &a.Amount.MinorUnits,
 		&a.Amount.Currency, &a.IdempotencyKey, &a.MandateVersion, &a.Deadline, &a.ExecutionDeadline, &a.ExternalRef,
-		&a.Detail, &a.DecisionID, &a.CreatedAt, &a.UpdatedAt)
+		&a.Executor, &a.ExecutionToken, &result, &a.Detail, &a.DecisionID, &a.CreatedAt, &a.UpdatedAt)
+	if result != nil {
+		a.Result = json.RawMessage(*result)
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, errNoRow
 	}

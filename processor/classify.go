@@ -33,7 +33,8 @@ type item struct {
 
 // classify decodes a record and decides which path it takes. A record that
 // is not at home on this partition never reaches the state machine, and
-// authority (grant, revoke) is only accepted from the grants topic.
+// authority (grant, revoke) and reconciliation (resolve) are only accepted
+// from the grants topic, the privileged control plane.
 func (p *Processor) classify(r *kgo.Record) item {
 	it := item{home: -1, rec: r, src: wire.Source{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset}}
 	cmd, rej := wire.Decode(r.Key, r.Value, wire.Limits{MaxRecordBytes: p.cfg.MaxRecordBytes})
@@ -60,9 +61,13 @@ func (p *Processor) classify(r *kgo.Record) item {
 	switch {
 	case r.Topic == p.cfg.ProposalsTopic && cmd.Type.IsGrantorCommand():
 		p.metrics.GrantsOnProposals.Inc()
-		return p.reject(it, cmd.Key, &wire.Rejection{Reason: wire.ReasonGrantOnProposals, Key: key, Type: cmd.Type,
-			IdempotencyKey: cmd.IdempotencyKey,
-			Detail:         fmt.Sprintf("%s is accepted only from the grants topic %s", cmd.Type, p.cfg.GrantsTopic)}, -1)
+		reason := wire.ReasonGrantOnProposals
+		if cmd.Type == wire.CmdResolve {
+			reason = wire.ReasonResolveOnProposals
+		}
+		return p.reject(it, cmd.Key, &wire.Rejection{Reason: reason, Key: key, Type: cmd.Type,
+			IdempotencyKey: cmd.IdempotencyKey, AuthorizationID: cmd.AuthorizationID(),
+			Detail: fmt.Sprintf("%s is accepted only from the grants topic %s (the privileged control plane)", cmd.Type, p.cfg.GrantsTopic)}, -1)
 	case r.Topic == p.cfg.GrantsTopic && !cmd.Type.IsGrantorCommand():
 		return p.reject(it, cmd.Key, &wire.Rejection{Reason: wire.ReasonProposalOnGrants, Key: key, Type: cmd.Type,
 			IdempotencyKey: cmd.IdempotencyKey, AuthorizationID: cmd.AuthorizationID(),

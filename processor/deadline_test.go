@@ -51,7 +51,7 @@ func TestADeadlineIsMetOnlyWhenDecidedStrictlyBeforeIt(t *testing.T) {
 	require.Equal(t, wire.StateExpired, lb.Authorization.State)
 
 	// Past the reservation deadline an executing authorization still commits.
-	c := h.SendAwait(authCmd("commit", "acme", "m", early.AuthorizationID, map[string]any{"external_ref": "re_1"}))
+	c := h.SendAwait(authCmd("commit", "acme", "m", early.AuthorizationID, map[string]any{"external_ref": "re_1", "execution_token": b.ExecutionToken}))
 	require.Equal(t, wire.OutcomeCommitted, c.Outcome)
 	require.Equal(t, int64(0), c.Mandate.UsesHeld)
 	require.Equal(t, int64(1), c.Mandate.UsesSpent)
@@ -62,7 +62,7 @@ func TestAnExecutionPastItsTimeoutGoesInDoubtAndKeepsItsUseUntilResolve(t *testi
 	h, clk := fakeClockHarness(t)
 	h.SendAwait(grant("acme", "m", 1, map[string]any{"hold_seconds": 60, "execution_timeout_seconds": 120}))
 	r := h.SendAwait(propose("acme", "m", "k", 100, nil))
-	h.SendAwait(authCmd("begin", "acme", "m", r.AuthorizationID, nil))
+	b := h.SendAwait(authCmd("begin", "acme", "m", r.AuthorizationID, nil))
 
 	clk.Set(t0.Add(120 * time.Second))
 	doubt := h.Decisions.Wait(h.Timeout, func(d wire.Decision) bool {
@@ -71,7 +71,7 @@ func TestAnExecutionPastItsTimeoutGoesInDoubtAndKeepsItsUseUntilResolve(t *testi
 	require.Equal(t, wire.ReasonExecutionTimeout, doubt.Reason)
 	require.Equal(t, int64(1), doubt.Mandate.UsesHeld, "in doubt is never released silently")
 
-	c := h.SendAwait(authCmd("commit", "acme", "m", r.AuthorizationID, map[string]any{"external_ref": "re_1"}))
+	c := h.SendAwait(authCmd("commit", "acme", "m", r.AuthorizationID, map[string]any{"external_ref": "re_1", "execution_token": b.ExecutionToken}))
 	require.Equal(t, wire.OutcomeRefused, c.Outcome)
 	require.Equal(t, wire.ReasonInDoubtPending, c.Reason)
 
@@ -87,8 +87,8 @@ func TestAReportedUnknownOutcomeHoldsTheUseAndBlocksNewProposalsUntilResolved(t 
 	h.Start("a")
 	h.SendAwait(grant("acme", "m", 2, nil))
 	a := h.SendAwait(propose("acme", "m", "a", 100, nil))
-	h.SendAwait(authCmd("begin", "acme", "m", a.AuthorizationID, nil))
-	u := h.SendAwait(authCmd("report_unknown", "acme", "m", a.AuthorizationID, map[string]any{"detail": "provider timed out"}))
+	b := h.SendAwait(authCmd("begin", "acme", "m", a.AuthorizationID, nil))
+	u := h.SendAwait(authCmd("report_unknown", "acme", "m", a.AuthorizationID, map[string]any{"detail": "provider timed out", "execution_token": b.ExecutionToken}))
 	require.Equal(t, wire.OutcomeInDoubt, u.Outcome)
 	require.Equal(t, int64(1), u.Mandate.UsesInDoubt)
 
@@ -155,8 +155,8 @@ func TestARedeliveredRecordHasNoSecondEffectAndGetsTheSameAnswer(t *testing.T) {
 	a := h.Start("a")
 	h.SendAwait(grant("acme", "m", 1, map[string]any{"idempotency_key": "grant-1"}))
 	r := h.SendAwait(propose("acme", "m", "k", 100, nil))
-	h.SendAwait(authCmd("begin", "acme", "m", r.AuthorizationID, map[string]any{"idempotency_key": "exec-1"}))
-	c := h.SendAwait(authCmd("commit", "acme", "m", r.AuthorizationID, map[string]any{"external_ref": "re_1"}))
+	b := h.SendAwait(authCmd("begin", "acme", "m", r.AuthorizationID, map[string]any{"executor": "exec-1"}))
+	c := h.SendAwait(authCmd("commit", "acme", "m", r.AuthorizationID, map[string]any{"external_ref": "re_1", "execution_token": b.ExecutionToken}))
 	require.Equal(t, wire.OutcomeCommitted, c.Outcome)
 	before := len(h.Decisions.All())
 

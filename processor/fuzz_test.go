@@ -22,8 +22,11 @@ import (
 func FuzzRecordThroughDecodeAndDecide(f *testing.F) {
 	seeds := [][2]string{
 		{"acme/m", `{"v":1,"type":"propose","org":"acme","mandate_id":"m","idempotency_key":"k","operation":"refund","target":"t","amount":{"minor_units":100,"currency":"EUR"}}`},
+		{"acme/m", `{"v":1,"type":"begin","org":"acme","mandate_id":"m","authorization_id":"au_1","executor":"e1"}`},
 		{"acme/m", `{"v":1,"type":"begin","org":"acme","mandate_id":"m","authorization_id":"au_1"}`},
 		{"acme/m", `{"v":1,"type":"commit","org":"acme","mandate_id":"m","authorization_id":"au_1","external_ref":"r"}`},
+		{"acme/m", `{"v":1,"type":"commit","org":"acme","mandate_id":"m","authorization_id":"au_1","external_ref":"r","execution_token":1,"result":{"ok":true}}`},
+		{"acme/m", `{"v":1,"type":"resolve","org":"acme","mandate_id":"m","authorization_id":"au_1","outcome":"cancelled","execution_token":1}`},
 		{"acme/m", `{"v":1,"type":"grant","org":"acme","mandate_id":"m","uses":9,"max_amount":{"minor_units":1,"currency":"EUR"},"operations":["refund"]}`},
 		{"acme/m", `{"v":1,"type":"cancel","org":"acme","mandate_id":"m","authorization_id":"au_1","not_executed_proof":"p"}`},
 		{"", `{"v":`},

@@ -2,6 +2,8 @@ package processor
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/mandated/mandated/processor/wire"
 )
 
 // Metrics are the processor's Prometheus metrics.
@@ -11,6 +13,8 @@ type Metrics struct {
 	DeadLetters        *prometheus.CounterVec
 	Misrouted          prometheus.Counter
 	GrantsOnProposals  prometheus.Counter
+	Executions         *prometheus.CounterVec
+	StaleTokens        *prometheus.CounterVec
 	DeadlineMoves      *prometheus.CounterVec
 	Fenced             prometheus.Counter
 	BatchRetries       *prometheus.CounterVec
@@ -53,8 +57,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		GrantsOnProposals: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mandated_grantor_commands_on_proposals_total",
-			Help: "grant or revoke commands that arrived on the proposals topic and were rejected.",
+			Help: "grant, revoke or resolve commands that arrived on the proposals topic and were rejected.",
 		}),
+		Executions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mandated_executions_total",
+			Help: "Answers to begin, by outcome: started (a winner took an execution token; at most one per authorization), replayed (the winner asked again), lost (another executor was refused already_executing), refused (no execution possible: expired, revoked, not found, ...), rejected (invalid record).",
+		}, []string{"outcome"}),
+		StaleTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mandated_stale_tokens_total",
+			Help: "Commands refused stale_execution_token (a loser, a writer without the token, a paused executor after reconciliation), by command.",
+		}, []string{"command"}),
 		DeadlineMoves: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mandated_deadline_transitions_total",
 			Help: "Authorizations moved by a deadline: to expired (reservation unused) or in_doubt (execution timed out).",
@@ -141,6 +153,20 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			m.Fenced, m.BatchRetries, m.VersionConflicts, m.RecordFaults, m.AmbiguousCommits, m.BatchSize,
 			m.CommitSeconds, m.DecisionLatency, m.ConsumerLag, m.PartitionsOwned, m.PartitionEpoch,
 			m.TakeoverSeconds, m.PredecessorsKilled, m.InDoubt, m.InDoubtOldest, m.KeysPurged, m.PendingDeadlines, m.Ready)
+		reg.MustRegister(m.Executions, m.StaleTokens)
 	}
 	return m
+}
+
+// executionOutcome labels a begin's answer for mandated_executions_total.
+func executionOutcome(d *wire.Decision) string {
+	switch {
+	case d.Outcome == wire.OutcomeExecuting:
+		return "started"
+	case d.Outcome == wire.OutcomeReplayed:
+		return "replayed"
+	case d.Reason == wire.ReasonAlreadyExecuting:
+		return "lost"
+	}
+	return string(d.Outcome) // refused or rejected
 }

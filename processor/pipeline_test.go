@@ -36,10 +36,17 @@ func propose(org, mandate, key string, amount int, extra map[string]any) map[str
 	return cmd
 }
 
+// authCmd is a command about an authorization; a begin that names no
+// executor begins as the platform's one executor for it.
 func authCmd(typ, org, mandate, authID string, extra map[string]any) map[string]any {
 	cmd := map[string]any{"type": typ, "org": org, "mandate_id": mandate, "authorization_id": authID}
 	for k, v := range extra {
 		cmd[k] = v
+	}
+	_, named := cmd["executor"]
+	_, keyed := cmd["idempotency_key"]
+	if typ == "begin" && !named && !keyed {
+		cmd["executor"] = "platform-" + authID
 	}
 	return cmd
 }
@@ -62,8 +69,12 @@ func TestAProposalIsReservedBegunAndCommittedEndToEnd(t *testing.T) {
 	b := h.SendAwait(authCmd("begin", "acme", "case-1842", r.AuthorizationID, nil))
 	require.Equal(t, wire.OutcomeExecuting, b.Outcome, "%+v", b)
 
-	c := h.SendAwait(authCmd("commit", "acme", "case-1842", r.AuthorizationID, map[string]any{"external_ref": "re_123"}))
+	require.Equal(t, int64(1), b.ExecutionToken, "the mandate's first execution token")
+	c := h.SendAwait(authCmd("commit", "acme", "case-1842", r.AuthorizationID, map[string]any{"external_ref": "re_123",
+		"execution_token": b.ExecutionToken, "result": map[string]any{"refund": "re_123", "status": "succeeded"}}))
 	require.Equal(t, wire.OutcomeCommitted, c.Outcome, "%+v", c)
+	require.JSONEq(t, `{"refund":"re_123","status":"succeeded"}`, string(c.Authorization.Result))
+	require.Equal(t, b.ExecutionToken, c.ExecutionToken)
 	require.Equal(t, int64(0), c.Mandate.UsesHeld)
 	require.Equal(t, int64(1), c.Mandate.UsesSpent)
 	require.Equal(t, "re_123", c.Authorization.ExternalRef)

@@ -457,6 +457,12 @@ func (w *worker) committed(b *sink.Batch, res sink.Result, items []item, due []l
 		if d.Command == wire.CommandTimer {
 			m.DeadlineMoves.WithLabelValues(string(d.Outcome)).Inc()
 		}
+		if d.Command == string(wire.CmdBegin) && d.Source != nil {
+			m.Executions.WithLabelValues(executionOutcome(d)).Inc()
+		}
+		if d.Reason == wire.ReasonStaleExecutionToken {
+			m.StaleTokens.WithLabelValues(d.Command).Inc()
+		}
 	}
 	w.mu.Lock()
 	for topic, hwm := range w.hwm {

@@ -36,7 +36,7 @@ FROM mandated_partitions WHERE partition = $1::int FOR NO KEY UPDATE`
 const mandateColumns = `m.org, m.mandate_id, m.partition, m.version, m.status, m.operations, m.targets, m.currency,
 m.max_amount, coalesce(m.total_limit, 0), m.uses_allowed, m.uses_held, m.uses_spent, m.uses_in_doubt,
 m.amount_held, m.amount_spent, m.valid_from, m.valid_until, m.release_on_cancel, m.hold_window_ms,
-m.execution_timeout_ms, coalesce(m.last_authorization_id, ''), m.created_at, m.updated_at`
+m.execution_timeout_ms, coalesce(m.last_authorization_id, ''), m.created_at, m.updated_at, m.executions`
 
 const loadMandatesSQL = `SELECT ` + mandateColumns + `
 FROM unnest($1::text[], $2::text[]) AS k(org, mandate_id) JOIN mandates m USING (org, mandate_id)`
@@ -48,7 +48,7 @@ JOIN idempotency_keys i USING (org, operation, idempotency_key)`
 
 const authColumns = `a.org, a.mandate_id, a.authorization_id, a.state, a.version, a.operation, a.target, a.amount,
 a.currency, a.idempotency_key, a.mandate_version, a.deadline, a.execution_deadline, a.begin_key, a.external_ref,
-a.detail, a.decision_id, a.created_at, a.updated_at`
+a.detail, a.decision_id, a.created_at, a.updated_at, a.execution_token, a.result, a.resolved`
 
 // loadAuthsSQL loads authorizations by key, every reserved or in-doubt one
 // of the mandates in $4/$5 (revoke needs them all), and one in-doubt
@@ -74,7 +74,7 @@ func scanMandate(row pgx.Row) (*lifecycle.Mandate, error) {
 	err := row.Scan(&m.Key.Org, &m.Key.MandateID, &m.Partition, &m.Version, &status, &m.Operations, &m.Targets,
 		&m.Currency, &m.MaxAmount, &m.TotalLimit, &m.UsesAllowed, &m.UsesHeld, &m.UsesSpent, &m.UsesInDoubt,
 		&m.AmountHeld, &m.AmountSpent, &validFrom, &validUntil, &m.ReleaseOnCancel, &holdMS, &execMS,
-		&m.LastAuthID, &m.CreatedAt, &m.UpdatedAt)
+		&m.LastAuthID, &m.CreatedAt, &m.UpdatedAt, &m.Executions)
 	if err != nil {
 		return nil, err
 	}
@@ -110,11 +110,16 @@ func scanAuth(row pgx.Row) (*lifecycle.Authorization, error) {
 	var a lifecycle.Authorization
 	var state string
 	var execDeadline pgtype.Timestamptz
+	var result pgtype.Text
 	err := row.Scan(&a.Key.Mandate.Org, &a.Key.Mandate.MandateID, &a.Key.ID, &state, &a.Version, &a.Operation,
 		&a.Target, &a.Amount, &a.Currency, &a.IdempotencyKey, &a.MandateVersion, &a.Deadline, &execDeadline,
-		&a.BeginKey, &a.ExternalRef, &a.Detail, &a.DecisionID, &a.CreatedAt, &a.UpdatedAt)
+		&a.Executor, &a.ExternalRef, &a.Detail, &a.DecisionID, &a.CreatedAt, &a.UpdatedAt,
+		&a.ExecutionToken, &result, &a.Resolved)
 	if err != nil {
 		return nil, err
+	}
+	if result.Valid {
+		a.Result = []byte(result.String)
 	}
 	a.State = wire.AuthState(state)
 	if execDeadline.Valid {

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/mandated/mandated/partitioner"
+	"github.com/mandated/mandated/processor/lifecycle"
 )
 
 // Operator answers an operator's questions (mandatectl) from a pool it does
@@ -123,6 +124,8 @@ type InDoubtRow struct {
 	IdempotencyKey    string
 	ExternalRef       string
 	Detail            string
+	Executor          string // the begin that won
+	ExecutionToken    int64  // its token (0: begun before execution tokens existed)
 	ExecutionDeadline time.Time
 	// Since is when it went in doubt (its last update).
 	Since time.Time
@@ -131,7 +134,7 @@ type InDoubtRow struct {
 }
 
 const inDoubtSQL = `SELECT org, mandate_id, authorization_id, partition, operation, target, amount, currency,
-	idempotency_key, external_ref, detail, execution_deadline, updated_at,
+	idempotency_key, external_ref, detail, begin_key, execution_token, execution_deadline, updated_at,
 	extract(epoch FROM now() - updated_at)::float8
 FROM authorizations
 WHERE state = 'in_doubt' AND updated_at <= now() - make_interval(secs => $1) AND ($2 = '' OR org = $2)
@@ -151,7 +154,8 @@ func (o *Operator) InDoubt(ctx context.Context, olderThan time.Duration, org str
 		var execDeadline pgtype.Timestamptz
 		var age float64
 		err := r.Scan(&d.Mandate.Org, &d.Mandate.MandateID, &d.AuthorizationID, &d.Partition, &d.Operation, &d.Target,
-			&d.Amount, &d.Currency, &d.IdempotencyKey, &d.ExternalRef, &d.Detail, &execDeadline, &d.Since, &age)
+			&d.Amount, &d.Currency, &d.IdempotencyKey, &d.ExternalRef, &d.Detail, &d.Executor, &d.ExecutionToken,
+			&execDeadline, &d.Since, &age)
 		if execDeadline.Valid {
 			d.ExecutionDeadline = execDeadline.Time.UTC()
 		}
@@ -167,4 +171,15 @@ func (o *Operator) InDoubt(ctx context.Context, olderThan time.Duration, org str
 
 func seconds(s float64) time.Duration {
 	return time.Duration(s * float64(time.Second)).Round(time.Millisecond)
+}
+
+// Authorization loads one authorization of a mandate; ErrNotFound when
+// there is none.
+func (o *Operator) Authorization(ctx context.Context, key partitioner.MandateKey, id string) (*lifecycle.Authorization, error) {
+	a, err := scanAuth(o.s.pool.QueryRow(ctx, `SELECT `+authColumns+` FROM authorizations a
+		WHERE a.org = $1 AND a.mandate_id = $2 AND a.authorization_id = $3`, key.Org, key.MandateID, id))
+	if err != nil {
+		return nil, fmt.Errorf("sink: authorization %s/%s: %w", key, id, interpretError(err))
+	}
+	return a, nil
 }

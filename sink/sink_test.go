@@ -218,3 +218,40 @@ func TestATerminalAuthorizationNeverChanges(t *testing.T) {
 	var pgErr interface{ SQLState() string }
 	require.True(t, errors.As(err, &pgErr))
 }
+
+func TestAnExecutionTokenAndItsExecutorNeverChangeAndTheCounterNeverGoesBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	key := partitioner.MandateKey{Org: "acme", MandateID: "m5"}
+	home := key.Partition(4)
+	c, err := b.sink.Claim(ctx, home, "owner")
+	require.NoError(t, err)
+	_, err = b.sink.Commit(ctx, grantBatch(c, key, time.Now()))
+	require.NoError(t, err)
+	insert := exec(ctx, `INSERT INTO authorizations (org, mandate_id, authorization_id, partition, state, version,
+		operation, target, amount, currency, idempotency_key, mandate_version, deadline, execution_deadline, begin_key,
+		execution_token, decision_id, created_at, updated_at)
+		VALUES ('acme', 'm5', 'au_e', $1, 'executing', 2, 'refund', 't', 10, 'EUR', 'k', 1, now(), now(), 'winner', 7, '1-1', now(), now())`, home)
+	for _, tc := range []struct {
+		name string
+		sql  []string
+		err  string
+	}{
+		{"another token", []string{`UPDATE authorizations SET execution_token = 8 WHERE authorization_id = 'au_e'`}, "cannot change"},
+		{"another executor", []string{`UPDATE authorizations SET begin_key = 'loser' WHERE authorization_id = 'au_e'`}, "cannot change"},
+		{"a counter going back", []string{`UPDATE mandates SET executions = executions + 3 WHERE mandate_id = 'm5'`,
+			`UPDATE mandates SET executions = 1 WHERE mandate_id = 'm5'`}, "cannot go back"},
+		{"a result on an executing authorization", []string{`UPDATE authorizations SET result = '{}' WHERE authorization_id = 'au_e'`}, "result_only_when_committed"},
+	} {
+		stmts := []func(pgx.Tx) error{insert}
+		for _, q := range tc.sql {
+			stmts = append(stmts, exec(ctx, q))
+		}
+		err := inPartition(ctx, b, home, stmts...)
+		require.ErrorContains(t, err, tc.err, tc.name)
+	}
+	// The guarded columns still move together with the state otherwise.
+	require.NoError(t, inPartition(ctx, b, home, insert,
+		exec(ctx, `UPDATE authorizations SET state = 'committed', external_ref = 'r', result = '{"ok":true}' WHERE authorization_id = 'au_e'`)))
+}

@@ -19,16 +19,19 @@ const listSep = "\x1f" // cannot occur in an id (see partitioner's grammar)
 
 const insertMandatesSQL = `INSERT INTO mandates (org, mandate_id, partition, version, status, operations, targets, currency,
   max_amount, total_limit, uses_allowed, uses_held, uses_spent, uses_in_doubt, amount_held, amount_spent,
-  valid_from, valid_until, release_on_cancel, hold_window_ms, execution_timeout_ms, last_authorization_id, created_at, updated_at)
+  valid_from, valid_until, release_on_cancel, hold_window_ms, execution_timeout_ms, last_authorization_id, created_at, updated_at,
+  executions)
 SELECT org, mandate_id, partition, version, status, string_to_array(operations, E'\x1f'), string_to_array(targets, E'\x1f'),
   currency, max_amount, NULLIF(total_limit, 0), uses_allowed, uses_held, uses_spent, uses_in_doubt, amount_held, amount_spent,
-  valid_from, valid_until, release_on_cancel, hold_window_ms, execution_timeout_ms, NULLIF(last_authorization_id, ''), created_at, updated_at
+  valid_from, valid_until, release_on_cancel, hold_window_ms, execution_timeout_ms, NULLIF(last_authorization_id, ''), created_at, updated_at,
+  executions
 FROM unnest($1::text[], $2::text[], $3::int[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[],
   $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bigint[], $16::bigint[],
-  $17::timestamptz[], $18::timestamptz[], $19::bool[], $20::bigint[], $21::bigint[], $22::text[], $23::timestamptz[], $24::timestamptz[])
+  $17::timestamptz[], $18::timestamptz[], $19::bool[], $20::bigint[], $21::bigint[], $22::text[], $23::timestamptz[], $24::timestamptz[],
+  $25::bigint[])
   AS u(org, mandate_id, partition, version, status, operations, targets, currency, max_amount, total_limit, uses_allowed,
        uses_held, uses_spent, uses_in_doubt, amount_held, amount_spent, valid_from, valid_until, release_on_cancel,
-       hold_window_ms, execution_timeout_ms, last_authorization_id, created_at, updated_at)`
+       hold_window_ms, execution_timeout_ms, last_authorization_id, created_at, updated_at, executions)`
 
 const updateMandatesSQL = `UPDATE mandates m SET version = u.version, status = u.status,
   operations = string_to_array(u.operations, E'\x1f'), targets = string_to_array(u.targets, E'\x1f'), currency = u.currency,
@@ -36,27 +39,30 @@ const updateMandatesSQL = `UPDATE mandates m SET version = u.version, status = u
   uses_spent = u.uses_spent, uses_in_doubt = u.uses_in_doubt, amount_held = u.amount_held, amount_spent = u.amount_spent,
   valid_from = u.valid_from, valid_until = u.valid_until, release_on_cancel = u.release_on_cancel,
   hold_window_ms = u.hold_window_ms, execution_timeout_ms = u.execution_timeout_ms,
-  last_authorization_id = NULLIF(u.last_authorization_id, ''), updated_at = u.updated_at
+  last_authorization_id = NULLIF(u.last_authorization_id, ''), updated_at = u.updated_at, executions = u.executions
 FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[],
   $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bigint[], $16::bigint[],
-  $17::timestamptz[], $18::timestamptz[], $19::bool[], $20::bigint[], $21::bigint[], $22::text[], $23::timestamptz[])
+  $17::timestamptz[], $18::timestamptz[], $19::bool[], $20::bigint[], $21::bigint[], $22::text[], $23::timestamptz[],
+  $24::bigint[])
   AS u(org, mandate_id, loaded_version, version, status, operations, targets, currency, max_amount, total_limit, uses_allowed,
        uses_held, uses_spent, uses_in_doubt, amount_held, amount_spent, valid_from, valid_until, release_on_cancel,
-       hold_window_ms, execution_timeout_ms, last_authorization_id, updated_at)
+       hold_window_ms, execution_timeout_ms, last_authorization_id, updated_at, executions)
 WHERE m.org = u.org AND m.mandate_id = u.mandate_id AND m.version = u.loaded_version`
 
 const insertAuthsSQL = `INSERT INTO authorizations (org, mandate_id, authorization_id, partition, state, version, operation, target,
   amount, currency, idempotency_key, mandate_version, deadline, execution_deadline, begin_key, external_ref, detail,
-  decision_id, created_at, updated_at)
+  decision_id, created_at, updated_at, execution_token, result, resolved)
 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::text[], $6::bigint[], $7::text[], $8::text[],
   $9::bigint[], $10::text[], $11::text[], $12::bigint[], $13::timestamptz[], $14::timestamptz[], $15::text[], $16::text[],
-  $17::text[], $18::text[], $19::timestamptz[], $20::timestamptz[])`
+  $17::text[], $18::text[], $19::timestamptz[], $20::timestamptz[], $21::bigint[], $22::text[], $23::bool[])`
 
 const updateAuthsSQL = `UPDATE authorizations a SET state = u.state, version = u.version, execution_deadline = u.execution_deadline,
-  begin_key = u.begin_key, external_ref = u.external_ref, detail = u.detail, updated_at = u.updated_at
+  begin_key = u.begin_key, external_ref = u.external_ref, detail = u.detail, updated_at = u.updated_at,
+  execution_token = u.execution_token, result = u.result, resolved = u.resolved
 FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::bigint[], $7::timestamptz[], $8::text[],
-  $9::text[], $10::text[], $11::timestamptz[])
-  AS u(org, mandate_id, authorization_id, loaded_version, state, version, execution_deadline, begin_key, external_ref, detail, updated_at)
+  $9::text[], $10::text[], $11::timestamptz[], $12::bigint[], $13::text[], $14::bool[])
+  AS u(org, mandate_id, authorization_id, loaded_version, state, version, execution_deadline, begin_key, external_ref, detail, updated_at,
+       execution_token, result, resolved)
 WHERE a.org = u.org AND a.mandate_id = u.mandate_id AND a.authorization_id = u.authorization_id AND a.version = u.loaded_version`
 
 const insertIdemSQL = `INSERT INTO idempotency_keys (org, operation, idempotency_key, fingerprint, mandate_id, partition,
@@ -115,7 +121,7 @@ func (w *writeSet) mandates(st *lifecycle.State) {
 		org, id, status, ops, targets, cur, last          []string
 		part                                              []int32
 		loaded, version, max, total, allowed, held, spent []int64
-		doubt, amtHeld, amtSpent, holdMS, execMS          []int64
+		doubt, amtHeld, amtSpent, holdMS, execMS, execs   []int64
 		from, until, created, updated                     []pgtype.Timestamptz
 		release                                           []bool
 	}
@@ -138,18 +144,18 @@ func (w *writeSet) mandates(st *lifecycle.State) {
 		c.from, c.until = append(c.from, tstz(m.ValidFrom)), append(c.until, tstz(m.ValidUntil))
 		c.release = append(c.release, m.ReleaseOnCancel)
 		c.holdMS, c.execMS = append(c.holdMS, m.HoldWindow.Milliseconds()), append(c.execMS, m.ExecutionTimeout.Milliseconds())
-		c.last = append(c.last, m.LastAuthID)
+		c.last, c.execs = append(c.last, m.LastAuthID), append(c.execs, m.Executions)
 		c.created, c.updated = append(c.created, tstz(m.CreatedAt)), append(c.updated, tstz(m.UpdatedAt))
 	}
 	if n := len(ins.org); n > 0 {
 		w.queue(insertMandatesSQL, []any{ins.org, ins.id, ins.part, ins.version, ins.status, ins.ops, ins.targets, ins.cur,
 			ins.max, ins.total, ins.allowed, ins.held, ins.spent, ins.doubt, ins.amtHeld, ins.amtSpent, ins.from, ins.until,
-			ins.release, ins.holdMS, ins.execMS, ins.last, ins.created, ins.updated}, expectRows("insert mandates", n))
+			ins.release, ins.holdMS, ins.execMS, ins.last, ins.created, ins.updated, ins.execs}, expectRows("insert mandates", n))
 	}
 	if n := len(upd.org); n > 0 {
 		w.queue(updateMandatesSQL, []any{upd.org, upd.id, upd.loaded, upd.version, upd.status, upd.ops, upd.targets, upd.cur,
 			upd.max, upd.total, upd.allowed, upd.held, upd.spent, upd.doubt, upd.amtHeld, upd.amtSpent, upd.from, upd.until,
-			upd.release, upd.holdMS, upd.execMS, upd.last, upd.updated}, expectRows("update mandates", n))
+			upd.release, upd.holdMS, upd.execMS, upd.last, upd.updated, upd.execs}, expectRows("update mandates", n))
 	}
 }
 
@@ -157,13 +163,18 @@ func (w *writeSet) auths(st *lifecycle.State) {
 	var (
 		iOrg, iMid, iID, iState, iOp, iTarget, iCur, iKey, iBegin, iRef, iDetail, iDec []string
 		iPart                                                                          []int32
-		iVer, iAmt, iMver                                                              []int64
+		iVer, iAmt, iMver, iTok                                                        []int64
 		iDeadline, iExec, iCreated, iUpdated                                           []pgtype.Timestamptz
+		iResult                                                                        []pgtype.Text
+		iResolved                                                                      []bool
 
 		uOrg, uMid, uID, uState, uBegin, uRef, uDetail []string
-		uLoaded, uVer                                  []int64
+		uLoaded, uVer, uTok                            []int64
 		uExec, uUpdated                                []pgtype.Timestamptz
+		uResult                                        []pgtype.Text
+		uResolved                                      []bool
 	)
+	result := func(b []byte) pgtype.Text { return pgtype.Text{String: string(b), Valid: b != nil} }
 	for _, a := range st.Auths {
 		if !a.Dirty {
 			continue
@@ -175,21 +186,23 @@ func (w *writeSet) auths(st *lifecycle.State) {
 			iOp, iTarget, iAmt, iCur = append(iOp, a.Operation), append(iTarget, a.Target), append(iAmt, a.Amount), append(iCur, a.Currency)
 			iKey, iMver = append(iKey, a.IdempotencyKey), append(iMver, a.MandateVersion)
 			iDeadline, iExec = append(iDeadline, tstz(a.Deadline)), append(iExec, tstz(a.ExecutionDeadline))
-			iBegin, iRef, iDetail, iDec = append(iBegin, a.BeginKey), append(iRef, a.ExternalRef), append(iDetail, a.Detail), append(iDec, a.DecisionID)
+			iBegin, iRef, iDetail, iDec = append(iBegin, a.Executor), append(iRef, a.ExternalRef), append(iDetail, a.Detail), append(iDec, a.DecisionID)
 			iCreated, iUpdated = append(iCreated, tstz(a.CreatedAt)), append(iUpdated, tstz(a.UpdatedAt))
+			iTok, iResult, iResolved = append(iTok, a.ExecutionToken), append(iResult, result(a.Result)), append(iResolved, a.Resolved)
 			continue
 		}
 		uOrg, uMid, uID = append(uOrg, a.Key.Mandate.Org), append(uMid, a.Key.Mandate.MandateID), append(uID, a.Key.ID)
 		uLoaded, uState, uVer = append(uLoaded, a.LoadedVersion), append(uState, string(a.State)), append(uVer, a.Version)
-		uExec, uBegin, uRef, uDetail = append(uExec, tstz(a.ExecutionDeadline)), append(uBegin, a.BeginKey), append(uRef, a.ExternalRef), append(uDetail, a.Detail)
+		uExec, uBegin, uRef, uDetail = append(uExec, tstz(a.ExecutionDeadline)), append(uBegin, a.Executor), append(uRef, a.ExternalRef), append(uDetail, a.Detail)
 		uUpdated = append(uUpdated, tstz(a.UpdatedAt))
+		uTok, uResult, uResolved = append(uTok, a.ExecutionToken), append(uResult, result(a.Result)), append(uResolved, a.Resolved)
 	}
 	if n := len(iOrg); n > 0 {
 		w.queue(insertAuthsSQL, []any{iOrg, iMid, iID, iPart, iState, iVer, iOp, iTarget, iAmt, iCur, iKey, iMver,
-			iDeadline, iExec, iBegin, iRef, iDetail, iDec, iCreated, iUpdated}, expectRows("insert authorizations", n))
+			iDeadline, iExec, iBegin, iRef, iDetail, iDec, iCreated, iUpdated, iTok, iResult, iResolved}, expectRows("insert authorizations", n))
 	}
 	if n := len(uOrg); n > 0 {
-		w.queue(updateAuthsSQL, []any{uOrg, uMid, uID, uLoaded, uState, uVer, uExec, uBegin, uRef, uDetail, uUpdated},
+		w.queue(updateAuthsSQL, []any{uOrg, uMid, uID, uLoaded, uState, uVer, uExec, uBegin, uRef, uDetail, uUpdated, uTok, uResult, uResolved},
 			expectRows("update authorizations", n))
 	}
 }

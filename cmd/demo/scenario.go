@@ -132,8 +132,15 @@ func line(dec *wire.Decision) string {
 	if dec.AuthorizationID != "" {
 		fmt.Fprintf(&b, " auth=%s…", dec.AuthorizationID[:min(len(dec.AuthorizationID), 11)])
 	}
+	if dec.ExecutionToken != 0 {
+		fmt.Fprintf(&b, " token=%d", dec.ExecutionToken)
+	}
 	if dec.HeldBy != nil {
-		fmt.Fprintf(&b, " held_by=%s…(%s)", dec.HeldBy.ID[:min(len(dec.HeldBy.ID), 11)], dec.HeldBy.State)
+		fmt.Fprintf(&b, " held_by=%s…(%s", dec.HeldBy.ID[:min(len(dec.HeldBy.ID), 11)], dec.HeldBy.State)
+		if dec.HeldBy.Executor != "" {
+			fmt.Fprintf(&b, " by %s", dec.HeldBy.Executor)
+		}
+		b.WriteString(")")
 	}
 	if m := dec.Mandate; m != nil {
 		fmt.Fprintf(&b, " uses held/spent/allowed=%d/%d/%d v%d", m.UsesHeld, m.UsesSpent, m.UsesAllowed, m.Version)
@@ -150,7 +157,7 @@ func (d *demo) send(ctx context.Context, cmd map[string]any) (wire.Source, error
 		return wire.Source{}, err
 	}
 	topic := d.spec.Proposals
-	if t := cmd["type"]; t == "grant" || t == "revoke" {
+	if t, _ := cmd["type"].(string); wire.CommandType(t).IsGrantorCommand() { // grant, revoke, resolve
 		topic = d.spec.Grants
 	}
 	r := &kgo.Record{Topic: topic, Key: []byte(cmd["org"].(string) + "/" + cmd["mandate_id"].(string)), Value: b}
@@ -282,9 +289,9 @@ func (d *demo) script(ctx context.Context) error {
 	}
 	d.expect(c.Outcome == wire.OutcomeConflict, "a changed intent under one key is a conflict, got %s", c.Outcome)
 
-	step("the platform begins the refund, calls the provider, and commits")
+	step("the platform begins the refund as one executor; a second executor is told the winner")
 	src, err = d.send(ctx, map[string]any{"type": "begin", "org": "acme", "mandate_id": "case-1842",
-		"authorization_id": winner.AuthorizationID, "idempotency_key": "worker-7"})
+		"authorization_id": winner.AuthorizationID, "executor": "worker-7:attempt-1"})
 	if err != nil {
 		return err
 	}
@@ -292,9 +299,23 @@ func (d *demo) script(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	d.expect(b.Outcome == wire.OutcomeExecuting, "begin → executing, got %s", b.Outcome)
+	d.expect(b.Outcome == wire.OutcomeExecuting && b.ExecutionToken > 0, "begin → executing with a token, got %s", b.Outcome)
+	src, err = d.send(ctx, map[string]any{"type": "begin", "org": "acme", "mandate_id": "case-1842",
+		"authorization_id": winner.AuthorizationID, "executor": "worker-8:attempt-1"})
+	if err != nil {
+		return err
+	}
+	lost, err := d.answer(ctx, src)
+	if err != nil {
+		return err
+	}
+	d.expect(lost.Outcome == wire.OutcomeRefused && lost.Reason == wire.ReasonAlreadyExecuting,
+		"a second executor is refused already_executing, got %s %s", lost.Outcome, lost.Reason)
+
+	step("the winner calls the provider (idempotency key: the authorization id) and commits with its token")
 	src, err = d.send(ctx, map[string]any{"type": "commit", "org": "acme", "mandate_id": "case-1842",
-		"authorization_id": winner.AuthorizationID, "external_ref": "re_3PqL9x2eZvKYlo2C"})
+		"authorization_id": winner.AuthorizationID, "external_ref": "re_3PqL9x2eZvKYlo2C",
+		"execution_token": b.ExecutionToken, "result": map[string]any{"status": "succeeded"}})
 	if err != nil {
 		return err
 	}

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"encoding/json"
 	"flag"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/mandated/mandated/processor/wire"
@@ -168,36 +170,88 @@ func authorizationFlag(fs *flag.FlagSet) *string {
 	return fs.String("authorization", "", "the authorization id, from the propose decision (required)")
 }
 
+// executionTokenFlag is the token a winning begin handed out.
+func executionTokenFlag(fs *flag.FlagSet, what string) *int64 {
+	return fs.Int64("execution-token", 0, "the execution token of the begin this "+what+" follows (from its executing decision)")
+}
+
+func withToken(body map[string]any, set map[string]bool, token int64) map[string]any {
+	if set["execution-token"] {
+		body["execution_token"] = token
+	}
+	return body
+}
+
 var specBegin = commandSpec{
 	typ:      wire.CmdBegin,
-	synopsis: "--org ORG --mandate ID --authorization AU [flags]",
+	synopsis: "--org ORG --mandate ID --authorization AU [--executor ID] [flags]",
 	description: `Move a reserved authorization to executing: the compare-and-set gate to pass
-before the external call. Refused after the reservation's deadline.`,
-	examples: []string{"mandatectl begin --org acme --mandate case-1842 --authorization au_jd4myjhey7qd2migc457x36r"},
+before the external call. Refused after the reservation's deadline. The first
+executor wins and gets an execution token (carry it on commit, cancel and
+report-unknown); the same --executor again is a replay; any other executor is
+refused already_executing and told the winner. Without --executor (and
+without --key) this invocation is one new attempt named after the host, the
+process and the time.`,
+	examples: []string{"mandatectl begin --org acme --mandate case-1842 --authorization au_jd4myjhey7qd2migc457x36r --executor worker-7:attempt-1"},
 	flags: func(fs *flag.FlagSet) func(map[string]bool) (map[string]any, error) {
 		auth := authorizationFlag(fs)
+		executor := fs.String("executor", "", "this execution attempt's id (worker instance + attempt nonce); the same id again is a replay")
 		return func(set map[string]bool) (map[string]any, error) {
 			if err := required(set, "authorization"); err != nil {
 				return nil, err
 			}
-			return map[string]any{"authorization_id": *auth}, nil
+			body := map[string]any{"authorization_id": *auth}
+			switch {
+			case *executor != "":
+				body["executor"] = *executor
+			case !set["key"]:
+				host, _ := os.Hostname()
+				body["executor"] = fmt.Sprintf("mandatectl:%s:%d:%d", sanitizeID(host), os.Getpid(), time.Now().UnixNano())
+			}
+			return body, nil
 		}
 	},
 }
 
+// sanitizeID keeps the characters of the id grammar.
+func sanitizeID(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '-' || c == '_') {
+			b[i] = '-'
+		}
+	}
+	if len(b) == 0 {
+		return "host"
+	}
+	return string(b[:min(len(b), 64)])
+}
+
 var specCommit = commandSpec{
-	typ:         wire.CmdCommit,
-	synopsis:    "--org ORG --mandate ID --authorization AU --external-ref REF [flags]",
-	description: `Record that the external call happened, with the provider's reference. This consumes the use.`,
-	examples:    []string{"mandatectl commit --org acme --mandate case-1842 --authorization au_jd4myjhey7qd2migc457x36r \\\n    --external-ref re_3PqX9a2eZvKYlo2C1xQ"},
+	typ:      wire.CmdCommit,
+	synopsis: "--org ORG --mandate ID --authorization AU --external-ref REF [flags]",
+	description: `Record that the external call happened, with the provider's reference (and
+optionally its result, a JSON object of at most 8 KiB, returned to every later
+caller). This consumes the use. After a begin it needs that begin's
+--execution-token; straight from reserved (nobody began) it carries none.`,
+	examples: []string{"mandatectl commit --org acme --mandate case-1842 --authorization au_jd4myjhey7qd2migc457x36r \\\n    --execution-token 1 --external-ref re_3PqX9a2eZvKYlo2C1xQ --result '{\"status\":\"succeeded\"}'"},
 	flags: func(fs *flag.FlagSet) func(map[string]bool) (map[string]any, error) {
 		auth := authorizationFlag(fs)
 		ref := fs.String("external-ref", "", "the provider's reference for the executed call (required)")
+		token := executionTokenFlag(fs, "commit")
+		result := fs.String("result", "", "the provider's answer, a JSON object")
 		return func(set map[string]bool) (map[string]any, error) {
 			if err := required(set, "authorization", "external-ref"); err != nil {
 				return nil, err
 			}
-			return map[string]any{"authorization_id": *auth, "external_ref": *ref}, nil
+			body := map[string]any{"authorization_id": *auth, "external_ref": *ref}
+			if set["result"] {
+				body["result"] = json.RawMessage(*result)
+				if !json.Valid([]byte(*result)) {
+					return nil, fmt.Errorf("--result is not JSON")
+				}
+			}
+			return withToken(body, set, *token), nil
 		}
 	},
 }
@@ -216,6 +270,7 @@ with proof that the external call did not happen (--not-executed-proof).`,
 		auth := authorizationFlag(fs)
 		reason := fs.String("reason", "", "why")
 		proof := fs.String("not-executed-proof", "", "evidence that the external call did not happen (required to cancel an executing authorization)")
+		token := executionTokenFlag(fs, "cancel")
 		return func(set map[string]bool) (map[string]any, error) {
 			if err := required(set, "authorization"); err != nil {
 				return nil, err
@@ -227,7 +282,7 @@ with proof that the external call did not happen (--not-executed-proof).`,
 			if *proof != "" {
 				body["not_executed_proof"] = *proof
 			}
-			return body, nil
+			return withToken(body, set, *token), nil
 		}
 	},
 }
@@ -243,6 +298,7 @@ decision's outcome is in_doubt, so this command exits 1 when it succeeds.`,
 	flags: func(fs *flag.FlagSet) func(map[string]bool) (map[string]any, error) {
 		auth := authorizationFlag(fs)
 		detail := fs.String("detail", "", "what is known")
+		token := executionTokenFlag(fs, "report")
 		return func(set map[string]bool) (map[string]any, error) {
 			if err := required(set, "authorization"); err != nil {
 				return nil, err
@@ -251,7 +307,7 @@ decision's outcome is in_doubt, so this command exits 1 when it succeeds.`,
 			if *detail != "" {
 				body["detail"] = *detail
 			}
-			return body, nil
+			return withToken(body, set, *token), nil
 		}
 	},
 }
@@ -260,8 +316,11 @@ var specResolve = commandSpec{
 	typ:      wire.CmdResolve,
 	synopsis: "--org ORG --mandate ID --authorization AU --outcome committed|cancelled [flags]",
 	description: `Settle an in-doubt authorization after reconciling with the provider:
-committed (with the provider's --external-ref) or cancelled.
-'mandatectl in-doubt' lists what needs resolving.`,
+committed (with the provider's --external-ref) or cancelled. Sent on the grants
+topic (the reconciler is part of the privileged control plane). With
+--execution-token it names the execution it decided about, and is refused if
+that is not the authorization's. 'mandatectl reconcile' lists what needs
+resolving and sends this for you.`,
 	examples: []string{
 		`mandatectl resolve --org acme --mandate case-1842 --authorization au_jd4myjhey7qd2migc457x36r \` + "\n" +
 			`    --outcome committed --external-ref re_3PqX9a2eZvKYlo2C1xQ --evidence "provider lists the refund"`,
@@ -272,6 +331,7 @@ committed (with the provider's --external-ref) or cancelled.
 		outcome := fs.String("outcome", "", "committed or cancelled (required)")
 		ref := fs.String("external-ref", "", "the provider's reference (required with --outcome committed)")
 		evidence := fs.String("evidence", "", "what the reconciliation found")
+		token := executionTokenFlag(fs, "resolve")
 		return func(set map[string]bool) (map[string]any, error) {
 			if err := required(set, "authorization", "outcome"); err != nil {
 				return nil, err
@@ -292,7 +352,7 @@ committed (with the provider's --external-ref) or cancelled.
 			if *evidence != "" {
 				body["evidence"] = *evidence
 			}
-			return body, nil
+			return withToken(body, set, *token), nil
 		}
 	},
 }

@@ -43,21 +43,24 @@ type mandateJSON struct {
 }
 
 type authorizationJSON struct {
-	ID                string     `json:"id"`
-	State             string     `json:"state"`
-	Version           int64      `json:"version"`
-	Operation         string     `json:"operation"`
-	Target            string     `json:"target"`
-	Amount            wire.Money `json:"amount"`
-	IdempotencyKey    string     `json:"idempotency_key"`
-	MandateVersion    int64      `json:"mandate_version"`
-	Deadline          time.Time  `json:"deadline"`
-	ExecutionDeadline *time.Time `json:"execution_deadline,omitempty"`
-	ExternalRef       string     `json:"external_ref,omitempty"`
-	Detail            string     `json:"detail,omitempty"`
-	DecisionID        string     `json:"decision_id"`
-	CreatedAt         time.Time  `json:"created_at"`
-	UpdatedAt         time.Time  `json:"updated_at"`
+	ID                string          `json:"id"`
+	State             string          `json:"state"`
+	Version           int64           `json:"version"`
+	Operation         string          `json:"operation"`
+	Target            string          `json:"target"`
+	Amount            wire.Money      `json:"amount"`
+	IdempotencyKey    string          `json:"idempotency_key"`
+	MandateVersion    int64           `json:"mandate_version"`
+	Deadline          time.Time       `json:"deadline"`
+	ExecutionDeadline *time.Time      `json:"execution_deadline,omitempty"`
+	ExternalRef       string          `json:"external_ref,omitempty"`
+	Executor          string          `json:"executor,omitempty"`
+	ExecutionToken    int64           `json:"execution_token,omitempty"`
+	Result            json.RawMessage `json:"result,omitempty"`
+	Detail            string          `json:"detail,omitempty"`
+	DecisionID        string          `json:"decision_id"`
+	CreatedAt         time.Time       `json:"created_at"`
+	UpdatedAt         time.Time       `json:"updated_at"`
 }
 
 type historyScan struct {
@@ -105,7 +108,8 @@ func toAuthorizationJSON(a *lifecycle.Authorization) authorizationJSON {
 	v := authorizationJSON{ID: a.Key.ID, State: string(a.State), Version: a.Version, Operation: a.Operation, Target: a.Target,
 		Amount: wire.Money{MinorUnits: a.Amount, Currency: a.Currency}, IdempotencyKey: a.IdempotencyKey,
 		MandateVersion: a.MandateVersion, Deadline: a.Deadline, ExternalRef: a.ExternalRef, Detail: a.Detail,
-		DecisionID: a.DecisionID, CreatedAt: a.CreatedAt, UpdatedAt: a.UpdatedAt}
+		DecisionID: a.DecisionID, CreatedAt: a.CreatedAt, UpdatedAt: a.UpdatedAt,
+		Executor: a.Executor, ExecutionToken: a.ExecutionToken, Result: a.Result}
 	if !a.ExecutionDeadline.IsZero() {
 		t := a.ExecutionDeadline
 		v.ExecutionDeadline = &t
@@ -300,14 +304,18 @@ func printMandate(a *app, snap *sink.MandateSnapshot) {
 		return
 	}
 	tw = newTable(a.stdout)
-	fmt.Fprintln(tw, "  ID\tSTATE\tVERSION\tAMOUNT\tOPERATION\tTARGET\tIDEMPOTENCY KEY\tDEADLINE\tEXTERNAL REF\tUPDATED\tDETAIL")
+	fmt.Fprintln(tw, "  ID\tSTATE\tVERSION\tAMOUNT\tOPERATION\tTARGET\tIDEMPOTENCY KEY\tDEADLINE\tEXECUTOR (TOKEN)\tEXTERNAL REF\tUPDATED\tDETAIL")
 	for _, au := range snap.Authorizations {
 		deadline := fmtTime(au.Deadline)
 		if au.State == wire.StateExecuting || au.State == wire.StateInDoubt {
 			deadline = fmtTime(au.ExecutionDeadline) + " (execution)"
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%d\t%d %s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", au.Key.ID, au.State, au.Version, au.Amount, au.Currency,
-			au.Operation, au.Target, au.IdempotencyKey, deadline, dash(au.ExternalRef), fmtTime(au.UpdatedAt), dash(au.Detail))
+		executor := "-"
+		if au.Executor != "" || au.ExecutionToken != 0 {
+			executor = fmt.Sprintf("%s (%d)", dash(au.Executor), au.ExecutionToken)
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%d\t%d %s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", au.Key.ID, au.State, au.Version, au.Amount, au.Currency,
+			au.Operation, au.Target, au.IdempotencyKey, deadline, executor, dash(au.ExternalRef), fmtTime(au.UpdatedAt), dash(au.Detail))
 	}
 	_ = tw.Flush()
 }

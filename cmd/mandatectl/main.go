@@ -108,6 +108,7 @@ func commands() map[string]command {
 		"tail":           {"follow the decisions topic", groups[2], runTail},
 		"partitions":     {"per partition: owner, epoch, offsets, lag, outbox backlog, in-doubt", groups[2], runPartitions},
 		"in-doubt":       {"list in-doubt authorizations older than a threshold", groups[2], runInDoubt},
+		"reconcile":      {"list in-doubt executions with their tokens; resolve one on the operator's decision", groups[2], runReconcile},
 		"inspect":        {"show a mandate, its authorizations and its decision history", groups[2], runInspect},
 		"parked":         {"list outbox rows the broker refused for good", groups[2], runParked},
 		"tokens":         {"create, revoke or list the HTTP gateway's per-org bearer tokens", groups[0], runTokens},

@@ -9,6 +9,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -124,17 +126,31 @@ func TestMandatectl(t *testing.T) {
 		auth := d.Authorization.ID
 		require.Equal(t, b.h.Spec.Proposals, d.Source.Topic)
 
-		r, d = b.send(t, "begin", "--mandate", "acme/case-1842", "--authorization", auth)
+		r, d = b.send(t, "begin", "--mandate", "acme/case-1842", "--authorization", auth, "--executor", "worker-1:attempt-1")
 		require.Equal(t, exitOK, r.code, "%s", r)
 		require.Equal(t, wire.OutcomeExecuting, d.Outcome)
+		token := strconv.FormatInt(d.ExecutionToken, 10)
+		require.Equal(t, "1", token)
+
+		// Another executor is refused and told the winner; a commit without
+		// the token is refused too.
+		r, d = b.send(t, "begin", "--mandate", "acme/case-1842", "--authorization", auth)
+		require.Equal(t, exitFailed, r.code, "%s", r)
+		require.Equal(t, wire.ReasonAlreadyExecuting, d.Reason)
+		require.Equal(t, "worker-1:attempt-1", d.HeldBy.Executor)
+		r, d = b.send(t, "commit", "--mandate", "acme/case-1842", "--authorization", auth, "--external-ref", "re_guess")
+		require.Equal(t, exitFailed, r.code, "%s", r)
+		require.Equal(t, wire.ReasonStaleExecutionToken, d.Reason)
 
 		// The human table, this time.
 		r = ctl(t, append([]string{"commit", "--org", "acme", "--mandate", "case-1842", "--authorization", auth,
-			"--external-ref", "re_3PqX9a2eZvKYlo2C1xQ", "--timeout", "60s"}, b.kafka...)...)
+			"--external-ref", "re_3PqX9a2eZvKYlo2C1xQ", "--execution-token", token, "--result", `{"status":"succeeded"}`, "--timeout", "60s"}, b.kafka...)...)
 		require.Equal(t, exitOK, r.code, "%s", r)
 		require.Regexp(t, `(?m)^outcome\s+committed$`, r.stdout)
 		require.Contains(t, r.stdout, auth+" (committed, version 3)")
 		require.Contains(t, r.stdout, "re_3PqX9a2eZvKYlo2C1xQ")
+		require.Contains(t, r.stdout, "worker-1:attempt-1 (execution token 1)")
+		require.Contains(t, r.stdout, `{"status":"succeeded"}`)
 
 		// The same intent again is the original authorization, replayed.
 		r, d = b.propose(t, "acme", "case-1842", "refund-1", 15000)
@@ -193,9 +209,11 @@ func TestMandatectl(t *testing.T) {
 		r, d := b.propose(t, "acme", "case-doubt", "doubt-1", 5000)
 		require.Equal(t, exitOK, r.code, "%s", r)
 		auth := d.Authorization.ID
-		r, _ = b.send(t, "begin", "--mandate", "acme/case-doubt", "--authorization", auth)
+		r, d = b.send(t, "begin", "--mandate", "acme/case-doubt", "--authorization", auth, "--executor", "worker-9")
 		require.Equal(t, exitOK, r.code, "%s", r)
-		r, d = b.send(t, "report-unknown", "--mandate", "acme/case-doubt", "--authorization", auth, "--detail", "provider timed out")
+		token := d.ExecutionToken
+		r, d = b.send(t, "report-unknown", "--mandate", "acme/case-doubt", "--authorization", auth, "--detail", "provider timed out",
+			"--execution-token", strconv.FormatInt(token, 10))
 		require.Equal(t, exitFailed, r.code, "in_doubt exits 1: %s", r)
 		require.Equal(t, wire.OutcomeInDoubt, d.Outcome)
 
@@ -221,10 +239,35 @@ func TestMandatectl(t *testing.T) {
 		require.GreaterOrEqual(t, views[home].InDoubt, int64(1))
 		require.Greater(t, views[home].OldestDoubtSecs, 0.0)
 
-		r, d = b.send(t, "resolve", "--mandate", "acme/case-doubt", "--authorization", auth, "--outcome", "committed",
-			"--external-ref", "re_found", "--evidence", "provider lists it")
+		// reconcile lists it with its token and executor, refuses a decision
+		// about another execution, and resolves it on the grants topic.
+		r = ctl(t, append([]string{"reconcile", "--older-than", "0s", "--org", "acme"}, b.db...)...)
+		require.Equal(t, exitOK, r.code, "%s", r)
+		require.Regexp(t, auth+`\s+`+strconv.FormatInt(token, 10)+`\s+worker-9\s`, r.stdout)
+		r = ctl(t, append([]string{"reconcile", "--older-than", "0s", "--org", "acme", "--json"}, b.db...)...)
+		require.Equal(t, exitOK, r.code, "%s", r)
+		var listed []reconcileView
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &listed))
+		require.True(t, slices.ContainsFunc(listed, func(v reconcileView) bool {
+			return v.AuthorizationID == auth && v.ExecutionToken == token && v.Executor == "worker-9"
+		}), "%s", r.stdout)
+
+		reconcile := func(extra ...string) (result, *wire.Decision) {
+			args := append([]string{"reconcile", "--mandate", "acme/case-doubt", "--authorization", auth, "--json", "--timeout", "60s"}, extra...)
+			r := ctl(t, append(append(args, b.kafka...), b.db...)...)
+			d, err := wire.ParseDecision([]byte(strings.TrimSpace(r.stdout)))
+			require.NoError(t, err, "%s", r)
+			return r, d
+		}
+		r, d = reconcile("--committed", "re_found", "--execution-token", strconv.FormatInt(token+1, 10))
+		require.Equal(t, exitFailed, r.code, "%s", r)
+		require.Equal(t, wire.ReasonStaleExecutionToken, d.Reason, "a reconciliation naming a stale token is refused")
+		require.Equal(t, wire.StateInDoubt, d.Authorization.State)
+		r, d = reconcile("--committed", "re_found", "--evidence", "provider lists it")
 		require.Equal(t, exitOK, r.code, "%s", r)
 		require.Equal(t, wire.OutcomeCommitted, d.Outcome)
+		require.Equal(t, b.h.Spec.Grants, d.Source.Topic, "resolve is the control plane's")
+		require.Equal(t, token, d.ExecutionToken)
 
 		r = ctl(t, append([]string{"in-doubt", "--json"}, b.db...)...)
 		require.Equal(t, exitOK, r.code, "%s", r)

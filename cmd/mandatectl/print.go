@@ -110,8 +110,14 @@ func printAuthView(row func(k, format string, args ...any), label string, a *wir
 	if a.ExecutionDeadline != nil {
 		row("  execution deadline", "%s", fmtTime(*a.ExecutionDeadline))
 	}
+	if a.Executor != "" {
+		row("  executor", "%s (execution token %d)", a.Executor, a.ExecutionToken)
+	}
 	if a.ExternalRef != "" {
 		row("  external ref", "%s", a.ExternalRef)
+	}
+	if len(a.Result) > 0 {
+		row("  result", "%s", a.Result)
 	}
 }
 

@@ -66,8 +66,15 @@ def main():
 
     status, _, begun = call("POST", auth + "/begin", {}, {"Idempotency-Key": "py-worker-1"})
     assert status == 200 and begun["outcome"] == "executing", begun
-    status, _, committed = call("POST", auth + "/commit", {"external_ref": "re_py_1"})
+    commit = {"external_ref": "re_py_1", "result": {"refund_id": "re_py_1"}}
+    if "execution_token" in begun:  # the executor boundary fences the commit by the begin's token
+        commit["execution_token"] = begun["execution_token"]
+    status, _, committed = call("POST", auth + "/commit", commit)
     assert status == 200 and committed["outcome"] == "committed", committed
+
+    # Another worker resuming the same approval is told who holds it, never to run it.
+    status, _, refused = call("POST", auth + "/begin", {}, {"Idempotency-Key": "py-worker-2"})
+    assert status == 409 and refused["reason"] in ("already_executing", "terminal_state"), refused
 
     status, _, row = call("GET", auth)
     assert status == 200 and row["state"] == "committed" and row["terminal"], row

@@ -10,4 +10,13 @@
 //
 // The deadline rule: a deadline is met when the command is decided strictly
 // before it (now < deadline). At now == deadline the reservation has expired.
+//
+// The executor rule: the first begin on a reservation wins and takes the
+// mandate's next execution token; only that executor, carrying that token,
+// may commit, cancel or report the execution (a commit or cancel straight
+// from reserved carries none, and is possible only while nobody has begun).
+// Every other begin is refused already_executing and shown the winner; every
+// command with another token is refused stale_execution_token and changes
+// nothing, as is the executor's own once reconciliation resolved its
+// execution.
 package lifecycle

@@ -2,6 +2,7 @@ package lifecycle_test
 
 import (
 	"fmt"
+	"reflect"
 	"slices"
 	"sort"
 	"testing"
@@ -163,21 +164,30 @@ func (w *fuzzWorld) step(r *bytesIn) {
 		cmd = w.propose(r)
 	case 4:
 		key, id := w.pickAuth(r)
-		cmd = &wire.Command{Type: wire.CmdBegin, Key: key, IdempotencyKey: pick(r, []string{"", "b0", "b1"}), Begin: &wire.Begin{AuthorizationID: id}}
+		cmd = &wire.Command{Type: wire.CmdBegin, Key: key, Begin: &wire.Begin{AuthorizationID: id, Executor: pick(r, []string{"b2", "b0", "b1"})}}
 	case 5:
 		key, id := w.pickAuth(r)
 		cmd = &wire.Command{Type: wire.CmdCommit, Key: key, Commit: &wire.Commit{AuthorizationID: id, ExternalRef: pick(r, []string{"x0", "x1"})}}
+		cmd.Commit.ExecutionToken = w.token(r, key, id)
+		if r.next()%2 == 1 {
+			cmd.Commit.Result = []byte(`{"ref":"` + cmd.Commit.ExternalRef + `"}`)
+		}
 	case 6:
 		key, id := w.pickAuth(r)
 		cmd = &wire.Command{Type: wire.CmdCancel, Key: key, Cancel: &wire.Cancel{AuthorizationID: id, NotExecutedProof: pick(r, []string{"", "proof"})}}
+		cmd.Cancel.ExecutionToken = w.token(r, key, id)
 	case 7:
 		key, id := w.pickAuth(r)
 		cmd = &wire.Command{Type: wire.CmdReportUnknown, Key: key, Report: &wire.ReportUnknown{AuthorizationID: id}}
+		cmd.Report.ExecutionToken = w.token(r, key, id)
 	case 8:
 		key, id := w.pickAuth(r)
 		res := &wire.Resolve{AuthorizationID: id, Outcome: pick(r, []wire.ResolveOutcome{wire.ResolveCommitted, wire.ResolveCancelled})}
 		if res.Outcome == wire.ResolveCommitted {
 			res.ExternalRef = pick(r, []string{"x0", "x1"})
+		}
+		if n := r.next() % 3; n > 0 {
+			res.ExecutionToken = w.token(r, key, id) // sometimes named, sometimes stale
 		}
 		cmd = &wire.Command{Type: wire.CmdResolve, Key: key, Resolve: res}
 	case 9, 10:
@@ -188,6 +198,25 @@ func (w *fuzzWorld) step(r *bytesIn) {
 		return
 	}
 	w.decide(cmd)
+}
+
+// token picks the execution token a command carries: mostly the one in
+// force (none before a begin), else none, another mandate's count, or one
+// that was never handed out.
+func (w *fuzzWorld) token(r *bytesIn, key partitioner.MandateKey, id string) int64 {
+	var current int64
+	if a := w.st.Auths[lifecycle.AuthKey{Mandate: key, ID: id}]; a != nil {
+		current = a.ExecutionToken
+	}
+	switch r.next() % 6 {
+	case 3:
+		return 0
+	case 4:
+		return max(current-1, 0)
+	case 5:
+		return current + 1
+	}
+	return current
 }
 
 // tick applies due deadlines, as the processor's timer does: one
@@ -287,7 +316,62 @@ func (w *fuzzWorld) decide(cmd *wire.Command) {
 			eq(t, b.decisionID, w.st.Idem[scope].DecisionID, "a binding never moves")
 		}
 	}
+	w.checkExecution(cmd, answer, before)
 	w.checkAfter(cmd, before, ds)
+}
+
+// checkExecution checks the executor boundary after a command: one winner
+// per authorization, whose executor and token never change; tokens strictly
+// increase per mandate; only the winner is ever told executing (or a
+// replay); a stale token changes nothing.
+func (w *fuzzWorld) checkExecution(cmd *wire.Command, answer *wire.Decision, before snapshot) {
+	t := w.t
+	for k, a := range w.st.Auths {
+		prev, existed := before.auths[k]
+		if existed && prev.ExecutionToken != 0 {
+			eq(t, prev.ExecutionToken, a.ExecutionToken, "the execution token of %s changed", k.ID)
+			eq(t, prev.Executor, a.Executor, "the executor of %s changed", k.ID)
+			continue
+		}
+		if a.ExecutionToken != 0 {
+			// Newly begun: the mandate's next token, above every earlier one.
+			eq(t, wire.CmdBegin, cmd.Type)
+			eq(t, wire.OutcomeExecuting, answer.Outcome)
+			eq(t, a.ExecutionToken, w.st.Mandates[k.Mandate].Executions)
+			eq(t, cmd.Begin.Executor, a.Executor)
+			for k2, other := range w.st.Auths {
+				if k2 != k && k2.Mandate == k.Mandate {
+					holds(t, other.ExecutionToken < a.ExecutionToken, "token %d handed out after %d", a.ExecutionToken, other.ExecutionToken)
+				}
+			}
+		}
+	}
+	if cmd.Type == wire.CmdBegin && answer.Authorization != nil {
+		a := w.st.Auths[lifecycle.AuthKey{Mandate: cmd.Key, ID: cmd.Begin.AuthorizationID}]
+		if answer.Outcome == wire.OutcomeExecuting || answer.Outcome == wire.OutcomeReplayed {
+			eq(t, a.Executor, cmd.Begin.Executor, "a loser was told %s", answer.Outcome)
+			eq(t, a.ExecutionToken, answer.ExecutionToken)
+		}
+		if answer.Reason == wire.ReasonAlreadyExecuting {
+			holds(t, answer.HeldBy != nil && answer.HeldBy.Executor == a.Executor, "a loser is told the winner")
+			eq(t, a.ExecutionToken, answer.ExecutionToken)
+		}
+	}
+	if answer.Reason == wire.ReasonStaleExecutionToken {
+		for k, a := range w.st.Auths {
+			prev, existed := before.auths[k]
+			holds(t, existed && reflect.DeepEqual(prev, *a), "a stale token changed %s", k.ID)
+		}
+	}
+	switch cmd.Type {
+	case wire.CmdCommit, wire.CmdCancel, wire.CmdReportUnknown:
+		k := lifecycle.AuthKey{Mandate: cmd.Key, ID: cmd.AuthorizationID()}
+		prev, existed := before.auths[k]
+		if a := w.st.Auths[k]; existed && a.State != prev.State {
+			eq(t, prev.ExecutionToken, cmd.ExecutionToken(), "%s moved %s without its execution token", cmd.Type, k.ID)
+			holds(t, !prev.Resolved, "an executor acted after reconciliation")
+		}
+	}
 }
 
 func (w *fuzzWorld) checkSequences(first int64, ds []wire.Decision) {
@@ -326,7 +410,7 @@ func (w *fuzzWorld) checkAfter(cmd *wire.Command, before snapshot, ds []wire.Dec
 
 		// Terminal states never change.
 		if sa.terminal != nil {
-			if *sa.terminal != *a {
+			if !reflect.DeepEqual(*sa.terminal, *a) {
 				require.Equal(t, *sa.terminal, *a, "terminal authorization %s changed (step %s)", k.ID, describe(cmd))
 			}
 			continue
@@ -506,6 +590,8 @@ func lifecycleSeeds() [][]byte {
 	const (
 		opGrant, opRevoke, opPropose, opBegin, opCommit, opCancel, opReport, opResolve, opClock, opTick = 0, 1, 2, 4, 5, 6, 7, 8, 9, 11
 	)
+	// Commit, cancel and report are followed by a token byte (0: the token
+	// in force).
 	// grant m0: currency EUR, uses 2, max 1000, release, hold 1 min, exec 30 s, pay+refund, no limit, no targets, no window.
 	grant := []byte{opGrant, 0, 1, 1, 0, 1, 1, 2, 1, 1, 2, 0, 0}
 	// propose m0 pay 50 EUR t0, no version pin, no deadline, under k0 (and k1).
@@ -515,11 +601,13 @@ func lifecycleSeeds() [][]byte {
 		slices.Concat(grant, propose),
 		slices.Concat(grant, propose, []byte{opBegin, 0, 1}),
 		slices.Concat(grant, propose, []byte{opBegin, 0, 1, opClock, 5, opTick, 1}),
-		slices.Concat(grant, propose, []byte{opBegin, 0, 1, opCommit, 0, 0}),
-		slices.Concat(grant, propose, []byte{opBegin, 0, 1, opReport, 0, opClock, 6, opTick, 1, opResolve, 0, 0, 1}),
-		slices.Concat(grant, propose, propose2, propose, []byte{opRevoke, 0, 0, opCommit, 0, 0, opCancel, 0, 1}),
-		slices.Concat(grant, propose, []byte{opClock, 5, opBegin, 0, 1, opClock, 1, opCommit, 0, 0, opTick, 1}),
-		slices.Concat(grant, propose, []byte{opBegin, 0, 0, opClock, 4, opTick, 0, opCancel, 0, 1, opResolve, 0, 1}),
+		slices.Concat(grant, propose, []byte{opBegin, 0, 1, opCommit, 0, 0, 0, 1}),
+		slices.Concat(grant, propose, []byte{opBegin, 0, 1, opBegin, 0, 2, opCommit, 0, 0, 3, 0, opCommit, 0, 0, 0, 1}),
+		slices.Concat(grant, propose, []byte{opBegin, 0, 1, opReport, 0, 0, opClock, 6, opTick, 1, opResolve, 0, 0, 1, 1, 0}),
+		slices.Concat(grant, propose, propose2, propose, []byte{opRevoke, 0, 0, opCommit, 0, 0, 0, 0, opCancel, 0, 1, 0}),
+		slices.Concat(grant, propose, []byte{opClock, 5, opBegin, 0, 1, opClock, 1, opCommit, 0, 0, 0, 0, opTick, 1}),
+		slices.Concat(grant, propose, []byte{opBegin, 0, 0, opClock, 4, opTick, 0, opCancel, 0, 1, 0, opResolve, 0, 1, 0,
+			opCommit, 0, 0, 0, 0}),
 	}
 	var all []byte
 	for _, s := range seeds {

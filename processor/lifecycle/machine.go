@@ -114,6 +114,7 @@ func withAuth(dec *wire.Decision, a *Authorization) *wire.Decision {
 	if a != nil {
 		dec.AuthorizationID = a.Key.ID
 		dec.Authorization = authView(a)
+		dec.ExecutionToken = a.ExecutionToken
 		dec.IdempotencyKey = a.IdempotencyKey
 	}
 	return dec
@@ -390,43 +391,94 @@ func (d *decider) refuseState(a *Authorization) {
 	}
 }
 
+// begin elects one executor per authorization. The first begin on a
+// reservation wins: executing, with the mandate's next execution token.
+// The same executor again is a replay with the same token (its answer was
+// lost); any other executor is never told it may execute: it is refused
+// already_executing with the winner and the token in force, and — once the
+// execution ended or went in doubt — that state and the recorded result.
+// A new begin never takes over a live or in-doubt execution.
 func (d *decider) begin() {
 	a, m := d.authFor(d.cmd.Begin.AuthorizationID)
 	if a == nil {
 		return
 	}
-	if d.cmd.IdempotencyKey != "" && d.cmd.IdempotencyKey == a.BeginKey {
-		// The begin that won, again (a retry, a redelivery): the same answer,
-		// with whatever state the execution reached since.
-		dec := withAuth(d.answer(wire.OutcomeReplayed, "", "the same begin again: it holds the execution"), a)
+	executor := d.cmd.Begin.Executor
+	if a.Executor != "" && executor == a.Executor {
+		dec := withAuth(d.answer(wire.OutcomeReplayed, "",
+			fmt.Sprintf("the same executor again: it holds execution token %d; go on only while the authorization is executing", a.ExecutionToken)), a)
 		dec.OriginalOutcome = wire.OutcomeExecuting
 		return
 	}
-	switch a.State {
-	case wire.StateReserved:
+	switch {
+	case a.State == wire.StateReserved:
+		// The counter is not part of the mandate's terms or usage, so its
+		// version (what based_on_version names) does not move; the row is
+		// still written under the version compare-and-set.
+		m.Executions++
+		m.UpdatedAt = d.now
+		m.Dirty = true
 		d.touchAuth(a, wire.StateExecuting)
 		a.ExecutionDeadline = d.now.Add(m.ExecutionTimeout)
-		a.BeginKey = d.cmd.IdempotencyKey
-		withAuth(d.answer(wire.OutcomeExecuting, "", ""), a)
-	case wire.StateExecuting:
-		d.refuse(a, wire.ReasonAlreadyExecuting, "another begin already holds the execution")
-	case wire.StateInDoubt:
-		d.refuse(a, wire.ReasonAlreadyExecuting, "the authorization was begun and is now in doubt")
+		a.Executor = executor
+		a.ExecutionToken = m.Executions
+		withAuth(d.answer(wire.OutcomeExecuting, "",
+			fmt.Sprintf("execution token %d: carry it on commit, cancel or report_unknown; use the authorization id as the provider's idempotency key", a.ExecutionToken)), a)
+	case a.Executor != "" || a.State == wire.StateExecuting || a.State == wire.StateInDoubt:
+		// (An execution begun before execution tokens existed may have no
+		// executor recorded; it is still someone else's.)
+		var detail string
+		switch a.State {
+		case wire.StateExecuting:
+			detail = fmt.Sprintf("executor %q holds the execution (token %d): do not call the provider; wait for its outcome", a.Executor, a.ExecutionToken)
+		case wire.StateInDoubt:
+			detail = fmt.Sprintf("the execution by %q (token %d) is in doubt: do not call the provider; only resolve settles it", a.Executor, a.ExecutionToken)
+		default:
+			detail = fmt.Sprintf("the execution by %q (token %d) ended %s: its recorded outcome and result are in authorization", a.Executor, a.ExecutionToken, a.State)
+		}
+		dec := withAuth(d.answer(wire.OutcomeRefused, wire.ReasonAlreadyExecuting, detail), a)
+		dec.HeldBy = authView(a)
 	default:
 		d.refuseState(a)
 	}
 }
 
+// staleToken refuses a command of an execution that does not carry the
+// token in force, and returns true when it did. Without a begin the token
+// in force is none (0): a commit or cancel straight from reserved carries
+// no token. Once reconciliation resolved an execution, its executor's
+// token acts no more.
+func (d *decider) staleToken(a *Authorization) bool {
+	tok := d.cmd.ExecutionToken()
+	if tok == a.ExecutionToken && !a.Resolved {
+		return false
+	}
+	var detail string
+	switch {
+	case a.Resolved:
+		detail = fmt.Sprintf("execution token %d went in doubt and reconciliation resolved it %s; its executor's commands act no more", a.ExecutionToken, a.State)
+	case tok == 0:
+		detail = fmt.Sprintf("executor %q holds the execution under token %d; a command without it changes nothing", a.Executor, a.ExecutionToken)
+	case a.ExecutionToken == 0:
+		detail = fmt.Sprintf("execution token %d names no execution: the authorization was never begun", tok)
+	default:
+		detail = fmt.Sprintf("execution token %d is not the execution's token %d (executor %q)", tok, a.ExecutionToken, a.Executor)
+	}
+	d.refuse(a, wire.ReasonStaleExecutionToken, detail)
+	return true
+}
+
 func (d *decider) commit() {
 	c := d.cmd.Commit
 	a, m := d.authFor(c.AuthorizationID)
-	if a == nil {
+	if a == nil || d.staleToken(a) {
 		return
 	}
 	switch a.State {
 	case wire.StateReserved, wire.StateExecuting:
 		d.touchAuth(a, wire.StateCommitted)
 		a.ExternalRef = c.ExternalRef
+		a.Result = c.Result
 		spend(m, a)
 		d.touchMandate(m)
 		withAuth(d.answer(wire.OutcomeCommitted, "", ""), a)
@@ -456,7 +508,7 @@ func (d *decider) settleCancel(a *Authorization, m *Mandate) {
 func (d *decider) cancel() {
 	c := d.cmd.Cancel
 	a, m := d.authFor(c.AuthorizationID)
-	if a == nil {
+	if a == nil || d.staleToken(a) {
 		return
 	}
 	switch a.State {
@@ -482,7 +534,7 @@ func (d *decider) cancel() {
 
 func (d *decider) reportUnknown() {
 	a, m := d.authFor(d.cmd.Report.AuthorizationID)
-	if a == nil {
+	if a == nil || d.staleToken(a) {
 		return
 	}
 	switch a.State {
@@ -506,10 +558,18 @@ func (d *decider) resolve() {
 	if a == nil {
 		return
 	}
+	// The reconciler names the execution it decided about, if it knows it;
+	// a decision about another execution is refused.
+	if r.ExecutionToken != 0 && r.ExecutionToken != a.ExecutionToken {
+		d.refuse(a, wire.ReasonStaleExecutionToken,
+			fmt.Sprintf("the reconciliation names execution token %d; the authorization's is %d", r.ExecutionToken, a.ExecutionToken))
+		return
+	}
 	switch a.State {
 	case wire.StateInDoubt:
 		m.UsesInDoubt--
 		a.Detail = r.Evidence
+		a.Resolved = true
 		if r.Outcome == wire.ResolveCommitted {
 			d.touchAuth(a, wire.StateCommitted)
 			a.ExternalRef = r.ExternalRef

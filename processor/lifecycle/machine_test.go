@@ -44,7 +44,34 @@ func setup(t *testing.T) *testBundle {
 // keep: sequences consecutive from State.NextSeq, exactly one decision
 // answering the command (carrying its Source), every mandate within its
 // grant. It returns the answer and all decisions.
+//
+// A commit, cancel or report_unknown without an execution token is given
+// the token in force, as the platform that holds the execution would send
+// it; decideRaw sends the command as it is.
 func (b *testBundle) decide(t *testing.T, cmd *wire.Command) (wire.Decision, []wire.Decision) {
+	t.Helper()
+	if tok := tokenField(cmd); tok != nil && *tok == 0 {
+		if a := b.st.Auths[lifecycle.AuthKey{Mandate: cmd.Key, ID: cmd.AuthorizationID()}]; a != nil {
+			*tok = a.ExecutionToken
+		}
+	}
+	return b.decideRaw(t, cmd)
+}
+
+// tokenField points at the execution token of an executor's command.
+func tokenField(cmd *wire.Command) *int64 {
+	switch {
+	case cmd.Commit != nil:
+		return &cmd.Commit.ExecutionToken
+	case cmd.Cancel != nil:
+		return &cmd.Cancel.ExecutionToken
+	case cmd.Report != nil:
+		return &cmd.Report.ExecutionToken
+	}
+	return nil
+}
+
+func (b *testBundle) decideRaw(t *testing.T, cmd *wire.Command) (wire.Decision, []wire.Decision) {
 	t.Helper()
 	topic := "mandate.proposals"
 	if cmd.Type.IsGrantorCommand() {
@@ -133,8 +160,13 @@ func proposeCmd(key partitioner.MandateKey, idem string, amount int64, mods ...f
 	return &wire.Command{Type: wire.CmdPropose, Key: key, IdempotencyKey: idem, Propose: p}
 }
 
-func beginCmd(id, idem string) *wire.Command {
-	return &wire.Command{Type: wire.CmdBegin, Key: mandate, IdempotencyKey: idem, Begin: &wire.Begin{AuthorizationID: id}}
+// beginCmd is a begin by executor (the decoder never leaves it empty: an
+// empty one here stands for "some executor" and is named after id).
+func beginCmd(id, executor string) *wire.Command {
+	if executor == "" {
+		executor = "executor-" + id
+	}
+	return &wire.Command{Type: wire.CmdBegin, Key: mandate, Begin: &wire.Begin{AuthorizationID: id, Executor: executor}}
 }
 
 func commitCmd(id, ref string) *wire.Command {
@@ -740,7 +772,12 @@ func TestBegin(t *testing.T) {
 		require.Equal(t, wire.StateExecuting, auth.State)
 		require.Equal(t, int64(2), auth.Version)
 		require.Equal(t, b.now.Add(execLimit), auth.ExecutionDeadline)
-		require.Equal(t, "begin-1", auth.BeginKey)
+		require.Equal(t, "begin-1", auth.Executor)
+		require.Equal(t, int64(1), auth.ExecutionToken, "the mandate's first execution")
+		require.Equal(t, int64(1), b.mandate().Executions)
+		require.Equal(t, int64(1), a.ExecutionToken)
+		require.Equal(t, int64(1), a.Authorization.ExecutionToken)
+		require.Equal(t, "begin-1", a.Authorization.Executor)
 		require.Equal(t, &auth.ExecutionDeadline, a.Authorization.ExecutionDeadline)
 		require.Equal(t, counters{held: 1, amountHeld: 5_000}, b.counters())
 	})
@@ -753,21 +790,22 @@ func TestBegin(t *testing.T) {
 		reason  wire.Reason
 		state   wire.AuthState
 	}{
-		{name: "a second begin with the same idempotency key is replayed", prepare: func(b *testBundle, t *testing.T) string {
+		{name: "a second begin by the same executor is replayed", prepare: func(b *testBundle, t *testing.T) string {
 			id := b.reserve(t)
 			b.decide(t, beginCmd(id, "begin-1"))
 			return id
 		}, idem: "begin-1", outcome: wire.OutcomeReplayed, state: wire.StateExecuting},
-		{name: "a second begin with another idempotency key is refused", prepare: func(b *testBundle, t *testing.T) string {
+		{name: "a second begin by another executor is refused", prepare: func(b *testBundle, t *testing.T) string {
 			id := b.reserve(t)
 			b.decide(t, beginCmd(id, "begin-1"))
 			return id
 		}, idem: "begin-2", outcome: wire.OutcomeRefused, reason: wire.ReasonAlreadyExecuting, state: wire.StateExecuting},
-		{name: "a second begin without idempotency keys is refused", prepare: func(b *testBundle, t *testing.T) string {
+		{name: "a begin by another executor after the winner committed is refused with the committed state", prepare: func(b *testBundle, t *testing.T) string {
 			id := b.reserve(t)
-			b.decide(t, beginCmd(id, ""))
+			b.decide(t, beginCmd(id, "begin-1"))
+			b.decide(t, commitCmd(id, "re_1"))
 			return id
-		}, outcome: wire.OutcomeRefused, reason: wire.ReasonAlreadyExecuting, state: wire.StateExecuting},
+		}, idem: "begin-2", outcome: wire.OutcomeRefused, reason: wire.ReasonAlreadyExecuting, state: wire.StateCommitted},
 		{name: "the winning begin repeated after commit is replayed with the committed state", prepare: func(b *testBundle, t *testing.T) string {
 			id := b.reserve(t)
 			b.decide(t, beginCmd(id, "begin-1"))
@@ -782,7 +820,12 @@ func TestBegin(t *testing.T) {
 		}, idem: "begin-1", outcome: wire.OutcomeReplayed, state: wire.StateInDoubt},
 		{name: "a begin after expiry is refused", prepare: (*testBundle).expired, outcome: wire.OutcomeRefused, reason: wire.ReasonDeadlinePassed, state: wire.StateExpired},
 		{name: "a begin on an in-doubt authorization is refused", prepare: (*testBundle).inDoubt, idem: "begin-x", outcome: wire.OutcomeRefused, reason: wire.ReasonAlreadyExecuting, state: wire.StateInDoubt},
-		{name: "a begin after commit is refused", prepare: (*testBundle).committed, outcome: wire.OutcomeRefused, reason: wire.ReasonTerminal, state: wire.StateCommitted},
+		{name: "a begin after another executor committed is refused with the winner", prepare: (*testBundle).committed, outcome: wire.OutcomeRefused, reason: wire.ReasonAlreadyExecuting, state: wire.StateCommitted},
+		{name: "a begin after a commit straight from reserved is refused", prepare: func(b *testBundle, t *testing.T) string {
+			id := b.reserve(t)
+			b.decide(t, commitCmd(id, "re_1"))
+			return id
+		}, outcome: wire.OutcomeRefused, reason: wire.ReasonTerminal, state: wire.StateCommitted},
 		{name: "a begin after cancel is refused", prepare: (*testBundle).cancelled, outcome: wire.OutcomeRefused, reason: wire.ReasonTerminal, state: wire.StateCancelled},
 		{name: "a begin after revoke is refused", prepare: (*testBundle).revoked, outcome: wire.OutcomeRefused, reason: wire.ReasonTerminal, state: wire.StateRevoked},
 	}

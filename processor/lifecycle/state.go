@@ -35,8 +35,12 @@ type Mandate struct {
 	HoldWindow       time.Duration
 	ExecutionTimeout time.Duration
 	LastAuthID       string // the authorization that most recently took a use
-	CreatedAt        time.Time
-	UpdatedAt        time.Time
+	// Executions counts the begins that won on this mandate: the last
+	// execution token handed out. Tokens are monotonic per mandate, so a
+	// store downstream can refuse a write carrying an older one.
+	Executions int64
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
 
 	// LoadedVersion is the version read from storage (0 when new); the sink
 	// writes a change only if storage still holds it.
@@ -80,12 +84,18 @@ type Authorization struct {
 	MandateVersion    int64 // the mandate version the reservation made
 	Deadline          time.Time
 	ExecutionDeadline time.Time // zero until begin
-	BeginKey          string    // the idempotency key of the begin that won
+	Executor          string    // the executor of the begin that won (column begin_key)
+	ExecutionToken    int64     // its token; 0 until begin
 	ExternalRef       string
-	Detail            string
-	DecisionID        string // the decision that reserved it
-	CreatedAt         time.Time
-	UpdatedAt         time.Time
+	Result            []byte // the winning commit's result (a JSON object), nil when none
+	// Resolved is set when reconciliation settled the execution: the
+	// executor's token acts no more (a paused executor waking after it is
+	// refused, whatever it says).
+	Resolved   bool
+	Detail     string
+	DecisionID string // the decision that reserved it
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
 
 	LoadedVersion int64
 	Dirty         bool
@@ -210,6 +220,7 @@ func authView(a *Authorization) *wire.AuthorizationView {
 		Amount:         wire.Money{MinorUnits: a.Amount, Currency: a.Currency},
 		IdempotencyKey: a.IdempotencyKey, MandateVersion: a.MandateVersion,
 		Deadline: a.Deadline, ExternalRef: a.ExternalRef, CreatedAt: a.CreatedAt, UpdatedAt: a.UpdatedAt,
+		Executor: a.Executor, ExecutionToken: a.ExecutionToken, Result: a.Result,
 	}
 	if !a.ExecutionDeadline.IsZero() {
 		t := a.ExecutionDeadline

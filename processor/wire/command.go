@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"encoding/json"
 	"time"
 
 	"github.com/mandated/mandated/partitioner"
@@ -24,8 +25,12 @@ const (
 	CmdResolve       CommandType = "resolve"
 )
 
-// IsGrantorCommand reports whether t may only arrive on the grants topic.
-func (t CommandType) IsGrantorCommand() bool { return t == CmdGrant || t == CmdRevoke }
+// IsGrantorCommand reports whether t may only arrive on the grants topic,
+// the privileged control plane: grant and revoke (grantors) and resolve
+// (the reconciler).
+func (t CommandType) IsGrantorCommand() bool {
+	return t == CmdGrant || t == CmdRevoke || t == CmdResolve
+}
 
 // Known reports whether t is a command of this schema version.
 func (t CommandType) Known() bool {
@@ -89,29 +94,46 @@ type Propose struct {
 	Deadline       time.Time // requested reservation deadline; zero means the mandate's hold window
 }
 
-// Begin is the compare-and-set gate before the external call.
+// Begin is the compare-and-set gate before the external call: it elects
+// one executor attempt per authorization.
 type Begin struct {
 	AuthorizationID string
+	// Executor names this execution attempt (a worker instance plus an
+	// attempt nonce): the same executor again is a replay, any other one a
+	// loser. Taken from the idempotency key when the field is absent (v1
+	// compatibility, deprecated).
+	Executor string
 }
+
+// MaxResultBytes bounds a commit's result as re-encoded.
+const MaxResultBytes = 8 << 10
 
 // Commit records that the external call happened.
 type Commit struct {
 	AuthorizationID string
 	ExternalRef     string
+	// ExecutionToken is the token of the begin this commit follows; 0 when
+	// absent (a commit straight from reserved).
+	ExecutionToken int64
+	// Result is the provider's answer, a JSON object re-encoded compactly
+	// with sorted keys (at most MaxResultBytes); nil when absent.
+	Result json.RawMessage
 }
 
 // Cancel gives up an authorization; from executing only with proof that
-// the external call did not happen.
+// the external call did not happen (and the execution token).
 type Cancel struct {
 	AuthorizationID  string
 	Reason           string
 	NotExecutedProof string
+	ExecutionToken   int64
 }
 
 // ReportUnknown says the external call's outcome is unknown.
 type ReportUnknown struct {
 	AuthorizationID string
 	Detail          string
+	ExecutionToken  int64
 }
 
 // ResolveOutcome is what reconciliation with the provider found.
@@ -128,6 +150,7 @@ type Resolve struct {
 	Outcome         ResolveOutcome
 	ExternalRef     string
 	Evidence        string
+	ExecutionToken  int64 // optional: when given, it must be the in-doubt execution's
 }
 
 // AuthorizationID returns the authorization a command addresses, if any.
@@ -145,4 +168,19 @@ func (c *Command) AuthorizationID() string {
 		return c.Resolve.AuthorizationID
 	}
 	return ""
+}
+
+// ExecutionToken returns the execution token a command carries (0: none).
+func (c *Command) ExecutionToken() int64 {
+	switch {
+	case c.Commit != nil:
+		return c.Commit.ExecutionToken
+	case c.Cancel != nil:
+		return c.Cancel.ExecutionToken
+	case c.Report != nil:
+		return c.Report.ExecutionToken
+	case c.Resolve != nil:
+		return c.Resolve.ExecutionToken
+	}
+	return 0
 }

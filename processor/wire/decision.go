@@ -82,6 +82,7 @@ type Decision struct {
 	Detail          string             `json:"detail,omitempty"`
 	ReplayOf        string             `json:"replay_of,omitempty"`        // the decision that first answered this intent
 	OriginalOutcome Outcome            `json:"original_outcome,omitempty"` // on a replay: what that first answer was
+	ExecutionToken  int64              `json:"execution_token,omitempty"`  // the token of the authorization's execution, once begun
 	Authorization   *AuthorizationView `json:"authorization,omitempty"`
 	HeldBy          *AuthorizationView `json:"held_by,omitempty"` // on a denial: the authorization holding the authority
 	Mandate         *MandateView       `json:"mandate,omitempty"`
@@ -104,8 +105,12 @@ type AuthorizationView struct {
 	Deadline          time.Time  `json:"deadline"`
 	ExecutionDeadline *time.Time `json:"execution_deadline,omitempty"`
 	ExternalRef       string     `json:"external_ref,omitempty"`
-	CreatedAt         time.Time  `json:"created_at"`
-	UpdatedAt         time.Time  `json:"updated_at"`
+	Executor          string     `json:"executor,omitempty"`        // the begin that won
+	ExecutionToken    int64      `json:"execution_token,omitempty"` // its fencing token
+	// Result is the provider's answer the winning commit recorded (a JSON object).
+	Result    json.RawMessage `json:"result,omitempty"`
+	CreatedAt time.Time       `json:"created_at"`
+	UpdatedAt time.Time       `json:"updated_at"`
 }
 
 // MandateView is a mandate as a decision shows it.

@@ -143,11 +143,11 @@ var typeFields = map[CommandType][]string{
 	CmdGrant:         {"uses", "max_amount", "total_limit", "operations", "targets", "valid_from", "valid_until", "release_on_cancel", "hold_seconds", "execution_timeout_seconds"},
 	CmdRevoke:        {"reason"},
 	CmdPropose:       {"operation", "amount", "target", "based_on_version", "deadline"},
-	CmdBegin:         {"authorization_id"},
-	CmdCommit:        {"authorization_id", "external_ref"},
-	CmdCancel:        {"authorization_id", "reason", "not_executed_proof"},
-	CmdReportUnknown: {"authorization_id", "detail"},
-	CmdResolve:       {"authorization_id", "outcome", "external_ref", "evidence"},
+	CmdBegin:         {"authorization_id", "executor"},
+	CmdCommit:        {"authorization_id", "external_ref", "execution_token", "result"},
+	CmdCancel:        {"authorization_id", "reason", "not_executed_proof", "execution_token"},
+	CmdReportUnknown: {"authorization_id", "detail", "execution_token"},
+	CmdResolve:       {"authorization_id", "outcome", "external_ref", "evidence", "execution_token"},
 }
 
 var moneyFields = []string{"minor_units", "currency"}
@@ -288,17 +288,26 @@ func Decode(recordKey, value []byte, lim Limits) (*Command, *Rejection) {
 			r.err.Reason = ReasonDeadlineInvalid
 		}
 	case CmdBegin:
-		cmd.Begin = &Begin{AuthorizationID: r.id("authorization_id", true)}
+		b := &Begin{AuthorizationID: r.id("authorization_id", true), Executor: r.id("executor", false)}
+		if b.Executor == "" {
+			b.Executor = cmd.IdempotencyKey // v1 compatibility (deprecated)
+		}
+		if r.err == nil && b.Executor == "" {
+			r.failField("executor", ReasonMissingField, "missing_field:executor (or, deprecated, idempotency_key) names this execution attempt")
+		}
+		cmd.Begin = b
 	case CmdCommit:
-		cmd.Commit = &Commit{AuthorizationID: r.id("authorization_id", true), ExternalRef: r.pattern("external_ref", true, externalRefGrammar)}
+		cmd.Commit = &Commit{AuthorizationID: r.id("authorization_id", true), ExternalRef: r.pattern("external_ref", true, externalRefGrammar),
+			ExecutionToken: r.token(), Result: r.result("result")}
 	case CmdCancel:
 		cmd.Cancel = &Cancel{AuthorizationID: r.id("authorization_id", true), Reason: r.text("reason", false),
-			NotExecutedProof: r.text("not_executed_proof", false)}
+			NotExecutedProof: r.text("not_executed_proof", false), ExecutionToken: r.token()}
 	case CmdReportUnknown:
-		cmd.Report = &ReportUnknown{AuthorizationID: r.id("authorization_id", true), Detail: r.text("detail", false)}
+		cmd.Report = &ReportUnknown{AuthorizationID: r.id("authorization_id", true), Detail: r.text("detail", false),
+			ExecutionToken: r.token()}
 	case CmdResolve:
 		res := &Resolve{AuthorizationID: r.id("authorization_id", true), ExternalRef: r.pattern("external_ref", false, externalRefGrammar),
-			Evidence: r.text("evidence", false)}
+			Evidence: r.text("evidence", false), ExecutionToken: r.token()}
 		switch o := r.str("outcome", true); ResolveOutcome(o) {
 		case ResolveCommitted:
 			res.Outcome = ResolveCommitted
@@ -478,6 +487,39 @@ func (r *reader) integer(field string, required bool, lo, hi int64, reason Reaso
 		return 0
 	}
 	return i
+}
+
+// MaxExecutionToken bounds an execution token (a per-mandate counter).
+const MaxExecutionToken = int64(1) << 62
+
+// token reads the optional execution_token: an integer > 0.
+func (r *reader) token() int64 {
+	return r.integer("execution_token", false, 1, MaxExecutionToken, ReasonFieldInvalid)
+}
+
+// result reads an optional JSON object and re-encodes it compactly with
+// sorted keys (the strict parser already refused what no field may hold:
+// invalid UTF-8, NUL and control characters, duplicate keys, deep nesting).
+func (r *reader) result(field string) json.RawMessage {
+	v, ok := r.get(r.obj, field, false)
+	if !ok {
+		return nil
+	}
+	obj, isObj := v.(object)
+	if !isObj {
+		r.failField(field, ReasonFieldInvalid, "field_invalid:%s must be a JSON object", field)
+		return nil
+	}
+	b, err := json.Marshal(obj)
+	if err != nil {
+		r.failField(field, ReasonFieldInvalid, "field_invalid:%s cannot be encoded: %v", field, err)
+		return nil
+	}
+	if len(b) > MaxResultBytes {
+		r.failField(field, ReasonFieldInvalid, "field_invalid:%s is %d bytes encoded; the limit is %d", field, len(b), MaxResultBytes)
+		return nil
+	}
+	return b
 }
 
 func (r *reader) seconds(field string, def, max time.Duration) time.Duration {

@@ -47,7 +47,7 @@ var (
 		member{"operation", `"payment.refund"`},
 		member{"amount", `{"minor_units":15000,"currency":"EUR"}`},
 		member{"target", `"customer-77"`})
-	beginBase   = base("begin", member{"authorization_id", `"` + exampleAuthID + `"`})
+	beginBase   = base("begin", member{"authorization_id", `"` + exampleAuthID + `"`}, member{"executor", `"worker-1:attempt-1"`})
 	commitBase  = base("commit", member{"authorization_id", `"` + exampleAuthID + `"`}, member{"external_ref", `"re_1"`})
 	cancelBase  = base("cancel", member{"authorization_id", `"` + exampleAuthID + `"`})
 	reportBase  = base("report_unknown", member{"authorization_id", `"` + exampleAuthID + `"`})
@@ -199,6 +199,23 @@ func badInputs() []badInput {
 		{name: "a propose without a target is refused", value: with(proposeBase, "target", "-"), reason: wire.ReasonMissingField, answeredTo: goodKey, detail: "missing_field:target"},
 		{name: "a begin without an authorization id is refused", value: with(beginBase, "authorization_id", "-"), reason: wire.ReasonMissingField, answeredTo: goodKey, detail: "missing_field:authorization_id"},
 		{name: "a commit without an external reference is refused", value: with(commitBase, "external_ref", "-"), reason: wire.ReasonMissingField, answeredTo: goodKey, detail: "missing_field:external_ref"},
+		{name: "a begin without an executor or idempotency key is refused naming executor", value: with(beginBase, "executor", "-"), reason: wire.ReasonMissingField, answeredTo: goodKey, detail: "missing_field:executor"},
+		{name: "a begin with an empty executor and no idempotency key is refused", value: with(beginBase, "executor", `""`), reason: wire.ReasonMissingField, answeredTo: goodKey, detail: "missing_field:executor"},
+
+		// The executor boundary's fields.
+		{name: "an executor outside the id grammar is refused", value: with(beginBase, "executor", `"worker 1"`), reason: wire.ReasonIDInvalid, answeredTo: goodKey},
+		{name: "an execution token of zero is refused", value: with(commitBase, "execution_token", `0`), reason: wire.ReasonFieldInvalid, answeredTo: goodKey, detail: "execution_token"},
+		{name: "a negative execution token is refused", value: with(cancelBase, "execution_token", `-1`), reason: wire.ReasonFieldInvalid, answeredTo: goodKey},
+		{name: "an execution token in a string is refused", value: with(reportBase, "execution_token", `"1"`), reason: wire.ReasonFieldInvalid, answeredTo: goodKey},
+		{name: "a fractional execution token is refused", value: with(resolveBase, "execution_token", `1.0`), reason: wire.ReasonFieldInvalid, answeredTo: goodKey},
+		{name: "an execution token on a begin is an unknown field", value: with(beginBase, "execution_token", `1`), reason: wire.ReasonUnknownField, answeredTo: goodKey},
+		{name: "a result that is not an object is refused", value: with(commitBase, "result", `["ok"]`), reason: wire.ReasonFieldInvalid, answeredTo: goodKey, detail: "result must be a JSON object"},
+		{name: "a result that is a string is refused", value: with(commitBase, "result", `"ok"`), reason: wire.ReasonFieldInvalid, answeredTo: goodKey},
+		{name: "a result over 8 KiB is refused", value: with(commitBase, "result", `{"a":"`+strings.Repeat("x", 8200)+`"}`), reason: wire.ReasonFieldInvalid, answeredTo: goodKey, detail: "the limit is 8192"},
+		{name: "a result with a control character is refused", value: with(commitBase, "result", `{"a":"x\ny"}`), reason: wire.ReasonControlChar, answeredTo: goodKey},
+		{name: "a result with a duplicate key is refused", value: with(commitBase, "result", `{"a":1,"a":2}`), reason: wire.ReasonAmbiguousField, answeredTo: goodKey},
+		{name: "a result nested too deep is refused", value: with(commitBase, "result", `{"a":{"b":{"c":{"d":{"e":{"f":{"g":{"h":1}}}}}}}}`), reason: wire.ReasonTooComplex, answeredTo: goodKey},
+		{name: "a result on a cancel is an unknown field", value: with(cancelBase, "result", `{}`), reason: wire.ReasonUnknownField, answeredTo: goodKey},
 		{name: "a resolve as committed without an external reference is refused", value: with(resolveBase, "external_ref", "-"), reason: wire.ReasonMissingField, answeredTo: goodKey, detail: "missing_field:external_ref"},
 		{name: "a resolve without an outcome is refused", value: with(resolveBase, "outcome", "-"), reason: wire.ReasonMissingField, answeredTo: goodKey, detail: "missing_field:outcome"},
 		{name: "a grant without uses is refused", value: with(grantBase, "uses", "-"), reason: wire.ReasonMissingField, answeredTo: goodKey, detail: "missing_field:uses"},
@@ -536,24 +553,34 @@ func TestDecodeAcceptsValidCommands(t *testing.T) {
 			Propose: &wire.Propose{Operation: "payment.refund", Amount: wire.Money{MinorUnits: wire.MaxMinorUnits, Currency: "EUR"},
 				Target: "customer-77", Deadline: time.Date(2026, 11, 30, 8, 9, 0, 123456789, time.UTC)}}},
 		{name: "the begin example decodes", value: example("begin"), want: &wire.Command{
-			Type: wire.CmdBegin, Key: key, IdempotencyKey: "refund-1842-begin", Begin: &wire.Begin{AuthorizationID: exampleAuthID}}},
-		{name: "the commit example decodes", value: example("commit"), want: &wire.Command{
-			Type: wire.CmdCommit, Key: key, Commit: &wire.Commit{AuthorizationID: exampleAuthID, ExternalRef: "re_3PqX9a2eZvKYlo2C1xQ"}}},
+			Type: wire.CmdBegin, Key: key, Begin: &wire.Begin{AuthorizationID: exampleAuthID, Executor: "refund-worker-7:attempt-1"}}},
+		{name: "a begin without an executor takes its idempotency key as the executor (v1, deprecated)", value: with(beginBase, "executor", "-", "idempotency_key", `"resume-1"`), want: &wire.Command{
+			Type: wire.CmdBegin, Key: key, IdempotencyKey: "resume-1", Begin: &wire.Begin{AuthorizationID: exampleAuthID, Executor: "resume-1"}}},
+		{name: "a begin with both keeps the executor apart from the idempotency key", value: with(beginBase, "idempotency_key", `"intent-1"`), want: &wire.Command{
+			Type: wire.CmdBegin, Key: key, IdempotencyKey: "intent-1", Begin: &wire.Begin{AuthorizationID: exampleAuthID, Executor: "worker-1:attempt-1"}}},
+		{name: "the commit example decodes with its token and its result re-encoded compactly with sorted keys", value: example("commit"), want: &wire.Command{
+			Type: wire.CmdCommit, Key: key, Commit: &wire.Commit{AuthorizationID: exampleAuthID, ExternalRef: "re_3PqX9a2eZvKYlo2C1xQ", ExecutionToken: 1,
+				Result: []byte(`{"amount":15000,"currency":"eur","id":"re_3PqX9a2eZvKYlo2C1xQ","status":"succeeded"}`)}}},
+		{name: "a commit without a token or a result decodes (straight from reserved)", value: with(commitBase), want: &wire.Command{
+			Type: wire.CmdCommit, Key: key, Commit: &wire.Commit{AuthorizationID: exampleAuthID, ExternalRef: "re_1"}}},
+		{name: "a result keeps numbers as written and nested values", value: with(commitBase, "result", `{"z":[1.50,true,null],"a":{"n":-0.5e3}}`, "execution_token", `4611686018427387904`), want: &wire.Command{
+			Type: wire.CmdCommit, Key: key, Commit: &wire.Commit{AuthorizationID: exampleAuthID, ExternalRef: "re_1", ExecutionToken: wire.MaxExecutionToken,
+				Result: []byte(`{"a":{"n":-0.5e3},"z":[1.50,true,null]}`)}}},
 		{name: "the cancel example decodes", value: example("cancel"), want: &wire.Command{
 			Type: wire.CmdCancel, Key: key, Cancel: &wire.Cancel{AuthorizationID: exampleAuthID,
 				Reason:           "the customer withdrew the refund request",
-				NotExecutedProof: "provider returned 404 for idempotency key refund-1842-attempt-intent"}}},
+				NotExecutedProof: "provider returned 404 for idempotency key refund-1842-attempt-intent", ExecutionToken: 1}}},
 		{name: "the report_unknown example decodes", value: example("report_unknown"), want: &wire.Command{
 			Type: wire.CmdReportUnknown, Key: key, Report: &wire.ReportUnknown{AuthorizationID: exampleAuthID,
-				Detail: "provider timed out after 30 s; the refund may or may not have been made"}}},
+				Detail: "provider timed out after 30 s; the refund may or may not have been made", ExecutionToken: 1}}},
 		{name: "the resolve example decodes", value: example("resolve"), want: &wire.Command{
 			Type: wire.CmdResolve, Key: key, Resolve: &wire.Resolve{AuthorizationID: exampleAuthID, Outcome: wire.ResolveCommitted,
 				ExternalRef: "re_3PqX9a2eZvKYlo2C1xQ",
-				Evidence:    "provider lists refund re_3PqX9a2eZvKYlo2C1xQ for customer-77, 150.00 EUR"}}},
+				Evidence:    "provider lists refund re_3PqX9a2eZvKYlo2C1xQ for customer-77, 150.00 EUR", ExecutionToken: 1}}},
 		{name: "a resolve as cancelled needs no external reference", value: with(resolveBase, "outcome", `"cancelled"`, "external_ref", "-"), want: &wire.Command{
 			Type: wire.CmdResolve, Key: key, Resolve: &wire.Resolve{AuthorizationID: exampleAuthID, Outcome: wire.ResolveCancelled}}},
 		{name: "leading and trailing whitespace around the object is fine", value: []byte(" \n" + string(with(beginBase)) + "\r\n\t "), want: &wire.Command{
-			Type: wire.CmdBegin, Key: key, Begin: &wire.Begin{AuthorizationID: exampleAuthID}}},
+			Type: wire.CmdBegin, Key: key, Begin: &wire.Begin{AuthorizationID: exampleAuthID, Executor: "worker-1:attempt-1"}}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -581,7 +608,7 @@ func TestCommandAccessors(t *testing.T) {
 		{name: "a commit addresses its authorization", cmd: wire.Command{Type: wire.CmdCommit, Commit: &wire.Commit{AuthorizationID: "a2"}}, authID: "a2"},
 		{name: "a cancel addresses its authorization", cmd: wire.Command{Type: wire.CmdCancel, Cancel: &wire.Cancel{AuthorizationID: "a3"}}, authID: "a3"},
 		{name: "a report addresses its authorization", cmd: wire.Command{Type: wire.CmdReportUnknown, Report: &wire.ReportUnknown{AuthorizationID: "a4"}}, authID: "a4"},
-		{name: "a resolve addresses its authorization", cmd: wire.Command{Type: wire.CmdResolve, Resolve: &wire.Resolve{AuthorizationID: "a5"}}, authID: "a5"},
+		{name: "a resolve addresses its authorization and is a control-plane command", cmd: wire.Command{Type: wire.CmdResolve, Resolve: &wire.Resolve{AuthorizationID: "a5"}}, authID: "a5", grantor: true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

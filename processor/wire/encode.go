@@ -29,6 +29,9 @@ func (d *Decision) Encode() ([]byte, error) {
 	b = appendStrField(b, "detail", d.Detail, true)
 	b = appendStrField(b, "replay_of", d.ReplayOf, true)
 	b = appendStrField(b, "original_outcome", string(d.OriginalOutcome), true)
+	if d.ExecutionToken != 0 {
+		b = appendIntField(b, "execution_token", d.ExecutionToken)
+	}
 	if d.Authorization != nil {
 		b = append(b, `,"authorization":`...)
 		b = appendAuthorization(b, d.Authorization)
@@ -94,6 +97,16 @@ func appendAuthorization(b []byte, a *AuthorizationView) []byte {
 		b = appendTimeField(b, "execution_deadline", *a.ExecutionDeadline)
 	}
 	b = appendStrField(b, "external_ref", a.ExternalRef, true)
+	b = appendStrField(b, "executor", a.Executor, true)
+	if a.ExecutionToken != 0 {
+		b = appendIntField(b, "execution_token", a.ExecutionToken)
+	}
+	if len(a.Result) > 0 {
+		// Stored as the decoder re-encoded it: compact, sorted keys,
+		// HTML-escaped, which is what encoding/json writes for a RawMessage.
+		b = append(b, `,"result":`...)
+		b = append(b, a.Result...)
+	}
 	b = appendTimeField(b, "created_at", a.CreatedAt)
 	b = appendTimeField(b, "updated_at", a.UpdatedAt)
 	return append(b, '}')

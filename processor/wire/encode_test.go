@@ -21,12 +21,23 @@ func randomDecision(r *rand.Rand) *Decision {
 		AuthorizationID: text(), Outcome: Outcome(text()), Reason: Reason(text()), Detail: text(), ReplayOf: text(),
 		OriginalOutcome: Outcome(text()), DecidedAt: tm}
 	if r.IntN(2) == 0 {
+		d.ExecutionToken = r.Int64N(1 << 62)
+	}
+	if r.IntN(2) == 0 {
 		ed := tm.Add(time.Hour)
 		d.Authorization = &AuthorizationView{ID: text(), State: AuthState(text()), Version: 3, Operation: text(), Target: text(),
 			Amount: Money{MinorUnits: r.Int64(), Currency: "EUR"}, IdempotencyKey: text(), MandateVersion: 9,
 			Deadline: tm.Add(time.Minute), ExternalRef: text(), CreatedAt: tm, UpdatedAt: tm}
 		if r.IntN(2) == 0 {
 			d.Authorization.ExecutionDeadline = &ed
+		}
+		if r.IntN(2) == 0 {
+			// A result as the decoder stores it: json.Marshal of a parsed object.
+			res, err := json.Marshal(map[string]any{"status": text(), "n": json.Number("1.50"), "nested": map[string]any{"ok": true}})
+			if err != nil {
+				panic(err)
+			}
+			d.Authorization.Executor, d.Authorization.ExecutionToken, d.Authorization.Result = text(), r.Int64N(100)+1, res
 		}
 	}
 	if r.IntN(3) == 0 {

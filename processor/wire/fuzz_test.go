@@ -234,8 +234,18 @@ func checkCommand(t *testing.T, cmd *wire.Command) {
 		require.True(t, partitioner.ValidID(p.Target), p.Target)
 		require.True(t, p.BasedOnVersion >= 0 && p.BasedOnVersion <= 1<<62)
 		checkTime(t, p.Deadline)
+	case cmd.Begin != nil:
+		require.True(t, partitioner.ValidID(cmd.Begin.Executor), "a begin always names its executor: %q", cmd.Begin.Executor)
 	case cmd.Commit != nil:
 		checkExternalRef(t, cmd.Commit.ExternalRef, true)
+		if r := cmd.Commit.Result; r != nil {
+			require.LessOrEqual(t, len(r), wire.MaxResultBytes)
+			var obj map[string]any
+			require.NoError(t, json.Unmarshal(r, &obj), "a result is a JSON object: %s", r)
+			again, err := json.Marshal(json.RawMessage(r))
+			require.NoError(t, err)
+			require.Equal(t, string(r), string(again), "a result is stored compact and escaped as encoding/json writes it")
+		}
 	case cmd.Cancel != nil:
 		checkText(t, cmd.Cancel.Reason)
 		checkText(t, cmd.Cancel.NotExecutedProof)
@@ -265,6 +275,7 @@ func encodeCommand(t *testing.T, cmd *wire.Command) []byte {
 	}
 	opt("idempotency_key", cmd.IdempotencyKey)
 	optTime("sent_at", cmd.SentAt)
+	require.True(t, cmd.ExecutionToken() >= 0 && cmd.ExecutionToken() <= wire.MaxExecutionToken)
 	switch {
 	case cmd.Grant != nil:
 		g := cmd.Grant
@@ -290,9 +301,12 @@ func encodeCommand(t *testing.T, cmd *wire.Command) []byte {
 		}
 		optTime("deadline", p.Deadline)
 	case cmd.Begin != nil:
-		m["authorization_id"] = cmd.Begin.AuthorizationID
+		m["authorization_id"], m["executor"] = cmd.Begin.AuthorizationID, cmd.Begin.Executor
 	case cmd.Commit != nil:
 		m["authorization_id"], m["external_ref"] = cmd.Commit.AuthorizationID, cmd.Commit.ExternalRef
+		if cmd.Commit.Result != nil {
+			m["result"] = json.RawMessage(cmd.Commit.Result)
+		}
 	case cmd.Cancel != nil:
 		m["authorization_id"] = cmd.Cancel.AuthorizationID
 		opt("reason", cmd.Cancel.Reason)
@@ -305,6 +319,9 @@ func encodeCommand(t *testing.T, cmd *wire.Command) []byte {
 		m["authorization_id"], m["outcome"] = r.AuthorizationID, r.Outcome
 		opt("external_ref", r.ExternalRef)
 		opt("evidence", r.Evidence)
+	}
+	if tok := cmd.ExecutionToken(); tok != 0 {
+		m["execution_token"] = tok
 	}
 	b, err := json.Marshal(m)
 	require.NoError(t, err)

@@ -31,6 +31,7 @@ const (
 	ReasonWrongTopic         Reason = "wrong_topic"
 	ReasonGrantOnProposals   Reason = "grant_not_allowed_on_proposals"
 	ReasonProposalOnGrants   Reason = "proposal_not_allowed_on_grants"
+	ReasonResolveOnProposals Reason = "resolve_not_allowed_on_proposals"
 	ReasonHeaderInvalid      Reason = "header_invalid"
 	ReasonStorageRefused     Reason = "storage_refused"
 )
@@ -54,6 +55,7 @@ const (
 	ReasonAuthorizationNotFound Reason = "authorization_not_found"
 	ReasonDeadlinePassed        Reason = "deadline_passed"
 	ReasonAlreadyExecuting      Reason = "already_executing"
+	ReasonStaleExecutionToken   Reason = "stale_execution_token"
 	ReasonNotExecuting          Reason = "not_executing"
 	ReasonNotInDoubt            Reason = "not_in_doubt"
 	ReasonProofRequired         Reason = "not_executed_proof_required"

@@ -155,6 +155,10 @@ func TestEdgeCasesAreValidForSchemaAndDecoder(t *testing.T) {
 			"operations", repeatOperations(wire.MaxOperations))},
 		{name: "a grant with an empty targets list", value: with(grantBase, "targets", `[]`)},
 		{name: "a begin with an empty idempotency key", value: with(beginBase, "idempotency_key", `""`)},
+		{name: "a begin naming its executor only by idempotency key (v1, deprecated)", value: with(beginBase, "executor", "-", "idempotency_key", `"resume-1"`)},
+		{name: "a commit with the largest token and an 8 KiB result", value: with(commitBase, "execution_token", `4611686018427387904`,
+			"result", `{"a":"`+strings.Repeat("x", 8192-8)+`"}`)},
+		{name: "a commit with an empty result object", value: with(commitBase, "result", `{}`)},
 		{name: "a resolve as cancelled with an empty external reference", value: with(resolveBase, "outcome", `"cancelled"`, "external_ref", `""`)},
 		{name: "a propose with a nine-digit fraction and an offset", value: with(proposeBase, "sent_at", `"2199-12-31T23:59:59.999999999+23:59"`)},
 		{name: "a propose with the largest based-on version", value: with(proposeBase, "based_on_version", `4611686018427387904`)},
@@ -242,6 +246,10 @@ func TestInvalidCommandsFailSchemaAndDecoder(t *testing.T) {
 		{name: "257 targets", schema: "grant", value: with(grantBase, "targets", repeatList(257, `"t"`)), reason: wire.ReasonTooComplex},
 		{name: "a based-on version of zero", schema: "propose", value: with(proposeBase, "based_on_version", `0`), reason: wire.ReasonFieldInvalid},
 		{name: "a begin without an authorization id", schema: "begin", value: with(beginBase, "authorization_id", "-"), reason: wire.ReasonMissingField},
+		{name: "a begin without an executor or idempotency key", schema: "begin", value: with(beginBase, "executor", "-"), reason: wire.ReasonMissingField},
+		{name: "an execution token of zero", schema: "commit", value: with(commitBase, "execution_token", `0`), reason: wire.ReasonFieldInvalid},
+		{name: "an execution token over 2^62", schema: "cancel", value: with(cancelBase, "execution_token", `4611686018427387905`), reason: wire.ReasonFieldInvalid},
+		{name: "a result that is an array", schema: "commit", value: with(commitBase, "result", `[1]`), reason: wire.ReasonFieldInvalid},
 		{name: "a grantor field on a propose", schema: "propose", value: with(proposeBase, "uses", `1`), reason: wire.ReasonUnknownField},
 		{name: "a case-variant key", schema: "propose", value: plus(with(proposeBase), `"Type":"grant"`), reason: wire.ReasonAmbiguousField},
 		{name: "a null org", schema: "propose", value: with(proposeBase, "org", "null"), reason: wire.ReasonIDInvalid},
@@ -436,14 +444,19 @@ func TestExamplesReplayThroughTheLifecycle(t *testing.T) {
 	require.Equal(t, exampleAuthID, reserved[0].AuthorizationID)
 	require.Equal(t, wire.OutcomeExecuting, r.decide("begin", "mandate.proposals", 1843, "2026-11-30T08:06:00Z")[0].Outcome)
 	require.Equal(t, wire.OutcomeInDoubt, r.decide("report_unknown", "mandate.proposals", 1844, "2026-11-30T08:07:00Z")[0].Outcome)
-	require.Equal(t, wire.OutcomeCommitted, r.decide("resolve", "mandate.proposals", 1845, "2026-11-30T09:00:00Z")[0].Outcome)
-	require.Equal(t, wire.OutcomeRevoked, r.decide("revoke", "mandate.grants", 18, "2026-12-01T09:30:00Z")[0].Outcome)
+	require.Equal(t, wire.OutcomeCommitted, r.decide("resolve", "mandate.grants", 18, "2026-11-30T09:00:00Z")[0].Outcome)
+	require.Equal(t, wire.OutcomeRevoked, r.decide("revoke", "mandate.grants", 19, "2026-12-01T09:30:00Z")[0].Outcome)
 
-	// grant, propose, commit; and grant, propose, begin, cancel with proof.
+	// grant, propose, begin, commit with its token and result; and grant,
+	// propose, begin, cancel with proof.
 	r2 := newExampleRun(t)
 	r2.decide("grant", "mandate.grants", 17, "2026-11-30T08:00:00Z")
 	r2.decide("propose", "mandate.proposals", 1842, "2026-11-30T08:05:00.5Z")
-	require.Equal(t, wire.OutcomeCommitted, r2.decide("commit", "mandate.proposals", 1843, "2026-11-30T08:06:00Z")[0].Outcome)
+	r2.decide("begin", "mandate.proposals", 1843, "2026-11-30T08:05:30Z")
+	committed := r2.decide("commit", "mandate.proposals", 1844, "2026-11-30T08:06:00Z")[0]
+	require.Equal(t, wire.OutcomeCommitted, committed.Outcome)
+	require.Equal(t, int64(1), committed.ExecutionToken)
+	require.JSONEq(t, `{"amount":15000,"currency":"eur","id":"re_3PqX9a2eZvKYlo2C1xQ","status":"succeeded"}`, string(committed.Authorization.Result))
 	r3 := newExampleRun(t)
 	r3.decide("grant", "mandate.grants", 17, "2026-11-30T08:00:00Z")
 	r3.decide("propose", "mandate.proposals", 1842, "2026-11-30T08:05:00.5Z")
@@ -509,6 +522,9 @@ func TestInvalidDecisionsFailTheSchema(t *testing.T) {
 		}},
 		{name: "a mandate with negative uses held", change: func(d map[string]any) { d["mandate"].(map[string]any)["uses_held"] = -1 }},
 		{name: "a source without an offset", change: func(d map[string]any) { delete(d["source"].(map[string]any), "offset") }},
+		{name: "an execution token of zero", change: func(d map[string]any) { d["execution_token"] = 0 }},
+		{name: "a result that is not an object", change: func(d map[string]any) { d["authorization"].(map[string]any)["result"] = "ok" }},
+		{name: "an executor outside the id grammar", change: func(d map[string]any) { d["authorization"].(map[string]any)["executor"] = "worker 1" }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -79,6 +79,14 @@ func (s *System) check(ctx context.Context, t *testing.T, o Options, drained boo
 		decisions = append(decisions, d)
 		byPartition[rec.Partition] = append(byPartition[rec.Partition], published{seq: seq, epoch: d.Epoch, decision: d, rec: rec})
 		r.Outcomes[string(d.Outcome)]++
+		switch {
+		case d.Command == string(wire.CmdBegin) && d.Outcome == wire.OutcomeExecuting:
+			r.ExecutionsStarted++
+		case d.Reason == wire.ReasonAlreadyExecuting:
+			r.ExecutionsLost++
+		case d.Reason == wire.ReasonStaleExecutionToken:
+			r.StaleTokens++
+		}
 	}
 	for _, rec := range deadRecs {
 		seq, _ := outbox.SequenceOf(rec)
@@ -186,9 +194,14 @@ func (s *System) check(ctx context.Context, t *testing.T, o Options, drained boo
 			r.violate("INV-1 EffectOnce", "authorization %s committed with %q, the provider's reference is %q", e.Op, a.ref, e.Ref)
 		}
 	}
+	// INV-12 EffectsPerOperation (seed 001's metric), counted at the
+	// provider's ledger, which does not deduplicate: every operation
+	// identity (the authorization id, the provider's idempotency key) that
+	// had an effect had exactly one.
 	for op, n := range perOp {
+		r.MaxEffectsPerOperation = max(r.MaxEffectsPerOperation, n)
 		if n > 1 {
-			r.violate("INV-1 EffectOnce", "operation %s has %d effects", op, n)
+			r.violate("INV-12 EffectsPerOperation", "operation %s has %d effects at the provider", op, n)
 		}
 	}
 	for intent, n := range perIntent {

@@ -12,9 +12,13 @@ import (
 )
 
 // Provider is the fake external provider (a payment service): a ledger of
-// side effects in its own store, an append-only fsynced file, idempotent by
-// operation identity (the authorization id). It is the independent witness
-// of how many effects really happened.
+// side effects in its own store, an append-only fsynced file. It does NOT
+// deduplicate: every call that gets through is one more effect, so the
+// ledger counts what callers really did (seed 001's "side effects per
+// operation identity"). The one thing it remembers is reconciliation's
+// answer: an operation settled as not executed is voided, and a late call
+// for it is refused (the provider-side record of the reconciler's decision,
+// as a fencing store would refuse an older execution).
 type Provider struct {
 	mu      sync.Mutex
 	f       *os.File
@@ -25,6 +29,9 @@ type Provider struct {
 	Calls   int
 	Lost    int
 	Refused int
+	// Duplicates counts calls for an operation that already had an effect:
+	// each is a second effect in the ledger.
+	Duplicates int
 }
 
 // ProviderFaults are the provider's injectable misbehaviours.
@@ -88,12 +95,10 @@ func (p *Provider) Execute(op, intent, mandate string, amount int64) (string, er
 
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if e := p.state[op]; e != nil {
-		if e.Kind == "void" {
-			p.Refused++
-			return "", ErrVoided
-		}
-		return e.Ref, nil // idempotent by operation identity
+	prev := p.state[op]
+	if prev != nil && prev.Kind == "void" {
+		p.Refused++
+		return "", ErrVoided
 	}
 	if failBefore {
 		p.Lost++
@@ -101,10 +106,16 @@ func (p *Provider) Execute(op, intent, mandate string, amount int64) (string, er
 	}
 	e := &ledgerEntry{Op: op, Kind: "effect", Intent: intent, Mandate: mandate, Amount: amount,
 		Ref: fmt.Sprintf("pay_%s", op), At: time.Now()}
+	if prev != nil {
+		p.Duplicates++
+		e.Ref = fmt.Sprintf("pay_%s_%d", op, p.Duplicates) // a second refund has its own reference
+	}
 	if err := p.append(e); err != nil {
 		return "", fmt.Errorf("provider ledger: %w", err)
 	}
-	p.state[op] = e
+	if prev == nil {
+		p.state[op] = e
+	}
 	if lost {
 		p.Lost++
 		return "", ErrUnknown
@@ -115,11 +126,24 @@ func (p *Provider) Execute(op, intent, mandate string, amount int64) (string, er
 // Settle answers reconciliation for op definitively: executed with its
 // reference, or not executed — in which case op is voided, so a call still
 // in flight can never execute it later.
+//
+// Other processes (the resumers of S-12b) append their effects to the same
+// ledger file, so what is not known in memory is looked up there.
 func (p *Provider) Settle(op string) (executed bool, ref string, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if e := p.state[op]; e != nil {
 		return e.Kind == "effect", e.Ref, nil
+	}
+	effects, err := ReadLedger(p.path)
+	if err != nil {
+		return false, "", err
+	}
+	for _, e := range effects {
+		if e.Op == op {
+			p.state[op] = &ledgerEntry{Op: op, Kind: "effect", Ref: e.Ref}
+			return true, e.Ref, nil
+		}
 	}
 	e := &ledgerEntry{Op: op, Kind: "void", At: time.Now()}
 	if err := p.append(e); err != nil {

@@ -13,7 +13,7 @@ import (
 // Invariants every run checks; each gets a violation count in the result.
 var Invariants = []string{"INV-1 EffectOnce", "INV-2 MandateBound", "INV-3 OneDecision", "INV-4 NoLostPublish",
 	"INV-5 Order", "INV-6 Fencing", "INV-7 SameAnswer", "INV-8 NoSkip", "INV-9 Deadline", "INV-10 AuthorityHeld",
-	"INV-11 Liveness"}
+	"INV-11 Liveness", "INV-12 EffectsPerOperation"}
 
 // Result is one run's record.
 type Result struct {
@@ -30,6 +30,10 @@ type Result struct {
 	Decisions              int                 `json:"decisions"`
 	DeadLetters            int                 `json:"dead_letters"`
 	Effects                int                 `json:"provider_effects"`
+	MaxEffectsPerOperation int                 `json:"max_effects_per_operation"` // at the provider's ledger; must be 1
+	ExecutionsStarted      int                 `json:"executions_started"`        // begins answered executing
+	ExecutionsLost         int                 `json:"executions_lost"`           // begins refused already_executing
+	StaleTokens            int                 `json:"stale_execution_tokens"`    // commands refused stale_execution_token
 	Replays                int                 `json:"replays"`
 	Conflicts              int                 `json:"conflicts"`
 	StaleRejections        int                 `json:"stale_epoch_rejections"`
@@ -62,6 +66,8 @@ func (r *Result) Summary() string {
 	fmt.Fprintf(&b, "fault run %s — seed %d, %s\n", r.Name, r.Seed, r.Duration)
 	fmt.Fprintf(&b, "  inputs %d, decisions %d, dead letters %d, provider effects %d, replays %d, conflicts %d\n",
 		r.Inputs, r.Decisions, r.DeadLetters, r.Effects, r.Replays, r.Conflicts)
+	fmt.Fprintf(&b, "  executions started %d, lost %d, stale tokens refused %d, max effects per operation %d\n",
+		r.ExecutionsStarted, r.ExecutionsLost, r.StaleTokens, r.MaxEffectsPerOperation)
 	fmt.Fprintf(&b, "  outcomes   %s\n", kv(r.Outcomes))
 	fmt.Fprintf(&b, "  operations %s\n", kv(r.Operations))
 	fmt.Fprintf(&b, "  faults     %s\n", kv(r.Faults))

@@ -65,15 +65,17 @@ func must(t *testing.T, ctx context.Context, s *System, cmd map[string]any) wire
 // report unknown).
 func execute(t *testing.T, ctx context.Context, s *System, org, id string, r wire.Decision) wire.Decision {
 	t.Helper()
-	b := must(t, ctx, s, authCmd("begin", org, id, r.AuthorizationID, map[string]any{"idempotency_key": "exec-" + r.AuthorizationID}))
+	b := must(t, ctx, s, authCmd("begin", org, id, r.AuthorizationID, map[string]any{"executor": "exec-" + r.AuthorizationID}))
 	if b.Outcome != wire.OutcomeExecuting {
 		return b
 	}
 	ref, err := s.Provider.Execute(r.AuthorizationID, org+"/refund/"+r.IdempotencyKey, org+"/"+id, r.Authorization.Amount.MinorUnits)
 	if err != nil {
-		return must(t, ctx, s, authCmd("report_unknown", org, id, r.AuthorizationID, map[string]any{"detail": err.Error()}))
+		return must(t, ctx, s, authCmd("report_unknown", org, id, r.AuthorizationID, map[string]any{"detail": err.Error(),
+			"execution_token": b.ExecutionToken}))
 	}
-	return must(t, ctx, s, authCmd("commit", org, id, r.AuthorizationID, map[string]any{"external_ref": ref}))
+	return must(t, ctx, s, authCmd("commit", org, id, r.AuthorizationID, map[string]any{"external_ref": ref,
+		"execution_token": b.ExecutionToken}))
 }
 
 func scenario(o Options) Options {
@@ -427,47 +429,140 @@ func TestS11RetriedBatchesApplyOnceUnderInjectedFailuresAndKeyRaces(t *testing.T
 	require.Positive(t, res.Retries, "the retry path was exercised")
 }
 
+// s12Resume is one resume of an approval as a platform built on the
+// executor boundary does it (seed 002, fixed): begin as its own executor;
+// the winner calls the provider (the authorization id is the provider's
+// idempotency key) and commits with its token and the result; a loser
+// never calls the provider: it waits for the winner's outcome and fails
+// closed (in doubt) when it does not come in time. stall, when not nil,
+// pauses the winner between the provider call and its commit.
+func s12Resume(t *testing.T, ctx context.Context, s *System, mandate string, r wire.Decision, executor string, stall <-chan struct{}) (won bool, begin, final wire.Decision, inDoubt bool) {
+	t.Helper()
+	begin = must(t, ctx, s, authCmd("begin", "s12", mandate, r.AuthorizationID, map[string]any{"executor": executor}))
+	if begin.Outcome == wire.OutcomeExecuting {
+		ref, err := s.Provider.Execute(r.AuthorizationID, "s12/refund/"+r.IdempotencyKey, "s12/"+mandate, 10)
+		require.NoError(t, err)
+		if stall != nil {
+			<-stall
+		}
+		final = must(t, ctx, s, authCmd("commit", "s12", mandate, r.AuthorizationID, map[string]any{
+			"external_ref": ref, "execution_token": begin.ExecutionToken, "result": map[string]any{"refund": ref, "status": "succeeded"}}))
+		return true, begin, final, false
+	}
+	require.Equal(t, wire.OutcomeRefused, begin.Outcome, "a loser is never told it may execute: %+v", begin)
+	require.Equal(t, wire.ReasonAlreadyExecuting, begin.Reason)
+	d, ok := s.Workload.WaitSettled(ctx, r.AuthorizationID, answer)
+	if !ok || d.Authorization.State == wire.StateInDoubt {
+		return false, begin, d, true // fail closed
+	}
+	return false, begin, d, false
+}
+
 func TestS12EightConcurrentResumesOfOneApprovalExecuteOnce(t *testing.T) {
-	Run(t, scenario(Options{Name: "S-12", Schedule: func(ctx context.Context, s *System, rng *rand.Rand) {
+	res := Run(t, scenario(Options{Name: "S-12", Schedule: func(ctx context.Context, s *System, rng *rand.Rand) {
 		// A long hold: the kill below delays answers past a short one.
 		must(t, ctx, s, grantCmd("s12", "m", 100, map[string]any{"hold_seconds": 120}))
 		for i := range 20 {
 			r := must(t, ctx, s, proposeCmd("s12", "m", fmt.Sprint("k", i), 10))
 			require.Equal(t, wire.OutcomeReserved, r.Outcome)
-			sameKey := i%2 == 0 // one approval resumed 8 times, or 8 workers
+			type resumed struct {
+				won          bool
+				begin, final wire.Decision
+				inDoubt      bool
+			}
+			results := make([]resumed, 8)
+			start := make(chan struct{})
 			var wg sync.WaitGroup
-			results := make([]wire.Decision, 8)
 			for j := range results {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					key := "resume-" + r.AuthorizationID
-					if !sameKey {
-						key = fmt.Sprint("worker-", j)
-					}
-					b := must(t, ctx, s, authCmd("begin", "s12", "m", r.AuthorizationID, map[string]any{"idempotency_key": key}))
-					if b.Outcome == wire.OutcomeExecuting || b.Outcome == wire.OutcomeReplayed {
-						ref, err := s.Provider.Execute(r.AuthorizationID, "s12/refund/"+r.IdempotencyKey, "s12/m", 10)
-						require.NoError(t, err)
-						b = must(t, ctx, s, authCmd("commit", "s12", "m", r.AuthorizationID, map[string]any{"external_ref": ref}))
-					}
-					results[j] = b
+					<-start // eight resumes at once, each its own executor
+					var x resumed
+					x.won, x.begin, x.final, x.inDoubt = s12Resume(t, ctx, s, "m", r, fmt.Sprintf("resume-%d-%d", i, j), nil)
+					results[j] = x
 				}()
 			}
+			close(start)
 			if i == 10 {
 				_ = KillProcessor.Inject(ctx, s, rng)
 			}
 			wg.Wait()
-			for _, d := range results {
-				if sameKey {
-					require.Contains(t, []wire.Outcome{wire.OutcomeCommitted, wire.OutcomeReplayed}, d.Outcome,
-						"every resume sees the one result: %+v", d)
-					require.Equal(t, wire.StateCommitted, d.Authorization.State)
+			var winner resumed
+			winners := 0
+			for _, x := range results {
+				if x.won {
+					winner, winners = x, winners+1
 				}
-				require.Equal(t, r.AuthorizationID, d.AuthorizationID)
+			}
+			require.Equal(t, 1, winners, "one executor wins")
+			require.Equal(t, wire.OutcomeCommitted, winner.final.Outcome, "%+v", winner.final)
+			for _, x := range results {
+				require.False(t, x.inDoubt, "the winner committed; no loser needed to fail closed")
+				require.Equal(t, r.AuthorizationID, x.final.AuthorizationID)
+				require.Equal(t, wire.StateCommitted, x.final.Authorization.State, "every resume sees the one result: %+v", x.final)
+				require.Equal(t, winner.final.Authorization.ExternalRef, x.final.Authorization.ExternalRef)
+				require.JSONEq(t, string(winner.final.Authorization.Result), string(x.final.Authorization.Result))
+				if !x.won {
+					require.Equal(t, winner.begin.Authorization.Executor, x.begin.HeldBy.Executor, "a loser is told the winner")
+				}
+			}
+			// A loser that commits or cancels anyway is refused.
+			if i%5 == 0 {
+				for _, cmd := range []map[string]any{
+					authCmd("commit", "s12", "m", r.AuthorizationID, map[string]any{"external_ref": "pay_guess"}),
+					authCmd("cancel", "s12", "m", r.AuthorizationID, map[string]any{"not_executed_proof": "a guess"}),
+				} {
+					d := must(t, ctx, s, cmd)
+					require.Equal(t, wire.ReasonStaleExecutionToken, d.Reason, "%+v", d)
+					require.Equal(t, winner.final.Authorization.Version, d.Authorization.Version, "nothing changed")
+				}
 			}
 		}
+
+		// A paused winner: its execution times out into doubt, the
+		// reconciler asks the provider and resolves it; the winner wakes and
+		// commits with its token: refused, nothing changes.
+		must(t, ctx, s, grantCmd("s12", "p", 1, map[string]any{"hold_seconds": 120, "execution_timeout_seconds": 2}))
+		r := must(t, ctx, s, proposeCmd("s12", "p", "paused", 10))
+		stall := make(chan struct{})
+		type resumed struct {
+			won          bool
+			begin, final wire.Decision
+			inDoubt      bool
+		}
+		results := make([]resumed, 8)
+		var wg sync.WaitGroup
+		for j := range results {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var x resumed
+				x.won, x.begin, x.final, x.inDoubt = s12Resume(t, ctx, s, "p", r, fmt.Sprint("paused-", j), stall)
+				results[j] = x
+			}()
+		}
+		_, resolved := s.Workload.WaitSettledAs(ctx, r.AuthorizationID, answer, func(d wire.Decision) bool {
+			return d.Command == string(wire.CmdResolve) && d.Authorization.State == wire.StateCommitted
+		})
+		require.True(t, resolved, "the reconciler resolves the paused execution")
+		close(stall)
+		wg.Wait()
+		for _, x := range results {
+			if x.won {
+				require.Equal(t, wire.OutcomeRefused, x.final.Outcome, "%+v", x.final)
+				require.Equal(t, wire.ReasonStaleExecutionToken, x.final.Reason)
+				require.True(t, x.final.Authorization.State == wire.StateCommitted)
+				continue
+			}
+			// A loser of a stalled execution fails closed (in doubt) or, if it
+			// looked late, sees the reconciled outcome; it never executes.
+			require.True(t, x.inDoubt || x.final.Authorization.State == wire.StateCommitted, "%+v", x)
+		}
 	}}))
+	require.Equal(t, 1, res.MaxEffectsPerOperation, "one effect per operation identity at a provider that does not deduplicate")
+	require.Positive(t, res.StaleTokens)
+	require.Positive(t, res.ExecutionsLost)
 }
 
 func permutations(xs []string) [][]string {

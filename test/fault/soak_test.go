@@ -8,7 +8,12 @@ import (
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if cfg := os.Getenv(resumerEnv); cfg != "" {
+		os.Exit(runResumer(cfg)) // this process is a resumer (resumer_test.go)
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // soakDuration is 2 minutes in the suite; `make chaos` sets
 // MANDATED_CHAOS_DURATION=10m.

@@ -108,10 +108,12 @@ type Workload struct {
 	waiters  map[wire.Source]chan wire.Decision
 	early    map[wire.Source]wire.Decision // proposals answered before their sender waited
 	answers  []Answer
-	executed map[string]bool     // auth ids the platform has sent to the provider
-	inDoubt  map[string]inDoubt  // auth id → when it went in doubt
-	resolved map[string]bool     // auth ids resolved
-	keysUsed map[string][]keyUse // mandate key → keys used
+	executed map[string]bool          // auth ids the platform has sent to the provider
+	inDoubt  map[string]inDoubt       // auth id → when it went in doubt
+	resolved map[string]bool          // auth ids resolved
+	keysUsed map[string][]keyUse      // mandate key → keys used
+	settled  map[string]wire.Decision // auth id → a decision showing it terminal or in doubt
+	settle   chan struct{}            // closed and replaced when settled grows
 	counts   map[string]int
 	inflight sync.WaitGroup
 
@@ -129,6 +131,7 @@ type keyUse struct {
 
 type inDoubt struct {
 	org, mandate string
+	token        int64 // the in-doubt execution's token
 	since        time.Time
 	lastResolve  time.Time
 }
@@ -152,7 +155,8 @@ func NewWorkload(brokers []string, spec processor.TopicSpec, provider *Provider,
 		rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed+1)), waiters: map[wire.Source]chan wire.Decision{},
 		early:    map[wire.Source]wire.Decision{},
 		executed: map[string]bool{}, inDoubt: map[string]inDoubt{}, resolved: map[string]bool{},
-		keysUsed: map[string][]keyUse{}, counts: map[string]int{}, stop: make(chan struct{})}
+		keysUsed: map[string][]keyUse{}, counts: map[string]int{}, stop: make(chan struct{}),
+		settled: map[string]wire.Decision{}, settle: make(chan struct{})}
 	ctx, cancel := context.WithCancel(context.Background())
 	w.cancel = cancel
 	w.bgWG.Add(2)
@@ -198,7 +202,7 @@ func (w *Workload) send(ctx context.Context, cmd map[string]any) (wire.Source, e
 		return wire.Source{}, err
 	}
 	topic := w.spec.Proposals
-	if t := cmd["type"]; t == "grant" || t == "revoke" {
+	if t, _ := cmd["type"].(string); wire.CommandType(t).IsGrantorCommand() { // grant, revoke, resolve
 		topic = w.spec.Grants
 	}
 	r := &kgo.Record{Topic: topic, Key: []byte(cmd["org"].(string) + "/" + cmd["mandate_id"].(string)), Value: b}
@@ -413,9 +417,56 @@ func (w *Workload) follow(ctx context.Context) {
 					}
 				}
 			}
+			w.noteSettled(d)
 			w.platform(ctx, d)
 			w.noteDoubt(d)
 		})
+	}
+}
+
+// noteSettled remembers the latest decision showing an authorization
+// terminal or in doubt, for callers waiting on another's outcome.
+func (w *Workload) noteSettled(d *wire.Decision) {
+	a := d.Authorization
+	if a == nil || !(a.State.Terminal() || a.State == wire.StateInDoubt) {
+		return
+	}
+	w.mu.Lock()
+	if prev, ok := w.settled[a.ID]; !ok || prev.Authorization.Version <= a.Version {
+		w.settled[a.ID] = *d
+	}
+	close(w.settle)
+	w.settle = make(chan struct{})
+	w.mu.Unlock()
+}
+
+// WaitSettled waits up to timeout for a decision showing the authorization
+// terminal or in doubt: what a loser of a begin polls for instead of
+// executing. false when none came in time.
+func (w *Workload) WaitSettled(ctx context.Context, authID string, timeout time.Duration) (wire.Decision, bool) {
+	return w.WaitSettledAs(ctx, authID, timeout, func(wire.Decision) bool { return true })
+}
+
+// WaitSettledAs waits up to timeout until the latest such decision about
+// the authorization satisfies pred.
+func (w *Workload) WaitSettledAs(ctx context.Context, authID string, timeout time.Duration, pred func(wire.Decision) bool) (wire.Decision, bool) {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	for {
+		w.mu.Lock()
+		d, ok := w.settled[authID]
+		ch := w.settle
+		w.mu.Unlock()
+		if ok && pred(d) {
+			return d, true
+		}
+		select {
+		case <-ch:
+		case <-t.C:
+			return wire.Decision{}, false
+		case <-ctx.Done():
+			return wire.Decision{}, false
+		}
 	}
 }
 
@@ -438,9 +489,10 @@ func (w *Workload) platform(ctx context.Context, d *wire.Decision) {
 			w.count("platform_cancel")
 		default:
 			w.async(ctx, map[string]any{"type": "begin", "org": d.Org, "mandate_id": d.MandateID, "authorization_id": auth,
-				"idempotency_key": "plat-" + auth})
+				"executor": "plat-" + auth})
 		}
-	case d.Command == string(wire.CmdBegin) && (d.Outcome == wire.OutcomeExecuting ||
+	case d.Command == string(wire.CmdBegin) && d.Authorization.State == wire.StateExecuting &&
+		d.Authorization.Executor == "plat-"+auth && (d.Outcome == wire.OutcomeExecuting ||
 		d.Outcome == wire.OutcomeReplayed && d.OriginalOutcome == wire.OutcomeExecuting):
 		w.mu.Lock()
 		already := w.executed[auth]
@@ -450,6 +502,7 @@ func (w *Workload) platform(ctx context.Context, d *wire.Decision) {
 			return
 		}
 		a := d.Authorization
+		token := d.ExecutionToken
 		w.inflight.Add(1)
 		go func() {
 			defer w.inflight.Done()
@@ -458,10 +511,12 @@ func (w *Workload) platform(ctx context.Context, d *wire.Decision) {
 			switch {
 			case err == nil:
 				w.count("provider_ok")
-				_, _ = w.send(ctx, map[string]any{"type": "commit", "org": d.Org, "mandate_id": d.MandateID, "authorization_id": auth, "external_ref": ref})
+				_, _ = w.send(ctx, map[string]any{"type": "commit", "org": d.Org, "mandate_id": d.MandateID, "authorization_id": auth,
+					"external_ref": ref, "execution_token": token, "result": map[string]any{"ref": ref}})
 			case errors.Is(err, ErrUnknown):
 				w.count("provider_unknown")
-				_, _ = w.send(ctx, map[string]any{"type": "report_unknown", "org": d.Org, "mandate_id": d.MandateID, "authorization_id": auth, "detail": err.Error()})
+				_, _ = w.send(ctx, map[string]any{"type": "report_unknown", "org": d.Org, "mandate_id": d.MandateID, "authorization_id": auth,
+					"detail": err.Error(), "execution_token": token})
 			default:
 				w.count("provider_refused")
 			}
@@ -483,7 +538,7 @@ func (w *Workload) noteDoubt(d *wire.Decision) {
 	switch {
 	case d.Outcome == wire.OutcomeInDoubt:
 		if _, ok := w.inDoubt[d.AuthorizationID]; !ok && !w.resolved[d.AuthorizationID] {
-			w.inDoubt[d.AuthorizationID] = inDoubt{org: d.Org, mandate: d.MandateID, since: time.Now()}
+			w.inDoubt[d.AuthorizationID] = inDoubt{org: d.Org, mandate: d.MandateID, since: time.Now(), token: d.ExecutionToken}
 		}
 	case d.Command == string(wire.CmdResolve) && (d.Outcome == wire.OutcomeCommitted || d.Outcome == wire.OutcomeCancelled ||
 		d.Outcome == wire.OutcomeReplayed || d.Outcome == wire.OutcomeRefused):
@@ -523,6 +578,9 @@ func (w *Workload) reconcile(ctx context.Context) {
 			w.inDoubt[id] = d
 			w.mu.Unlock()
 			cmd := map[string]any{"type": "resolve", "org": d.org, "mandate_id": d.mandate, "authorization_id": id}
+			if d.token != 0 {
+				cmd["execution_token"] = d.token // the execution the provider was asked about
+			}
 			if executed {
 				cmd["outcome"], cmd["external_ref"] = "committed", ref
 			} else {

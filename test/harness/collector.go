@@ -131,6 +131,30 @@ func (c *Collector) WaitRecords(timeout time.Duration, cond func([]Record) bool,
 	}
 }
 
+// Poll returns the first decision matching pred, waiting at most timeout;
+// false when none came (it never fails the test, so a caller that must
+// fail closed on a timeout can, from any goroutine).
+func (c *Collector) Poll(timeout time.Duration, pred func(wire.Decision) bool) (wire.Decision, bool) {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		c.mu.Lock()
+		recs := c.records
+		changed := c.changed
+		c.mu.Unlock()
+		for _, r := range recs {
+			if r.Decision != nil && pred(*r.Decision) {
+				return *r.Decision, true
+			}
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			return wire.Decision{}, false
+		}
+	}
+}
+
 // Wait returns the first decision matching pred, waiting for it.
 func (c *Collector) Wait(timeout time.Duration, pred func(wire.Decision) bool) wire.Decision {
 	c.t.Helper()

@@ -226,9 +226,19 @@ func (h *Harness) ProduceRaw(topic string, key, value []byte, partition int32) S
 }
 
 // Send encodes a command (a map or struct) as JSON and produces it, keyed
-// "<org>/<mandate_id>", to the grants topic for grant and revoke and to the
-// proposals topic otherwise.
+// "<org>/<mandate_id>", to the grants topic for grant, revoke and resolve
+// (the control plane) and to the proposals topic otherwise.
 func (h *Harness) Send(cmd map[string]any) Sent {
+	h.T.Helper()
+	topic := h.Spec.Proposals
+	if t, _ := cmd["type"].(string); wire.CommandType(t).IsGrantorCommand() {
+		topic = h.Spec.Grants
+	}
+	return h.SendTo(topic, cmd)
+}
+
+// SendTo produces a command to the given topic, whatever its type.
+func (h *Harness) SendTo(topic string, cmd map[string]any) Sent {
 	h.T.Helper()
 	if _, ok := cmd["v"]; !ok {
 		cmd["v"] = wire.SchemaVersion
@@ -236,10 +246,6 @@ func (h *Harness) Send(cmd map[string]any) Sent {
 	b, err := json.Marshal(cmd)
 	require.NoError(h.T, err)
 	key := cmd["org"].(string) + "/" + cmd["mandate_id"].(string)
-	topic := h.Spec.Proposals
-	if t, _ := cmd["type"].(string); t == "grant" || t == "revoke" {
-		topic = h.Spec.Grants
-	}
 	return h.ProduceRaw(topic, []byte(key), b, -1)
 }
 

@@ -1,0 +1,217 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/mandated/mandated/partitioner"
+	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/sink"
+)
+
+// reconcileView is one in-doubt authorization as reconcile lists it.
+type reconcileView struct {
+	inDoubtView
+	Executor       string `json:"executor,omitempty"`
+	ExecutionToken int64  `json:"execution_token,omitempty"`
+}
+
+func runReconcile(a *app, args []string) int {
+	f := a.newFlagSet("reconcile",
+		"[--older-than D] [--org ORG] [--json] | --mandate ORG/ID --authorization AU (--committed REF | --cancelled) [--evidence TEXT] [flags]",
+		`The reconciler's tool. Without a decision it lists in-doubt authorizations
+older than --older-than with what the provider needs to be asked: the
+authorization id (the provider's idempotency key), the execution token, the
+executor whose begin won and the external reference if one was reported.
+
+With --committed REF or --cancelled it sends that decision as 'resolve' on the
+grants topic (the privileged control plane), naming the execution token of
+the in-doubt execution (or --execution-token, the execution the operator
+checked), and waits for mandated's decision: a stale token is refused and
+changes nothing. It exits 0 when the authorization was resolved (or already
+was, the same way), 1 when it was refused, 2 on bad usage, 3 when no decision
+came within --timeout.`,
+		"mandatectl reconcile --older-than 15m",
+		"mandatectl reconcile --mandate acme/case-1842 --authorization au_jd4myjhey7qd2migc457x36r \\\n    --committed re_3PqX9a2eZvKYlo2C1xQ --evidence \"provider lists the refund\"",
+		"mandatectl reconcile --mandate acme/case-1842 --authorization au_jd4myjhey7qd2migc457x36r --cancelled \\\n    --evidence \"provider: no such refund; idempotency key voided\"")
+	var db dbConn
+	db.register(f)
+	var kc kafkaConn
+	kc.register(f)
+	var topics topicNames
+	topics.register(f)
+	var olderThan durationFlag
+	f.Var(&olderThan, "older-than", "list those in doubt for at least this `duration` (e.g. 10m, 2h, 1d)")
+	org := f.String("org", "", "list only this org")
+	limit := f.Int("limit", 1000, "list at most this many")
+	asJSON := f.Bool("json", false, "print JSON instead of a table")
+	mandate := f.String("mandate", "", "the mandate, <org>/<mandate_id> (with a decision)")
+	auth := f.String("authorization", "", "the in-doubt authorization (with a decision)")
+	committed := f.String("committed", "", "the provider executed it: its external `reference`")
+	cancelled := f.Bool("cancelled", false, "the provider did not execute it (and will not: void the idempotency key first)")
+	evidence := f.String("evidence", "", "what the provider said (recorded with the decision)")
+	token := f.Int64("execution-token", 0, "the execution the decision is about (default: the in-doubt execution's token)")
+	timeout := f.Duration("timeout", 30*time.Second, "bound on the query, and on waiting for the decision")
+	pos, code, ok := f.parse(args)
+	if !ok {
+		return code
+	}
+	if len(pos) > 0 {
+		return f.usageErr("unexpected argument %q", pos[0])
+	}
+	if _, err := db.resolve(); err != nil {
+		return f.usageErr("%v", err)
+	}
+	deciding := *committed != "" || *cancelled
+	if !deciding {
+		if *mandate != "" || *auth != "" {
+			return f.usageErr("--mandate and --authorization need a decision: --committed REF or --cancelled")
+		}
+		if *org != "" && !partitioner.ValidOrg(*org) {
+			return f.usageErr("--org %q is not a valid org", *org)
+		}
+		if *limit < 1 {
+			return f.usageErr("--limit must be at least 1")
+		}
+		return reconcileList(a, &db, olderThan.d, *org, *limit, *asJSON, *timeout)
+	}
+	if *committed != "" && *cancelled {
+		return f.usageErr("--committed and --cancelled exclude each other")
+	}
+	key, err := mandateKeyFromFlags(*org, *mandate)
+	if err != nil {
+		return f.usageErr("%v", err)
+	}
+	if *auth == "" {
+		return f.usageErr("--authorization is required with a decision")
+	}
+
+	ctx, cancel := withTimeout(a.ctx, *timeout)
+	defer cancel()
+	pool, err := db.pool(ctx)
+	if err != nil {
+		a.errorf("reconcile: %v", err)
+		return exitFailed
+	}
+	defer pool.Close()
+	cur, err := sink.NewOperator(pool).Authorization(ctx, key, *auth)
+	switch {
+	case errors.Is(err, sink.ErrNotFound):
+		a.errorf("reconcile: no authorization %s under %s", *auth, key)
+		return exitFailed
+	case err != nil:
+		a.errorf("reconcile: %v", err)
+		return exitFailed
+	}
+	if cur.State != wire.StateInDoubt && !cur.State.Terminal() {
+		a.errorf("reconcile: %s is %s, not in doubt: nothing to reconcile (only an in-doubt execution is resolved)", *auth, cur.State)
+		return exitFailed
+	}
+	body := map[string]any{"v": wire.SchemaVersion, "type": string(wire.CmdResolve), "org": key.Org, "mandate_id": key.MandateID,
+		"authorization_id": *auth, "sent_at": time.Now().UTC().Format(time.RFC3339Nano)}
+	if *committed != "" {
+		body["outcome"], body["external_ref"] = string(wire.ResolveCommitted), *committed
+	} else {
+		body["outcome"] = string(wire.ResolveCancelled)
+	}
+	if *evidence != "" {
+		body["evidence"] = *evidence
+	}
+	switch {
+	case *token != 0:
+		body["execution_token"] = *token
+	case cur.ExecutionToken != 0:
+		body["execution_token"] = cur.ExecutionToken
+	}
+	value, err := json.Marshal(body)
+	if err != nil {
+		a.errorf("reconcile: encode: %v", err)
+		return exitFailed
+	}
+	if _, rej := wire.Decode(key.Bytes(), value, wire.Limits{}); rej != nil {
+		a.errorf("reconcile: the resolve is invalid (%s): %s", rej.Reason, rej.Detail)
+		return exitUsage
+	}
+	opts, err := kc.opts(a)
+	if err != nil {
+		return f.usageErr("%v", err)
+	}
+	s := sender{opts: opts, topic: topics.grants, decisions: topics.decisions}
+	src, err := s.produce(ctx, key, value, a)
+	if err != nil {
+		if ctx.Err() != nil {
+			a.errorf("reconcile: timed out producing to %s; the resolve may or may not have been written: %v", topics.grants, err)
+			return exitTimeout
+		}
+		a.errorf("reconcile: %v", err)
+		return exitFailed
+	}
+	d, raw, err := s.await(ctx, src)
+	if err != nil {
+		if ctx.Err() != nil && a.ctx.Err() == nil {
+			a.errorf("reconcile: no decision for %s/%d@%d within %s; the resolve was produced and will still be decided", src.Topic, src.Partition, src.Offset, *timeout)
+			return exitTimeout
+		}
+		a.errorf("reconcile: waiting for the decision: %v", err)
+		return exitFailed
+	}
+	if *asJSON {
+		fmt.Fprintf(a.stdout, "%s\n", raw)
+	} else {
+		printDecision(a.stdout, d)
+	}
+	return outcomeExit(d.Outcome)
+}
+
+func reconcileList(a *app, db *dbConn, olderThan time.Duration, org string, limit int, asJSON bool, timeout time.Duration) int {
+	ctx, cancel := withTimeout(a.ctx, timeout)
+	defer cancel()
+	pool, err := db.pool(ctx)
+	if err != nil {
+		a.errorf("reconcile: %v", err)
+		return exitFailed
+	}
+	defer pool.Close()
+	rows, err := sink.NewOperator(pool).InDoubt(ctx, olderThan, org, limit)
+	if err != nil {
+		a.errorf("reconcile: %v", err)
+		return exitFailed
+	}
+	if asJSON {
+		views := make([]reconcileView, 0, len(rows))
+		for _, r := range rows {
+			v := reconcileView{inDoubtView: inDoubtView{Mandate: r.Mandate.String(), AuthorizationID: r.AuthorizationID,
+				Partition: r.Partition, Operation: r.Operation, Target: r.Target, MinorUnits: r.Amount, Currency: r.Currency,
+				IdempotencyKey: r.IdempotencyKey, ExternalRef: r.ExternalRef, Detail: r.Detail,
+				InDoubtSince: r.Since, AgeSeconds: r.Age.Seconds()}, Executor: r.Executor, ExecutionToken: r.ExecutionToken}
+			if !r.ExecutionDeadline.IsZero() {
+				t := r.ExecutionDeadline
+				v.ExecutionDeadline = &t
+			}
+			views = append(views, v)
+		}
+		enc := json.NewEncoder(a.stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(views)
+		return exitOK
+	}
+	if len(rows) == 0 {
+		fmt.Fprintf(a.stdout, "no authorizations in doubt for %s or longer\n", olderThan)
+		return exitOK
+	}
+	tw := newTable(a.stdout)
+	fmt.Fprintln(tw, "MANDATE\tAUTHORIZATION\tTOKEN\tEXECUTOR\tEXTERNAL REF\tAGE\tAMOUNT\tDETAIL")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%d %s\t%s\n", r.Mandate, r.AuthorizationID, r.ExecutionToken, dash(r.Executor),
+			dash(r.ExternalRef), fmtAge(r.Age), r.Amount, r.Currency, dash(r.Detail))
+	}
+	_ = tw.Flush()
+	if len(rows) == limit {
+		a.errorf("reconcile: showing the oldest %d; there may be more (--limit)", limit)
+	}
+	fmt.Fprintln(a.stdout, "\nAsk the provider about each (the authorization id is its idempotency key), then:\n"+
+		"  mandatectl reconcile --mandate <mandate> --authorization <id> --committed <ref> | --cancelled --evidence <what it said>")
+	return exitOK
+}
