@@ -2,12 +2,16 @@ package deploy
 
 import (
 	"fmt"
+	"net/http"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/mandated/mandated/test/testenv"
 )
 
 // The gateway's manifests against its flags and routes: deploy/kubernetes/
@@ -89,4 +93,60 @@ func flagEnvNames(flags map[string]daemonFlag) []string {
 		out = append(out, envName(name))
 	}
 	return out
+}
+
+// TestTheGatewayRuns runs mandate-gateway configured by its Kubernetes
+// ConfigMap and Secret (re-pointed at the test servers), probes it as
+// Kubernetes would, reads its /metrics and its OpenAPI document, and stops
+// it with SIGTERM.
+func TestTheGatewayRuns(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	binary(t, "mandatectl")
+	env := map[string]string{}
+	for _, f := range []string{"configmap.yaml", "secret.yaml"} {
+		doc := yamlDocs(t, deployPath(t, "kubernetes", "gateway", f))[0]
+		data := doc["data"]
+		if data == nil {
+			data = doc["stringData"]
+		}
+		for k, v := range stringMap(t, data, f) {
+			env[k] = v
+		}
+	}
+	for k, v := range s.connection() {
+		env[k] = v
+	}
+	// The schema and the topics, as the migration job makes them.
+	initJob := exec.Command("sh", "-c", "mandatectl migrate && mandatectl topics create --partitions 2 --replication-factor 1 --kafka-tls=false --kafka-sasl-mechanism=")
+	initJob.Env = baseEnv(env)
+	out, err := initJob.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+
+	gw := startProcess(t, "mandate-gateway", "mandate-gateway running", "gateway pod", env, daemonArgs...)
+	base := "http://" + gw.addr
+	testenv.WaitFor(t, 60*time.Second, func() bool {
+		code, _ := get(t, base+"/readyz")
+		return code == http.StatusOK
+	}, "the gateway is ready")
+	code, _ := get(t, base+"/healthz")
+	require.Equal(t, http.StatusOK, code)
+	code, body := get(t, base+"/v1/openapi.yaml")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, "openapi: 3.1.0")
+	code, body = get(t, base+"/v1/orgs/acme/mandates/m/authorizations/au_x")
+	require.Equal(t, http.StatusUnauthorized, code, body)
+	code, body = get(t, base+"/metrics")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `mandated_gateway_requests_total{code="401",route="authorization_status"} 1`)
+	require.Contains(t, body, "mandated_gateway_auth_failures_total")
+	live := scrapedMetrics(t, strings.NewReader(body))
+	for name, f := range declaredMetrics(t) {
+		if strings.HasPrefix(name, "mandated_gateway_") && !f.vector {
+			require.Contains(t, live, name, "%s is declared but the gateway does not export it", name)
+		}
+	}
+
+	shutdown := parseDuration(t, env["MANDATED_SHUTDOWN_TIMEOUT"])
+	stopDaemon(t, gw, shutdown+10*time.Second)
 }
