@@ -519,3 +519,39 @@ func TestGatewayPythonStandardLibraryClient(t *testing.T) {
 	st := b.do(t, req{method: "GET", path: "/v1/orgs/acme/mandates/m-py/proposals/" + wire.IntentKey("py-run", "1", "refund"), token: b.tokens["acme"]})
 	require.Equal(t, "committed", st.json(t)["authorization"].(map[string]any)["state"])
 }
+
+// A client that never finishes its request headers is cut off after
+// ReadHeaderTimeout (slowloris), and an oversized header is refused.
+func TestGatewayBoundsSlowAndLargeHeaders(t *testing.T) {
+	t.Parallel()
+	srv, err := gateway.New(gateway.Config{ReadHeaderTimeout: 300 * time.Millisecond, MaxHeaderBytes: 4096}, nil, nil, nil)
+	require.NoError(t, err)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	hs := srv.HTTPServer(ln.Addr().String(), srv.Handler())
+	go func() { _ = hs.Serve(ln) }()
+	defer func() { // Shutdown waits for net/http's lingering close after the 431
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = hs.Shutdown(ctx)
+	}()
+
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = conn.Write([]byte("GET /v1/openapi.yaml HTTP/1.1\r\nHost: x\r\n")) // and never the blank line
+	require.NoError(t, err)
+	start := time.Now()
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(20*time.Second)))
+	_, err = io.ReadAll(conn)
+	require.NoError(t, err, "the server closes the connection (EOF), not our 20 s deadline")
+	require.Less(t, time.Since(start), 10*time.Second)
+
+	req, err := http.NewRequest("GET", "http://"+ln.Addr().String()+"/v1/openapi.yaml", nil)
+	require.NoError(t, err)
+	req.Header.Set("X-Padding", strings.Repeat("a", 8192))
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusRequestHeaderFieldsTooLarge, resp.StatusCode)
+}
