@@ -325,3 +325,27 @@ func TestExecuteNotExecutedCancels(t *testing.T) {
 	require.False(t, errors.Is(err, client.ErrInDoubt))
 	require.Equal(t, wire.StateCancelled, ex.Decision.State(), "%s", ex.Decision.Raw)
 }
+
+// An answer that arrives before its caller waits for it (the decision can
+// overtake the produce acknowledgement) is kept and handed over.
+func TestClientKeepsAnAnswerThatArrivesBeforeItsCallerWaits(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.h.Start("a")
+	b.grant(t, "m-early", 1)
+	src, err := b.cl.Submit(ctxFor(t, 30*time.Second), b.propose("m-early", "k-early"))
+	require.NoError(t, err)
+	// Wait until a read_committed consumer has seen the answer, then until
+	// the client's own consumer has (a later decision on the same partition
+	// proves it read past it).
+	first := b.h.Await(harness.Sent{Topic: src.Topic, Partition: src.Partition, Offset: src.Offset})
+	later, err := b.cl.Propose(ctxFor(t, 60*time.Second), b.propose("m-early", "k-later"))
+	require.NoError(t, err)
+	require.Equal(t, first.Partition, later.Partition)
+	require.Greater(t, later.Sequence, first.Sequence)
+
+	d, err := b.cl.Await(ctxFor(t, time.Second), src)
+	require.NoError(t, err, "the early answer was kept")
+	require.Equal(t, first.DecisionID, d.DecisionID)
+	require.Equal(t, "k-early", d.IdempotencyKey)
+}
