@@ -88,6 +88,9 @@ func run(ctx context.Context, brokers []string, dbURL string, partitions int32, 
 	if err := d.script(ctx); err != nil {
 		return false, err
 	}
+	if err := d.viaGateway(ctx, dbURL, log); err != nil {
+		return false, fmt.Errorf("gateway demo: %w", err)
+	}
 	d.summary()
 	return len(d.failures) == 0, nil
 }
@@ -382,7 +385,7 @@ func (d *demo) summary() {
 		pct(0.5).Round(time.Millisecond), pct(1).Round(time.Millisecond), len(d.latency))
 	fmt.Printf("  wall time      %s\n", time.Since(d.start).Round(100*time.Millisecond))
 	if len(d.failures) == 0 {
-		fmt.Println("  result         every expectation held: one reservation of a single-use mandate, replays and conflicts answered, the expiry released its use")
+		fmt.Println("  result         every expectation held: one reservation of a single-use mandate, replays and conflicts answered, the expiry released its use, one proposal answered 200 through the HTTP gateway")
 	} else {
 		fmt.Printf("  result         %d expectation(s) failed:\n", len(d.failures))
 		for _, f := range d.failures {

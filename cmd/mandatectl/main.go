@@ -115,6 +115,7 @@ func commands() map[string]command {
 		"acls":           {"print or create the Kafka ACLs of each role (plan, apply)", groups[0], runACLs},
 		"grantor-keys":   {"grantor signing keys and each org's grant_signing (generate, add, revoke, list, require, relax)", groups[0], runGrantorKeys},
 		"verify":         {"prove the decisions' hash chain and find drift from PostgreSQL", groups[2], runVerify},
+		"tokens":         {"create, revoke or list the HTTP gateway's per-org bearer tokens", groups[0], runTokens},
 	}
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -471,6 +472,46 @@ func TestMigrate(t *testing.T) {
 	require.Contains(t, r.stderr, "MANDATED_DATABASE_URL")
 }
 
+func TestTokensCreateListRevoke(t *testing.T) {
+	t.Parallel()
+	url := testenv.Database(t)
+	require.Equal(t, exitOK, ctl(t, "migrate", "--database-url", url).code)
+
+	r := ctl(t, "tokens", "create", "acme", "--name", "refund-agent", "--json", "--database-url", url)
+	require.Equal(t, exitOK, r.code, "%s", r)
+	var created struct {
+		TokenID string `json:"token_id"`
+		Org     string `json:"org"`
+		Name    string `json:"name"`
+		Token   string `json:"token"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &created), r.stdout)
+	require.Equal(t, "acme", created.Org)
+	require.True(t, strings.HasPrefix(created.Token, "mgw_"), created.Token)
+
+	r = ctl(t, "tokens", "list", "--org", "acme", "--database-url", url)
+	require.Equal(t, exitOK, r.code, "%s", r)
+	require.Contains(t, r.stdout, created.TokenID)
+	require.Contains(t, r.stdout, "refund-agent")
+	require.NotContains(t, r.stdout, created.Token, "the secret is never shown again")
+
+	// Only the hash is stored.
+	conn, err := pgx.Connect(context.Background(), url)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	var stored []byte
+	require.NoError(t, conn.QueryRow(context.Background(), `SELECT token_hash FROM gateway_tokens WHERE token_id = $1`, created.TokenID).Scan(&stored))
+	sum := sha256.Sum256([]byte(created.Token))
+	require.Equal(t, sum[:], stored)
+
+	require.Equal(t, exitOK, ctl(t, "tokens", "revoke", created.TokenID, "--database-url", url).code)
+	r = ctl(t, "tokens", "list", "--json", "--database-url", url)
+	require.Contains(t, r.stdout, `"revoked_at"`)
+	r = ctl(t, "tokens", "revoke", "gt_aaaaaaaaaaaaaaaa", "--database-url", url)
+	require.Equal(t, exitFailed, r.code)
+	require.Equal(t, exitFailed, ctl(t, "tokens", "create", "Not-An-Org", "--database-url", url).code, "an org id is validated")
+}
+
 func TestTopics(t *testing.T) {
 	t.Parallel()
 	brokers := testenv.KafkaBrokers(t)
@@ -520,9 +561,10 @@ func TestTopics(t *testing.T) {
 func TestEveryCommandHasHelpWithExamples(t *testing.T) {
 	t.Parallel()
 	names := []string{"topics create", "topics check", "org-settings get", "org-settings set", "grantor-keys generate", "grantor-keys add",
-		"grantor-keys revoke", "grantor-keys list", "grantor-keys require", "grantor-keys relax", "acls plan", "acls apply"}
+		"grantor-keys revoke", "grantor-keys list", "grantor-keys require", "grantor-keys relax", "acls plan", "acls apply",
+		"tokens", "tokens create", "tokens revoke", "tokens list"}
 	for n := range commands() {
-		if n != "topics" && n != "grantor-keys" && n != "acls" {
+		if n != "topics" && n != "grantor-keys" && n != "acls" && n != "tokens" {
 			names = append(names, n)
 		}
 	}

@@ -106,32 +106,51 @@ var (
 func mandatedFlags(t testing.TB) map[string]daemonFlag {
 	t.Helper()
 	bin := binary(t, "mandated")
-	flagsOnce.Do(func() {
-		out, err := exec.Command(bin, "--help").CombinedOutput()
-		if err != nil {
-			flagsErr = fmt.Errorf("mandated --help: %w\n%s", err, out)
-			return
-		}
-		daemonFlags = map[string]daemonFlag{}
-		var cur string
-		for _, line := range strings.Split(string(out), "\n") {
-			if m := helpFlagLine.FindStringSubmatch(line); m != nil {
-				cur = m[1]
-				daemonFlags[cur] = daemonFlag{Name: cur}
-				continue
-			}
-			if cur != "" && strings.HasPrefix(line, "    \t") {
-				if m := helpDefault.FindStringSubmatch(line); m != nil {
-					f := daemonFlags[cur]
-					f.Default = m[1]
-					daemonFlags[cur] = f
-				}
-			}
-		}
-	})
+	flagsOnce.Do(func() { daemonFlags, flagsErr = helpFlags(bin) })
 	require.NoError(t, flagsErr)
 	require.Greater(t, len(daemonFlags), 20, "mandated --help lists its flags")
 	return daemonFlags
+}
+
+var (
+	gatewayFlagsOnce sync.Once
+	gatewayFlagSet   map[string]daemonFlag
+	gatewayFlagsErr  error
+)
+
+// gatewayFlags parses the flags out of the built gateway's --help.
+func gatewayFlags(t testing.TB) map[string]daemonFlag {
+	t.Helper()
+	bin := binary(t, "mandate-gateway")
+	gatewayFlagsOnce.Do(func() { gatewayFlagSet, gatewayFlagsErr = helpFlags(bin) })
+	require.NoError(t, gatewayFlagsErr)
+	require.Greater(t, len(gatewayFlagSet), 10, "mandate-gateway --help lists its flags")
+	return gatewayFlagSet
+}
+
+// helpFlags runs bin --help and reads its flags and their defaults.
+func helpFlags(bin string) (map[string]daemonFlag, error) {
+	out, err := exec.Command(bin, "--help").CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("%s --help: %w\n%s", bin, err, out)
+	}
+	flags := map[string]daemonFlag{}
+	var cur string
+	for _, line := range strings.Split(string(out), "\n") {
+		if m := helpFlagLine.FindStringSubmatch(line); m != nil {
+			cur = m[1]
+			flags[cur] = daemonFlag{Name: cur}
+			continue
+		}
+		if cur != "" && strings.HasPrefix(line, "    \t") {
+			if m := helpDefault.FindStringSubmatch(line); m != nil {
+				f := flags[cur]
+				f.Default = m[1]
+				flags[cur] = f
+			}
+		}
+	}
+	return flags, nil
 }
 
 // envName is cli.EnvName (internal to cmd/): --kafka-sasl-user is
@@ -311,7 +330,11 @@ func TestEveryEnvironmentVariableIsADaemonFlag(t *testing.T) {
 	flags := envToFlag(t)
 	mention := regexp.MustCompile(`MANDATED_[A-Z0-9_]*[A-Z0-9]`)
 
-	t.Run("every MANDATED_ name anywhere in deploy/ is a flag of mandated", func(t *testing.T) {
+	gwFlags := map[string]bool{}
+	for name := range gatewayFlags(t) {
+		gwFlags[envName(name)] = true
+	}
+	t.Run("every MANDATED_ name anywhere in deploy/ is a flag of mandated or of the gateway", func(t *testing.T) {
 		err := filepath.WalkDir(deployPath(t), func(path string, d fs.DirEntry, err error) error {
 			if err != nil || d.IsDir() {
 				return err
@@ -320,7 +343,7 @@ func TestEveryEnvironmentVariableIsADaemonFlag(t *testing.T) {
 			require.NoError(t, err)
 			for _, name := range mention.FindAllString(string(b), -1) {
 				_, ok := flags[name]
-				require.True(t, ok, "%s names %s, which is not a flag of mandated (`mandated --help`)", path, name)
+				require.True(t, ok || gwFlags[name], "%s names %s, which is not a flag of mandated (`mandated --help`) nor of mandate-gateway", path, name)
 			}
 			return nil
 		})
@@ -646,7 +669,8 @@ func TestDockerfile(t *testing.T) {
 			allowed = append(allowed, strings.TrimSuffix(p, "/"))
 		}
 	}
-	cmd := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", "./cmd/mandated", "./cmd/mandatectl")
+	require.Contains(t, df, "./cmd/mandate-gateway", "the gateway is in the image")
+	cmd := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", "./cmd/mandated", "./cmd/mandatectl", "./cmd/mandate-gateway")
 	cmd.Dir = root(t)
 	out, err := cmd.Output()
 	require.NoError(t, err)

@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/plugin/kprom"
 
+	"github.com/mandated/mandated/gateway"
 	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/outbox/verify"
 	"github.com/mandated/mandated/processor"
@@ -114,6 +115,9 @@ func declaredMetrics(t testing.TB) catalogue {
 	outbox.NewMetrics(rec)
 	verify.NewMetrics(rec) // mandatectl verify's, pushed by the CronJob
 	rec.MustRegister(sink.NewPoolCollector(&sink.Sink{}))
+	// The gateway registers its metrics when it is made (cmd/mandate-gateway).
+	_, err := gateway.New(gateway.Config{}, nil, nil, rec)
+	require.NoError(t, err)
 	// kprom registers when a client is created (cmd/mandated's options).
 	cl, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1"),
 		kgo.WithHooks(kprom.NewMetrics("mandated_kafka", kprom.Registerer(rec), kprom.WithClientLabel())))

@@ -1,0 +1,166 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/mandated/mandated/gateway"
+)
+
+const tokensUsage = `usage: mandatectl tokens create|revoke|list [flags]
+
+  create <org> [--name N]   create a bearer token of the HTTP gateway for one org;
+                            the token is printed once and only its hash is stored
+  revoke <token-id>         revoke a token (the gateway refuses it at once)
+  list [--org O] [--json]   list tokens (ids, orgs, names, never secrets)
+
+A token acts for its org only, and only as an agent or platform (propose,
+begin, commit, cancel, report-unknown, status); grants, revokes and resolves
+are never taken over HTTP. Run 'mandatectl tokens create --help'.
+
+Examples:
+  mandatectl tokens create acme --name refund-agent
+  mandatectl tokens list --org acme
+  mandatectl tokens revoke gt_abcdefghijklmnop
+`
+
+func runTokens(a *app, args []string) int {
+	sub := ""
+	if len(args) > 0 {
+		sub, args = args[0], args[1:]
+	}
+	switch sub {
+	case "create":
+		return runTokensCreate(a, args)
+	case "revoke":
+		return runTokensRevoke(a, args)
+	case "list":
+		return runTokensList(a, args)
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(a.stdout, tokensUsage)
+		return exitOK
+	}
+	fmt.Fprint(a.stderr, tokensUsage)
+	return exitUsage
+}
+
+func runTokensCreate(a *app, args []string) int {
+	f := a.newFlagSet("tokens create", "<org> [--name N] [--json] [flags]",
+		`Create a bearer token of the HTTP gateway for <org> and print it once.
+Only its SHA-256 is stored; a lost token cannot be shown again: revoke it
+and create another.`,
+		"mandatectl tokens create acme --name refund-agent")
+	var db dbConn
+	db.register(f)
+	name := f.String("name", "", "what the token is for (shown by list)")
+	asJSON := f.Bool("json", false, "print JSON ({token_id, org, name, token})")
+	pos, code, ok := f.parse(args)
+	if !ok {
+		return code
+	}
+	if len(pos) != 1 {
+		return f.usageErr("give exactly one org")
+	}
+	return withDB(a, f, &db, func(ctx context.Context, conn gateway.Execer) int {
+		t, secret, err := gateway.CreateToken(ctx, conn, pos[0], *name)
+		if err != nil {
+			a.errorf("tokens create: %v", err)
+			return exitFailed
+		}
+		if *asJSON {
+			_ = json.NewEncoder(a.stdout).Encode(map[string]string{"token_id": t.ID, "org": t.Org, "name": t.Name, "token": secret})
+			return exitOK
+		}
+		fmt.Fprintf(a.stdout, "token %s for org %s (shown once; store it as a secret):\n%s\n", t.ID, t.Org, secret)
+		return exitOK
+	})
+}
+
+func runTokensRevoke(a *app, args []string) int {
+	f := a.newFlagSet("tokens revoke", "<token-id> [flags]",
+		`Revoke a gateway token by its id (gt_...). The gateway refuses it from
+the next request on.`,
+		"mandatectl tokens revoke gt_abcdefghijklmnop")
+	var db dbConn
+	db.register(f)
+	pos, code, ok := f.parse(args)
+	if !ok {
+		return code
+	}
+	if len(pos) != 1 {
+		return f.usageErr("give exactly one token id")
+	}
+	return withDB(a, f, &db, func(ctx context.Context, conn gateway.Execer) int {
+		err := gateway.RevokeToken(ctx, conn, pos[0])
+		if errors.Is(err, gateway.ErrTokenNotFound) {
+			a.errorf("tokens revoke: no token %s", pos[0])
+			return exitFailed
+		}
+		if err != nil {
+			a.errorf("tokens revoke: %v", err)
+			return exitFailed
+		}
+		fmt.Fprintf(a.stdout, "revoked %s\n", pos[0])
+		return exitOK
+	})
+}
+
+func runTokensList(a *app, args []string) int {
+	f := a.newFlagSet("tokens list", "[--org O] [--json] [flags]", `List gateway tokens: ids, orgs, names, when created and revoked.`,
+		"mandatectl tokens list --org acme")
+	var db dbConn
+	db.register(f)
+	org := f.String("org", "", "only this org's tokens")
+	asJSON := f.Bool("json", false, "print JSON")
+	pos, code, ok := f.parse(args)
+	if !ok {
+		return code
+	}
+	if len(pos) > 0 {
+		return f.usageErr("unexpected argument %q", pos[0])
+	}
+	return withDB(a, f, &db, func(ctx context.Context, conn gateway.Execer) int {
+		ts, err := gateway.ListTokens(ctx, conn, *org)
+		if err != nil {
+			a.errorf("tokens list: %v", err)
+			return exitFailed
+		}
+		if *asJSON {
+			enc := json.NewEncoder(a.stdout)
+			enc.SetIndent("", "  ")
+			_ = enc.Encode(ts)
+			return exitOK
+		}
+		tw := newTable(a.stdout)
+		fmt.Fprintln(tw, "TOKEN\tORG\tNAME\tCREATED\tREVOKED")
+		for _, t := range ts {
+			revoked := "-"
+			if t.RevokedAt != nil {
+				revoked = fmtTime(*t.RevokedAt)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.ID, t.Org, dash(t.Name), fmtTime(t.CreatedAt), revoked)
+		}
+		_ = tw.Flush()
+		return exitOK
+	})
+}
+
+// withDB runs fn on one read-write connection (tokens are written here and
+// only read by the gateway).
+func withDB(a *app, f *flagSet, db *dbConn, fn func(context.Context, gateway.Execer) int) int {
+	if _, err := db.resolve(); err != nil {
+		return f.usageErr("%v", err)
+	}
+	ctx, cancel := withTimeout(a.ctx, 30*time.Second)
+	defer cancel()
+	conn, err := db.conn(ctx)
+	if err != nil {
+		a.errorf("%s: %v", f.name, err)
+		return exitFailed
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return fn(ctx, conn)
+}

@@ -1,0 +1,77 @@
+package gateway
+
+import (
+	"encoding/json"
+	"net/http"
+
+	"github.com/mandated/mandated/processor/wire"
+)
+
+// Reasons the gateway adds to the wire's, for what only HTTP can get wrong.
+const (
+	ReasonUnauthenticated       wire.Reason = "unauthenticated"        // 401: no or unknown bearer token
+	ReasonOrgForbidden          wire.Reason = "org_forbidden"          // 403: the token belongs to another org
+	ReasonControlPlane          wire.Reason = "control_plane_only"     // 403: grants, revokes and resolves are not taken over HTTP
+	ReasonNotFound              wire.Reason = "not_found"              // 404: no such route or resource
+	ReasonNoDecisionRecorded    wire.Reason = "no_decision_recorded"   // 404: no decision bound to this key (yet)
+	ReasonMethodNotAllowed      wire.Reason = "method_not_allowed"     // 405
+	ReasonUnsupportedMediaType  wire.Reason = "unsupported_media_type" // 415
+	ReasonTooManyInFlight       wire.Reason = "too_many_in_flight"     // 429
+	ReasonMissingIdempotencyKey wire.Reason = "missing_idempotency_key"
+	ReasonUnavailable           wire.Reason = "unavailable" // 503: Kafka or PostgreSQL unreachable
+)
+
+// Problem is an RFC 9457 problem details object. Type is
+// "urn:mandated:reason:<reason>", so a client can branch on the same codes
+// as a Kafka consumer of the decisions; the reason is also a member.
+type Problem struct {
+	Type     string          `json:"type"`
+	Title    string          `json:"title"`
+	Status   int             `json:"status"`
+	Detail   string          `json:"detail,omitempty"`
+	Instance string          `json:"instance,omitempty"`
+	Reason   wire.Reason     `json:"reason"`
+	Decision json.RawMessage `json:"decision,omitempty"` // the decision, when one was made
+}
+
+func writeProblem(w http.ResponseWriter, r *http.Request, status int, reason wire.Reason, detail string, decision json.RawMessage) {
+	p := Problem{
+		Type: "urn:mandated:reason:" + string(reason), Title: http.StatusText(status), Status: status,
+		Detail: detail, Instance: r.URL.Path, Reason: reason, Decision: decision,
+	}
+	b, _ := json.Marshal(p)
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+// statusOf maps a decision to its HTTP status: a decision about authority
+// (granted or not) is 200; a command that did not fit gets a problem status.
+func statusOf(d *wire.Decision) int {
+	switch d.Outcome {
+	case wire.OutcomeRejected:
+		if d.Reason == wire.ReasonTooLarge {
+			return http.StatusRequestEntityTooLarge
+		}
+		return http.StatusBadRequest
+	case wire.OutcomeConflict: // the same key with another payload (IETF idempotency-key draft)
+		return http.StatusUnprocessableEntity
+	case wire.OutcomeStale:
+		return http.StatusConflict
+	case wire.OutcomeRefused:
+		if d.Reason == wire.ReasonAuthorizationNotFound {
+			return http.StatusNotFound
+		}
+		return http.StatusConflict
+	}
+	return http.StatusOK
+}
+
+// statusOfRejection maps a rejection found before producing.
+func statusOfRejection(reason wire.Reason) int {
+	if reason == wire.ReasonTooLarge {
+		return http.StatusRequestEntityTooLarge
+	}
+	return http.StatusBadRequest
+}
