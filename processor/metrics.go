@@ -30,6 +30,7 @@ type Metrics struct {
 	KeysPurged         prometheus.Counter
 	PendingDeadlines   prometheus.Gauge
 	Ready              prometheus.Gauge
+	Rebalance          *RebalanceMetrics
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: none).
@@ -136,7 +137,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "1 while this instance is ready (holds current epochs, reaches Kafka and PostgreSQL), else 0; refreshed every 5 s by cmd/mandated.",
 		}),
 	}
+	m.Rebalance = newRebalanceMetrics()
 	if reg != nil {
+		reg.MustRegister(m.Rebalance.collectors()...)
 		reg.MustRegister(m.Decisions, m.Rejections, m.DeadLetters, m.Misrouted, m.GrantsOnProposals, m.DeadlineMoves,
 			m.Fenced, m.BatchRetries, m.VersionConflicts, m.RecordFaults, m.AmbiguousCommits, m.BatchSize,
 			m.CommitSeconds, m.DecisionLatency, m.ConsumerLag, m.PartitionsOwned, m.PartitionEpoch,
