@@ -45,12 +45,15 @@ func (p *Processor) groupOpts() []kgo.Opt {
 	return opts
 }
 
-// leaveForGood removes a static member from a KIP-848 group at once.
-// Closing the client of a member with an instance id sends a temporary
-// leave (member epoch -2): its partitions wait for it for a session
-// timeout, which is right for a restart and wrong for a hand-off. A leave
-// with epoch -1 releases them now. A dynamic member's close already does.
-func (p *Processor) leaveForGood(ctx context.Context, memberID string) error {
+// leaveStatic sends a static member's leave. franz-go's own leave for a
+// KIP-848 static member (sent by Close) omits the instance id, which the
+// broker requires with epoch -2, so the member would linger until its
+// session timeout and its restart be refused (UNRELEASED_INSTANCE_ID).
+// After Close, this sends it properly: epoch -2 is a temporary leave (the
+// partitions wait a session timeout for the same instance id: a restart
+// moves nothing), epoch -1 a permanent one (they move now: a hand-off). A
+// dynamic member's close already leaves for good.
+func (p *Processor) leaveStatic(ctx context.Context, memberID string, forGood bool) error {
 	if p.cfg.GroupProtocol != GroupProtocolConsumer || p.cfg.InstanceID == "" || memberID == "" {
 		return nil
 	}
@@ -62,7 +65,10 @@ func (p *Processor) leaveForGood(ctx context.Context, memberID string) error {
 	req := kmsg.NewPtrConsumerGroupHeartbeatRequest()
 	req.Group = p.cfg.Group
 	req.MemberID = memberID
-	req.MemberEpoch = -1
+	req.MemberEpoch = -2
+	if forGood {
+		req.MemberEpoch = -1
+	}
 	instance := p.cfg.InstanceID
 	req.InstanceID = &instance
 	resp, err := req.RequestWith(ctx, cl)
@@ -70,7 +76,7 @@ func (p *Processor) leaveForGood(ctx context.Context, memberID string) error {
 		return fmt.Errorf("processor: leave group: %w", err)
 	}
 	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil && !errors.Is(err, kerr.UnknownMemberID) {
-		return fmt.Errorf("processor: leave group: %w", err)
+		return fmt.Errorf("processor: leave group (epoch %d): %w", req.MemberEpoch, err)
 	}
 	return nil
 }

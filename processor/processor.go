@@ -149,13 +149,11 @@ func (p *Processor) leave(ctx context.Context, grace time.Duration, reason strin
 	memberID, _ := client.GroupMetadata()
 	// Close leaves the group; the revoke callback finds no workers left.
 	client.Close()
-	if forGood {
-		lctx, lcancel := context.WithTimeout(ctx, 5*time.Second)
-		if err := p.leaveForGood(lctx, memberID); err != nil {
-			p.log.Warn().Err(err).Msg("could not leave the group for good; the partitions move after the session timeout")
-		}
-		lcancel()
+	lctx, lcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	if err := p.leaveStatic(lctx, memberID, forGood); err != nil {
+		p.log.Warn().Err(err).Msg("could not leave the group; the partitions wait for the session timeout")
 	}
+	lcancel()
 	p.mu.Lock()
 	p.client = nil
 	p.mu.Unlock()
