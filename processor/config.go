@@ -96,8 +96,9 @@ type Config struct {
 	// MaxRecordBytes is the largest record value decoded. Defaults to
 	// wire.MaxRecordBytesDefault.
 	MaxRecordBytes int
-	// SessionTimeout is the consumer group session timeout. Defaults to
-	// SessionTimeoutDefault.
+	// SessionTimeout is the consumer group session timeout of the classic
+	// protocol (the consumer protocol uses the broker's
+	// group.consumer.session.timeout.ms). Defaults to SessionTimeoutDefault.
 	SessionTimeout time.Duration
 	// RebalanceTimeout bounds a rebalance. Defaults to RebalanceTimeoutDefault.
 	RebalanceTimeout time.Duration

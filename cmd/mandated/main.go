@@ -95,7 +95,7 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.dbHandoff, "db-unreachable-handoff", processor.DBUnreachableHandoffDefault, "leave the group after PostgreSQL has not answered this long (Kafka still does) so that others decide the partitions; rejoin when it answers; negative: never")
 	fs.IntVar(&c.maxBatch, "max-batch", processor.MaxBatchDefault, "most records decided in one transaction")
 	fs.IntVar(&c.maxRecordBytes, "max-record-bytes", wire.MaxRecordBytesDefault, "largest command record decoded")
-	fs.DurationVar(&c.sessionTimeout, "session-timeout", processor.SessionTimeoutDefault, "consumer group session timeout")
+	fs.DurationVar(&c.sessionTimeout, "session-timeout", processor.SessionTimeoutDefault, "consumer group session timeout (classic protocol; with the consumer protocol the broker's group.consumer.session.timeout.ms applies)")
 	fs.DurationVar(&c.rebalanceTimeout, "rebalance-timeout", processor.RebalanceTimeoutDefault, "consumer group rebalance timeout")
 	fs.IntVar(&c.relayMaxRows, "relay-max-rows", outbox.MaxRowsDefault, "most outbox rows in one Kafka transaction")
 	fs.DurationVar(&c.relayIdlePoll, "relay-idle-poll", outbox.IdlePollDefault, "relay poll interval when no commit woke it")
