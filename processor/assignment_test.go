@@ -216,3 +216,27 @@ func TestAProcessorCutOffPostgreSQLHandsItsPartitionsOverAndRejoinsWhenItAnswers
 	}
 	t.Logf("handed over %v after the cut (bound %v)", took, bound)
 }
+
+func TestAProcessorWhosePoolIsBusyDoesNotTakeItForAnUnreachableDatabase(t *testing.T) {
+	t.Parallel()
+	h := harness.New(t, harness.Options{Partitions: 2})
+	const bound = time.Second
+	a := h.Start("a", func(c *processor.ServiceConfig) {
+		c.Sink.MaxConns = 2
+		c.Processor.DBUnreachableHandoff = bound
+	})
+	waitOwnership(t, 2, map[*harness.Instance]int{a: 2})
+	// Every pooled connection is taken (as by long batches) for three bounds.
+	pool := a.Service.Sink.Pool()
+	ctx := context.Background()
+	c1, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	c2, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	held := time.Now()
+	testenv.WaitFor(t, time.Minute, func() bool { return time.Since(held) > 3*bound }, "three hand-off bounds pass")
+	c1.Release()
+	c2.Release()
+	require.Zero(t, value(t, a.Service.Metrics.Rebalance.Handoffs), "a busy pool is not an unreachable database")
+	require.Len(t, a.Service.Processor.Owned(), 2)
+}

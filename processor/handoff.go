@@ -3,6 +3,8 @@ package processor
 import (
 	"context"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // handoffLoop hands this processor's partitions over while it cannot serve
@@ -19,6 +21,8 @@ func (p *Processor) handoffLoop(ctx context.Context) {
 	every := min(max(bound/10, 100*time.Millisecond), time.Second)
 	t := time.NewTicker(every)
 	defer t.Stop()
+	probe := &dbProbe{cfg: p.sink.Pool().Config().ConnConfig}
+	defer probe.close()
 	for {
 		select {
 		case <-ctx.Done():
@@ -26,7 +30,7 @@ func (p *Processor) handoffLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		pctx, cancel := context.WithTimeout(ctx, max(every, 500*time.Millisecond))
-		err := p.sink.Ping(pctx)
+		err := probe.ping(pctx)
 		cancel()
 		if ctx.Err() != nil {
 			return
@@ -63,4 +67,37 @@ func (p *Processor) handoffLoop(ctx context.Context) {
 			p.metrics.Rebalance.HandedOff.Set(0)
 		}
 	}
+}
+
+// dbProbe pings PostgreSQL on a connection of its own: a pool busy with
+// batches (every connection taken) must not look like an unreachable
+// database and hand partitions over.
+type dbProbe struct {
+	cfg  *pgx.ConnConfig
+	conn *pgx.Conn
+}
+
+func (d *dbProbe) ping(ctx context.Context) error {
+	if d.conn == nil {
+		c, err := pgx.ConnectConfig(ctx, d.cfg.Copy())
+		if err != nil {
+			return err
+		}
+		d.conn = c
+	}
+	if err := d.conn.Ping(ctx); err != nil {
+		d.close()
+		return err
+	}
+	return nil
+}
+
+func (d *dbProbe) close() {
+	if d.conn == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_ = d.conn.Close(ctx)
+	d.conn = nil
 }
