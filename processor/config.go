@@ -29,6 +29,19 @@ const (
 	StatsIntervalDefault        = 10 * time.Second
 	FetchMaxWaitDefault         = 250 * time.Millisecond
 	GrantorKeyRefreshDefault    = 5 * time.Second
+	GroupProtocolDefault        = GroupProtocolConsumer
+	DBUnreachableHandoffDefault = 10 * time.Second
+)
+
+// Group protocols: how partitions are assigned to processors.
+const (
+	// GroupProtocolConsumer is KIP-848's consumer protocol (Kafka 4.0+):
+	// the broker's range assignor moves only the partitions that must move
+	// and keeps partition p of every input topic on one member.
+	GroupProtocolConsumer = "consumer"
+	// GroupProtocolClassic is the classic protocol with the eager range
+	// balancer: every rebalance stops every partition. For brokers before 4.0.
+	GroupProtocolClassic = "classic"
 )
 
 // PartitionListener hears about ownership and commits; the outbox relay is
@@ -63,16 +76,30 @@ type Config struct {
 	// Defaults to DeadLetterTopicDefault.
 	DeadLetterTopic string
 	// Owner names this processor in the partitions table. Defaults to
-	// "<hostname>-<pid>".
+	// InstanceID when set, else "<hostname>-<pid>".
 	Owner string
+	// InstanceID makes this processor a static group member (KIP-345): a
+	// restart with the same id within the session timeout gets the same
+	// partitions back and nothing moves. In Kubernetes, the pod name of a
+	// StatefulSet. Defaults to none (a dynamic member).
+	InstanceID string
+	// GroupProtocol is GroupProtocolConsumer or GroupProtocolClassic.
+	// Defaults to GroupProtocolDefault.
+	GroupProtocol string
+	// DBUnreachableHandoff is how long this processor keeps its partitions
+	// while PostgreSQL does not answer (and Kafka does) before it leaves the
+	// group so that others decide them; it rejoins when PostgreSQL answers.
+	// Negative: never hand off. Defaults to DBUnreachableHandoffDefault.
+	DBUnreachableHandoff time.Duration
 	// MaxBatch caps the records decided in one transaction. Defaults to
 	// MaxBatchDefault.
 	MaxBatch int
 	// MaxRecordBytes is the largest record value decoded. Defaults to
 	// wire.MaxRecordBytesDefault.
 	MaxRecordBytes int
-	// SessionTimeout is the consumer group session timeout. Defaults to
-	// SessionTimeoutDefault.
+	// SessionTimeout is the consumer group session timeout of the classic
+	// protocol (the consumer protocol uses the broker's
+	// group.consumer.session.timeout.ms). Defaults to SessionTimeoutDefault.
 	SessionTimeout time.Duration
 	// RebalanceTimeout bounds a rebalance. Defaults to RebalanceTimeoutDefault.
 	RebalanceTimeout time.Duration
@@ -133,6 +160,9 @@ func (c Config) WithDefaults() Config {
 	c.GrantsTopic = cmp.Or(c.GrantsTopic, GrantsTopicDefault)
 	c.DecisionsTopic = cmp.Or(c.DecisionsTopic, DecisionsTopicDefault)
 	c.DeadLetterTopic = cmp.Or(c.DeadLetterTopic, DeadLetterTopicDefault)
+	c.Owner = cmp.Or(c.Owner, c.InstanceID)
+	c.GroupProtocol = cmp.Or(c.GroupProtocol, GroupProtocolDefault)
+	c.DBUnreachableHandoff = cmp.Or(c.DBUnreachableHandoff, DBUnreachableHandoffDefault)
 	if c.Owner == "" {
 		host, _ := os.Hostname()
 		c.Owner = fmt.Sprintf("%s-%d", cmp.Or(host, "mandated"), os.Getpid())
@@ -170,6 +200,10 @@ func (c Config) Validate() error {
 		return errors.New("processor: SessionTimeout must be at least 1s")
 	case c.RebalanceTimeout < c.SessionTimeout:
 		return errors.New("processor: RebalanceTimeout must be at least SessionTimeout")
+	case c.GroupProtocol != GroupProtocolConsumer && c.GroupProtocol != GroupProtocolClassic:
+		return fmt.Errorf("processor: GroupProtocol must be %q or %q, not %q", GroupProtocolConsumer, GroupProtocolClassic, c.GroupProtocol)
+	case c.DBUnreachableHandoff > 0 && c.DBUnreachableHandoff < time.Second:
+		return errors.New("processor: DBUnreachableHandoff must be at least 1s (or negative: never)")
 	case c.PurgeBatch < 1:
 		return errors.New("processor: PurgeBatch must be positive")
 	case c.GrantorKeyRefresh < 0:

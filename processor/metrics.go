@@ -40,6 +40,7 @@ type Metrics struct {
 	Forks           prometheus.Counter
 	PossibleReplays *prometheus.CounterVec
 	IntentsPurged   prometheus.Counter
+	Rebalance       *RebalanceMetrics
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: none).
@@ -177,7 +178,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	if reg != nil {
 		reg.MustRegister(m.IntentReplays, m.Forks, m.PossibleReplays, m.IntentsPurged)
 	}
+	m.Rebalance = newRebalanceMetrics()
 	if reg != nil {
+		reg.MustRegister(m.Rebalance.collectors()...)
 		reg.MustRegister(m.Decisions, m.Rejections, m.DeadLetters, m.Misrouted, m.GrantsOnProposals, m.DeadlineMoves,
 			m.Fenced, m.Reclaims, m.BatchRetries, m.VersionConflicts, m.RecordFaults, m.AmbiguousCommits, m.BatchSize,
 			m.CommitSeconds, m.DecisionLatency, m.ConsumerLag, m.PartitionsOwned, m.PartitionEpoch,

@@ -26,16 +26,23 @@ type Processor struct {
 	metrics *Metrics
 	keys    *keyring
 
-	client     *kgo.Client
 	partitions int32 // the topics' partition count
 
 	mu       sync.Mutex
+	client   *kgo.Client // the group session's; nil while handed off (replaced under mu, read by workers without it: none run then)
 	workers  map[int32]*worker
 	started  bool
 	stopping bool
+	// unreachableSince is when PostgreSQL stopped answering (zero while it
+	// answers); handedOff is set while this processor is out of the group
+	// because of it.
+	unreachableSince time.Time
+	handedOff        bool
 
-	cancel context.CancelFunc
-	loops  sync.WaitGroup
+	cancel     context.CancelFunc // ends the processor's loops
+	loops      sync.WaitGroup
+	sessCancel context.CancelFunc // ends the group session's loops
+	session    sync.WaitGroup
 }
 
 // New validates the configuration and returns a processor that is not yet
@@ -73,25 +80,41 @@ func (p *Processor) Start(ctx context.Context) error {
 	if err := p.sink.EnsurePartitionCount(ctx, n); err != nil {
 		return err
 	}
+	p.metrics.Rebalance.PartitionsAll.Set(float64(n))
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	p.cancel = cancel
+	if err := p.join(runCtx); err != nil {
+		cancel()
+		return err
+	}
+	p.mu.Lock()
+	p.started = true
+	p.mu.Unlock()
+	p.loops.Add(3)
+	go func() { defer p.loops.Done(); p.statsLoop(runCtx) }()
+	go func() { defer p.loops.Done(); p.handoffLoop(runCtx) }()
+	go func() { defer p.loops.Done(); p.purgeLoop(runCtx) }()
+	p.log.Info().Str("group", p.cfg.Group).Str("protocol", p.cfg.GroupProtocol).Str("instance_id", p.cfg.InstanceID).
+		Int32("partitions", n).Str("owner", p.cfg.Owner).Msg("processor started")
+	return nil
+}
+
+// join starts a group session: a client that joins the consumer group, and
+// the loops that feed its records to workers and copy positions to Kafka.
+func (p *Processor) join(ctx context.Context) error {
 	opts := append([]kgo.Opt{
 		kgo.SeedBrokers(p.cfg.Brokers...),
-		kgo.ConsumerGroup(p.cfg.Group),
-		kgo.ConsumeTopics(p.cfg.ProposalsTopic, p.cfg.GrantsTopic),
-		// Range assigns partition p of both topics to the same member: one
-		// writer decides a mandate's grants and proposals in one order.
-		kgo.Balancers(kgo.RangeBalancer()),
 		kgo.DisableAutoCommit(),
 		kgo.BlockRebalanceOnPoll(),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.SessionTimeout(p.cfg.SessionTimeout),
-		kgo.RebalanceTimeout(p.cfg.RebalanceTimeout),
 		kgo.FetchMaxWait(p.cfg.FetchMaxWait),
 		kgo.AdjustFetchOffsetsFn(p.onAssigned),
 		kgo.OnPartitionsRevoked(p.onRevoked),
-		kgo.OnPartitionsLost(p.onRevoked),
+		kgo.OnPartitionsLost(p.onLost),
 		kgo.ClientID("mandated-processor"),
-	}, p.cfg.KafkaOpts...)
+	}, p.groupOpts()...)
+	opts = append(opts, p.cfg.KafkaOpts...)
 	if f := p.cfg.ClientHooks; f != nil {
 		opts = append(opts, kgo.WithHooks(f("mandated-processor")...))
 	}
@@ -99,23 +122,54 @@ func (p *Processor) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("processor: kafka client: %w", err)
 	}
-	p.client = client
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	p.cancel = cancel
+	sctx, scancel := context.WithCancel(ctx)
 	p.mu.Lock()
-	p.started = true
+	p.client = client
+	p.sessCancel = scancel
 	p.mu.Unlock()
-	p.loops.Add(4)
-	go func() { defer p.loops.Done(); p.pollLoop(runCtx) }()
-	go func() { defer p.loops.Done(); p.offsetLoop(runCtx) }()
-	go func() { defer p.loops.Done(); p.statsLoop(runCtx) }()
-	go func() { defer p.loops.Done(); p.purgeLoop(runCtx) }()
-	p.log.Info().Str("group", p.cfg.Group).Int32("partitions", n).Str("owner", p.cfg.Owner).Msg("processor started")
+	p.session.Add(2)
+	go func() { defer p.session.Done(); p.pollLoop(sctx, client) }()
+	go func() { defer p.session.Done(); p.offsetLoop(sctx) }()
 	return nil
 }
 
+// leave ends the group session: fetching stops, every worker finishes its
+// batch in flight (aborted after grace) and its relay partition drains,
+// positions are copied to Kafka, and the client leaves the group. A static
+// member's leave is temporary (its partitions wait a session timeout for
+// it to come back) unless forGood.
+func (p *Processor) leave(ctx context.Context, grace time.Duration, reason string, forGood bool) {
+	p.mu.Lock()
+	client, cancel := p.client, p.sessCancel
+	p.mu.Unlock()
+	if client == nil {
+		return
+	}
+	client.PauseFetchTopics(p.cfg.ProposalsTopic, p.cfg.GrantsTopic)
+	owned := p.ownedPartitions()
+	p.stopWorkers(owned, grace)
+	p.metrics.Rebalance.Revoked.WithLabelValues(reason).Add(float64(len(owned)))
+	p.commitOffsets(ctx)
+	cancel()
+	p.session.Wait()
+	memberID, _ := client.GroupMetadata()
+	// Close leaves the group; the revoke callback finds no workers left.
+	client.Close()
+	lctx, lcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	if err := p.leaveStatic(lctx, memberID, forGood); err != nil {
+		p.log.Warn().Err(err).Msg("could not leave the group; the partitions wait for the session timeout")
+	}
+	lcancel()
+	p.mu.Lock()
+	p.client = nil
+	p.mu.Unlock()
+}
+
 // Stop stops fetching, lets every worker finish its batch in flight (within
-// ctx's deadline), copies positions to Kafka, and leaves the group.
+// ctx's deadline) and drain its relay partition, copies positions to
+// Kafka, and leaves the group so that the next owners claim at once. A
+// static member (InstanceID) leaves temporarily: its partitions wait for
+// its restart for a session timeout and do not move.
 func (p *Processor) Stop(ctx context.Context) error {
 	p.mu.Lock()
 	if !p.started || p.stopping {
@@ -128,13 +182,9 @@ func (p *Processor) Stop(ctx context.Context) error {
 	if dl, ok := ctx.Deadline(); ok {
 		grace = max(time.Until(dl)/2, 100*time.Millisecond)
 	}
-	p.client.PauseFetchTopics(p.cfg.ProposalsTopic, p.cfg.GrantsTopic)
-	p.stopWorkers(p.ownedPartitions(), grace)
-	p.commitOffsets(ctx)
-	p.cancel()
+	p.cancel() // the hand-off loop may not rejoin now
 	p.loops.Wait()
-	// Close leaves the group; the revoke callback finds no workers left.
-	p.client.Close()
+	p.leave(ctx, grace, "shutdown", false)
 	p.log.Info().Msg("processor stopped")
 	return nil
 }
@@ -154,7 +204,7 @@ func (p *Processor) Owned() map[int32]int64 {
 // can reach Kafka and PostgreSQL.
 func (p *Processor) Ready(ctx context.Context) error {
 	p.mu.Lock()
-	started, stopping := p.started, p.stopping
+	started, stopping, handedOff, client := p.started, p.stopping, p.handedOff, p.client
 	var fenced []int32
 	var causes []error
 	for n, w := range p.workers {
@@ -171,13 +221,15 @@ func (p *Processor) Ready(ctx context.Context) error {
 		return errors.New("not started")
 	case stopping:
 		return errors.New("stopping")
+	case handedOff || client == nil:
+		return errors.New("out of the group: PostgreSQL did not answer; partitions handed to the others until it does")
 	case len(fenced) > 0:
 		return fmt.Errorf("fenced on partitions %v, not re-claimed yet: %w", fenced, errors.Join(causes...))
 	}
 	if err := p.sink.Ping(ctx); err != nil {
 		return fmt.Errorf("postgres: %w", err)
 	}
-	if err := p.client.Ping(ctx); err != nil {
+	if err := client.Ping(ctx); err != nil {
 		return fmt.Errorf("kafka: %w", err)
 	}
 	return nil
@@ -201,14 +253,15 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 		}
 	}
 	p.mu.Lock()
-	stopping := p.stopping
+	stopping, handedOff := p.stopping, p.handedOff
 	p.mu.Unlock()
-	if stopping {
-		return nil, errors.New("processor: stopping; not claiming partitions")
+	if stopping || handedOff {
+		return nil, errors.New("processor: stopping or handing off; not claiming partitions")
 	}
 	if err := failpoint.Inject(ctx, failpoint.BeforeClaim); err != nil {
 		return nil, err
 	}
+	assigned := time.Now()
 	claims := make(map[int32]sink.Claim, len(nums))
 	var mu sync.Mutex
 	g, gctx := errgroup.WithContext(ctx)
@@ -221,6 +274,7 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 				return err
 			}
 			p.metrics.TakeoverSeconds.Observe(time.Since(start).Seconds())
+			p.metrics.Rebalance.PauseSeconds.Observe(time.Since(assigned).Seconds())
 			p.metrics.PredecessorsKilled.Add(float64(c.Terminated))
 			mu.Lock()
 			claims[n] = c
@@ -256,6 +310,7 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 		}
 	}
 	p.metrics.PartitionsOwned.Set(float64(len(p.workers)))
+	p.metrics.Rebalance.Assigned.Add(float64(len(claims)))
 	p.client.ResumeFetchPartitions(map[string][]int32{p.cfg.ProposalsTopic: keys(nums), p.cfg.GrantsTopic: keys(nums)})
 	return out, nil
 }
@@ -263,12 +318,33 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 // onRevoked stops the workers of revoked or lost partitions and waits for
 // them: a partition is never decided by two workers of one process.
 func (p *Processor) onRevoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	p.release(revoked, "revoked")
+}
+
+// onLost is onRevoked for partitions whose session expired.
+func (p *Processor) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	p.release(lost, "lost")
+}
+
+func (p *Processor) release(parts map[string][]int32, reason string) {
 	nums := map[int32]bool{}
-	for _, parts := range revoked {
-		for _, n := range parts {
+	for _, ps := range parts {
+		for _, n := range ps {
 			nums[n] = true
 		}
 	}
+	var held int
+	p.mu.Lock()
+	for n := range nums {
+		if p.workers[n] != nil {
+			held++
+		}
+	}
+	p.mu.Unlock()
+	if held > 0 {
+		p.log.Info().Ints32("partitions", keys(nums)).Str("reason", reason).Msg("partitions revoked; the others keep deciding")
+	}
+	p.metrics.Rebalance.Revoked.WithLabelValues(reason).Add(float64(held))
 	p.stopWorkers(keys(nums), p.cfg.RebalanceTimeout/2)
 }
 
@@ -337,11 +413,11 @@ func (p *Processor) topicPartitions(n int32) map[string][]int32 {
 // pollLoop fetches and hands records to their partition's worker. It never
 // blocks on a worker (workers pause their own partitions when behind), so a
 // rebalance is never held up by a slow partition.
-func (p *Processor) pollLoop(ctx context.Context) {
+func (p *Processor) pollLoop(ctx context.Context, client *kgo.Client) {
 	for {
-		fetches := p.client.PollRecords(ctx, 10*p.cfg.MaxBatch)
+		fetches := client.PollRecords(ctx, 10*p.cfg.MaxBatch)
 		if fetches.IsClientClosed() || ctx.Err() != nil {
-			p.client.AllowRebalance()
+			client.AllowRebalance()
 			return
 		}
 		fetches.EachError(func(topic string, partition int32, err error) {
@@ -356,7 +432,7 @@ func (p *Processor) pollLoop(ctx context.Context) {
 			}
 		})
 		p.mu.Unlock()
-		p.client.AllowRebalance()
+		client.AllowRebalance()
 	}
 }
 
@@ -387,9 +463,15 @@ func (p *Processor) commitOffsets(ctx context.Context) {
 	if len(offsets[p.cfg.ProposalsTopic]) == 0 {
 		return
 	}
+	p.mu.Lock()
+	client := p.client
+	p.mu.Unlock()
+	if client == nil {
+		return
+	}
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	p.client.CommitOffsetsSync(cctx, offsets, nil)
+	client.CommitOffsetsSync(cctx, offsets, nil)
 }
 
 // statsLoop refreshes gauges that need a query.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // errNotAssigned says the group does not (or not yet) confirm that this
@@ -78,12 +79,42 @@ func (p *Processor) reclaim(w *worker) error {
 }
 
 // stillAssigned asks the group coordinator whether this member holds
-// partition n of both input topics in a stable generation.
+// partition n of both input topics: on the consumer protocol (KIP-848) in
+// both its current and its target assignment (ConsumerGroupDescribe), on
+// the classic protocol in a stable generation (DescribeGroups).
 func (p *Processor) stillAssigned(ctx context.Context, n int32) error {
-	member, _ := p.client.GroupMetadata()
+	p.mu.Lock()
+	client := p.client
+	p.mu.Unlock()
+	if client == nil {
+		return fmt.Errorf("%w: not in the group", errNotAssigned)
+	}
+	member, _ := client.GroupMetadata()
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	groups, err := kadm.NewClient(p.client).DescribeGroups(ctx, p.cfg.Group)
+	adm := kadm.NewClient(client)
+	holds := func(has func(topic string) bool) bool {
+		return has(p.cfg.ProposalsTopic) && has(p.cfg.GrantsTopic)
+	}
+	if p.cfg.GroupProtocol != GroupProtocolClassic {
+		groups, err := adm.DescribeConsumerGroups(ctx, p.cfg.Group)
+		if err != nil {
+			return fmt.Errorf("describe the consumer group: %w", err)
+		}
+		g, ok := groups[p.cfg.Group]
+		if !ok || g.Err != nil {
+			return fmt.Errorf("describe the consumer group: %w", errors.Join(errNotAssigned, g.Err))
+		}
+		for _, m := range g.Members {
+			if m.MemberID == member && holds(func(t string) bool {
+				return m.Assignment.Lookup(t, n) && m.TargetAssignment.Lookup(t, n)
+			}) {
+				return nil
+			}
+		}
+		return fmt.Errorf("%w: member %s, partition %d", errNotAssigned, member, n)
+	}
+	groups, err := adm.DescribeGroups(ctx, p.cfg.Group)
 	if err != nil {
 		return fmt.Errorf("describe the consumer group: %w", err)
 	}
@@ -102,13 +133,11 @@ func (p *Processor) stillAssigned(ctx context.Context, n int32) error {
 		if !ok {
 			break
 		}
-		held := 0
-		for _, t := range a.Topics {
-			if (t.Topic == p.cfg.ProposalsTopic || t.Topic == p.cfg.GrantsTopic) && slices.Contains(t.Partitions, n) {
-				held++
-			}
-		}
-		if held == 2 {
+		if holds(func(topic string) bool {
+			return slices.ContainsFunc(a.Topics, func(t kmsg.ConsumerMemberAssignmentTopic) bool {
+				return t.Topic == topic && slices.Contains(t.Partitions, n)
+			})
+		}) {
 			return nil
 		}
 	}

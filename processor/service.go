@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
@@ -28,6 +29,7 @@ type Service struct {
 	Processor *Processor
 	Relay     *outbox.Relay
 	Metrics   *Metrics
+	log       zerolog.Logger
 }
 
 // StartService opens storage (applying migrations), starts the relay and
@@ -79,14 +81,19 @@ func StartService(ctx context.Context, cfg ServiceConfig, log zerolog.Logger) (*
 		s.Close()
 		return nil, fmt.Errorf("service: %w", err)
 	}
-	return &Service{Sink: s, Processor: p, Relay: relay, Metrics: m}, nil
+	return &Service{Sink: s, Processor: p, Relay: relay, Metrics: m, log: log}, nil
 }
 
 // Stop stops fetching, finishes the batches in flight, drains the relay
 // (bounded by ctx) and closes storage.
 func (svc *Service) Stop(ctx context.Context) error {
+	start := time.Now()
 	perr := svc.Processor.Stop(ctx)
+	stopped := time.Now()
 	rerr := svc.Relay.Stop(ctx)
+	drained := time.Now()
 	svc.Sink.Close()
+	svc.log.Info().Dur("processor", stopped.Sub(start)).Dur("relay", drained.Sub(stopped)).Dur("storage", time.Since(drained)).
+		Msg("service stopped")
 	return errors.Join(perr, rerr)
 }

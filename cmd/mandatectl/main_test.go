@@ -383,7 +383,7 @@ func TestMandatectl(t *testing.T) {
 			views = nil
 			require.NoError(t, json.Unmarshal([]byte(r.stdout), &views))
 			for _, v := range views {
-				if !v.Claimed || v.GroupMember == "" {
+				if !v.Claimed || v.GroupMember == "" || v.Moving {
 					return false
 				}
 			}
@@ -391,6 +391,8 @@ func TestMandatectl(t *testing.T) {
 		}, "all three partitions claimed and assigned")
 		for _, v := range views {
 			require.Equal(t, b.instance, v.Owner)
+			require.NotEmpty(t, v.MemberID, "the KIP-848 group describes its member")
+			require.Positive(t, v.MemberEpoch)
 			require.GreaterOrEqual(t, v.Epoch, int64(1))
 			require.LessOrEqual(t, v.ProposalsOffset, v.ProposalsEnd)
 			require.GreaterOrEqual(t, v.OutboxBacklog, int64(0))
@@ -398,6 +400,7 @@ func TestMandatectl(t *testing.T) {
 		r := ctl(t, args...)
 		require.Equal(t, exitOK, r.code, "%s", r)
 		require.Contains(t, r.stdout, "OWNER")
+		require.Contains(t, r.stdout, "MOVING")
 		for _, v := range views {
 			require.Regexp(t, fmt.Sprintf(`(?m)^%d\s+%s\s+%d\s`, v.Partition, b.instance, v.Epoch), r.stdout)
 		}

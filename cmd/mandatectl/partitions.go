@@ -25,7 +25,16 @@ type partitionView struct {
 	// GroupMember is the host of the consumer-group member Kafka assigned
 	// the partition to right now ("" when unassigned); it should be the
 	// owner. Unknown when the group could not be described.
-	GroupMember     string     `json:"group_member"`
+	GroupMember string `json:"group_member"`
+	// MemberID, InstanceID and MemberEpoch identify that member (KIP-848
+	// groups; InstanceID is set for a static member, --instance-id).
+	MemberID    string `json:"member_id,omitempty"`
+	InstanceID  string `json:"instance_id,omitempty"`
+	MemberEpoch int32  `json:"member_epoch,omitempty"`
+	// Moving is true while the partition is being handed over: Kafka's
+	// target assignment puts it on another member than the one holding it,
+	// or nobody holds it. Only moving partitions pause.
+	Moving          bool       `json:"moving"`
 	ProposalsOffset int64      `json:"proposals_offset"` // the next offset to decide, stored with the epoch
 	ProposalsEnd    int64      `json:"proposals_end"`    // last stable offset (read_committed end)
 	ProposalsLag    int64      `json:"proposals_lag"`
@@ -52,8 +61,13 @@ offsets and the lag between them, the outbox backlog (next_seq-1 minus the
 relay's published sequence) and the oldest unpublished row, in-doubt
 authorizations, parked rows, and when the last batch committed.
 
-A partition whose owner is not its group member, whose lag grows, or whose
-last commit is old while it has lag, is the one to look at.`,
+The group columns (member, instance id, member epoch, moving) come from
+Kafka's description of the group: a partition is MOVING while Kafka's target
+assignment puts it on another member than the one holding it, or nobody holds
+it; with the consumer protocol only those pause.
+
+A partition whose owner is not its group member, that stays MOVING, whose lag
+grows, or whose last commit is old while it has lag, is the one to look at.`,
 		"mandatectl partitions",
 		"mandatectl partitions --json | jq '.[] | select(.proposals_lag > 1000)'")
 	var kc kafkaConn
@@ -99,7 +113,7 @@ last commit is old while it has lag, is the one to look at.`,
 		return exitOK
 	}
 	tw := newTable(a.stdout)
-	fmt.Fprintln(tw, "PARTITION\tOWNER\tEPOCH\tGROUP MEMBER\tPROPOSALS (STORED/END)\tGRANTS (STORED/END)\tLAG\tOUTBOX BACKLOG\tIN DOUBT\tPARKED\tLAST COMMIT")
+	fmt.Fprintln(tw, "PARTITION\tOWNER\tEPOCH\tGROUP MEMBER\tINSTANCE\tMOVING\tPROPOSALS (STORED/END)\tGRANTS (STORED/END)\tLAG\tOUTBOX BACKLOG\tIN DOUBT\tPARKED\tLAST COMMIT")
 	for _, v := range views {
 		owner, epoch, last := "(unclaimed)", "-", "-"
 		if v.Claimed {
@@ -114,8 +128,12 @@ last commit is old while it has lag, is the one to look at.`,
 		if v.InDoubt > 0 {
 			doubt += fmt.Sprintf(" (oldest %s)", fmtAge(time.Duration(v.OldestDoubtSecs*float64(time.Second))))
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d/%d\t%d/%d\t%d\t%s\t%s\t%d\t%s\n", v.Partition, owner, epoch, dash(v.GroupMember),
-			v.ProposalsOffset, v.ProposalsEnd, v.GrantsOffset, v.GrantsEnd, v.ProposalsLag+v.GrantsLag, backlog, doubt, v.Parked, last)
+		moving := "no"
+		if v.Moving {
+			moving = "MOVING"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%d/%d\t%d\t%s\t%s\t%d\t%s\n", v.Partition, owner, epoch, dash(v.GroupMember),
+			dash(v.InstanceID), moving, v.ProposalsOffset, v.ProposalsEnd, v.GrantsOffset, v.GrantsEnd, v.ProposalsLag+v.GrantsLag, backlog, doubt, v.Parked, last)
 	}
 	_ = tw.Flush()
 	return exitOK
@@ -155,30 +173,10 @@ func gatherPartitions(ctx context.Context, opts []kgo.Opt, topics topicNames, gr
 	if err := ends.Error(); err != nil {
 		warnings = append(warnings, fmt.Sprintf("some end offsets could not be listed: %v", err))
 	}
-	members := map[int32]string{}
-	groupKnown := false
-	if groups, err := adm.DescribeGroups(ctx, group); err != nil {
-		warnings = append(warnings, fmt.Sprintf("cannot describe consumer group %q: %v", group, err))
-	} else if g, ok := groups[group]; !ok || g.Err != nil {
-		warnings = append(warnings, fmt.Sprintf("cannot describe consumer group %q: %v", group, g.Err))
-	} else {
-		groupKnown = true
-		for _, m := range g.Members {
-			c, ok := m.Assigned.AsConsumer()
-			if !ok {
-				continue
-			}
-			for _, t := range c.Topics {
-				if t.Topic != topics.proposals {
-					continue
-				}
-				for _, p := range t.Partitions {
-					members[p] = strings.TrimPrefix(m.ClientHost, "/")
-				}
-			}
-		}
+	members, groupKnown, warning := describeAssignment(ctx, adm, group, topics.proposals)
+	if warning != "" {
+		warnings = append(warnings, warning)
 	}
-
 	byPart := map[int32]sink.PartitionRow{}
 	for _, r := range rows {
 		byPart[r.Partition] = r
@@ -205,7 +203,8 @@ func gatherPartitions(ctx context.Context, opts []kgo.Opt, topics topicNames, gr
 		v.ProposalsLag = max(v.ProposalsEnd-v.ProposalsOffset, 0)
 		v.GrantsLag = max(v.GrantsEnd-v.GrantsOffset, 0)
 		if groupKnown {
-			v.GroupMember = members[p]
+			m := members[p]
+			v.GroupMember, v.MemberID, v.InstanceID, v.MemberEpoch, v.Moving = m.host, m.memberID, m.instanceID, m.epoch, m.moving
 		} else {
 			v.GroupMember = "?"
 		}
@@ -216,4 +215,71 @@ func gatherPartitions(ctx context.Context, opts []kgo.Opt, topics topicNames, gr
 	}
 	sort.Slice(views, func(i, j int) bool { return views[i].Partition < views[j].Partition })
 	return views, warnings, nil
+}
+
+// assignee is the group member holding a partition.
+type assignee struct {
+	host, memberID, instanceID string
+	epoch                      int32
+	moving                     bool
+}
+
+// describeAssignment maps each partition of topic to the member holding
+// it. A KIP-848 group is described with ConsumerGroupDescribe (current and
+// target assignments); a classic group with DescribeGroups.
+func describeAssignment(ctx context.Context, adm *kadm.Client, group, topic string) (map[int32]assignee, bool, string) {
+	out := map[int32]assignee{}
+	if groups, err := adm.DescribeConsumerGroups(ctx, group); err == nil {
+		if g, ok := groups[group]; ok && g.Err == nil && len(g.Members) > 0 {
+			target := map[int32]string{}
+			for _, m := range g.Members {
+				for p := range m.TargetAssignment[topic] {
+					target[p] = m.MemberID
+				}
+			}
+			for _, m := range g.Members {
+				for p := range m.Assignment[topic] {
+					a := assignee{host: strings.TrimPrefix(m.ClientHost, "/"), memberID: m.MemberID, epoch: m.MemberEpoch}
+					if m.InstanceID != nil {
+						a.instanceID = *m.InstanceID
+					}
+					a.moving = target[p] != m.MemberID
+					out[p] = a
+				}
+			}
+			for p, id := range target {
+				if _, held := out[p]; !held && id != "" {
+					out[p] = assignee{moving: true}
+				}
+			}
+			return out, true, ""
+		}
+	}
+	groups, err := adm.DescribeGroups(ctx, group)
+	if err != nil {
+		return nil, false, fmt.Sprintf("cannot describe consumer group %q: %v", group, err)
+	}
+	g, ok := groups[group]
+	if !ok || g.Err != nil {
+		return nil, false, fmt.Sprintf("cannot describe consumer group %q: %v", group, g.Err)
+	}
+	for _, m := range g.Members {
+		c, ok := m.Assigned.AsConsumer()
+		if !ok {
+			continue
+		}
+		for _, t := range c.Topics {
+			if t.Topic != topic {
+				continue
+			}
+			for _, p := range t.Partitions {
+				a := assignee{host: strings.TrimPrefix(m.ClientHost, "/"), memberID: m.MemberID}
+				if m.InstanceID != nil {
+					a.instanceID = *m.InstanceID
+				}
+				out[p] = a
+			}
+		}
+	}
+	return out, true, ""
 }

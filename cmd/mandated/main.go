@@ -4,8 +4,10 @@
 //
 // Every flag can also be set by its MANDATED_* environment variable
 // (--database-url is MANDATED_DATABASE_URL). SIGTERM or SIGINT stops
-// fetching, finishes the batches in flight, flushes the relay, leaves the
-// group and exits 0 within --shutdown-timeout; a second signal exits at once.
+// fetching, finishes the batches in flight, drains the relay, leaves the
+// group (so the next owners claim at once; with --instance-id the leave is
+// temporary and a restart gets the same partitions back) and exits 0
+// within --shutdown-timeout; a second signal exits at once.
 package main
 
 import (
@@ -53,6 +55,9 @@ type config struct {
 	deadLetterTopic  string
 	group            string
 	owner            string
+	instanceID       string
+	groupProtocol    string
+	dbHandoff        time.Duration
 	maxBatch         int
 	maxRecordBytes   int
 	sessionTimeout   time.Duration
@@ -85,10 +90,13 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.decisionsTopic, "decisions-topic", processor.DecisionsTopicDefault, "topic of decisions")
 	fs.StringVar(&c.deadLetterTopic, "dead-letter-topic", processor.DeadLetterTopicDefault, "topic of records no mandate can be read from")
 	fs.StringVar(&c.group, "group", processor.GroupDefault, "consumer group id")
-	fs.StringVar(&c.owner, "owner", "", "name of this instance in the partitions table (default <hostname>-<pid>)")
+	fs.StringVar(&c.owner, "owner", "", "name of this instance in the partitions table (default --instance-id, else <hostname>-<pid>)")
+	fs.StringVar(&c.instanceID, "instance-id", "", "static group membership id, unique per instance (in Kubernetes the StatefulSet pod name): a restart within the session timeout moves no partition")
+	fs.StringVar(&c.groupProtocol, "group-protocol", processor.GroupProtocolDefault, "consumer (KIP-848, Kafka 4.0+: incremental, only moved partitions pause) or classic (eager range: every rebalance pauses every partition)")
+	fs.DurationVar(&c.dbHandoff, "db-unreachable-handoff", processor.DBUnreachableHandoffDefault, "leave the group after PostgreSQL has not answered this long (Kafka still does) so that others decide the partitions; rejoin when it answers; negative: never")
 	fs.IntVar(&c.maxBatch, "max-batch", processor.MaxBatchDefault, "most records decided in one transaction")
 	fs.IntVar(&c.maxRecordBytes, "max-record-bytes", wire.MaxRecordBytesDefault, "largest command record decoded")
-	fs.DurationVar(&c.sessionTimeout, "session-timeout", processor.SessionTimeoutDefault, "consumer group session timeout")
+	fs.DurationVar(&c.sessionTimeout, "session-timeout", processor.SessionTimeoutDefault, "consumer group session timeout (classic protocol; with the consumer protocol the broker's group.consumer.session.timeout.ms applies)")
 	fs.DurationVar(&c.rebalanceTimeout, "rebalance-timeout", processor.RebalanceTimeoutDefault, "consumer group rebalance timeout")
 	fs.IntVar(&c.relayMaxRows, "relay-max-rows", outbox.MaxRowsDefault, "most outbox rows in one Kafka transaction")
 	fs.DurationVar(&c.relayIdlePoll, "relay-idle-poll", outbox.IdlePollDefault, "relay poll interval when no commit woke it")
@@ -130,6 +138,7 @@ func (c *config) serviceConfig(log zerolog.Logger, reg prometheus.Registerer) (p
 		Sink: sink.Config{DatabaseURL: dbURL, MaxConns: int32(c.dbMaxConns), LockTimeout: c.lockTimeout,
 			IdleInTxTimeout: c.idleInTxTimeout, TakeoverGrace: c.takeoverGrace, Retention: c.retention},
 		Processor: processor.Config{Brokers: brokers, KafkaOpts: kopts, ClientHooks: hooks, Group: c.group, Owner: c.owner,
+			InstanceID: c.instanceID, GroupProtocol: c.groupProtocol, DBUnreachableHandoff: c.dbHandoff,
 			ProposalsTopic: c.proposalsTopic, GrantsTopic: c.grantsTopic, DecisionsTopic: c.decisionsTopic,
 			DeadLetterTopic: c.deadLetterTopic, MaxBatch: c.maxBatch, MaxRecordBytes: c.maxRecordBytes,
 			SessionTimeout: c.sessionTimeout, RebalanceTimeout: c.rebalanceTimeout, GrantorKeyRefresh: c.grantorKeyTTL},

@@ -230,7 +230,8 @@ func TestTheDeploymentRuns(t *testing.T) {
 	for k, v := range s.connection() {
 		k8sEnv[k] = v
 	}
-	k8sEnv["MANDATED_OWNER"] = "mandated-7d9f8c6b5-x2x7q" // the Downward API's pod name
+	k8sEnv["MANDATED_OWNER"] = "mandated-0" // the Downward API's pod name
+	k8sEnv["MANDATED_INSTANCE_ID"] = "mandated-0"
 	var replica string
 	for name := range mandatedServices(t, compose) {
 		if replica == "" || name < replica {
@@ -260,8 +261,8 @@ func TestTheDeploymentRuns(t *testing.T) {
 	require.NoError(t, err, "mandatectl grant:\n%s", out)
 	require.Contains(t, string(out), `"outcome":"granted"`)
 
-	t.Run("the Deployment's probes answer on the daemon's routes", func(t *testing.T) {
-		c := dig(one(t, objs, "Deployment"), "spec", "template", "spec", "containers", 0)
+	t.Run("the StatefulSet's probes answer on the daemon's routes", func(t *testing.T) {
+		c := dig(one(t, objs, "StatefulSet"), "spec", "template", "spec", "containers", 0)
 		for _, probe := range []string{"startupProbe", "livenessProbe", "readinessProbe"} {
 			path := str(dig(c, probe, "httpGet", "path"))
 			require.NotEmpty(t, path, probe)
@@ -319,7 +320,7 @@ func TestTheDeploymentRuns(t *testing.T) {
 	})
 
 	t.Run("SIGTERM stops each within its grace period, exiting 0", func(t *testing.T) {
-		pod := dig(one(t, objs, "Deployment"), "spec", "template", "spec")
+		pod := dig(one(t, objs, "StatefulSet"), "spec", "template", "spec")
 		grace := time.Duration(dig(pod, "terminationGracePeriodSeconds").(int)) * time.Second
 		took := stopDaemon(t, k8s, grace)
 		t.Logf("the Kubernetes-configured daemon stopped in %s (grace %s)", took, grace)

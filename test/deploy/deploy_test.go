@@ -317,7 +317,7 @@ func TestEveryManifestParses(t *testing.T) {
 	sort.Strings(seen)
 	for _, want := range []string{
 		"deploy/compose/docker-compose.yaml", "deploy/grafana/mandated.json",
-		"deploy/kubernetes/deployment.yaml", "deploy/kubernetes/configmap.yaml", "deploy/kubernetes/secret.yaml",
+		"deploy/kubernetes/statefulset.yaml", "deploy/kubernetes/configmap.yaml", "deploy/kubernetes/secret.yaml",
 		"deploy/kubernetes/pdb.yaml", "deploy/kubernetes/service.yaml", "deploy/kubernetes/migrate-job.yaml",
 		"deploy/kubernetes/verify-cronjob.yaml", "deploy/prometheus/alerts.yaml", "deploy/prometheus/prometheus.yaml",
 	} {
@@ -370,10 +370,10 @@ func TestEveryEnvironmentVariableIsADaemonFlag(t *testing.T) {
 		}
 	})
 
-	t.Run("the Deployment and the Job read the ConfigMap and the Secret, and set only flags", func(t *testing.T) {
+	t.Run("the StatefulSet and the Job read the ConfigMap and the Secret, and set only flags", func(t *testing.T) {
 		cmName := str(dig(one(t, objs, "ConfigMap"), "metadata", "name"))
 		secretName := str(dig(one(t, objs, "Secret"), "metadata", "name"))
-		for _, kind := range []string{"Deployment", "Job"} {
+		for _, kind := range []string{"StatefulSet", "Job"} {
 			c := dig(one(t, objs, kind), "spec", "template", "spec", "containers", 0)
 			require.NotNil(t, c, kind)
 			require.Equal(t, cmName, str(dig(c, "envFrom", 0, "configMapRef", "name")), kind)
@@ -426,7 +426,7 @@ func TestKubernetesManifests(t *testing.T) {
 	flags := mandatedFlags(t)
 	objs := k8sObjects(t)
 	cm := stringMap(t, one(t, objs, "ConfigMap")["data"], "ConfigMap data")
-	dep := one(t, objs, "Deployment")
+	dep := one(t, objs, "StatefulSet")
 	pod := dig(dep, "spec", "template", "spec")
 	c := dig(pod, "containers", 0)
 
@@ -434,7 +434,7 @@ func TestKubernetesManifests(t *testing.T) {
 	port := portOf(t, httpAddr)
 	shutdown := parseDuration(t, cmp(cm["MANDATED_SHUTDOWN_TIMEOUT"], flags["shutdown-timeout"].Default))
 
-	t.Run("the Deployment runs three replicas, none of them namespaced", func(t *testing.T) {
+	t.Run("the StatefulSet runs three replicas, none of them namespaced", func(t *testing.T) {
 		require.Equal(t, 3, dig(dep, "spec", "replicas"))
 		for kind, list := range objs {
 			for _, o := range list {
@@ -480,18 +480,19 @@ func TestKubernetesManifests(t *testing.T) {
 		require.Greater(t, grace, shutdown, "terminationGracePeriodSeconds must exceed MANDATED_SHUTDOWN_TIMEOUT")
 	})
 
-	t.Run("the owner is the pod's name", func(t *testing.T) {
+	t.Run("the owner and the static membership instance id are the pod's name", func(t *testing.T) {
 		env, _ := dig(c, "env").([]any)
-		found := false
+		found := map[string]bool{}
 		for _, e := range env {
-			if str(dig(e, "name")) == "MANDATED_OWNER" {
-				found = str(dig(e, "valueFrom", "fieldRef", "fieldPath")) == "metadata.name"
-			}
+			found[str(dig(e, "name"))] = str(dig(e, "valueFrom", "fieldRef", "fieldPath")) == "metadata.name"
 		}
-		require.True(t, found)
+		require.True(t, found["MANDATED_OWNER"])
+		require.True(t, found["MANDATED_INSTANCE_ID"], "a restarted pod rejoins as the same static member and moves nothing")
+		require.Equal(t, "consumer", cm["MANDATED_GROUP_PROTOCOL"], "the incremental KIP-848 protocol")
+		require.Equal(t, str(dig(one(t, objs, "Service"), "metadata", "name")), str(dig(dep, "spec", "serviceName")))
 	})
 
-	t.Run("the PodDisruptionBudget keeps two of the Deployment's pods", func(t *testing.T) {
+	t.Run("the PodDisruptionBudget keeps two of the StatefulSet's pods", func(t *testing.T) {
 		pdb := one(t, objs, "PodDisruptionBudget")
 		require.Equal(t, 2, dig(pdb, "spec", "minAvailable"))
 		require.Equal(t, dig(dep, "spec", "selector", "matchLabels"), dig(pdb, "spec", "selector", "matchLabels"))
@@ -536,7 +537,7 @@ func TestKubernetesManifests(t *testing.T) {
 		}
 		out, err := exec.Command(kubectl, "kustomize", deployPath(t, "kubernetes")).CombinedOutput()
 		require.NoError(t, err, "%s", out)
-		for _, kind := range []string{"ConfigMap", "Secret", "Deployment", "PodDisruptionBudget", "Service", "Job", "CronJob"} {
+		for _, kind := range []string{"ConfigMap", "Secret", "StatefulSet", "PodDisruptionBudget", "Service", "Job", "CronJob"} {
 			require.Contains(t, string(out), "kind: "+kind)
 		}
 		require.Contains(t, string(out), "image: registry.example.com/mandated:0.1.0")

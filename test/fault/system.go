@@ -57,7 +57,7 @@ type System struct {
 	Events         *Events
 	Provider       *Provider
 	Workload       *Workload
-	SessionTimeout time.Duration
+	SessionTimeout time.Duration // the group's, as the broker applies it
 	MaxProcessors  int
 	ProcessEnv     []string
 	ledger         string
@@ -101,7 +101,10 @@ func Run(t *testing.T, o Options) *Result {
 	ctx := context.Background()
 	start := time.Now()
 
-	s := &System{Events: newEvents(), SessionTimeout: 6 * time.Second, MaxProcessors: o.MaxProcessors, ProcessEnv: o.ProcessEnv}
+	// The processors use the KIP-848 consumer protocol, whose session
+	// timeout is the broker's group.consumer.session.timeout.ms (10 s in
+	// test/infra/common.sh): a pause must outlast it for partitions to move.
+	s := &System{Events: newEvents(), SessionTimeout: 10 * time.Second, MaxProcessors: o.MaxProcessors, ProcessEnv: o.ProcessEnv}
 	rf := int16(1)
 	minISR := 0
 	switch o.Nodes {

@@ -1,0 +1,103 @@
+package processor
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// handoffLoop hands this processor's partitions over while it cannot serve
+// them. A member that reaches Kafka but not PostgreSQL keeps heartbeating,
+// so the group would leave its partitions with it for as long as the cut
+// lasts; after DBUnreachableHandoff it leaves the group instead (for good,
+// even as a static member), so the others claim them, and it rejoins once
+// PostgreSQL answers again.
+func (p *Processor) handoffLoop(ctx context.Context) {
+	bound := p.cfg.DBUnreachableHandoff
+	if bound < 0 {
+		return
+	}
+	every := min(max(bound/10, 100*time.Millisecond), time.Second)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	probe := &dbProbe{cfg: p.sink.Pool().Config().ConnConfig}
+	defer probe.close()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, max(every, 500*time.Millisecond))
+		err := probe.ping(pctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		now := time.Now()
+		p.mu.Lock()
+		if err == nil {
+			p.unreachableSince = time.Time{}
+		} else if p.unreachableSince.IsZero() {
+			p.unreachableSince = now
+		}
+		since, handedOff := p.unreachableSince, p.handedOff
+		p.mu.Unlock()
+		switch {
+		case err != nil && !handedOff && now.Sub(since) >= bound:
+			p.log.Warn().Err(err).Dur("unreachable_for", now.Sub(since)).Ints32("partitions", p.ownedPartitions()).
+				Msg("PostgreSQL does not answer: leaving the group so that the others decide these partitions")
+			p.mu.Lock()
+			p.handedOff = true
+			p.mu.Unlock()
+			p.metrics.Rebalance.Handoffs.Inc()
+			p.metrics.Rebalance.HandedOff.Set(1)
+			// The batches in flight cannot commit; abort them at once.
+			p.leave(ctx, 100*time.Millisecond, "db_unreachable", true)
+		case err == nil && handedOff:
+			p.log.Info().Msg("PostgreSQL answers again: rejoining the group")
+			if jerr := p.join(ctx); jerr != nil {
+				p.log.Error().Err(jerr).Msg("cannot rejoin the group; retrying")
+				continue
+			}
+			p.mu.Lock()
+			p.handedOff = false
+			p.mu.Unlock()
+			p.metrics.Rebalance.HandedOff.Set(0)
+		}
+	}
+}
+
+// dbProbe pings PostgreSQL on a connection of its own: a pool busy with
+// batches (every connection taken) must not look like an unreachable
+// database and hand partitions over.
+type dbProbe struct {
+	cfg  *pgx.ConnConfig
+	conn *pgx.Conn
+}
+
+func (d *dbProbe) ping(ctx context.Context) error {
+	if d.conn == nil {
+		c, err := pgx.ConnectConfig(ctx, d.cfg.Copy())
+		if err != nil {
+			return err
+		}
+		d.conn = c
+	}
+	if err := d.conn.Ping(ctx); err != nil {
+		d.close()
+		return err
+	}
+	return nil
+}
+
+func (d *dbProbe) close() {
+	if d.conn == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_ = d.conn.Close(ctx)
+	d.conn = nil
+}
