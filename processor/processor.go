@@ -21,7 +21,7 @@ import (
 // Processor is mandated's single-writer stream processor.
 type Processor struct {
 	cfg     Config
-	sink    *sink.Sink
+	shards  *sink.Shards
 	log     zerolog.Logger
 	metrics *Metrics
 	keys    *keyring
@@ -48,6 +48,12 @@ type Processor struct {
 // New validates the configuration and returns a processor that is not yet
 // consuming.
 func New(cfg Config, s *sink.Sink, log zerolog.Logger, m *Metrics) (*Processor, error) {
+	return NewSharded(cfg, sink.One(s), log, m)
+}
+
+// NewSharded is New over several databases: each partition is decided in
+// its shard's.
+func NewSharded(cfg Config, shards *sink.Shards, log zerolog.Logger, m *Metrics) (*Processor, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -55,10 +61,10 @@ func New(cfg Config, s *sink.Sink, log zerolog.Logger, m *Metrics) (*Processor, 
 	if m == nil {
 		m = NewMetrics(nil)
 	}
-	p := &Processor{cfg: cfg, sink: s, log: log.With().Str("component", "processor").Logger(), metrics: m,
+	p := &Processor{cfg: cfg, shards: shards, log: log.With().Str("component", "processor").Logger(), metrics: m,
 		workers: map[int32]*worker{}}
 	p.keys = &keyring{refresh: cfg.GrantorKeyRefresh, load: func(ctx context.Context) (*sink.Keyring, error) {
-		return p.sink.LoadKeyring(ctx)
+		return p.shards.Control().LoadKeyring(ctx)
 	}}
 	return p, nil
 }
@@ -77,7 +83,7 @@ func (p *Processor) Start(ctx context.Context) error {
 		return err
 	}
 	p.partitions = n
-	if err := p.sink.EnsurePartitionCount(ctx, n); err != nil {
+	if err := p.shards.EnsurePartitionCount(ctx, n); err != nil {
 		return err
 	}
 	p.metrics.Rebalance.PartitionsAll.Set(float64(n))
@@ -226,7 +232,7 @@ func (p *Processor) Ready(ctx context.Context) error {
 	case len(fenced) > 0:
 		return fmt.Errorf("fenced on partitions %v, not re-claimed yet: %w", fenced, errors.Join(causes...))
 	}
-	if err := p.sink.Ping(ctx); err != nil {
+	if err := p.shards.Ping(ctx); err != nil {
 		return fmt.Errorf("postgres: %w", err)
 	}
 	if err := client.Ping(ctx); err != nil {
@@ -269,7 +275,7 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 	for n := range nums {
 		g.Go(func() error {
 			start := time.Now()
-			c, err := p.sink.Claim(gctx, n, p.cfg.Owner)
+			c, err := p.shards.For(n).Claim(gctx, n, p.cfg.Owner)
 			if err != nil {
 				return err
 			}
@@ -491,12 +497,9 @@ func (p *Processor) statsLoop(ctx context.Context) {
 			p.metrics.InDoubtOldest.Set(0)
 			continue
 		}
-		n, oldest, err := p.sink.InDoubtStats(ctx, owned, p.cfg.Test.Clock.Now())
-		if err != nil {
-			if ctx.Err() == nil {
-				p.log.Warn().Err(err).Msg("cannot read in-doubt statistics")
-			}
-			continue
+		n, oldest, err := p.shards.InDoubtStats(ctx, owned, p.cfg.Test.Clock.Now())
+		if err != nil && ctx.Err() == nil {
+			p.log.Warn().Err(err).Msg("cannot read in-doubt statistics")
 		}
 		p.metrics.InDoubt.Set(float64(n))
 		p.metrics.InDoubtOldest.Set(oldest.Seconds())
@@ -506,7 +509,7 @@ func (p *Processor) statsLoop(ctx context.Context) {
 // refreshReplaySettings rereads the orgs' possible-replay settings, so a
 // change made with mandatectl org-settings applies within StatsInterval.
 func (p *Processor) refreshReplaySettings(ctx context.Context) {
-	if err := p.sink.RefreshReplay(ctx); err != nil && ctx.Err() == nil {
+	if err := p.shards.Control().RefreshReplay(ctx); err != nil && ctx.Err() == nil {
 		p.log.Warn().Err(err).Msg("cannot reread the orgs' replay settings; keeping the last ones")
 	}
 }

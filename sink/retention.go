@@ -18,6 +18,7 @@ var ErrRetentionTooShort = errors.New("sink: idempotency retention too short")
 
 // RefreshRetention reloads the per-org idempotency retention overrides.
 func (s *Sink) RefreshRetention(ctx context.Context) error {
+	s = s.settings()
 	rows, err := s.pool.Query(ctx, `SELECT org, extract(epoch FROM idempotency_retention)::float8 FROM org_settings WHERE idempotency_retention IS NOT NULL`)
 	if err != nil {
 		return fmt.Errorf("sink: read org_settings: %w", interpretError(err))
@@ -40,6 +41,7 @@ func (s *Sink) RefreshRetention(ctx context.Context) error {
 
 // Retention returns how long an org's idempotency keys are kept.
 func (s *Sink) Retention(org string) time.Duration {
+	s = s.settings()
 	s.mu.RLock()
 	d, ok := s.retention[org]
 	s.mu.RUnlock()
