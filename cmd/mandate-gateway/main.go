@@ -72,27 +72,10 @@ func (c *config) register(fs *flag.FlagSet) {
 func main() { os.Exit(run(os.Args[1:])) }
 
 func run(args []string) int {
-	fs := flag.NewFlagSet("mandate-gateway", flag.ContinueOnError)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: mandate-gateway [flags]\n\nServes mandated's HTTP API. Every flag can be set by MANDATED_<FLAG> (dashes become underscores).\n\n")
-		fs.PrintDefaults()
-	}
 	var c config
-	c.register(fs)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if err := cli.ApplyEnv(fs); err != nil {
-		fmt.Fprintln(os.Stderr, "mandate-gateway:", err)
-		return 2
-	}
-	log, err := cli.Logger(c.logFormat, c.logLevel, os.Stderr)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "mandate-gateway:", err)
-		return 2
+	log, code, ok := cli.Daemon("mandate-gateway", "Serves mandated's HTTP API.", args, c.register, &c.logFormat, &c.logLevel)
+	if !ok {
+		return code
 	}
 	gcfg := gateway.Config{DefaultWait: c.defaultWait, MaxWait: c.maxWait, MaxBodyBytes: c.maxBodyBytes,
 		MaxInFlightPerOrg: c.maxInFlight, Logger: &log}

@@ -7,6 +7,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/mandated/mandated/outbox"
 )
 
 // partitionBounds returns a partition's log start offset and last stable
@@ -38,57 +40,10 @@ func partitionBounds(ctx context.Context, opts []kgo.Opt, topic string, p int32)
 }
 
 // scanRange reads offsets [from, to) of one partition with read_committed
-// and calls fn for every committed data record. It keeps control records
-// to know when it has reached to: with transactional writers the record
-// just below the last stable offset is usually a commit marker.
-// progress, when not nil, is called after each fetch with the offsets read.
+// and calls fn for every committed data record (outbox.ScanRange).
 func scanRange(ctx context.Context, opts []kgo.Opt, topic string, p int32, from, to int64,
 	fn func(*kgo.Record), progress func(read int64)) error {
-	if from >= to {
-		return nil
-	}
-	cl, err := kgo.NewClient(append(append([]kgo.Opt{}, opts...),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {p: kgo.NewOffset().At(from)}}),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.KeepControlRecords(),
-		kgo.FetchMaxWait(200*time.Millisecond),
-	)...)
-	if err != nil {
-		return fmt.Errorf("kafka client: %w", err)
-	}
-	defer cl.Close()
-	for {
-		fetches := cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		var ferr error
-		fetches.EachError(func(t string, p int32, err error) { ferr = fmt.Errorf("fetch %s/%d: %w", t, p, err) })
-		if ferr != nil {
-			return ferr
-		}
-		done := false
-		last := int64(-1)
-		fetches.EachRecord(func(r *kgo.Record) {
-			if done || r.Offset >= to {
-				done = true
-				return
-			}
-			last = r.Offset
-			if r.Offset >= to-1 {
-				done = true
-			}
-			if !r.Attrs.IsControl() {
-				fn(r)
-			}
-		})
-		if progress != nil && last >= 0 {
-			progress(last - from + 1)
-		}
-		if done {
-			return nil
-		}
-	}
+	return outbox.ScanRange(ctx, opts, topic, p, from, to, func(r *kgo.Record) error { fn(r); return nil }, progress)
 }
 
 // progressReporter prints a scan's progress to w at most once a second,

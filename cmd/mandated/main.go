@@ -181,27 +181,10 @@ func main() {
 }
 
 func run(args []string) int {
-	fs := flag.NewFlagSet("mandated", flag.ContinueOnError)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: mandated [flags]\n\nRuns the mandated processor and relay. Every flag can be set by MANDATED_<FLAG> (dashes become underscores).\n\n")
-		fs.PrintDefaults()
-	}
 	var c config
-	c.register(fs)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if err := cli.ApplyEnv(fs); err != nil {
-		fmt.Fprintln(os.Stderr, "mandated:", err)
-		return 2
-	}
-	log, err := cli.Logger(c.logFormat, c.logLevel, os.Stderr)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "mandated:", err)
-		return 2
+	log, code, ok := cli.Daemon("mandated", "Runs the mandated processor and relay.", args, c.register, &c.logFormat, &c.logLevel)
+	if !ok {
+		return code
 	}
 	if c.failpoints == "" {
 		c.failpoints = os.Getenv(failpoint.EnvVar)

@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/processor/wire"
 )
 
@@ -115,47 +115,13 @@ func (t *topicReader) readToEnd(ctx context.Context, fn func(*kgo.Record) error)
 	if t.next >= to {
 		return nil
 	}
-	cl, err := kgo.NewClient(append(append([]kgo.Opt{}, t.opts...),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{t.topic: {t.p: kgo.NewOffset().At(t.next)}}),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.KeepControlRecords(),
-		kgo.FetchMaxWait(200*time.Millisecond),
-	)...)
+	err = outbox.ScanRange(ctx, t.opts, t.topic, t.p, t.next, to, func(r *kgo.Record) error {
+		t.next = r.Offset + 1
+		return fn(r)
+	}, nil)
 	if err != nil {
-		return fmt.Errorf("kafka client: %w", err)
+		return err
 	}
-	defer cl.Close()
-	for {
-		fetches := cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		var ferr error
-		fetches.EachError(func(tp string, p int32, err error) { ferr = fmt.Errorf("fetch %s/%d: %w", tp, p, err) })
-		if ferr != nil {
-			return ferr
-		}
-		done := false
-		var fnErr error
-		fetches.EachRecord(func(r *kgo.Record) {
-			if done || fnErr != nil || r.Offset >= to {
-				done = true
-				return
-			}
-			t.next = r.Offset + 1
-			if r.Offset >= to-1 {
-				done = true
-			}
-			if !r.Attrs.IsControl() {
-				fnErr = fn(r)
-			}
-		})
-		if fnErr != nil {
-			return fnErr
-		}
-		if done {
-			t.next = to
-			return nil
-		}
-	}
+	t.next = to
+	return nil
 }

@@ -351,9 +351,15 @@ func TestTheChainContinuesThroughRebalancesAndTakeovers(t *testing.T) {
 	for _, r := range b.h.Decisions.Records() {
 		epochs[r.Partition][r.Decision.Epoch] = true
 	}
+	// Incremental assignment moves only what must move: each partition
+	// changed hands at least once (p1 when b joined, p0 when a left), and
+	// one of them again when c joined.
+	total := 0
 	for p, es := range epochs {
-		require.GreaterOrEqual(t, len(es), 3, "partition %d changed hands while deciding: epochs %v", p, es)
+		require.GreaterOrEqual(t, len(es), 2, "partition %d changed hands while deciding: epochs %v", p, es)
+		total += len(es)
 	}
+	require.GreaterOrEqual(t, total, 5, "a partition changed hands twice: epochs %v", epochs)
 }
 
 // mandateOn returns a mandate id with the prefix whose key is at home on

@@ -4,10 +4,13 @@
 package cli
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"strings"
+
+	"github.com/rs/zerolog"
 )
 
 // EnvName is the environment variable a flag reads: --kafka-sasl-user is
@@ -57,4 +60,34 @@ func List(s string) []string {
 		}
 	}
 	return out
+}
+
+// Daemon parses a daemon's command line: the flags registered on a new
+// flag set named name, then their MANDATED_* variables, then the logger
+// from the flags logFormat and logLevel point at once parsed. When it
+// returns ok false the daemon exits with code (0 for --help, 2 otherwise;
+// the reason is already printed).
+func Daemon(name, summary string, args []string, register func(*flag.FlagSet), logFormat, logLevel *string) (log zerolog.Logger, code int, ok bool) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: %s [flags]\n\n%s Every flag can be set by MANDATED_<FLAG> (dashes become underscores).\n\n", name, summary)
+		fs.PrintDefaults()
+	}
+	register(fs)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return log, 0, false
+		}
+		return log, 2, false
+	}
+	if err := ApplyEnv(fs); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		return log, 2, false
+	}
+	log, err := Logger(*logFormat, *logLevel, os.Stderr)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		return log, 2, false
+	}
+	return log, 0, true
 }
