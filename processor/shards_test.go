@@ -116,3 +116,83 @@ func TestTwoShardsDecideTheirOwnPartitionsAndAShardDownStallsOnlyItsOwn(t *testi
 	}
 	require.Len(t, answers, 4*2+len(waiting)+2*rounds, "every command is answered")
 }
+
+// TestAMemberTakingOverPartitionsOfADownShardDecidesTheOtherShardsAtOnce:
+// two members share six partitions (shard a: 0-1, shard b: 2-5); shard b's
+// server is killed and the member holding partitions 0-2 leaves. The one
+// that stays takes over 0 and 1 (shard a) and decides them at once; its
+// claim of 2 waits for shard b, paused, and once shard b is back every
+// proposal of its partitions is decided exactly once.
+func TestAMemberTakingOverPartitionsOfADownShardDecidesTheOtherShardsAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	urlA := testenv.Database(t)
+	pgB := testenv.PrivatePostgres(t)
+	urlB, err := pgB.Database(ctx, "mandated")
+	require.NoError(t, err)
+	m, err := sink.ParseShardMap(fmt.Appendf(nil, `{shards: [{name: a, partitions: 0-1, url: %q}, {name: b, partitions: 2-5, url: %q}]}`, urlA, urlB))
+	require.NoError(t, err)
+	h := harness.New(t, harness.Options{Partitions: 6, Configure: func(c *processor.ServiceConfig) {
+		c.Shards = m
+		c.Processor.DBUnreachableHandoff = -1
+	}})
+	static := func(id string) func(*processor.ServiceConfig) {
+		return func(c *processor.ServiceConfig) { c.Processor.InstanceID = id }
+	}
+	// Static members are ordered by instance id: "a-first" is dealt 0-2.
+	stays := h.Start("z-stays", static("z-stays"))
+	leaves := h.Start("a-first", static("a-first"))
+	testWaitFor(t, func() bool {
+		o := leaves.Service.Processor.Owned()
+		return len(o) == 3 && o[0] > 0 && o[2] > 0 && len(stays.Service.Processor.Owned()) == 3
+	}, "a-first holds partitions 0-2, z-stays 3-5")
+
+	mandates := map[int32]string{}
+	for i := 0; len(mandates) < 6; i++ {
+		id := fmt.Sprintf("m-%d", i)
+		if p := partitioner.ForKey([]byte("acme/"+id), 6); mandates[p] == "" {
+			mandates[p] = id
+		}
+	}
+	for p := range int32(6) {
+		require.Equal(t, wire.OutcomeGranted, h.SendAwait(grant("acme", mandates[p], 1000, nil)).Outcome)
+	}
+
+	require.NoError(t, pgB.Do(ctx, "stop-immediate"))
+	var waiting []harness.Sent
+	for p := int32(2); p < 6; p++ {
+		waiting = append(waiting, h.Send(propose("acme", mandates[p], fmt.Sprintf("down-%d", p), 100, nil)))
+	}
+	// Its batch on partition 2 cannot commit: a short stop aborts it.
+	stopCtx, cancel := context.WithTimeout(ctx, 4*time.Second)
+	_ = leaves.Service.Stop(stopCtx)
+	cancel()
+	testWaitFor(t, func() bool {
+		o := stays.Service.Processor.Owned()
+		_, has0 := o[0]
+		_, has1 := o[1]
+		return has0 && has1
+	}, "z-stays claims partitions 0 and 1 although partition 2's shard does not answer")
+	for _, p := range []int32{0, 1} {
+		d := h.SendAwait(propose("acme", mandates[p], fmt.Sprintf("up-%d", p), 100, nil))
+		require.Equal(t, wire.OutcomeReserved, d.Outcome, "shard a's partitions are decided at once: %+v", d)
+	}
+	err = stays.Service.Processor.Ready(ctx)
+	require.ErrorContains(t, err, "shard b (partitions 2-5)")
+
+	require.NoError(t, pgB.Do(ctx, "start"))
+	for _, s := range waiting {
+		require.Equal(t, wire.OutcomeReserved, h.Await(s).Outcome, "nothing is lost while shard b was down")
+	}
+	testWaitFor(t, func() bool { return len(stays.Service.Processor.Owned()) == 6 }, "z-stays claims partition 2 once shard b answers")
+	answers := map[wire.Source]int{}
+	for _, d := range h.Decisions.All() {
+		if d.Source != nil {
+			answers[*d.Source]++
+		}
+	}
+	for src, n := range answers {
+		require.Equal(t, 1, n, "%+v is answered exactly once", src)
+	}
+	require.Len(t, answers, 6+len(waiting)+2)
+}
