@@ -224,7 +224,9 @@ func run(args []string) int {
 		_ = srv.Close()
 		return 0
 	}
-	reg.MustRegister(sink.NewPoolCollector(svc.Sink))
+	for _, s := range svc.Shards.All() {
+		reg.MustRegister(sink.NewPoolCollector(s))
+	}
 	ready := svc.Metrics.Ready
 	stopReady := make(chan struct{})
 	go watchReady(svc, ready, stopReady)
