@@ -77,7 +77,7 @@ func (s *Sink) ensureLayout(ctx context.Context, n int32) error {
 			}
 			if settings {
 				return fmt.Errorf("sink: shard %s holds org settings but the shard map makes another shard the control shard; "+
-					"copy them there first (README, \"Scaling out\")", sh.Name)
+					"copy them there first (README, \"Scaling out PostgreSQL\")", sh.Name)
 			}
 		}
 		sameLast := (stored.last == nil) == (last == nil) && (last == nil || *stored.last == *last)
@@ -95,7 +95,7 @@ func (s *Sink) ensureLayout(ctx context.Context, n int32) error {
 		}
 		if len(foreign) > 0 {
 			return fmt.Errorf("sink: the shard map gives shard %s partitions %s but this database holds the rows of partitions %v; "+
-				"a partition moves between shards only with its rows (mandatectl shards move)", sh.Name, sh.Range(), foreign)
+				"a partition may only move between shards with its rows, which mandated does not do yet (README, \"Scaling out PostgreSQL\")", sh.Name, sh.Range(), foreign)
 		}
 		if _, err := tx.Exec(ctx, `UPDATE mandated_meta SET shard = $1, first_partition = $2, last_partition = $3, control = $4`,
 			sh.Name, sh.first, last, control); err != nil {

@@ -12,8 +12,8 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// ShardMap maps partitions to PostgreSQL databases (README, "Scaling
-// out"). Every shard holds the whole schema but only its partitions' rows:
+// ShardMap maps partitions to PostgreSQL databases (README, "Scaling out
+// PostgreSQL: the shard map"). Every shard holds the whole schema but only its partitions' rows:
 // claims, fence, mandates, authorizations, idempotency keys, intents,
 // outbox and relay bookkeeping. One shard is the control shard: the org
 // settings (retention, replay window, grantor keys, grant signing, gateway

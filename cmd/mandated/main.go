@@ -81,7 +81,7 @@ func (c *config) register(fs *flag.FlagSet) {
 	c.kafka.Register(fs)
 	fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL URL, e.g. postgres://mandated@db:5432/mandated?sslmode=verify-full&sslrootcert=/etc/ca.pem (required)")
 	fs.StringVar(&c.databaseURLFile, "database-url-file", "", "file holding the PostgreSQL URL (a mounted secret); wins over --database-url")
-	fs.StringVar(&c.shardMap, "shard-map", "", "YAML file mapping partition ranges to PostgreSQL databases (README, \"Scaling out\"); replaces --database-url")
+	fs.StringVar(&c.shardMap, "shard-map", "", "YAML file mapping partition ranges to PostgreSQL databases (README, \"Scaling out PostgreSQL\"); replaces --database-url")
 	fs.IntVar(&c.dbMaxConns, "db-max-conns", int(sink.MaxConnsDefault), "PostgreSQL connection pool size")
 	fs.DurationVar(&c.lockTimeout, "db-lock-timeout", sink.LockTimeoutDefault, "how long a batch waits for its partition row")
 	fs.DurationVar(&c.idleInTxTimeout, "db-idle-in-transaction-timeout", sink.IdleInTxTimeoutDefault, "PostgreSQL ends a session idle inside a transaction after this (a paused owner)")
