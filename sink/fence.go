@@ -38,6 +38,16 @@ func (s *Sink) EnsurePartitionCount(ctx context.Context, n int32) error {
 // may not stop being the control shard; a database named as another shard
 // is refused, so two map entries never point at one database.
 func (s *Sink) ensureLayout(ctx context.Context, n int32) error {
+	s.setupMu.Lock()
+	defer s.setupMu.Unlock()
+	if s.lateSetup {
+		s.count = n // checked by the first claim, once the shard answers
+		return nil
+	}
+	return s.recordLayout(ctx, n)
+}
+
+func (s *Sink) recordLayout(ctx context.Context, n int32) error {
 	sh := s.shard
 	var last *int32
 	if sh.last != maxPartition {
@@ -114,6 +124,9 @@ func (s *Sink) ensureLayout(ctx context.Context, n int32) error {
 func (s *Sink) Claim(ctx context.Context, partition int32, owner string) (Claim, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.ClaimTimeout)
 	defer cancel()
+	if err := s.setUpLate(ctx); err != nil {
+		return Claim{}, fmt.Errorf("sink: claim partition %d: set up shard %s: %w", partition, s.shard.Name, err)
+	}
 	start := time.Now()
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {

@@ -29,6 +29,13 @@ type Sink struct {
 
 	shard   Shard // which partitions this database owns
 	control *Sink // where the org settings are read; nil: here (the control shard)
+
+	// A shard other than the control shard that did not answer at start is
+	// set up (migrations, layout check) by its first claim: lateSetup says
+	// that is still to do, count is the partition count to record then.
+	setupMu   sync.Mutex
+	lateSetup bool
+	count     int32
 }
 
 // Open connects, applies migrations and loads the per-org retention table.
@@ -66,6 +73,14 @@ func open(ctx context.Context, cfg Config, shard Shard, control *Sink, log zerol
 	}
 	s := &Sink{cfg: cfg, pool: pool, log: log, retention: map[string]time.Duration{}, shard: shard, control: control}
 	if err := s.migrate(ctx); err != nil {
+		if control != nil && pool.Ping(ctx) != nil {
+			// Another shard's outage must not keep this process from
+			// deciding the partitions of the shards that answer.
+			log.Error().Err(err).Str("partitions", shard.Range()).
+				Msg("shard does not answer at start: its partitions wait until it does; the others start now")
+			s.lateSetup = true
+			return s, nil
+		}
 		pool.Close()
 		return nil, err
 	}
@@ -97,6 +112,27 @@ func (s *Sink) migrate(ctx context.Context) error {
 	if len(applied) > 0 {
 		s.log.Info().Ints("versions", applied).Msg("schema migrations applied")
 	}
+	return nil
+}
+
+// setUpLate migrates a shard that did not answer at start and checks its
+// layout; a claim calls it before anything else touches the shard.
+func (s *Sink) setUpLate(ctx context.Context) error {
+	s.setupMu.Lock()
+	defer s.setupMu.Unlock()
+	if !s.lateSetup {
+		return nil
+	}
+	if err := s.migrate(ctx); err != nil {
+		return err
+	}
+	if s.count > 0 {
+		if err := s.recordLayout(ctx, s.count); err != nil {
+			return err
+		}
+	}
+	s.lateSetup = false
+	s.log.Info().Str("partitions", s.shard.Range()).Msg("shard answers: schema and layout checked")
 	return nil
 }
 
