@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os/exec"
 	"strings"
 	"testing"
@@ -91,8 +93,32 @@ shards:
 
 	out, code = ctl("org-settings", "set", "acme", "--replay-window", "10m", "--replay-policy", "deny")
 	require.Equal(t, 0, code, out)
-	out, code = ctl("tokens", "create", "acme", "--name", "shards")
+	out, code = ctl("tokens", "create", "acme", "--name", "shards", "--json")
 	require.Equal(t, 0, code, out)
+	var tok struct {
+		Token string `json:"token"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &tok), out)
+
+	// The gateway with the same map: the token from the control shard,
+	// each proposal's status from its mandate's shard.
+	port := procs.FreePort(t)
+	gw := procs.Start(t, "gateway", procs.Binary(t, "mandate-gateway"), []string{"--shard-map", shardMap,
+		"--brokers", joinComma(h.Brokers), "--proposals-topic", h.Spec.Proposals, "--grants-topic", h.Spec.Grants,
+		"--decisions-topic", h.Spec.Decisions, "--http-addr", fmt.Sprintf("127.0.0.1:%d", port)}, nil)
+	gw.HTTP = fmt.Sprintf("127.0.0.1:%d", port)
+	gw.WaitReady(time.Minute)
+	for _, n := range []int32{0, 3} {
+		req, err := http.NewRequest(http.MethodGet, fmt.Sprintf("http://%s/v1/orgs/acme/mandates/%s/proposals/k%d?operation=refund", gw.HTTP, mandates[n], n), nil)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+tok.Token)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode, "partition %d: %s", n, body)
+		require.Contains(t, string(body), `"outcome":"reserved"`, "partition %d's status is read in its shard", n)
+	}
 	poolA, poolB := pool(t, urlA), pool(t, urlB)
 	for _, c := range []struct {
 		pool *pgxpool.Pool
