@@ -50,10 +50,11 @@ func (s Shard) Last() int32 { return s.last }
 // Owns says whether the shard owns partition p.
 func (s Shard) Owns(p int32) bool { return p >= s.first && p <= s.last }
 
-// Range is the shard's partitions as written in a map ("6-11").
+// Range is the shard's partitions as written in a map ("6-11"), or "all"
+// for the single shard of one --database-url.
 func (s Shard) Range() string {
 	if s.last == maxPartition {
-		return fmt.Sprintf("%d-", s.first)
+		return "all"
 	}
 	return fmt.Sprintf("%d-%d", s.first, s.last)
 }
