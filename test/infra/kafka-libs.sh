@@ -11,7 +11,8 @@ set -euo pipefail
 
 cache=${MANDATED_CACHE:-$HOME/.cache/mandated}
 dir=$cache/kafka-libs-$KAFKA_VERSION
-if [ -f "$dir/.complete" ]; then
+# A cache from before kafka-tools joined the pom lacks its jar: resolve again.
+if [ -f "$dir/.complete" ] && compgen -G "$dir/kafka-tools-$KAFKA_VERSION.jar" >/dev/null; then
 	echo "$dir"
 	exit 0
 fi
@@ -42,7 +43,12 @@ for class in kafka.Kafka "$KAFKA_STORAGE_TOOL_CLASS"; do
 	fi
 done
 
+[ -f "$tmp/kafka-tools-$KAFKA_VERSION.jar" ] || die "kafka-tools-$KAFKA_VERSION.jar missing after resolution"
 touch "$tmp/.complete"
+# An older, complete cache without kafka-tools is replaced.
+if [ -f "$dir/.complete" ] && [ ! -f "$dir/kafka-tools-$KAFKA_VERSION.jar" ]; then
+	rm -rf "$dir"
+fi
 if ! mv -T "$tmp" "$dir" 2>/dev/null; then
 	# Another run finished first; use its copy (the trap removes ours).
 	[ -f "$dir/.complete" ] || die "could not move $tmp to $dir"
