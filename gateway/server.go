@@ -36,11 +36,20 @@ type Server struct {
 	log     zerolog.Logger
 	client  *client.Client
 	db      *pgxpool.Pool
+	shards  []*pgxpool.Pool // with a shard map: every shard's, for status reads
 	metrics *metrics
 	mux     *http.ServeMux
 
 	mu       sync.Mutex
 	inFlight map[string]int // per org
+}
+
+// WithShards makes status reads look in every database of a shard map
+// (a mandate's rows are in its partition's shard); db stays the control
+// shard's, where the tokens are. Call before serving.
+func (s *Server) WithShards(pools ...*pgxpool.Pool) *Server {
+	s.shards = pools
+	return s
 }
 
 // New makes a gateway over a client (producing, waiting) and a pool whose

@@ -54,11 +54,29 @@ type ProposalStatus struct {
 
 var errNoRow = errors.New("gateway: no row")
 
-// readOnly runs fn in a read-only transaction.
+// readOnly runs fn in a read-only transaction. With shards, in each until
+// one finds its row: a shard that does not answer is named only if no
+// other has the row.
 func (s *Server) readOnly(ctx context.Context, fn func(pgx.Tx) error) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
-	return pgx.BeginTxFunc(ctx, s.db, pgx.TxOptions{AccessMode: pgx.ReadOnly}, fn)
+	if len(s.shards) == 0 {
+		return pgx.BeginTxFunc(ctx, s.db, pgx.TxOptions{AccessMode: pgx.ReadOnly}, fn)
+	}
+	var errs []error
+	for _, pool := range s.shards {
+		err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, fn)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, errNoRow) {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	return errNoRow
 }
 
 const authorizationQuery = `SELECT org, mandate_id, authorization_id, state, version, operation, target, amount, currency,

@@ -41,6 +41,13 @@ type Relay struct {
 
 // New returns a relay; it publishes once partitions are Assigned.
 func New(cfg Config, pool *pgxpool.Pool, log zerolog.Logger, m *Metrics) (*Relay, error) {
+	return NewSharded(cfg, func(int32) *pgxpool.Pool { return pool }, []*pgxpool.Pool{pool}, log, m)
+}
+
+// NewSharded is New over several databases: route returns the pool of a
+// partition's shard, all lists every shard's pool once (for the parked-row
+// count).
+func NewSharded(cfg Config, route func(partition int32) *pgxpool.Pool, all []*pgxpool.Pool, log zerolog.Logger, m *Metrics) (*Relay, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -48,7 +55,7 @@ func New(cfg Config, pool *pgxpool.Pool, log zerolog.Logger, m *Metrics) (*Relay
 	if m == nil {
 		m = NewMetrics(nil)
 	}
-	r := &Relay{cfg: cfg, st: store{pool}, log: log.With().Str("component", "relay").Logger(), metrics: m,
+	r := &Relay{cfg: cfg, st: store{pool: route, all: all}, log: log.With().Str("component", "relay").Logger(), metrics: m,
 		parts: map[int32]*partitionRelay{}, stats: make(chan struct{})}
 	r.wg.Add(1)
 	go func() { defer r.wg.Done(); r.statsLoop() }()
@@ -152,8 +159,14 @@ func (r *Relay) statsLoop() {
 			oldest = max(oldest, age)
 		}
 		r.metrics.OldestAge.Set(oldest.Seconds())
-		if n, err := countParked(ctx, r.st.pool); err == nil {
-			r.metrics.ParkedRows.Set(float64(n))
+		var parked int64
+		var perr error
+		for _, pool := range r.st.all {
+			n, err := countParked(ctx, pool)
+			parked, perr = parked+n, errors.Join(perr, err)
+		}
+		if perr == nil {
+			r.metrics.ParkedRows.Set(float64(parked))
 		}
 		cancel()
 	}

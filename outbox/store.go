@@ -11,15 +11,19 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// store is the relay's SQL. Every query is here, named.
-type store struct{ pool *pgxpool.Pool }
+// store is the relay's SQL. Every query is here, named. Each partition's
+// rows are in its shard's database (pool).
+type store struct {
+	pool func(partition int32) *pgxpool.Pool
+	all  []*pgxpool.Pool
+}
 
 const loadRowsSQL = `SELECT partition, seq, epoch, kind, record_key, payload, reason, detail, source_topic,
   source_partition, source_offset, created_at, prev_hash, hash
 FROM outbox WHERE partition = $1 AND seq > $2 ORDER BY seq LIMIT $3`
 
 func (s store) load(ctx context.Context, partition int32, after int64, limit int) ([]Row, error) {
-	rows, err := s.pool.Query(ctx, loadRowsSQL, partition, after, limit)
+	rows, err := s.pool(partition).Query(ctx, loadRowsSQL, partition, after, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -50,21 +54,21 @@ const housekeepSQL = `DELETE FROM outbox WHERE partition = $1 AND seq > $2 AND s
 // published returns the sequence recorded as published (0 if none).
 func (s store) published(ctx context.Context, partition int32) (int64, error) {
 	var seq int64
-	err := s.pool.QueryRow(ctx, `SELECT coalesce((SELECT published_seq FROM relay_progress WHERE partition = $1), 0)`, partition).Scan(&seq)
+	err := s.pool(partition).QueryRow(ctx, `SELECT coalesce((SELECT published_seq FROM relay_progress WHERE partition = $1), 0)`, partition).Scan(&seq)
 	return seq, err
 }
 
 // epoch returns the partition's current epoch.
 func (s store) epoch(ctx context.Context, partition int32) (int64, error) {
 	var e int64
-	err := s.pool.QueryRow(ctx, `SELECT coalesce((SELECT epoch FROM mandated_partitions WHERE partition = $1), 0)`, partition).Scan(&e)
+	err := s.pool(partition).QueryRow(ctx, `SELECT coalesce((SELECT epoch FROM mandated_partitions WHERE partition = $1), 0)`, partition).Scan(&e)
 	return e, err
 }
 
 // mark records seq as published. It never moves backwards, and a relay
 // whose partition epoch is no longer current marks nothing.
 func (s store) mark(ctx context.Context, partition int32, epoch, seq int64) (bool, error) {
-	tag, err := s.pool.Exec(ctx, markSQL, partition, epoch, seq)
+	tag, err := s.pool(partition).Exec(ctx, markSQL, partition, epoch, seq)
 	if err != nil {
 		return false, err
 	}
@@ -77,7 +81,7 @@ func (s store) mark(ctx context.Context, partition int32, epoch, seq int64) (boo
 // nothing: a relay resumes from Kafka's tail (relay_progress is only its
 // lower bound) and the delete is repeated by the next one.
 func (s store) record(ctx context.Context, partition int32, epoch, seq, deleteAfter, deleteTo int64) (marked bool, deleted int64, err error) {
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, s.pool(partition), func(tx pgx.Tx) error {
 		var b pgx.Batch
 		b.Queue(`SET LOCAL synchronous_commit = off`)
 		b.Queue(markSQL, partition, epoch, seq)
@@ -110,7 +114,7 @@ func (s store) record(ctx context.Context, partition int32, epoch, seq, deleteAf
 // one (or after, when the outbox is empty): where housekeeping stands.
 func (s store) housekeptUpTo(ctx context.Context, partition int32, after int64) (int64, error) {
 	var first *int64
-	if err := s.pool.QueryRow(ctx, `SELECT min(seq) FROM outbox WHERE partition = $1`, partition).Scan(&first); err != nil {
+	if err := s.pool(partition).QueryRow(ctx, `SELECT min(seq) FROM outbox WHERE partition = $1`, partition).Scan(&first); err != nil {
 		return 0, err
 	}
 	if first == nil {
@@ -121,7 +125,7 @@ func (s store) housekeptUpTo(ctx context.Context, partition int32, after int64) 
 
 // park moves a row the broker refuses for good out of the outbox, with why.
 func (s store) park(ctx context.Context, partition int32, epoch, seq int64, reason string) error {
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	return pgx.BeginFunc(ctx, s.pool(partition), func(tx pgx.Tx) error {
 		var current int64
 		if err := tx.QueryRow(ctx, `SELECT epoch FROM mandated_partitions WHERE partition = $1 FOR SHARE`, partition).Scan(&current); err != nil {
 			return err
@@ -147,7 +151,7 @@ func (s store) park(ctx context.Context, partition int32, epoch, seq int64, reas
 // parkedBetween counts parked rows with after < seq < before.
 func (s store) parkedBetween(ctx context.Context, partition int32, after, before int64) (int64, error) {
 	var n int64
-	err := s.pool.QueryRow(ctx, `SELECT count(*) FROM outbox_parked WHERE partition = $1 AND seq > $2 AND seq < $3`,
+	err := s.pool(partition).QueryRow(ctx, `SELECT count(*) FROM outbox_parked WHERE partition = $1 AND seq > $2 AND seq < $3`,
 		partition, after, before).Scan(&n)
 	return n, err
 }
@@ -156,7 +160,7 @@ func (s store) parkedBetween(ctx context.Context, partition int32, after, before
 func (s store) backlog(ctx context.Context, partition int32, after int64, now time.Time) (int64, time.Duration, error) {
 	var n int64
 	var oldest *time.Time
-	err := s.pool.QueryRow(ctx, `SELECT count(*), min(created_at) FROM outbox WHERE partition = $1 AND seq > $2`,
+	err := s.pool(partition).QueryRow(ctx, `SELECT count(*), min(created_at) FROM outbox WHERE partition = $1 AND seq > $2`,
 		partition, after).Scan(&n, &oldest)
 	if err != nil || oldest == nil {
 		return n, 0, err

@@ -2,27 +2,41 @@ package processor
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 )
 
-// handoffLoop hands this processor's partitions over while it cannot serve
-// them. A member that reaches Kafka but not PostgreSQL keeps heartbeating,
-// so the group would leave its partitions with it for as long as the cut
-// lasts; after DBUnreachableHandoff it leaves the group instead (for good,
-// even as a static member), so the others claim them, and it rejoins once
-// PostgreSQL answers again.
+// handoffLoop probes every shard's PostgreSQL (mandated_shard_up) and
+// hands this processor's partitions over while it can reach none of them.
+// A member that reaches Kafka but not PostgreSQL keeps heartbeating, so the
+// group would leave its partitions with it for as long as the cut lasts;
+// after DBUnreachableHandoff it leaves the group instead (for good, even as
+// a static member), so the others claim them, and it rejoins once
+// PostgreSQL answers again. One shard among several that does not answer
+// is the shard's outage, not this member's: every member would see it, so
+// leaving would only stop the healthy shards' partitions too. Its
+// partitions' batches wait and retry, the others keep deciding, and
+// /readyz and the metric name the shard.
 func (p *Processor) handoffLoop(ctx context.Context) {
 	bound := p.cfg.DBUnreachableHandoff
-	if bound < 0 {
-		return
+	every := time.Second
+	if bound >= 0 {
+		every = min(max(bound/10, 100*time.Millisecond), time.Second)
 	}
-	every := min(max(bound/10, 100*time.Millisecond), time.Second)
 	t := time.NewTicker(every)
 	defer t.Stop()
-	probe := &dbProbe{cfg: p.sink.Pool().Config().ConnConfig}
-	defer probe.close()
+	shards := p.shards.All()
+	probes := make([]*dbProbe, len(shards))
+	for i, s := range shards {
+		probes[i] = &dbProbe{cfg: s.Pool().Config().ConnConfig}
+		defer probes[i].close()
+	}
+	wasUp := make([]bool, len(shards))
+	for i := range wasUp {
+		wasUp[i] = true
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -30,10 +44,42 @@ func (p *Processor) handoffLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		pctx, cancel := context.WithTimeout(ctx, max(every, 500*time.Millisecond))
-		err := probe.ping(pctx)
+		errs := make([]error, len(probes))
+		var wg sync.WaitGroup
+		for i, pr := range probes {
+			wg.Add(1)
+			go func() { defer wg.Done(); errs[i] = pr.ping(pctx) }()
+		}
+		wg.Wait()
 		cancel()
 		if ctx.Err() != nil {
 			return
+		}
+		var err error
+		down := 0
+		for i, e := range errs {
+			sh := shards[i].Shard()
+			up := 1.0
+			if e != nil {
+				up, err = 0, e
+				down++
+			}
+			if (e == nil) != wasUp[i] && len(shards) > 1 {
+				wasUp[i] = e == nil
+				if e != nil {
+					p.log.Error().Err(e).Str("shard", sh.Name).Str("partitions", sh.Range()).
+						Msg("shard does not answer: its partitions stall until it does; the other shards' keep deciding")
+				} else {
+					p.log.Info().Str("shard", sh.Name).Str("partitions", sh.Range()).Msg("shard answers again")
+				}
+			}
+			p.metrics.ShardUp.WithLabelValues(sh.Name, sh.Range()).Set(up)
+		}
+		if down < len(probes) {
+			err = nil // some shard answers: this member is not cut off
+		}
+		if bound < 0 {
+			continue
 		}
 		now := time.Now()
 		p.mu.Lock()

@@ -41,6 +41,9 @@ type Metrics struct {
 	PossibleReplays *prometheus.CounterVec
 	IntentsPurged   prometheus.Counter
 	Rebalance       *RebalanceMetrics
+	// ShardUp is 1 per shard while its database answers this instance's
+	// probe, else 0 (labelled with the shard's partitions).
+	ShardUp *prometheus.GaugeVec
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: none).
@@ -175,8 +178,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "mandated_intents_purged_total",
 		Help: "Intents deleted by the background purge (retention over and the latest authorization terminal).",
 	})
+	m.ShardUp = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "mandated_shard_up",
+		Help: "1 while the shard's PostgreSQL answers this instance's probe (every second or so), else 0: a shard that does not answer stalls its partitions only.",
+	}, []string{"shard", "partitions"})
 	if reg != nil {
-		reg.MustRegister(m.IntentReplays, m.Forks, m.PossibleReplays, m.IntentsPurged)
+		reg.MustRegister(m.IntentReplays, m.Forks, m.PossibleReplays, m.IntentsPurged, m.ShardUp)
 	}
 	m.Rebalance = newRebalanceMetrics()
 	if reg != nil {

@@ -21,7 +21,7 @@ import (
 // Processor is mandated's single-writer stream processor.
 type Processor struct {
 	cfg     Config
-	sink    *sink.Sink
+	shards  *sink.Shards
 	log     zerolog.Logger
 	metrics *Metrics
 	keys    *keyring
@@ -31,6 +31,7 @@ type Processor struct {
 	mu       sync.Mutex
 	client   *kgo.Client // the group session's; nil while handed off (replaced under mu, read by workers without it: none run then)
 	workers  map[int32]*worker
+	pending  map[int32]*pendingClaim // assigned, waiting for their shard (deferred.go)
 	started  bool
 	stopping bool
 	// unreachableSince is when PostgreSQL stopped answering (zero while it
@@ -48,6 +49,12 @@ type Processor struct {
 // New validates the configuration and returns a processor that is not yet
 // consuming.
 func New(cfg Config, s *sink.Sink, log zerolog.Logger, m *Metrics) (*Processor, error) {
+	return NewSharded(cfg, sink.One(s), log, m)
+}
+
+// NewSharded is New over several databases: each partition is decided in
+// its shard's.
+func NewSharded(cfg Config, shards *sink.Shards, log zerolog.Logger, m *Metrics) (*Processor, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -55,10 +62,10 @@ func New(cfg Config, s *sink.Sink, log zerolog.Logger, m *Metrics) (*Processor, 
 	if m == nil {
 		m = NewMetrics(nil)
 	}
-	p := &Processor{cfg: cfg, sink: s, log: log.With().Str("component", "processor").Logger(), metrics: m,
-		workers: map[int32]*worker{}}
+	p := &Processor{cfg: cfg, shards: shards, log: log.With().Str("component", "processor").Logger(), metrics: m,
+		workers: map[int32]*worker{}, pending: map[int32]*pendingClaim{}}
 	p.keys = &keyring{refresh: cfg.GrantorKeyRefresh, load: func(ctx context.Context) (*sink.Keyring, error) {
-		return p.sink.LoadKeyring(ctx)
+		return p.shards.Control().LoadKeyring(ctx)
 	}}
 	return p, nil
 }
@@ -77,7 +84,7 @@ func (p *Processor) Start(ctx context.Context) error {
 		return err
 	}
 	p.partitions = n
-	if err := p.sink.EnsurePartitionCount(ctx, n); err != nil {
+	if err := p.shards.EnsurePartitionCount(ctx, n); err != nil {
 		return err
 	}
 	p.metrics.Rebalance.PartitionsAll.Set(float64(n))
@@ -146,6 +153,9 @@ func (p *Processor) leave(ctx context.Context, grace time.Duration, reason strin
 		return
 	}
 	client.PauseFetchTopics(p.cfg.ProposalsTopic, p.cfg.GrantsTopic)
+	p.mu.Lock()
+	p.cancelPending(nil)
+	p.mu.Unlock()
 	owned := p.ownedPartitions()
 	p.stopWorkers(owned, grace)
 	p.metrics.Rebalance.Revoked.WithLabelValues(reason).Add(float64(len(owned)))
@@ -207,6 +217,7 @@ func (p *Processor) Ready(ctx context.Context) error {
 	started, stopping, handedOff, client := p.started, p.stopping, p.handedOff, p.client
 	var fenced []int32
 	var causes []error
+	pending := p.pendingPartitions()
 	for n, w := range p.workers {
 		w.mu.Lock()
 		if w.fenced {
@@ -226,8 +237,12 @@ func (p *Processor) Ready(ctx context.Context) error {
 	case len(fenced) > 0:
 		return fmt.Errorf("fenced on partitions %v, not re-claimed yet: %w", fenced, errors.Join(causes...))
 	}
-	if err := p.sink.Ping(ctx); err != nil {
+	if err := p.shards.Ping(ctx); err != nil {
 		return fmt.Errorf("postgres: %w", err)
+	}
+	if len(pending) > 0 {
+		sort.Slice(pending, func(i, j int) bool { return pending[i] < pending[j] })
+		return fmt.Errorf("partitions %v are assigned here but not claimed yet: their shard did not answer", pending)
 	}
 	if err := client.Ping(ctx); err != nil {
 		return fmt.Errorf("kafka: %w", err)
@@ -263,13 +278,24 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 	}
 	assigned := time.Now()
 	claims := make(map[int32]sink.Claim, len(nums))
+	var deferred []int32
 	var mu sync.Mutex
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(8)
+	sharded := len(p.shards.All()) > 1
 	for n := range nums {
 		g.Go(func() error {
 			start := time.Now()
-			c, err := p.sink.Claim(gctx, n, p.cfg.Owner)
+			c, err := p.shards.For(n).Claim(gctx, n, p.cfg.Owner)
+			if err != nil && sharded && ctx.Err() == nil {
+				// Its shard does not answer: the others need not wait for it.
+				p.log.Warn().Err(err).Int32("partition", n).Str("shard", p.shards.For(n).Shard().Name).
+					Msg("cannot claim an assigned partition: its shard does not answer; claiming it in the background")
+				mu.Lock()
+				deferred = append(deferred, n)
+				mu.Unlock()
+				return nil
+			}
 			if err != nil {
 				return err
 			}
@@ -311,7 +337,12 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 	}
 	p.metrics.PartitionsOwned.Set(float64(len(p.workers)))
 	p.metrics.Rebalance.Assigned.Add(float64(len(claims)))
-	p.client.ResumeFetchPartitions(map[string][]int32{p.cfg.ProposalsTopic: keys(nums), p.cfg.GrantsTopic: keys(nums)})
+	claimed := make([]int32, 0, len(claims))
+	for n := range claims {
+		claimed = append(claimed, n)
+	}
+	p.client.ResumeFetchPartitions(map[string][]int32{p.cfg.ProposalsTopic: claimed, p.cfg.GrantsTopic: claimed})
+	p.startDeferredClaims(deferred, out)
 	return out, nil
 }
 
@@ -340,6 +371,7 @@ func (p *Processor) release(parts map[string][]int32, reason string) {
 			held++
 		}
 	}
+	p.cancelPending(keys(nums))
 	p.mu.Unlock()
 	if held > 0 {
 		p.log.Info().Ints32("partitions", keys(nums)).Str("reason", reason).Msg("partitions revoked; the others keep deciding")
@@ -491,12 +523,9 @@ func (p *Processor) statsLoop(ctx context.Context) {
 			p.metrics.InDoubtOldest.Set(0)
 			continue
 		}
-		n, oldest, err := p.sink.InDoubtStats(ctx, owned, p.cfg.Test.Clock.Now())
-		if err != nil {
-			if ctx.Err() == nil {
-				p.log.Warn().Err(err).Msg("cannot read in-doubt statistics")
-			}
-			continue
+		n, oldest, err := p.shards.InDoubtStats(ctx, owned, p.cfg.Test.Clock.Now())
+		if err != nil && ctx.Err() == nil {
+			p.log.Warn().Err(err).Msg("cannot read in-doubt statistics")
 		}
 		p.metrics.InDoubt.Set(float64(n))
 		p.metrics.InDoubtOldest.Set(oldest.Seconds())
@@ -506,7 +535,7 @@ func (p *Processor) statsLoop(ctx context.Context) {
 // refreshReplaySettings rereads the orgs' possible-replay settings, so a
 // change made with mandatectl org-settings applies within StatsInterval.
 func (p *Processor) refreshReplaySettings(ctx context.Context) {
-	if err := p.sink.RefreshReplay(ctx); err != nil && ctx.Err() == nil {
+	if err := p.shards.Control().RefreshReplay(ctx); err != nil && ctx.Err() == nil {
 		p.log.Warn().Err(err).Msg("cannot reread the orgs' replay settings; keeping the last ones")
 	}
 }

@@ -32,8 +32,8 @@ func (p *Processor) purgeLoop(ctx context.Context) {
 // idempotency keys, then expired intents, each for at most an eighth of the
 // interval.
 func (p *Processor) purgePartition(ctx context.Context, n int32) {
-	p.purgeKind(ctx, n, "idempotency keys", p.sink.PurgeExpiredKeys, p.metrics.KeysPurged)
-	p.purgeKind(ctx, n, "intents", p.sink.PurgeExpiredIntents, p.metrics.IntentsPurged)
+	p.purgeKind(ctx, n, "idempotency keys", p.shards.For(n).PurgeExpiredKeys, p.metrics.KeysPurged)
+	p.purgeKind(ctx, n, "intents", p.shards.For(n).PurgeExpiredIntents, p.metrics.IntentsPurged)
 }
 
 // purgeKind deletes batches of one kind of expired row while they come

@@ -51,7 +51,7 @@ func (p *Processor) reclaim(w *worker) error {
 	if err := p.stillAssigned(w.ctx, w.partition); err != nil {
 		return err
 	}
-	c, err := p.sink.Claim(w.ctx, w.partition, p.cfg.Owner)
+	c, err := p.shards.For(w.partition).Claim(w.ctx, w.partition, p.cfg.Owner)
 	if err != nil {
 		return fmt.Errorf("re-claim: %w", err)
 	}

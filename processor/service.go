@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
@@ -16,7 +17,12 @@ import (
 // ServiceConfig configures a whole mandated instance: storage, processor and
 // relay, as cmd/mandated runs them.
 type ServiceConfig struct {
-	Sink      sink.Config
+	// Sink configures storage; with Shards, every shard's connections
+	// (Sink.DatabaseURL is then ignored).
+	Sink sink.Config
+	// Shards maps partitions to databases. Defaults to every partition in
+	// Sink.DatabaseURL.
+	Shards    *sink.ShardMap
 	Processor Config
 	Relay     outbox.Config
 	// Registerer receives every metric. Defaults to none.
@@ -25,7 +31,9 @@ type ServiceConfig struct {
 
 // Service is one running mandated instance.
 type Service struct {
+	// Sink is the control shard's storage (the only one without Shards).
 	Sink      *sink.Sink
+	Shards    *sink.Shards
 	Processor *Processor
 	Relay     *outbox.Relay
 	Metrics   *Metrics
@@ -38,7 +46,11 @@ func StartService(ctx context.Context, cfg ServiceConfig, log zerolog.Logger) (*
 	if cfg.Sink.Instance == "" {
 		cfg.Sink.Instance = cfg.Processor.WithDefaults().Owner
 	}
-	s, err := sink.Open(ctx, cfg.Sink, log.With().Str("component", "sink").Logger())
+	m := cfg.Shards
+	if m == nil {
+		m = sink.Single(cfg.Sink.DatabaseURL)
+	}
+	s, err := sink.OpenShards(ctx, cfg.Sink, m, log.With().Str("component", "sink").Logger())
 	if err != nil {
 		return nil, err
 	}
@@ -63,14 +75,18 @@ func StartService(ctx context.Context, cfg ServiceConfig, log zerolog.Logger) (*
 		s.Close()
 		return nil, errors.New("service: the relay and the processor must name the same decisions and dead-letter topics")
 	}
-	relay, err := outbox.New(rcfg, s.Pool(), log, outbox.NewMetrics(cfg.Registerer))
+	var pools []*pgxpool.Pool
+	for _, one := range s.All() {
+		pools = append(pools, one.Pool())
+	}
+	relay, err := outbox.NewSharded(rcfg, func(p int32) *pgxpool.Pool { return s.For(p).Pool() }, pools, log, outbox.NewMetrics(cfg.Registerer))
 	if err != nil {
 		s.Close()
 		return nil, err
 	}
 	pcfg.Listener = relay
-	m := NewMetrics(cfg.Registerer)
-	p, err := New(pcfg, s, log, m)
+	metrics := NewMetrics(cfg.Registerer)
+	p, err := NewSharded(pcfg, s, log, metrics)
 	if err != nil {
 		_ = relay.Stop(ctx)
 		s.Close()
@@ -81,7 +97,7 @@ func StartService(ctx context.Context, cfg ServiceConfig, log zerolog.Logger) (*
 		s.Close()
 		return nil, fmt.Errorf("service: %w", err)
 	}
-	return &Service{Sink: s, Processor: p, Relay: relay, Metrics: m, log: log}, nil
+	return &Service{Sink: s.Control(), Shards: s, Processor: p, Relay: relay, Metrics: metrics, log: log}, nil
 }
 
 // Stop stops fetching, finishes the batches in flight, drains the relay
@@ -92,7 +108,7 @@ func (svc *Service) Stop(ctx context.Context) error {
 	stopped := time.Now()
 	rerr := svc.Relay.Stop(ctx)
 	drained := time.Now()
-	svc.Sink.Close()
+	svc.Shards.Close()
 	svc.log.Info().Dur("processor", stopped.Sub(start)).Dur("relay", drained.Sub(stopped)).Dur("storage", time.Since(drained)).
 		Msg("service stopped")
 	return errors.Join(perr, rerr)

@@ -27,6 +27,7 @@ type worker struct {
 	partition int32
 	epoch     int64
 	log       zerolog.Logger
+	store     *sink.Sink // the partition's shard
 
 	pos       sink.Position // what the database stores; only the worker goroutine touches it
 	deadlines *deadlineQueue
@@ -57,7 +58,8 @@ func newWorker(p *Processor, c sink.Claim) *worker {
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &worker{
 		p: p, partition: c.Partition, epoch: c.Epoch,
-		log:       p.log.With().Int32("partition", c.Partition).Int64("epoch", c.Epoch).Logger(),
+		log:       p.log.With().Int32("partition", c.Partition).Int64("epoch", c.Epoch).Str("shard", p.shards.For(c.Partition).Shard().Name).Logger(),
+		store:     p.shards.For(c.Partition),
 		pos:       sink.Position{ProposalsOffset: c.ProposalsOffset, GrantsOffset: c.GrantsOffset, NextSeq: c.NextSeq},
 		deadlines: newDeadlineQueue(), hwm: map[string]int64{},
 		wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel, done: make(chan struct{}),
@@ -187,7 +189,7 @@ func (w *worker) run() {
 func (w *worker) loadDeadlines() error {
 	backoff := 50 * time.Millisecond
 	for {
-		ds, err := w.p.sink.Deadlines(w.ctx, w.partition)
+		ds, err := w.store.Deadlines(w.ctx, w.partition)
 		if err == nil {
 			for _, d := range ds {
 				w.deadlines.set(d.Key, d.At)
@@ -382,7 +384,7 @@ func (w *worker) commit(items []item, due []lifecycle.AuthKey, now time.Time) er
 	backoff := 50 * time.Millisecond
 	for {
 		start := time.Now()
-		res, err := w.p.sink.Commit(w.ctx, b)
+		res, err := w.store.Commit(w.ctx, b)
 		w.countRetries(res.Retries)
 		if err == nil {
 			w.committed(b, res, items, due, decisions, time.Since(start))
@@ -521,7 +523,7 @@ func (w *worker) replayNeeds(needs *sink.Needs, c *wire.Command, now time.Time) 
 	}
 	rs, seen := needs.Replay[c.Key.Org]
 	if !seen {
-		rs = w.p.sink.ReplaySetting(c.Key.Org)
+		rs = w.store.ReplaySetting(c.Key.Org)
 		needs.Replay[c.Key.Org] = rs
 	}
 	if rs.Window <= 0 {

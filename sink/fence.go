@@ -25,19 +25,95 @@ type Claim struct {
 // EnsurePartitionCount records the topics' partition count on first use and
 // refuses a different one later: the count decides every mandate's home, so
 // changing it is an explicit migration, never a restart with other topics.
+// With it, the database records which shard it is (name, partitions,
+// whether it holds the org settings); see ensureLayout.
 func (s *Sink) EnsurePartitionCount(ctx context.Context, n int32) error {
-	var stored int32
-	err := s.pool.QueryRow(ctx, `INSERT INTO mandated_meta (partition_count) VALUES ($1)
-		ON CONFLICT (singleton) DO UPDATE SET partition_count = mandated_meta.partition_count
-		RETURNING partition_count`, n).Scan(&stored)
-	if err != nil {
-		return fmt.Errorf("sink: record partition count: %w", interpretError(err))
+	return s.ensureLayout(ctx, n)
+}
+
+// ensureLayout records, or checks, the partition count and this shard's
+// name, partition range and role in mandated_meta. The range may change
+// only where no partition it gives up has rows here (moving a partition
+// with its rows is an explicit operation); a shard that holds org settings
+// may not stop being the control shard; a database named as another shard
+// is refused, so two map entries never point at one database.
+func (s *Sink) ensureLayout(ctx context.Context, n int32) error {
+	s.setupMu.Lock()
+	defer s.setupMu.Unlock()
+	if s.lateSetup {
+		s.count = n // checked by the first claim, once the shard answers
+		return nil
 	}
-	if stored != n {
-		return fmt.Errorf("sink: the topics have %d partitions but this database was set up for %d; "+
-			"changing the partition count moves mandates between partitions and needs an explicit migration", n, stored)
+	return s.recordLayout(ctx, n)
+}
+
+func (s *Sink) recordLayout(ctx context.Context, n int32) error {
+	sh := s.shard
+	var last *int32
+	if sh.last != maxPartition {
+		if sh.last >= n {
+			return fmt.Errorf("sink: shard %s owns partitions %s but the topics have %d", sh.Name, sh.Range(), n)
+		}
+		last = &sh.last
 	}
-	return nil
+	control := s.control == nil
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO mandated_meta (partition_count, shard, first_partition, last_partition, control)
+			VALUES ($1, $2, $3, $4, $5) ON CONFLICT (singleton) DO NOTHING`, n, sh.Name, sh.first, last, control); err != nil {
+			return fmt.Errorf("sink: record the partition count: %w", interpretError(err))
+		}
+		var stored struct {
+			count, first int32
+			last         *int32
+			name         string
+			control      bool
+		}
+		if err := tx.QueryRow(ctx, `SELECT partition_count, shard, first_partition, last_partition, control FROM mandated_meta FOR UPDATE`).
+			Scan(&stored.count, &stored.name, &stored.first, &stored.last, &stored.control); err != nil {
+			return fmt.Errorf("sink: read the partition count: %w", interpretError(err))
+		}
+		if stored.count != n {
+			return fmt.Errorf("sink: the topics have %d partitions but this database was set up for %d; "+
+				"changing the partition count moves mandates between partitions and needs an explicit migration", n, stored.count)
+		}
+		if stored.name != sh.Name && stored.name != SingleShard {
+			return fmt.Errorf("sink: the shard map names this database %q but it is shard %q", sh.Name, stored.name)
+		}
+		if stored.control && !control {
+			var settings bool
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM org_settings) OR EXISTS (SELECT FROM grantor_keys)
+				OR EXISTS (SELECT FROM org_grant_signing) OR EXISTS (SELECT FROM gateway_tokens)`).Scan(&settings); err != nil {
+				return fmt.Errorf("sink: read the org settings: %w", interpretError(err))
+			}
+			if settings {
+				return fmt.Errorf("sink: shard %s holds org settings but the shard map makes another shard the control shard; "+
+					"copy them there first (README, \"Scaling out PostgreSQL\")", sh.Name)
+			}
+		}
+		sameLast := (stored.last == nil) == (last == nil) && (last == nil || *stored.last == *last)
+		if stored.name == sh.Name && stored.first == sh.first && sameLast && stored.control == control {
+			return nil
+		}
+		var foreign []int32
+		rows, err := tx.Query(ctx, `SELECT partition FROM mandated_partitions WHERE partition < $1 OR partition > coalesce($2, $3 - 1)
+			UNION SELECT partition FROM relay_progress WHERE partition < $1 OR partition > coalesce($2, $3 - 1) ORDER BY 1`, sh.first, last, n)
+		if err == nil {
+			foreign, err = pgx.CollectRows(rows, pgx.RowTo[int32])
+		}
+		if err != nil {
+			return fmt.Errorf("sink: read the claimed partitions: %w", interpretError(err))
+		}
+		if len(foreign) > 0 {
+			return fmt.Errorf("sink: the shard map gives shard %s partitions %s but this database holds the rows of partitions %v; "+
+				"a partition may only move between shards with its rows, which mandated does not do yet (README, \"Scaling out PostgreSQL\")", sh.Name, sh.Range(), foreign)
+		}
+		if _, err := tx.Exec(ctx, `UPDATE mandated_meta SET shard = $1, first_partition = $2, last_partition = $3, control = $4`,
+			sh.Name, sh.first, last, control); err != nil {
+			return fmt.Errorf("sink: record the shard: %w", interpretError(err))
+		}
+		s.log.Info().Str("shard", sh.Name).Str("partitions", sh.Range()).Bool("control", control).Msg("shard layout recorded")
+		return nil
+	})
 }
 
 // Claim takes ownership of a partition: it bumps the partition's epoch (so
@@ -48,6 +124,9 @@ func (s *Sink) EnsurePartitionCount(ctx context.Context, n int32) error {
 func (s *Sink) Claim(ctx context.Context, partition int32, owner string) (Claim, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.ClaimTimeout)
 	defer cancel()
+	if err := s.setUpLate(ctx); err != nil {
+		return Claim{}, fmt.Errorf("sink: claim partition %d: set up shard %s: %w", partition, s.shard.Name, err)
+	}
 	start := time.Now()
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {

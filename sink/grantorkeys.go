@@ -149,6 +149,7 @@ type Keyring struct {
 // LoadKeyring reads every grantor key and signing setting in one
 // repeatable-read snapshot.
 func (s *Sink) LoadKeyring(ctx context.Context) (*Keyring, error) {
+	s = s.settings()
 	kr := &Keyring{Keys: map[string]map[string]GrantorKey{}}
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		keys, err := GrantorKeys(ctx, tx, "")

@@ -15,6 +15,7 @@ import (
 
 // RefreshReplay reloads the per-org possible-replay settings.
 func (s *Sink) RefreshReplay(ctx context.Context) error {
+	s = s.settings()
 	rows, err := s.pool.Query(ctx, `SELECT org, extract(epoch FROM replay_window)::float8, replay_policy
 		FROM org_settings WHERE replay_window IS NOT NULL`)
 	if err != nil {
@@ -37,6 +38,7 @@ func (s *Sink) RefreshReplay(ctx context.Context) error {
 // ReplaySetting returns an org's possible-replay setting (a zero Window:
 // the check is off), as of the last refresh.
 func (s *Sink) ReplaySetting(org string) lifecycle.ReplaySetting {
+	s = s.settings()
 	if m := s.replay.Load(); m != nil {
 		return (*m)[org]
 	}
@@ -46,6 +48,7 @@ func (s *Sink) ReplaySetting(org string) lifecycle.ReplaySetting {
 // SetOrgReplay stores an org's possible-replay window and policy (see
 // WriteOrgReplay) and rereads the settings.
 func (s *Sink) SetOrgReplay(ctx context.Context, org string, window time.Duration, policy lifecycle.ReplayPolicy) error {
+	s = s.settings()
 	if err := WriteOrgReplay(ctx, s.pool, org, window, policy); err != nil {
 		return err
 	}

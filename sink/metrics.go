@@ -13,10 +13,12 @@ type PoolCollector struct {
 
 var _ prometheus.Collector = (*PoolCollector)(nil)
 
-// NewPoolCollector returns a collector for s's pool.
+// NewPoolCollector returns a collector for s's pool, labelled with its
+// shard ("main" without a shard map): register one per shard.
 func NewPoolCollector(s *Sink) *PoolCollector {
+	shard := prometheus.Labels{"shard": s.shard.Name}
 	d := func(name, help string) *prometheus.Desc {
-		return prometheus.NewDesc("mandated_pgx_pool_"+name, help, nil, nil)
+		return prometheus.NewDesc("mandated_pgx_pool_"+name, help, nil, shard)
 	}
 	return &PoolCollector{pool: s.pool, desc: map[string]*prometheus.Desc{
 		"acquired":        d("acquired_connections", "Connections currently acquired from the pool."),

@@ -1,8 +1,11 @@
 package sink
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,32 +21,73 @@ import (
 // never writes a row, so it is safe to point at a production database while
 // mandated runs, and mandatectl opens its pool read-only besides.
 type Operator struct {
-	s *Sink
+	s      *Sink   // the first shard (the only one without a map)
+	shards []*Sink // every shard: a partition's rows are in one of them
 }
 
 // NewOperator wraps a pool for read-only operator queries.
 func NewOperator(pool *pgxpool.Pool) *Operator {
-	return &Operator{s: &Sink{pool: pool}}
+	return NewShardedOperator(pool)
+}
+
+// NewShardedOperator answers across the databases of a shard map, one pool
+// each: listings are merged, a mandate is looked up where it is.
+func NewShardedOperator(pools ...*pgxpool.Pool) *Operator {
+	o := &Operator{}
+	for _, p := range pools {
+		o.shards = append(o.shards, &Sink{pool: p})
+	}
+	o.s = o.shards[0]
+	return o
 }
 
 // Partitions lists every claimed partition's stored progress.
 func (o *Operator) Partitions(ctx context.Context) ([]PartitionRow, error) {
-	return o.s.Partitions(ctx)
+	var out []PartitionRow
+	for _, s := range o.shards {
+		rows, err := s.Partitions(ctx)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, rows...)
+	}
+	slices.SortFunc(out, func(a, b PartitionRow) int { return cmp.Compare(a.Partition, b.Partition) })
+	return out, nil
 }
 
 // Inspect loads one mandate and at most limit of its authorizations, newest
 // first. A mandate that does not exist is ErrNotFound.
 func (o *Operator) Inspect(ctx context.Context, key partitioner.MandateKey, limit int) (*MandateSnapshot, error) {
-	return o.s.Inspect(ctx, key, limit)
+	return firstFound(o.shards, func(s *Sink) (*MandateSnapshot, error) { return s.Inspect(ctx, key, limit) })
+}
+
+// firstFound returns the answer of the shard that has the row (each row is
+// in one shard only), or the last ErrNotFound.
+func firstFound[T any](shards []*Sink, get func(*Sink) (T, error)) (T, error) {
+	var v T
+	var err error
+	for _, s := range shards {
+		if v, err = get(s); !errors.Is(err, ErrNotFound) {
+			return v, err
+		}
+	}
+	return v, err
 }
 
 // PartitionCount returns the partition count recorded by the first
-// processor to start (0 when none has started yet).
+// processor to start (0 when none has started yet). Shards that recorded
+// different counts are an error.
 func (o *Operator) PartitionCount(ctx context.Context) (int32, error) {
 	var n int32
-	err := o.s.pool.QueryRow(ctx, partitionCountSQL).Scan(&n)
-	if err != nil {
-		return 0, fmt.Errorf("sink: read the partition count: %w", interpretError(err))
+	for i, s := range o.shards {
+		var one int32
+		if err := s.pool.QueryRow(ctx, partitionCountSQL).Scan(&one); err != nil {
+			return 0, fmt.Errorf("sink: read the partition count: %w", interpretError(err))
+		}
+		if i > 0 && one != n {
+			return 0, fmt.Errorf("sink: the shards recorded different partition counts (%d and %d)", n, one)
+		}
+		n = one
 	}
 	return n, nil
 }
@@ -89,9 +133,19 @@ ORDER BY p.partition`
 // authorizations, unpublished outbox rows or parked rows; a partition that
 // is absent has none.
 func (o *Operator) PartitionHealth(ctx context.Context) (map[int32]PartitionHealth, error) {
-	rows, err := o.s.pool.Query(ctx, partitionHealthSQL)
+	out := map[int32]PartitionHealth{}
+	for _, s := range o.shards {
+		if err := partitionHealth(ctx, s, out); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func partitionHealth(ctx context.Context, s *Sink, out map[int32]PartitionHealth) error {
+	rows, err := s.pool.Query(ctx, partitionHealthSQL)
 	if err != nil {
-		return nil, fmt.Errorf("sink: partition health: %w", interpretError(err))
+		return fmt.Errorf("sink: partition health: %w", interpretError(err))
 	}
 	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (PartitionHealth, error) {
 		var h PartitionHealth
@@ -102,13 +156,12 @@ func (o *Operator) PartitionHealth(ctx context.Context) (map[int32]PartitionHeal
 		return h, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("sink: partition health: %w", interpretError(err))
+		return fmt.Errorf("sink: partition health: %w", interpretError(err))
 	}
-	out := make(map[int32]PartitionHealth, len(list))
 	for _, h := range list {
 		out[h.Partition] = h
 	}
-	return out, nil
+	return nil
 }
 
 // InDoubtRow is one in-doubt authorization, for operators reconciling
@@ -145,7 +198,20 @@ LIMIT $3`
 // least olderThan, oldest first, at most limit, of one org or of all
 // (org empty).
 func (o *Operator) InDoubt(ctx context.Context, olderThan time.Duration, org string, limit int) ([]InDoubtRow, error) {
-	rows, err := o.s.pool.Query(ctx, inDoubtSQL, olderThan.Seconds(), org, limit)
+	var out []InDoubtRow
+	for _, s := range o.shards {
+		rows, err := inDoubt(ctx, s, olderThan, org, limit)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, rows...)
+	}
+	slices.SortStableFunc(out, func(a, b InDoubtRow) int { return a.Since.Compare(b.Since) })
+	return out[:min(len(out), limit)], nil
+}
+
+func inDoubt(ctx context.Context, s *Sink, olderThan time.Duration, org string, limit int) ([]InDoubtRow, error) {
+	rows, err := s.pool.Query(ctx, inDoubtSQL, olderThan.Seconds(), org, limit)
 	if err != nil {
 		return nil, fmt.Errorf("sink: list in-doubt authorizations: %w", interpretError(err))
 	}
@@ -176,7 +242,11 @@ func seconds(s float64) time.Duration {
 // Authorization loads one authorization of a mandate; ErrNotFound when
 // there is none.
 func (o *Operator) Authorization(ctx context.Context, key partitioner.MandateKey, id string) (*lifecycle.Authorization, error) {
-	a, err := scanAuth(o.s.pool.QueryRow(ctx, `SELECT `+authColumns+` FROM authorizations a
+	return firstFound(o.shards, func(s *Sink) (*lifecycle.Authorization, error) { return authorization(ctx, s, key, id) })
+}
+
+func authorization(ctx context.Context, s *Sink, key partitioner.MandateKey, id string) (*lifecycle.Authorization, error) {
+	a, err := scanAuth(s.pool.QueryRow(ctx, `SELECT `+authColumns+` FROM authorizations a
 		WHERE a.org = $1 AND a.mandate_id = $2 AND a.authorization_id = $3`, key.Org, key.MandateID, id))
 	if err != nil {
 		return nil, fmt.Errorf("sink: authorization %s/%s: %w", key, id, interpretError(err))

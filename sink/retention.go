@@ -18,6 +18,7 @@ var ErrRetentionTooShort = errors.New("sink: idempotency retention too short")
 
 // RefreshRetention reloads the per-org idempotency retention overrides.
 func (s *Sink) RefreshRetention(ctx context.Context) error {
+	s = s.settings()
 	rows, err := s.pool.Query(ctx, `SELECT org, extract(epoch FROM idempotency_retention)::float8 FROM org_settings WHERE idempotency_retention IS NOT NULL`)
 	if err != nil {
 		return fmt.Errorf("sink: read org_settings: %w", interpretError(err))
@@ -40,6 +41,7 @@ func (s *Sink) RefreshRetention(ctx context.Context) error {
 
 // Retention returns how long an org's idempotency keys are kept.
 func (s *Sink) Retention(org string) time.Duration {
+	s = s.settings()
 	s.mu.RLock()
 	d, ok := s.retention[org]
 	s.mu.RUnlock()
@@ -53,11 +55,35 @@ func (s *Sink) Retention(org string) time.Duration {
 // org-settings). A running sink picks changes up within its
 // RetentionRefresh.
 type OrgSettings struct {
-	pool *pgxpool.Pool
+	pool   *pgxpool.Pool
+	shards []*pgxpool.Pool
 }
 
-// NewOrgSettings wraps a read-write pool.
+// NewOrgSettings wraps a read-write pool (the control shard's, with a shard
+// map).
 func NewOrgSettings(pool *pgxpool.Pool) *OrgSettings { return &OrgSettings{pool: pool} }
+
+// WithShards makes the mandates of every shard count towards the org's
+// LongestWindows: with a shard map an org's mandates are on every shard,
+// its settings on the control shard only.
+func (o *OrgSettings) WithShards(pools ...*pgxpool.Pool) *OrgSettings {
+	o.shards = pools
+	return o
+}
+
+// shardWindows is the longest hold window plus execution timeout of the
+// org's mandates on the other shards.
+func (o *OrgSettings) shardWindows(ctx context.Context, org string) (time.Duration, error) {
+	var longest time.Duration
+	for _, pool := range o.shards {
+		var ms int64
+		if err := pool.QueryRow(ctx, `SELECT coalesce(max(hold_window_ms + execution_timeout_ms), 0) FROM mandates WHERE org = $1`, org).Scan(&ms); err != nil {
+			return 0, fmt.Errorf("sink: read the mandates of org %s: %w", org, interpretError(err))
+		}
+		longest = max(longest, time.Duration(ms)*time.Millisecond)
+	}
+	return longest, nil
+}
 
 // OrgSetting is one org's settings.
 type OrgSetting struct {
@@ -76,7 +102,13 @@ const getOrgSettingSQL = `SELECT extract(epoch FROM (SELECT idempotency_retentio
 
 // Get returns an org's settings.
 func (o *OrgSettings) Get(ctx context.Context, org string) (OrgSetting, error) {
-	return getOrgSetting(ctx, o.pool, org)
+	s, err := getOrgSetting(ctx, o.pool, org)
+	if err != nil {
+		return s, err
+	}
+	w, err := o.shardWindows(ctx, org)
+	s.LongestWindows = max(s.LongestWindows, w)
+	return s, err
 }
 
 func getOrgSetting(ctx context.Context, q interface {
@@ -112,6 +144,11 @@ func (o *OrgSettings) SetRetention(ctx context.Context, org string, d time.Durat
 		if err != nil {
 			return err
 		}
+		w, err := o.shardWindows(ctx, org)
+		if err != nil {
+			return err
+		}
+		cur.LongestWindows = max(cur.LongestWindows, w)
 		if d < cur.LongestWindows {
 			return fmt.Errorf("%w: %s for org %s is shorter than the hold window plus execution timeout of one of its mandates (%s)",
 				ErrRetentionTooShort, d, org, cur.LongestWindows)

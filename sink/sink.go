@@ -26,10 +26,29 @@ type Sink struct {
 
 	refresh retentionRefresher
 	replay  atomic.Pointer[map[string]lifecycle.ReplaySetting] // per-org possible-replay settings (see intents.go)
+
+	shard   Shard // which partitions this database owns
+	control *Sink // where the org settings are read; nil: here (the control shard)
+
+	// A shard other than the control shard that did not answer at start is
+	// set up (migrations, layout check) by its first claim: lateSetup says
+	// that is still to do, count is the partition count to record then.
+	setupMu   sync.Mutex
+	lateSetup bool
+	count     int32
 }
 
 // Open connects, applies migrations and loads the per-org retention table.
+// The database owns every partition (the single shard "main"); OpenShards
+// opens several.
 func Open(ctx context.Context, cfg Config, log zerolog.Logger) (*Sink, error) {
+	return open(ctx, cfg, Single(cfg.DatabaseURL).Shards[0], nil, log)
+}
+
+// open opens one shard's database. A shard other than the control shard
+// reads the org settings from control and keeps no copy of them.
+func open(ctx context.Context, cfg Config, shard Shard, control *Sink, log zerolog.Logger) (*Sink, error) {
+	cfg.DatabaseURL = shard.URL
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -52,10 +71,21 @@ func Open(ctx context.Context, cfg Config, log zerolog.Logger) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sink: connect: %w", err)
 	}
-	s := &Sink{cfg: cfg, pool: pool, log: log, retention: map[string]time.Duration{}}
+	s := &Sink{cfg: cfg, pool: pool, log: log, retention: map[string]time.Duration{}, shard: shard, control: control}
 	if err := s.migrate(ctx); err != nil {
+		if control != nil && pool.Ping(ctx) != nil {
+			// Another shard's outage must not keep this process from
+			// deciding the partitions of the shards that answer.
+			log.Error().Err(err).Str("partitions", shard.Range()).
+				Msg("shard does not answer at start: its partitions wait until it does; the others start now")
+			s.lateSetup = true
+			return s, nil
+		}
 		pool.Close()
 		return nil, err
+	}
+	if control != nil {
+		return s, nil
 	}
 	if err := s.RefreshRetention(ctx); err != nil {
 		pool.Close()
@@ -85,6 +115,27 @@ func (s *Sink) migrate(ctx context.Context) error {
 	return nil
 }
 
+// setUpLate migrates a shard that did not answer at start and checks its
+// layout; a claim calls it before anything else touches the shard.
+func (s *Sink) setUpLate(ctx context.Context) error {
+	s.setupMu.Lock()
+	defer s.setupMu.Unlock()
+	if !s.lateSetup {
+		return nil
+	}
+	if err := s.migrate(ctx); err != nil {
+		return err
+	}
+	if s.count > 0 {
+		if err := s.recordLayout(ctx, s.count); err != nil {
+			return err
+		}
+	}
+	s.lateSetup = false
+	s.log.Info().Str("partitions", s.shard.Range()).Msg("shard answers: schema and layout checked")
+	return nil
+}
+
 // Close stops the retention refresh and closes the pool.
 func (s *Sink) Close() {
 	s.refresh.stop()
@@ -97,6 +148,17 @@ func (s *Sink) Pool() *pgxpool.Pool { return s.pool }
 
 // Config returns the effective configuration.
 func (s *Sink) Config() Config { return s.cfg }
+
+// Shard returns the shard this database is: its name and partitions.
+func (s *Sink) Shard() Shard { return s.shard }
+
+// settings is the sink the org settings are read from: the control shard.
+func (s *Sink) settings() *Sink {
+	if s.control != nil {
+		return s.control
+	}
+	return s
+}
 
 // Ping checks that PostgreSQL answers.
 func (s *Sink) Ping(ctx context.Context) error { return interpretError(s.pool.Ping(ctx)) }

@@ -31,6 +31,7 @@ import (
 	"github.com/mandated/mandated/client"
 	"github.com/mandated/mandated/cmd/internal/cli"
 	"github.com/mandated/mandated/gateway"
+	"github.com/mandated/mandated/sink"
 )
 
 type config struct {
@@ -38,6 +39,7 @@ type config struct {
 	databaseURL     string
 	databaseURLFile string
 	dbMaxConns      int
+	shardMap        string
 	proposalsTopic  string
 	grantsTopic     string
 	decisionsTopic  string
@@ -55,7 +57,8 @@ func (c *config) register(fs *flag.FlagSet) {
 	c.kafka.Register(fs)
 	fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL URL of a role that may only read (status and tokens), e.g. postgres://mandated_gateway@db:5432/mandated?sslmode=verify-full (required)")
 	fs.StringVar(&c.databaseURLFile, "database-url-file", "", "file holding the PostgreSQL URL (a mounted secret); wins over --database-url")
-	fs.IntVar(&c.dbMaxConns, "db-max-conns", 8, "PostgreSQL connection pool size")
+	fs.StringVar(&c.shardMap, "shard-map", "", "mandated's shard map (YAML): status is read in every shard, tokens in the control shard; replaces --database-url")
+	fs.IntVar(&c.dbMaxConns, "db-max-conns", 8, "PostgreSQL connection pool size (per shard)")
 	fs.StringVar(&c.proposalsTopic, "proposals-topic", client.ProposalsTopicDefault, "topic of agents' commands")
 	fs.StringVar(&c.grantsTopic, "grants-topic", client.GrantsTopicDefault, "topic of grantors' commands (the gateway never writes it)")
 	fs.StringVar(&c.decisionsTopic, "decisions-topic", client.DecisionsTopicDefault, "topic of decisions")
@@ -70,6 +73,20 @@ func (c *config) register(fs *flag.FlagSet) {
 }
 
 func main() { os.Exit(run(os.Args[1:])) }
+
+// readOnlyPool makes a pool (connected lazily) whose sessions cannot write,
+// whatever role the URL names.
+func (c *config) readOnlyPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	pcfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("invalid database URL: %w", err)
+	}
+	pcfg.MaxConns = int32(c.dbMaxConns)
+	pcfg.ConnConfig.RuntimeParams["default_transaction_read_only"] = "on"
+	pcfg.ConnConfig.RuntimeParams["application_name"] = "mandate-gateway"
+	pcfg.ConnConfig.RuntimeParams["statement_timeout"] = "10000"
+	return pgxpool.NewWithConfig(ctx, pcfg)
+}
 
 func run(args []string) int {
 	var c config
@@ -95,32 +112,45 @@ func run(args []string) int {
 	}
 	kopts = append(kopts, kgo.WithLogger(cli.KafkaLogger(log, kgo.LogLevelWarn)))
 	dbURL, err := cli.Secret(c.databaseURL, c.databaseURLFile)
-	if err == nil && dbURL == "" {
-		err = fmt.Errorf("--database-url (%s) or --database-url-file is required", cli.EnvName("database-url"))
+	var shardURLs []string
+	switch {
+	case err != nil:
+	case c.shardMap != "" && dbURL != "":
+		err = errors.New("--shard-map and --database-url exclude each other: the map names every database")
+	case c.shardMap != "":
+		var m *sink.ShardMap
+		if m, err = sink.ReadShardMap(c.shardMap); err == nil {
+			dbURL = m.Shards[m.Control()].URL
+			for _, s := range m.Shards {
+				shardURLs = append(shardURLs, s.URL)
+			}
+		}
+	case dbURL == "":
+		err = fmt.Errorf("--database-url (%s), --database-url-file or --shard-map is required", cli.EnvName("database-url"))
 	}
 	if err != nil {
 		log.Error().Err(err).Msg("invalid configuration")
 		return 2
 	}
-	pcfg, err := pgxpool.ParseConfig(dbURL)
-	if err != nil {
-		log.Error().Err(err).Msg("invalid --database-url")
-		return 2
-	}
-	pcfg.MaxConns = int32(c.dbMaxConns)
-	// Whatever role it is given, the gateway's sessions cannot write.
-	pcfg.ConnConfig.RuntimeParams["default_transaction_read_only"] = "on"
-	pcfg.ConnConfig.RuntimeParams["application_name"] = "mandate-gateway"
-	pcfg.ConnConfig.RuntimeParams["statement_timeout"] = "10000"
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg) // connects lazily
+	pool, err := c.readOnlyPool(ctx, dbURL)
 	if err != nil {
 		log.Error().Err(err).Msg("postgresql pool")
-		return 1
+		return 2
 	}
 	defer pool.Close()
+	var shardPools []*pgxpool.Pool
+	for _, u := range shardURLs {
+		sp, err := c.readOnlyPool(ctx, u)
+		if err != nil {
+			log.Error().Err(err).Msg("postgresql pool of a shard")
+			return 2
+		}
+		defer sp.Close()
+		shardPools = append(shardPools, sp)
+	}
 	cl, ok := connectClient(ctx, client.Config{Brokers: brokers, KafkaOpts: kopts, ProposalsTopic: c.proposalsTopic,
 		GrantsTopic: c.grantsTopic, DecisionsTopic: c.decisionsTopic, Logger: &log}, log)
 	if !ok {
@@ -131,6 +161,9 @@ func run(args []string) int {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	srv, err := gateway.New(gcfg, cl, pool, reg)
+	if err == nil && len(shardPools) > 0 {
+		srv.WithShards(shardPools...)
+	}
 	if err != nil {
 		log.Error().Err(err).Msg("invalid configuration")
 		return 2

@@ -18,6 +18,7 @@ import (
 
 	"github.com/mandated/mandated/cmd/internal/cli"
 	"github.com/mandated/mandated/processor"
+	"github.com/mandated/mandated/sink"
 )
 
 // flagSet is one command's flags with its help text. Flags registered
@@ -207,28 +208,114 @@ func (t *topicNames) register(f *flagSet) {
 
 // dbConn holds how to reach PostgreSQL, registered as the daemon's flags.
 type dbConn struct {
-	url     string
-	urlFile string
+	url      string
+	urlFile  string
+	shardMap string
+	shard    *sink.Shard // set on the per-shard copies shards returns
 }
 
 func (d *dbConn) register(f *flagSet) {
 	f.env(func(fs *flag.FlagSet) {
-		fs.StringVar(&d.url, "database-url", "", "PostgreSQL URL, e.g. postgres://mandated@db:5432/mandated?sslmode=verify-full (required)")
+		fs.StringVar(&d.url, "database-url", "", "PostgreSQL URL, e.g. postgres://mandated@db:5432/mandated?sslmode=verify-full (required unless --shard-map)")
 		fs.StringVar(&d.urlFile, "database-url-file", "", "file holding the PostgreSQL URL (a mounted secret); wins over --database-url")
+		fs.StringVar(&d.shardMap, "shard-map", "", "the daemon's shard map (YAML): partitions are read in their shard's database; org settings, grantor keys and gateway tokens in the control shard's")
 	})
+}
+
+// readMap reads --shard-map.
+func (d *dbConn) readMap() (*sink.ShardMap, error) {
+	if d.url != "" || d.urlFile != "" {
+		return nil, errors.New("--shard-map and --database-url exclude each other: the map names every database")
+	}
+	m, err := sink.ReadShardMap(d.shardMap)
+	if err != nil {
+		return nil, fmt.Errorf("--shard-map: %w", err)
+	}
+	return m, nil
+}
+
+// shards returns one connection per shard of --shard-map (each resolving
+// to its shard's database), or d itself without a map.
+func (d *dbConn) shards() ([]*dbConn, error) {
+	if d.shardMap == "" || d.shard != nil {
+		return []*dbConn{d}, nil
+	}
+	m, err := d.readMap()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*dbConn, len(m.Shards))
+	for i := range m.Shards {
+		out[i] = &dbConn{shard: &m.Shards[i]}
+	}
+	return out, nil
+}
+
+// name is the shard's name, or "" without a map.
+func (d *dbConn) name() string {
+	if d.shard == nil {
+		return ""
+	}
+	return d.shard.Name
+}
+
+// pools opens a read-only pool on every shard (pool); close closes them.
+func (d *dbConn) pools(ctx context.Context) (pools []*pgxpool.Pool, close func(), err error) {
+	close = func() {
+		for _, p := range pools {
+			p.Close()
+		}
+	}
+	all, err := d.shards()
+	if err != nil {
+		return nil, close, err
+	}
+	for _, one := range all {
+		p, err := one.pool(ctx)
+		if err != nil {
+			close()
+			if one.shard != nil {
+				err = fmt.Errorf("shard %s: %w", one.shard.Name, err)
+			}
+			return nil, func() {}, err
+		}
+		pools = append(pools, p)
+	}
+	return pools, close, nil
+}
+
+// operator answers operator queries across every shard.
+func (d *dbConn) operator(ctx context.Context) (*sink.Operator, func(), error) {
+	pools, close, err := d.pools(ctx)
+	if err != nil {
+		return nil, close, err
+	}
+	return sink.NewShardedOperator(pools...), close, nil
 }
 
 // applicationName is what mandatectl's sessions call themselves. It must
 // not be the daemon's: a takeover terminates blocking sessions by that name.
 const applicationName = "mandatectl"
 
+// resolve returns the database URL: with --shard-map, the control
+// shard's (where org settings, grantor keys and tokens live).
 func (d *dbConn) resolve() (string, error) {
+	if d.shard != nil {
+		return d.shard.URL, nil
+	}
+	if d.shardMap != "" {
+		m, err := d.readMap()
+		if err != nil {
+			return "", err
+		}
+		return m.Shards[m.Control()].URL, nil
+	}
 	u, err := cli.Secret(d.url, d.urlFile)
 	if err != nil {
 		return "", fmt.Errorf("--database-url-file: %w", err)
 	}
 	if u == "" {
-		return "", fmt.Errorf("--database-url (%s) or --database-url-file is required", cli.EnvName("database-url"))
+		return "", fmt.Errorf("--database-url (%s), --database-url-file or --shard-map is required", cli.EnvName("database-url"))
 	}
 	return u, nil
 }

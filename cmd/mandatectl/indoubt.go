@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/mandated/mandated/partitioner"
-	"github.com/mandated/mandated/sink"
 )
 
 type inDoubtView struct {
@@ -59,13 +58,13 @@ first; the age is how long it has been in doubt, by the database's clock.`,
 	}
 	ctx, cancel := withTimeout(a.ctx, *timeout)
 	defer cancel()
-	pool, err := db.pool(ctx)
+	op, closeDB, err := db.operator(ctx)
 	if err != nil {
 		a.errorf("in-doubt: %v", err)
 		return exitFailed
 	}
-	defer pool.Close()
-	rows, err := sink.NewOperator(pool).InDoubt(ctx, olderThan.d, *org, *limit)
+	defer closeDB()
+	rows, err := op.InDoubt(ctx, olderThan.d, *org, *limit)
 	if err != nil {
 		a.errorf("in-doubt: %v", err)
 		return exitFailed

@@ -173,13 +173,13 @@ its progress on stderr when it takes longer than a second; it shows the last
 	ctx, cancel := withTimeout(a.ctx, *timeout)
 	defer cancel()
 
-	pool, err := db.pool(ctx)
+	op, closeDB, err := db.operator(ctx)
 	if err != nil {
 		a.errorf("inspect: %v", err)
 		return exitFailed
 	}
-	defer pool.Close()
-	snap, err := sink.NewOperator(pool).Inspect(ctx, key, *authLimit)
+	defer closeDB()
+	snap, err := op.Inspect(ctx, key, *authLimit)
 	found := err == nil
 	if err != nil && !errors.Is(err, sink.ErrNotFound) {
 		a.errorf("inspect: %v", err)

@@ -47,29 +47,40 @@ job, keeps schema changes out of the rolling restart.
 	}
 	ctx, cancel := withTimeout(a.ctx, *timeout)
 	defer cancel()
-	conn, err := db.conn(ctx)
+	shards, err := db.shards()
 	if err != nil {
-		a.errorf("migrate: %v", err)
-		return exitFailed
+		return f.usageErr("%v", err)
 	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	applied, err := sink.Migrate(ctx, conn)
 	names := map[int]string{}
 	for _, m := range migrations {
 		names[m.Version] = m.Name
 	}
-	for _, v := range applied {
-		fmt.Fprintf(a.stdout, "applied %s\n", names[v])
-	}
-	if err != nil {
-		a.errorf("migrate: %v", err)
-		return exitFailed
-	}
 	latest := migrations[len(migrations)-1]
-	if len(applied) == 0 {
-		fmt.Fprintf(a.stdout, "schema is up to date (version %d, %s)\n", latest.Version, latest.Name)
-	} else {
-		fmt.Fprintf(a.stdout, "schema is at version %d\n", latest.Version)
+	for _, one := range shards {
+		// With a shard map every shard has its own schema, migrated in turn.
+		prefix := ""
+		if one.name() != "" {
+			prefix = "shard " + one.name() + ": "
+		}
+		conn, err := one.conn(ctx)
+		if err != nil {
+			a.errorf("migrate: %s%v", prefix, err)
+			return exitFailed
+		}
+		applied, err := sink.Migrate(ctx, conn)
+		conn.Close(context.WithoutCancel(ctx))
+		for _, v := range applied {
+			fmt.Fprintf(a.stdout, "%sapplied %s\n", prefix, names[v])
+		}
+		if err != nil {
+			a.errorf("migrate: %s%v", prefix, err)
+			return exitFailed
+		}
+		if len(applied) == 0 {
+			fmt.Fprintf(a.stdout, "%sschema is up to date (version %d, %s)\n", prefix, latest.Version, latest.Name)
+		} else {
+			fmt.Fprintf(a.stdout, "%sschema is at version %d\n", prefix, latest.Version)
+		}
 	}
 	return exitOK
 }

@@ -76,7 +76,13 @@ timeout among its mandates, the shortest retention it may be given.`,
 		return exitFailed
 	}
 	defer pool.Close()
-	s, err := sink.NewOrgSettings(pool).Get(ctx, org)
+	shards, closeShards, err := db.pools(ctx)
+	if err != nil {
+		a.errorf("org-settings get: %v", err)
+		return exitFailed
+	}
+	defer closeShards()
+	s, err := sink.NewOrgSettings(pool).WithShards(shards...).Get(ctx, org)
 	if err != nil {
 		a.errorf("org-settings get: %v", err)
 		return exitFailed
@@ -161,7 +167,13 @@ possible_replay_of. Default: off. Running daemons apply it within 10 s.`,
 		return exitFailed
 	}
 	defer pool.Close()
-	settings := sink.NewOrgSettings(pool)
+	shards, closeShards, err := db.pools(ctx)
+	if err != nil {
+		a.errorf("org-settings set: %v", err)
+		return exitFailed
+	}
+	defer closeShards()
+	settings := sink.NewOrgSettings(pool).WithShards(shards...)
 	if retention.d != 0 {
 		if err := settings.SetRetention(ctx, org, retention.d); err != nil {
 			a.errorf("org-settings set: %v", err)

@@ -47,16 +47,22 @@ needs to be told by other means.`,
 	}
 	ctx, cancel := withTimeout(a.ctx, *timeout)
 	defer cancel()
-	pool, err := db.pool(ctx)
+	pools, closeDB, err := db.pools(ctx)
 	if err != nil {
 		a.errorf("parked: %v", err)
 		return exitFailed
 	}
-	defer pool.Close()
-	rows, err := outbox.ListParked(ctx, pool, *limit)
-	if err != nil {
-		a.errorf("parked: %v", err)
-		return exitFailed
+	defer closeDB()
+	var rows []outbox.ParkedRow
+	for _, pool := range pools {
+		more, err := outbox.ListParked(ctx, pool, *limit-len(rows))
+		if err != nil {
+			a.errorf("parked: %v", err)
+			return exitFailed
+		}
+		if rows = append(rows, more...); len(rows) >= *limit {
+			break
+		}
 	}
 	if *asJSON {
 		views := make([]parkedView, 0, len(rows))

@@ -141,12 +141,11 @@ grows, or whose last commit is old while it has lag, is the one to look at.`,
 
 func gatherPartitions(ctx context.Context, opts []kgo.Opt, topics topicNames, group string, db *dbConn) ([]partitionView, []string, error) {
 	var warnings []string
-	pool, err := db.pool(ctx)
+	op, closeDB, err := db.operator(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
-	defer pool.Close()
-	op := sink.NewOperator(pool)
+	defer closeDB()
 	rows, err := op.Partitions(ctx)
 	if err != nil {
 		return nil, nil, err

@@ -90,13 +90,13 @@ came within --timeout.`,
 
 	ctx, cancel := withTimeout(a.ctx, *timeout)
 	defer cancel()
-	pool, err := db.pool(ctx)
+	op, closeDB, err := db.operator(ctx)
 	if err != nil {
 		a.errorf("reconcile: %v", err)
 		return exitFailed
 	}
-	defer pool.Close()
-	cur, err := sink.NewOperator(pool).Authorization(ctx, key, *auth)
+	defer closeDB()
+	cur, err := op.Authorization(ctx, key, *auth)
 	switch {
 	case errors.Is(err, sink.ErrNotFound):
 		a.errorf("reconcile: no authorization %s under %s", *auth, key)
@@ -168,13 +168,13 @@ came within --timeout.`,
 func reconcileList(a *app, db *dbConn, olderThan time.Duration, org string, limit int, asJSON bool, timeout time.Duration) int {
 	ctx, cancel := withTimeout(a.ctx, timeout)
 	defer cancel()
-	pool, err := db.pool(ctx)
+	op, closeDB, err := db.operator(ctx)
 	if err != nil {
 		a.errorf("reconcile: %v", err)
 		return exitFailed
 	}
-	defer pool.Close()
-	rows, err := sink.NewOperator(pool).InDoubt(ctx, olderThan, org, limit)
+	defer closeDB()
+	rows, err := op.InDoubt(ctx, olderThan, org, limit)
 	if err != nil {
 		a.errorf("reconcile: %v", err)
 		return exitFailed

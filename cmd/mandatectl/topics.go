@@ -11,7 +11,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mandated/mandated/processor"
-	"github.com/mandated/mandated/sink"
 )
 
 func runTopics(a *app, args []string) int {
@@ -247,14 +246,14 @@ the partition count is the one the database was set up with.`,
 		a.errorf("topics check: %v", err)
 		return exitFailed
 	}
-	if db.url != "" || db.urlFile != "" {
-		pool, err := db.pool(ctx)
+	if db.url != "" || db.urlFile != "" || db.shardMap != "" {
+		op, closeDB, err := db.operator(ctx)
 		if err != nil {
 			a.errorf("topics check: %v", err)
 			return exitFailed
 		}
-		defer pool.Close()
-		stored, err := sink.NewOperator(pool).PartitionCount(ctx)
+		defer closeDB()
+		stored, err := op.PartitionCount(ctx)
 		if err != nil {
 			a.errorf("topics check: %v", err)
 			return exitFailed

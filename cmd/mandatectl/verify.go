@@ -110,12 +110,12 @@ error.`,
 		a.errorf("verify: partition %d at sequence %d of %d (%d records read)", p.Partition, p.Sequence, p.Target, p.Records)
 	}
 	metrics := verify.NewMetrics(nil)
-	pool, err := db.pool(ctx)
+	pools, closeDB, err := db.pools(ctx)
 	var rep *verify.Report
 	if err == nil {
-		cfg.Pool = pool
+		cfg.Pool, cfg.Shards = pools[0], pools[1:]
 		rep, err = verify.Run(ctx, cfg)
-		pool.Close()
+		closeDB()
 	}
 	metrics.Observe(start, rep, err)
 	if code := exportVerifyMetrics(a, metrics, err == nil, *pushURL, *metricsFile); code != exitOK && err == nil {

@@ -44,6 +44,7 @@ type config struct {
 
 	databaseURL      string
 	databaseURLFile  string
+	shardMap         string
 	dbMaxConns       int
 	lockTimeout      time.Duration
 	idleInTxTimeout  time.Duration
@@ -80,6 +81,7 @@ func (c *config) register(fs *flag.FlagSet) {
 	c.kafka.Register(fs)
 	fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL URL, e.g. postgres://mandated@db:5432/mandated?sslmode=verify-full&sslrootcert=/etc/ca.pem (required)")
 	fs.StringVar(&c.databaseURLFile, "database-url-file", "", "file holding the PostgreSQL URL (a mounted secret); wins over --database-url")
+	fs.StringVar(&c.shardMap, "shard-map", "", "YAML file mapping partition ranges to PostgreSQL databases (README, \"Scaling out PostgreSQL\"); replaces --database-url")
 	fs.IntVar(&c.dbMaxConns, "db-max-conns", int(sink.MaxConnsDefault), "PostgreSQL connection pool size")
 	fs.DurationVar(&c.lockTimeout, "db-lock-timeout", sink.LockTimeoutDefault, "how long a batch waits for its partition row")
 	fs.DurationVar(&c.idleInTxTimeout, "db-idle-in-transaction-timeout", sink.IdleInTxTimeoutDefault, "PostgreSQL ends a session idle inside a transaction after this (a paused owner)")
@@ -131,12 +133,22 @@ func (c *config) serviceConfig(log zerolog.Logger, reg prometheus.Registerer) (p
 	if err != nil {
 		return processor.ServiceConfig{}, fmt.Errorf("--database-url-file: %w", err)
 	}
-	if dbURL == "" {
-		return processor.ServiceConfig{}, fmt.Errorf("--database-url (%s) or --database-url-file is required", cli.EnvName("database-url"))
+	var shards *sink.ShardMap
+	switch {
+	case c.shardMap != "" && dbURL != "":
+		return processor.ServiceConfig{}, errors.New("--shard-map and --database-url exclude each other: the map names every database")
+	case c.shardMap != "":
+		if shards, err = sink.ReadShardMap(c.shardMap); err != nil {
+			return processor.ServiceConfig{}, fmt.Errorf("--shard-map: %w", err)
+		}
+		dbURL = shards.Shards[shards.Control()].URL
+	case dbURL == "":
+		return processor.ServiceConfig{}, fmt.Errorf("--database-url (%s), --database-url-file or --shard-map is required", cli.EnvName("database-url"))
 	}
 	cfg := processor.ServiceConfig{
 		Sink: sink.Config{DatabaseURL: dbURL, MaxConns: int32(c.dbMaxConns), LockTimeout: c.lockTimeout,
 			IdleInTxTimeout: c.idleInTxTimeout, TakeoverGrace: c.takeoverGrace, Retention: c.retention},
+		Shards: shards,
 		Processor: processor.Config{Brokers: brokers, KafkaOpts: kopts, ClientHooks: hooks, Group: c.group, Owner: c.owner,
 			InstanceID: c.instanceID, GroupProtocol: c.groupProtocol, DBUnreachableHandoff: c.dbHandoff,
 			ProposalsTopic: c.proposalsTopic, GrantsTopic: c.grantsTopic, DecisionsTopic: c.decisionsTopic,
@@ -212,7 +224,9 @@ func run(args []string) int {
 		_ = srv.Close()
 		return 0
 	}
-	reg.MustRegister(sink.NewPoolCollector(svc.Sink))
+	for _, s := range svc.Shards.All() {
+		reg.MustRegister(sink.NewPoolCollector(s))
+	}
 	ready := svc.Metrics.Ready
 	stopReady := make(chan struct{})
 	go watchReady(svc, ready, stopReady)

@@ -51,7 +51,11 @@ func (pv *partitionVerifier) brk(e *entry, kind, format string, args ...any) {
 }
 
 func (pv *partitionVerifier) run(ctx context.Context) error {
-	snap, err := readSnapshot(ctx, pv.cfg.Pool, pv.p)
+	pool, err := pv.cfg.poolFor(ctx, pv.p)
+	if err != nil {
+		return fmt.Errorf("find partition %d's shard: %w", pv.p, err)
+	}
+	snap, err := readSnapshot(ctx, pool, pv.p)
 	if err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -32,6 +33,10 @@ type Config struct {
 	KafkaOpts []kgo.Opt
 	// Pool reaches PostgreSQL (read-only is enough). Required.
 	Pool *pgxpool.Pool
+	// Shards are the other databases of a shard map: a partition is read
+	// in the one that holds its row. Defaults to none (Pool holds every
+	// partition).
+	Shards []*pgxpool.Pool
 	// DecisionsTopic and DeadLetterTopic. Required.
 	DecisionsTopic, DeadLetterTopic string
 	// Partitions to verify. Defaults to every partition PostgreSQL knows.
@@ -166,6 +171,20 @@ type Report struct {
 // OK reports whether the history verified and nothing drifted.
 func (r *Report) OK() bool { return len(r.Breaks) == 0 && len(r.Drifts) == 0 }
 
+// poolFor returns the database that holds partition p's row.
+func (cfg *Config) poolFor(ctx context.Context, p int32) (*pgxpool.Pool, error) {
+	for _, pool := range cfg.Shards {
+		var here bool
+		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM mandated_partitions WHERE partition = $1)`, p).Scan(&here); err != nil {
+			return nil, err
+		}
+		if here {
+			return pool, nil
+		}
+	}
+	return cfg.Pool, nil
+}
+
 // Run verifies the configured partitions. An error means the run could not
 // complete (a broker or the database unreachable); what it found is in the
 // report.
@@ -179,9 +198,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	parts := cfg.Partitions
 	if len(parts) == 0 {
-		if err := cfg.Pool.QueryRow(ctx, `SELECT coalesce(array_agg(partition ORDER BY partition), '{}') FROM mandated_partitions`).Scan(&parts); err != nil {
-			return nil, fmt.Errorf("verify: list partitions: %w", err)
+		for _, pool := range append([]*pgxpool.Pool{cfg.Pool}, cfg.Shards...) {
+			var some []int32
+			if err := pool.QueryRow(ctx, `SELECT coalesce(array_agg(partition ORDER BY partition), '{}') FROM mandated_partitions`).Scan(&some); err != nil {
+				return nil, fmt.Errorf("verify: list partitions: %w", err)
+			}
+			parts = append(parts, some...)
 		}
+		slices.Sort(parts)
 	}
 	cl, err := kgo.NewClient(cfg.KafkaOpts...)
 	if err != nil {
