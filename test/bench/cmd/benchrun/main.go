@@ -24,7 +24,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: benchrun run|serve|pipe [flags]")
+		fmt.Fprintln(os.Stderr, "usage: benchrun run|serve|pipe|txpipe [flags]")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
@@ -36,6 +36,10 @@ func main() {
 		var cfg bench.PipeConfig
 		exitOn(childConfig(&cfg))
 		exitOn(bench.Pipe(cfg))
+	case "txpipe":
+		var cfg bench.TxPipeConfig
+		exitOn(childConfig(&cfg))
+		exitOn(bench.TxPipe(cfg))
 	case "run":
 		os.Exit(run(os.Args[2:]))
 	case "txnprobe":
@@ -47,7 +51,7 @@ func main() {
 		exitOn(err)
 		fmt.Print(out)
 	default:
-		fmt.Fprintln(os.Stderr, "usage: benchrun run|serve|pipe [flags]")
+		fmt.Fprintln(os.Stderr, "usage: benchrun run|serve|pipe|txpipe [flags]")
 		os.Exit(2)
 	}
 }
