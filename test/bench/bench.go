@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -45,6 +46,11 @@ type Config struct {
 	// RelayStall (debugging) holds every burn-down's relay back this long
 	// after its start, as a broker outage would.
 	RelayStall time.Duration
+	// RelayRetryBackoff (experiment), when set, adds a third system to
+	// every latency level: mandated whose relay producers retry a produce
+	// after this fixed backoff instead of franz-go's default (250 ms,
+	// doubling per consecutive failure).
+	RelayRetryBackoff time.Duration
 	// StopAfter (debugging): "calibration" or "latency" end the run early,
 	// "experiments" runs only the PostgreSQL-alone experiments,
 	// "repeat:<variant>" runs one variant's burn-down Rounds times.
@@ -292,8 +298,11 @@ func (b *Bench) latencyLevels(ctx context.Context, main *variant, capacity, valu
 		lv.dur = time.Duration(c.LatencySecs) * time.Second
 		lv.valueBytes = int(math.Round(valueBytes))
 		order := []string{"mandated", "K2"}
+		if c.RelayRetryBackoff > 0 {
+			order = append(order, "mandated-retry-backoff")
+		}
 		if i%2 == 1 {
-			order = []string{"K2", "mandated"}
+			slices.Reverse(order)
 		}
 		for _, sys := range order {
 			lv.system = sys
@@ -305,12 +314,23 @@ func (b *Bench) latencyLevels(ctx context.Context, main *variant, capacity, valu
 			}
 			b.logf("latency %s %s: p50 %.1f p99 %.1f max %.1f ms, missing %d, duplicates %d, mean batch %.1f; decide %.1f ms (commit %.1f ms, %.0f/s), publish %.1f ms (relay txn %.1f ms, %.0f/s); %.0f µs CPU per proposal",
 				sys, levelName(lv.pct), l.P50MS, l.P99MS, l.MaxMS, l.Missing, l.Duplicates, l.MeanBatch, l.DecideMS, l.CommitMS, l.BatchPS, l.PublishMS, l.RelayTxnMS, l.RelayTxnPS, l.CPUMicrosSys)
+			if sys != "K2" {
+				b.logf("   stages: record→commit p50 %.0f p99 %.0f ms, commit p99 %.0f ms, row→published p50 %.0f p99 %.0f ms, relay txn p50 %.0f p99 %.0f ms",
+					l.DecideP50MS, l.DecideP99MS, l.CommitP99MS, l.PublishP50MS, l.PublishP99MS, l.RelayTxnP50MS, l.RelayTxnP99MS)
+			}
+			for _, name := range reqNames(l.Requests)[:min(6, len(l.Requests))] {
+				q := l.Requests[name]
+				b.logf("   kafka %-18s %6d requests, mean %6.1f ms, p99 ≤ %5.0f ms, max %6.0f ms, queued %5.1f ms", name, q.Count, q.MeanMS(), q.QuantileMS(0.99), q.MaxMS, q.WaitSecs/float64(max(q.Count, 1))*1000)
+			}
 			if l.Cold != nil {
 				b.logf("   cold start: first %.0f s p50 %.1f p99 %.1f max %.1f ms (missing %d)", l.Cold.Seconds, l.Cold.P50MS, l.Cold.P99MS, l.Cold.MaxMS, l.Cold.Missing)
 			}
-			if sys == "K2" {
+			switch sys {
+			case "K2":
 				b.res.LatencyK2 = append(b.res.LatencyK2, l)
-			} else {
+			case "mandated-retry-backoff":
+				b.res.LatencyAlt = append(b.res.LatencyAlt, l)
+			default:
 				b.res.Latency = append(b.res.Latency, l)
 			}
 		}

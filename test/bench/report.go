@@ -36,8 +36,11 @@ type Result struct {
 	Latency     []LatencyResult `json:"latency"`
 	// LatencyK2 is the same levels against K2, the exactly-once pipe.
 	LatencyK2 []LatencyResult `json:"latency_k2"`
-	Heap      HeapResult      `json:"heap"`
-	Profile   *ProfileResult  `json:"profile,omitempty"`
+	// LatencyAlt is the same levels against mandated with
+	// Config.RelayRetryBackoff (an experiment; empty unless asked for).
+	LatencyAlt []LatencyResult `json:"latency_relay_retry_backoff,omitempty"`
+	Heap       HeapResult      `json:"heap"`
+	Profile    *ProfileResult  `json:"profile,omitempty"`
 
 	Ratios  []Ratio    `json:"ratios"`
 	CPU     CPUSummary `json:"cpu"`
@@ -422,6 +425,41 @@ func (r *Result) summary(dirName string, plots []string) string {
 			m, k := p[0], p[1]
 			w("| %s | %.0f | %.1f | %.1f | **%.2f** | %.1f | %.1f | **%.2f** | %.1f | %.1f | %d / %d | %d / %d | %.0f / %.0f |\n", levelName(m.LoadPct), m.OfferedRate,
 				m.P50MS, k.P50MS, m.P50MS/k.P50MS, m.P99MS, k.P99MS, m.P99MS/k.P99MS, m.MaxMS, k.MaxMS, m.Missing, k.Missing, m.Duplicates, k.Duplicates, m.CPUMicrosSys, k.CPUMicrosSys)
+		}
+		w("\nWhere mandated's latency goes, per level (quantiles are upper bounds of its histogram buckets, powers of two): record → batch committed (p50 / p99), batch commit p99, outbox row → Kafka transaction committed (p50 / p99), one relay transaction (p50 / p99):\n\n| load | record→commit p50 / p99 | commit p99 | row→published p50 / p99 | relay txn p50 / p99 | relay txn/s | batches/s |\n|---|---|---|---|---|---|---|\n")
+		for _, p := range pairs {
+			m := p[0]
+			w("| %s | %.0f / %.0f | %.0f | %.0f / %.0f | %.0f / %.0f | %.0f | %.0f |\n", levelName(m.LoadPct), m.DecideP50MS, m.DecideP99MS, m.CommitP99MS,
+				m.PublishP50MS, m.PublishP99MS, m.RelayTxnP50MS, m.RelayTxnP99MS, m.RelayTxnPS, m.BatchPS)
+		}
+		w("\nKafka requests of the process under test (client hook: round trip from write to response, without the time queued in the client; K2's cover its whole run, warm-up included):\n\n| load | system | request | count | mean ms | p99 ≤ ms | max ms | queued in client, mean ms |\n|---|---|---|---|---|---|---|---|\n")
+		for _, p := range pairs {
+			for _, l := range p {
+				for _, name := range reqNames(l.Requests) {
+					switch name {
+					case "Produce", "EndTxn", "AddPartitionsToTxn", "AddOffsetsToTxn", "TxnOffsetCommit", "InitProducerID":
+					default:
+						continue
+					}
+					q := l.Requests[name]
+					w("| %s | %s | %s | %d | %.1f | %.0f | %.0f | %.1f |\n", levelName(l.LoadPct), l.System, name, q.Count, q.MeanMS(), q.QuantileMS(0.99), q.MaxMS, q.WaitSecs/float64(max(q.Count, 1))*1000)
+				}
+			}
+		}
+		if len(r.LatencyAlt) > 0 {
+			w("\nExperiment (`--relay-retry-backoff %s`): mandated as shipped vs mandated whose relay producers retry a produce after a fixed %s instead of franz-go's default backoff (250 ms doubling per consecutive failure); same levels, adjacent runs:\n\n| load | p50 (default / fixed) | p99 | relay txn p99 ≤ | row→published p99 ≤ | relay Produce requests per EndTxn |\n|---|---|---|---|---|---|\n", r.Config.RelayRetryBackoff, r.Config.RelayRetryBackoff)
+			perTxn := func(l LatencyResult) float64 {
+				return float64(l.Requests["Produce"].Count) / float64(max(l.Requests["EndTxn"].Count, 1))
+			}
+			for _, p := range pairs {
+				m := p[0]
+				for _, a := range r.LatencyAlt {
+					if a.LoadPct == m.LoadPct && a.OfferedRate == m.OfferedRate {
+						w("| %s | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f | %.2f / %.2f |\n", levelName(m.LoadPct), m.P50MS, a.P50MS, m.P99MS, a.P99MS,
+							m.RelayTxnP99MS, a.RelayTxnP99MS, m.PublishP99MS, a.PublishP99MS, perTxn(m), perTxn(a))
+					}
+				}
+			}
 		}
 		w("\n**Cold start** (the load generator starts with the processes, at the light level; the first %.0f s against the same run's steady figures after them):\n\n| system | first %.0f s p50 | p99 | max | missing | steady p50 | steady p99 | **p99 ÷ steady p99** |\n|---|---|---|---|---|---|---|---|\n", ColdWindow.Seconds(), ColdWindow.Seconds())
 		for _, p := range pairs {

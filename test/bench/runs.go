@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
 	"os"
@@ -285,13 +286,26 @@ type LatencyResult struct {
 	// Where the time goes (means over the level, from mandated's metrics):
 	// record timestamp → batch committed, batch commit, outbox row →
 	// Kafka transaction committed, one relay transaction.
-	DecideMS   float64   `json:"decide_ms"`
-	CommitMS   float64   `json:"commit_ms"`
-	PublishMS  float64   `json:"publish_ms"`
-	RelayTxnMS float64   `json:"relay_txn_ms"`
-	RelayTxnPS float64   `json:"relay_txn_per_sec"`
-	BatchPS    float64   `json:"batch_txn_per_sec"`
-	CPU        CPUSample `json:"cpu_seconds"`
+	DecideMS   float64 `json:"decide_ms"`
+	CommitMS   float64 `json:"commit_ms"`
+	PublishMS  float64 `json:"publish_ms"`
+	RelayTxnMS float64 `json:"relay_txn_ms"`
+	RelayTxnPS float64 `json:"relay_txn_per_sec"`
+	BatchPS    float64 `json:"batch_txn_per_sec"`
+	// Quantiles of the same stages (upper bounds of mandated's histogram
+	// buckets, so powers of two from 1 ms: coarse but enough to tell a
+	// tail from a mean), milliseconds.
+	DecideP50MS   float64 `json:"decide_p50_ms"`
+	DecideP99MS   float64 `json:"decide_p99_ms"`
+	CommitP99MS   float64 `json:"commit_p99_ms"`
+	PublishP50MS  float64 `json:"publish_p50_ms"`
+	PublishP99MS  float64 `json:"publish_p99_ms"`
+	RelayTxnP50MS float64 `json:"relay_txn_p50_ms"`
+	RelayTxnP99MS float64 `json:"relay_txn_p99_ms"`
+	// Requests is what each Kafka request type cost the process under test
+	// over the level (K2: over its whole life, warm-up included).
+	Requests map[string]ReqStat `json:"kafka_requests,omitempty"`
+	CPU      CPUSample          `json:"cpu_seconds"`
 	// CPUMicrosSys is the system's CPU (mandated or K2, broker,
 	// PostgreSQL) per proposal offered, warm-up included.
 	CPUMicrosSys float64    `json:"cpu_us_per_decision_sys"`
@@ -359,6 +373,10 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 	}
 	defer deleteTopics(b.cfg.Brokers, t("proposals"), t("grants"), out, t("deadletter"))
 	mandated := lv.system != "K2"
+	var relayBackoff time.Duration
+	if lv.system == "mandated-retry-backoff" {
+		relayBackoff = b.cfg.RelayRetryBackoff
+	}
 	if mandated {
 		if err := b.pg.clone(ctx, v.template, db); err != nil {
 			return res, err
@@ -456,15 +474,16 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 		go func() { defer close(offered); offer() }()
 	}
 	var ch *child
+	k2Stats := filepath.Join(b.work, "txpipe-"+id+".requests.json")
 	if mandated {
 		ch, err = startChild(b.work, "serve-"+id, "serve", ServeConfig{
 			Brokers: b.cfg.Brokers, DatabaseURL: b.pg.dbURL(db), Proposals: t("proposals"), Grants: t("grants"),
 			Decisions: out, DeadLetter: t("deadletter"), Group: "bench-" + id, TxnPrefix: "bench-" + id,
-			LogPath: filepath.Join(b.work, "serve-"+id+".log"),
+			LogPath: filepath.Join(b.work, "serve-"+id+".log"), RelayRetryBackoff: relayBackoff,
 		})
 	} else {
 		ch, err = startChild(b.work, "txpipe-"+id, "txpipe", TxPipeConfig{Brokers: b.cfg.Brokers, In: t("proposals"), Out: out,
-			Group: "bench-" + id, TransactionID: "bench-" + id, ValueBytes: lv.valueBytes})
+			Group: "bench-" + id, TransactionID: "bench-" + id, ValueBytes: lv.valueBytes, StatsPath: k2Stats})
 	}
 	if err != nil {
 		if lv.cold {
@@ -472,7 +491,12 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 		}
 		return res, err
 	}
-	defer func() { _ = ch.stop() }()
+	stopped := false
+	defer func() {
+		if !stopped {
+			_ = ch.stop()
+		}
+	}()
 	startCPU := b.cpu.sample(ch.pid())
 	var startStats ServeStats
 	if !lv.cold {
@@ -545,6 +569,20 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 		if n := float64(endStats.RelayTxns - startStats.RelayTxns); n > 0 {
 			res.RelayTxnMS = d(endStats.RelayTxnSeconds, startStats.RelayTxnSeconds) / n * 1000
 			res.RelayTxnPS = n / elapsed
+		}
+		q := func(name string, p float64) float64 {
+			return bucketQuantile(endStats.Buckets[name], startStats.Buckets[name], p)
+		}
+		res.DecideP50MS, res.DecideP99MS = q("decide", 0.5), q("decide", 0.99)
+		res.CommitP99MS = q("commit", 0.99)
+		res.PublishP50MS, res.PublishP99MS = q("publish", 0.5), q("publish", 0.99)
+		res.RelayTxnP50MS, res.RelayTxnP99MS = q("relay_txn", 0.5), q("relay_txn", 0.99)
+		res.Requests = subReqs(endStats.Requests, startStats.Requests)
+	} else {
+		stopped = true
+		_ = ch.stop()
+		if js, err := os.ReadFile(k2Stats); err == nil {
+			_ = json.Unmarshal(js, &res.Requests)
 		}
 	}
 	mu.Lock()

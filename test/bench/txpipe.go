@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -20,6 +21,9 @@ type TxPipeConfig struct {
 	Group         string   `json:"group"`
 	TransactionID string   `json:"transaction_id"`
 	ValueBytes    int      `json:"value_bytes"`
+	// StatsPath receives, at exit, what each Kafka request type cost
+	// (map[string]ReqStat as JSON).
+	StatsPath string `json:"stats_path"`
 }
 
 // TxPipe is K2: what a user would build instead of mandated, an
@@ -33,7 +37,9 @@ type TxPipeConfig struct {
 // does) padded to ValueBytes, the size of a decision. It prints "READY"
 // once its client is up and stops on SIGTERM.
 func TxPipe(cfg TxPipeConfig) error {
+	requests := newReqHook()
 	sess, err := kgo.NewGroupTransactSession(
+		kgo.WithHooks(requests),
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.TransactionalID(cfg.TransactionID),
 		kgo.ConsumerGroup(cfg.Group),
@@ -49,7 +55,13 @@ func TxPipe(cfg TxPipeConfig) error {
 	if err != nil {
 		return err
 	}
-	defer sess.Close()
+	defer func() {
+		sess.Close()
+		if cfg.StatsPath != "" {
+			js, _ := json.Marshal(requests.snapshot())
+			_ = os.WriteFile(cfg.StatsPath, js, 0o644)
+		}
+	}()
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer cancel()
 	fmt.Println("READY")
