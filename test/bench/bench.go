@@ -51,6 +51,9 @@ type Config struct {
 	// after this fixed backoff instead of franz-go's default (250 ms,
 	// doubling per consecutive failure).
 	RelayRetryBackoff time.Duration
+	// RelayRetryLog (diagnosis) counts the relay producers' franz-go retry
+	// messages in every latency level (debug logging: costs CPU).
+	RelayRetryLog bool
 	// StopAfter (debugging): "calibration" or "latency" end the run early,
 	// "experiments" runs only the PostgreSQL-alone experiments,
 	// "repeat:<variant>" runs one variant's burn-down Rounds times.
@@ -321,6 +324,9 @@ func (b *Bench) latencyLevels(ctx context.Context, main *variant, capacity, valu
 			for _, name := range reqNames(l.Requests)[:min(6, len(l.Requests))] {
 				q := l.Requests[name]
 				b.logf("   kafka %-18s %6d requests, mean %6.1f ms, p99 ≤ %5.0f ms, max %6.0f ms, queued %5.1f ms", name, q.Count, q.MeanMS(), q.QuantileMS(0.99), q.MaxMS, q.WaitSecs/float64(max(q.Count, 1))*1000)
+			}
+			for msg, n := range l.RelayRetries {
+				b.logf("   relay retry log: %6d × %s", n, msg)
 			}
 			if l.Cold != nil {
 				b.logf("   cold start: first %.0f s p50 %.1f p99 %.1f max %.1f ms (missing %d)", l.Cold.Seconds, l.Cold.P50MS, l.Cold.P99MS, l.Cold.MaxMS, l.Cold.Missing)

@@ -1,8 +1,10 @@
 package bench
 
 import (
+	"fmt"
 	"math"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -119,4 +121,65 @@ func reqNames(m map[string]ReqStat) []string {
 	}
 	sort.Slice(names, func(i, j int) bool { return m[names[i]].Seconds > m[names[j]].Seconds })
 	return names
+}
+
+// retryLogger counts franz-go's debug messages about retries and
+// CONCURRENT_TRANSACTIONS, by message and request (a diagnosis aid: debug
+// logging costs CPU, so it is on only with ServeConfig.RelayRetryLog).
+type retryLogger struct {
+	mu     sync.Mutex
+	counts map[string]uint64
+}
+
+func newRetryLogger() *retryLogger { return &retryLogger{counts: map[string]uint64{}} }
+
+func (l *retryLogger) Level() kgo.LogLevel { return kgo.LogLevelDebug }
+
+func (l *retryLogger) Log(_ kgo.LogLevel, msg string, kv ...any) {
+	// The sink's per-request debug line lists each partition it will
+	// retry as "retrying@<offset>,<records>(<error>)".
+	for _, v := range kv {
+		str, ok := v.(string)
+		if !ok {
+			continue
+		}
+		for {
+			i := strings.Index(str, "retrying@")
+			if i < 0 {
+				break
+			}
+			str = str[i+len("retrying@"):]
+			if j, k := strings.IndexByte(str, '('), strings.IndexByte(str, ')'); j >= 0 && k > j {
+				l.mu.Lock()
+				l.counts["produce partition retried: "+str[j+1:k]]++
+				l.mu.Unlock()
+			}
+		}
+	}
+	if !strings.Contains(msg, "retry") && !strings.Contains(msg, "retrying") && !strings.Contains(msg, "CONCURRENT") &&
+		!strings.Contains(msg, "backoff") {
+		return
+	}
+	key := msg
+	for i := 0; i+1 < len(kv); i += 2 {
+		if k, _ := kv[i].(string); k == "request" || k == "response_error" {
+			key += fmt.Sprintf(" %s=%v", k, kv[i+1])
+		}
+	}
+	if len(key) > 160 {
+		key = key[:160]
+	}
+	l.mu.Lock()
+	l.counts[key]++
+	l.mu.Unlock()
+}
+
+func (l *retryLogger) snapshot() map[string]uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make(map[string]uint64, len(l.counts))
+	for k, v := range l.counts {
+		out[k] = v
+	}
+	return out
 }

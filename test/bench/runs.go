@@ -305,7 +305,10 @@ type LatencyResult struct {
 	// Requests is what each Kafka request type cost the process under test
 	// over the level (K2: over its whole life, warm-up included).
 	Requests map[string]ReqStat `json:"kafka_requests,omitempty"`
-	CPU      CPUSample          `json:"cpu_seconds"`
+	// RelayRetries counts the relay's franz-go retry messages
+	// (Config.RelayRetryLog only).
+	RelayRetries map[string]uint64 `json:"relay_retries,omitempty"`
+	CPU          CPUSample         `json:"cpu_seconds"`
 	// CPUMicrosSys is the system's CPU (mandated or K2, broker,
 	// PostgreSQL) per proposal offered, warm-up included.
 	CPUMicrosSys float64    `json:"cpu_us_per_decision_sys"`
@@ -480,6 +483,7 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 			Brokers: b.cfg.Brokers, DatabaseURL: b.pg.dbURL(db), Proposals: t("proposals"), Grants: t("grants"),
 			Decisions: out, DeadLetter: t("deadletter"), Group: "bench-" + id, TxnPrefix: "bench-" + id,
 			LogPath: filepath.Join(b.work, "serve-"+id+".log"), RelayRetryBackoff: relayBackoff,
+			RelayRetryLog: b.cfg.RelayRetryLog,
 		})
 	} else {
 		ch, err = startChild(b.work, "txpipe-"+id, "txpipe", TxPipeConfig{Brokers: b.cfg.Brokers, In: t("proposals"), Out: out,
@@ -578,6 +582,14 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 		res.PublishP50MS, res.PublishP99MS = q("publish", 0.5), q("publish", 0.99)
 		res.RelayTxnP50MS, res.RelayTxnP99MS = q("relay_txn", 0.5), q("relay_txn", 0.99)
 		res.Requests = subReqs(endStats.Requests, startStats.Requests)
+		for k, n := range endStats.RelayRetries {
+			if n -= startStats.RelayRetries[k]; n > 0 {
+				if res.RelayRetries == nil {
+					res.RelayRetries = map[string]uint64{}
+				}
+				res.RelayRetries[k] = n
+			}
+		}
 	} else {
 		stopped = true
 		_ = ch.stop()

@@ -47,6 +47,9 @@ type ServeConfig struct {
 	// produce after this fixed backoff (kgo.RetryBackoffFn) instead of
 	// franz-go's default. Zero: the default, as cmd/mandated runs.
 	RelayRetryBackoff time.Duration `json:"relay_retry_backoff"`
+	// RelayRetryLog counts the relay producers' franz-go debug messages
+	// about retries (ServeStats.RelayRetries). Debug logging costs CPU.
+	RelayRetryLog bool `json:"relay_retry_log"`
 }
 
 // ServeStats is what the child reports on GET /stats.
@@ -72,6 +75,8 @@ type ServeStats struct {
 	Buckets map[string][]Bucket `json:"buckets"`
 	// Requests is what each Kafka request type cost the process's clients.
 	Requests map[string]ReqStat `json:"requests"`
+	// RelayRetries counts franz-go's retry messages (RelayRetryLog only).
+	RelayRetries map[string]uint64 `json:"relay_retries,omitempty"`
 }
 
 // infBucket stands for the +Inf bucket's bound (seconds).
@@ -147,6 +152,11 @@ func Serve(cfg ServeConfig) error {
 	if d := cfg.RelayRetryBackoff; d > 0 {
 		relay.KafkaOpts = append(relay.KafkaOpts, kgo.RetryBackoffFn(func(int) time.Duration { return d }))
 	}
+	var retries *retryLogger
+	if cfg.RelayRetryLog {
+		retries = newRetryLogger()
+		relay.KafkaOpts = append(relay.KafkaOpts, kgo.WithLogger(retries))
+	}
 	if cfg.RelayStall > 0 {
 		until := time.Now().Add(cfg.RelayStall)
 		relay.Test.BeforePublish = func(int32, int64) { time.Sleep(time.Until(until)) }
@@ -175,6 +185,9 @@ func Serve(cfg ServeConfig) error {
 		}
 		st.Owned = len(svc.Processor.Owned())
 		st.Requests = requests.snapshot()
+		if retries != nil {
+			st.RelayRetries = retries.snapshot()
+		}
 		_ = json.NewEncoder(w).Encode(st)
 	})
 	mux.HandleFunc("/heap", func(w http.ResponseWriter, _ *http.Request) {

@@ -86,6 +86,7 @@ func run(args []string) int {
 	fs.IntVar(&over.LatencySecs, "latency-seconds", 0, "override: seconds per latency level")
 	fs.IntVar(&over.HeapMandates, "heap-mandates", 0, "override: mandates in the heap measurement")
 	fs.StringVar(&over.StopAfter, "stop-after", "", "debugging: calibration ends the run after the calibration burn-down")
+	fs.BoolVar(&over.RelayRetryLog, "relay-retry-log", false, "diagnosis: count the relay producers' franz-go retry messages in every latency level (debug logging costs CPU)")
 	fs.DurationVar(&over.RelayRetryBackoff, "relay-retry-backoff", 0, "experiment: add a third system to every latency level, mandated whose relay retries a produce after this fixed backoff")
 	fs.DurationVar(&over.RelayStall, "relay-stall", 0, "debugging: hold every burn-down's relay back this long after start (a broker outage)")
 	profile := fs.String("profile", "", "override: true or false")
@@ -127,6 +128,7 @@ func run(args []string) int {
 	cfg.StopAfter = over.StopAfter
 	cfg.RelayStall = over.RelayStall
 	cfg.RelayRetryBackoff = over.RelayRetryBackoff
+	cfg.RelayRetryLog = over.RelayRetryLog
 	if *profile != "" {
 		cfg.Profile = *profile == "true"
 	}
