@@ -20,6 +20,9 @@ const (
 	RevokeDrainDefault        = 2 * time.Second
 	MinTxnIntervalDefault     = 10 * time.Millisecond
 	StatsIntervalDefault      = 5 * time.Second
+	RetryBackoffDefault       = 10 * time.Millisecond
+	// RetryBackoffMax caps the relay producer's retry backoff.
+	RetryBackoffMax = time.Second
 )
 
 // Config configures the relay.
@@ -58,6 +61,21 @@ type Config struct {
 	// few milliseconds of latency for far fewer transactions. Defaults to
 	// MinTxnIntervalDefault; negative turns it off.
 	MinTxnInterval time.Duration
+	// RetryBackoff is how long the relay's producer waits before its first
+	// retry of a request that failed retriably (a produce the broker
+	// answered with a retriable error, a metadata refresh, a coordinator
+	// request); each consecutive failure doubles it, up to RetryBackoffMax,
+	// with ±20 % jitter. franz-go's own default starts at 250 ms and
+	// doubles to 5 s, and the relay met it in its first transactions after
+	// a start: ~5 s before the first decision appeared, while every request
+	// itself took under 200 ms (docs/performance.md, "Latency against an
+	// exactly-once Kafka pipe"). Retries change only when a request is
+	// sent again, never what it carries: the producer id, epoch and
+	// sequence numbers, hence fencing and exactly-once, are the client's as
+	// before. It overrides a kgo.RetryBackoffFn in KafkaOpts. Defaults to
+	// RetryBackoffDefault; negative keeps franz-go's default (or the one
+	// KafkaOpts sets).
+	RetryBackoff time.Duration
 	// HousekeepBatch bounds one delete of published rows. Defaults to
 	// HousekeepBatchDefault.
 	HousekeepBatch int
@@ -96,7 +114,23 @@ func (c Config) WithDefaults() Config {
 	c.RevokeDrain = cmp.Or(c.RevokeDrain, RevokeDrainDefault)
 	c.StatsInterval = cmp.Or(c.StatsInterval, StatsIntervalDefault)
 	c.MinTxnInterval = cmp.Or(c.MinTxnInterval, MinTxnIntervalDefault)
+	c.RetryBackoff = cmp.Or(c.RetryBackoff, RetryBackoffDefault)
 	return c
+}
+
+// retryBackoff returns the relay producer's backoff before retry number
+// fails (1 for the first): base doubled per consecutive failure, capped
+// at RetryBackoffMax, times a jitter factor in [0.8, 1.2) that jitter
+// returns.
+func retryBackoff(base time.Duration, jitter func() float64) func(fails int) time.Duration {
+	return func(fails int) time.Duration {
+		d := base
+		for i := 1; i < fails && d < RetryBackoffMax; i++ {
+			d *= 2
+		}
+		d = min(d, RetryBackoffMax)
+		return time.Duration(float64(d) * jitter())
+	}
 }
 
 // Validate names the first bad field.
