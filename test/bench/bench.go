@@ -46,10 +46,10 @@ type Config struct {
 	// RelayStall (debugging) holds every burn-down's relay back this long
 	// after its start, as a broker outage would.
 	RelayStall time.Duration
-	// RelayRetryBackoff (experiment), when set, adds a third system to
-	// every latency level: mandated whose relay producers retry a produce
-	// after this fixed backoff instead of franz-go's default (250 ms,
-	// doubling per consecutive failure).
+	// RelayRetryBackoff (experiment), when not zero, adds a third system
+	// to every latency level: mandated whose relay runs with this
+	// outbox.Config.RetryBackoff (negative: franz-go's default, 250 ms
+	// doubling to 5 s, as before the relay set its own).
 	RelayRetryBackoff time.Duration
 	// RelayRetryLog (diagnosis) counts the relay producers' franz-go retry
 	// messages in every latency level (debug logging: costs CPU).
@@ -301,7 +301,7 @@ func (b *Bench) latencyLevels(ctx context.Context, main *variant, capacity, valu
 		lv.dur = time.Duration(c.LatencySecs) * time.Second
 		lv.valueBytes = int(math.Round(valueBytes))
 		order := []string{"mandated", "K2"}
-		if c.RelayRetryBackoff > 0 {
+		if c.RelayRetryBackoff != 0 {
 			order = append(order, "mandated-retry-backoff")
 		}
 		if i%2 == 1 {

@@ -43,9 +43,8 @@ type ServeConfig struct {
 	// start (outbox.Config.Test.BeforePublish), as a broker outage would:
 	// the outbox fills while the processor decides on. Zero: no stall.
 	RelayStall time.Duration `json:"relay_stall"`
-	// RelayRetryBackoff, when set, makes the relay's producers retry a
-	// produce after this fixed backoff (kgo.RetryBackoffFn) instead of
-	// franz-go's default. Zero: the default, as cmd/mandated runs.
+	// RelayRetryBackoff is the relay's outbox.Config.RetryBackoff (negative:
+	// franz-go's default backoff). Zero: the default, as cmd/mandated runs.
 	RelayRetryBackoff time.Duration `json:"relay_retry_backoff"`
 	// RelayRetryLog counts the relay producers' franz-go debug messages
 	// about retries (ServeStats.RelayRetries). Debug logging costs CPU.
@@ -149,9 +148,7 @@ func Serve(cfg ServeConfig) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	relay := outbox.Config{TransactionalIDPrefix: cfg.TxnPrefix}
-	if d := cfg.RelayRetryBackoff; d > 0 {
-		relay.KafkaOpts = append(relay.KafkaOpts, kgo.RetryBackoffFn(func(int) time.Duration { return d }))
-	}
+	relay.RetryBackoff = cfg.RelayRetryBackoff
 	var retries *retryLogger
 	if cfg.RelayRetryLog {
 		retries = newRetryLogger()
