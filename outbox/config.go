@@ -20,9 +20,7 @@ const (
 	RevokeDrainDefault        = 2 * time.Second
 	MinTxnIntervalDefault     = 10 * time.Millisecond
 	StatsIntervalDefault      = 5 * time.Second
-	RetryBackoffDefault       = 10 * time.Millisecond
-	// RetryBackoffMax caps the relay producer's retry backoff.
-	RetryBackoffMax = time.Second
+	MetadataMinAgeDefault     = 100 * time.Millisecond
 )
 
 // Config configures the relay.
@@ -61,21 +59,18 @@ type Config struct {
 	// few milliseconds of latency for far fewer transactions. Defaults to
 	// MinTxnIntervalDefault; negative turns it off.
 	MinTxnInterval time.Duration
-	// RetryBackoff is how long the relay's producer waits before its first
-	// retry of a request that failed retriably (a produce the broker
-	// answered with a retriable error, a metadata refresh, a coordinator
-	// request); each consecutive failure doubles it, up to RetryBackoffMax,
-	// with ±20 % jitter. franz-go's own default starts at 250 ms and
-	// doubles to 5 s, and the relay met it in its first transactions after
-	// a start: ~5 s before the first decision appeared, while every request
-	// itself took under 200 ms (docs/performance.md, "Latency against an
-	// exactly-once Kafka pipe"). Retries change only when a request is
-	// sent again, never what it carries: the producer id, epoch and
-	// sequence numbers, hence fencing and exactly-once, are the client's as
-	// before. It overrides a kgo.RetryBackoffFn in KafkaOpts. Defaults to
-	// RetryBackoffDefault; negative keeps franz-go's default (or the one
-	// KafkaOpts sets).
-	RetryBackoff time.Duration
+	// MetadataMinAge is the least time between two metadata refreshes of the
+	// relay's producer. A produce that the broker answers with
+	// CONCURRENT_TRANSACTIONS (Kafka 4's transactions v2: the partition's
+	// previous transaction is still being completed) makes franz-go retry it
+	// after a metadata refresh, and with franz-go's default of 5 s the
+	// transaction waited up to 5 s for that refresh: the first decisions
+	// after a start and the relay-transaction tail under load
+	// (docs/performance.md, "Latency against an exactly-once Kafka pipe").
+	// The relay's client knows one or two topics, so a refresh is cheap.
+	// Defaults to MetadataMinAgeDefault; negative keeps franz-go's default
+	// (or the one KafkaOpts sets).
+	MetadataMinAge time.Duration
 	// HousekeepBatch bounds one delete of published rows. Defaults to
 	// HousekeepBatchDefault.
 	HousekeepBatch int
@@ -114,23 +109,8 @@ func (c Config) WithDefaults() Config {
 	c.RevokeDrain = cmp.Or(c.RevokeDrain, RevokeDrainDefault)
 	c.StatsInterval = cmp.Or(c.StatsInterval, StatsIntervalDefault)
 	c.MinTxnInterval = cmp.Or(c.MinTxnInterval, MinTxnIntervalDefault)
-	c.RetryBackoff = cmp.Or(c.RetryBackoff, RetryBackoffDefault)
+	c.MetadataMinAge = cmp.Or(c.MetadataMinAge, MetadataMinAgeDefault)
 	return c
-}
-
-// retryBackoff returns the relay producer's backoff before retry number
-// fails (1 for the first): base doubled per consecutive failure, capped
-// at RetryBackoffMax, times a jitter factor in [0.8, 1.2) that jitter
-// returns.
-func retryBackoff(base time.Duration, jitter func() float64) func(fails int) time.Duration {
-	return func(fails int) time.Duration {
-		d := base
-		for i := 1; i < fails && d < RetryBackoffMax; i++ {
-			d *= 2
-		}
-		d = min(d, RetryBackoffMax)
-		return time.Duration(float64(d) * jitter())
-	}
 }
 
 // Validate names the first bad field.
@@ -144,6 +124,8 @@ func (c Config) Validate() error {
 		return errors.New("outbox: MaxRows must be between 1 and 10000")
 	case c.TransactionTimeout < time.Second:
 		return errors.New("outbox: TransactionTimeout must be at least 1s")
+	case c.MetadataMinAge > 0 && c.MetadataMinAge < 10*time.Millisecond:
+		return errors.New("outbox: MetadataMinAge must be at least 10ms (franz-go's floor)")
 	case c.Linger < 0:
 		return errors.New("outbox: Linger must not be negative")
 	}

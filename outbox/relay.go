@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strconv"
 	"sync"
 	"time"
@@ -284,8 +283,8 @@ func (pr *partitionRelay) session() error {
 		kgo.ProducerLinger(cfg.Linger),
 		kgo.ClientID(clientID),
 	}, cfg.KafkaOpts...)
-	if cfg.RetryBackoff > 0 {
-		opts = append(opts, kgo.RetryBackoffFn(retryBackoff(cfg.RetryBackoff, jitter)))
+	if cfg.MetadataMinAge > 0 {
+		opts = append(opts, kgo.MetadataMinAge(cfg.MetadataMinAge))
 	}
 	if f := cfg.ClientHooks; f != nil {
 		opts = append(opts, kgo.WithHooks(f(clientID)...))
@@ -618,9 +617,6 @@ func (pr *partitionRelay) produceTxn(ctx context.Context, cl *kgo.Client, rows [
 	}
 	return nil, nil
 }
-
-// jitter spreads retries of relays that failed together: [0.8, 1.2).
-func jitter() float64 { return 0.8 + 0.4*rand.Float64() }
 
 func abort(ctx context.Context, cl *kgo.Client) error {
 	if err := cl.AbortBufferedRecords(ctx); err != nil {

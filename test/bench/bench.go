@@ -46,11 +46,14 @@ type Config struct {
 	// RelayStall (debugging) holds every burn-down's relay back this long
 	// after its start, as a broker outage would.
 	RelayStall time.Duration
-	// RelayRetryBackoff (experiment), when not zero, adds a third system
-	// to every latency level: mandated whose relay runs with this
-	// outbox.Config.RetryBackoff (negative: franz-go's default, 250 ms
-	// doubling to 5 s, as before the relay set its own).
+	// RelayRetryBackoff (experiment), when positive, adds a third system
+	// to every latency level: mandated whose relay producers retry after
+	// this fixed backoff instead of franz-go's default (250 ms doubling).
 	RelayRetryBackoff time.Duration
+	// RelayMetadataMinAge (experiment), when not zero, likewise adds the
+	// third system with this outbox.Config.MetadataMinAge (negative:
+	// franz-go's 5 s); with RelayRetryBackoff both apply to it.
+	RelayMetadataMinAge time.Duration
 	// RelayRetryLog (diagnosis) counts the relay producers' franz-go retry
 	// messages in every latency level (debug logging: costs CPU).
 	RelayRetryLog bool
@@ -301,7 +304,7 @@ func (b *Bench) latencyLevels(ctx context.Context, main *variant, capacity, valu
 		lv.dur = time.Duration(c.LatencySecs) * time.Second
 		lv.valueBytes = int(math.Round(valueBytes))
 		order := []string{"mandated", "K2"}
-		if c.RelayRetryBackoff != 0 {
+		if c.RelayRetryBackoff != 0 || c.RelayMetadataMinAge != 0 {
 			order = append(order, "mandated-retry-backoff")
 		}
 		if i%2 == 1 {

@@ -449,8 +449,8 @@ func (r *Result) summary(dirName string, plots []string) string {
 			}
 		}
 		if len(r.LatencyAlt) > 0 {
-			w("\nExperiment (`--relay-retry-backoff %s`): mandated as shipped (relay RetryBackoff %s, doubling to %s) vs mandated whose relay runs with RetryBackoff %s (negative: franz-go's default, 250 ms doubling to 5 s); same levels, adjacent runs:\n\n| load | p50 (shipped / experiment) | p99 | relay txn p99 ≤ | row→published p99 ≤ | relay Produce requests per EndTxn | cold-start p99 |\n|---|---|---|---|---|---|---|\n",
-				r.Config.RelayRetryBackoff, outbox.RetryBackoffDefault, outbox.RetryBackoffMax, r.Config.RelayRetryBackoff)
+			w("\nExperiment (`--relay-retry-backoff %s --relay-metadata-min-age %s`, zero: as shipped): mandated as shipped (relay MetadataMinAge %s, franz-go's retry backoff) vs mandated whose relay runs with the flags' values (a fixed retry backoff; a MetadataMinAge, negative: franz-go's 5 s); same levels, adjacent runs:\n\n| load | p50 (shipped / experiment) | p99 | relay txn p99 ≤ | row→published p99 ≤ | relay Produce requests per EndTxn | cold-start p99 |\n|---|---|---|---|---|---|---|\n",
+				r.Config.RelayRetryBackoff, r.Config.RelayMetadataMinAge, outbox.MetadataMinAgeDefault)
 			perTxn := func(l LatencyResult) float64 {
 				return float64(l.Requests["Produce"].Count) / float64(max(l.Requests["EndTxn"].Count, 1))
 			}

@@ -376,9 +376,9 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 	}
 	defer deleteTopics(b.cfg.Brokers, t("proposals"), t("grants"), out, t("deadletter"))
 	mandated := lv.system != "K2"
-	var relayBackoff time.Duration
+	var relayBackoff, relayMetaAge time.Duration
 	if lv.system == "mandated-retry-backoff" {
-		relayBackoff = b.cfg.RelayRetryBackoff
+		relayBackoff, relayMetaAge = b.cfg.RelayRetryBackoff, b.cfg.RelayMetadataMinAge
 	}
 	if mandated {
 		if err := b.pg.clone(ctx, v.template, db); err != nil {
@@ -482,7 +482,7 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 		ch, err = startChild(b.work, "serve-"+id, "serve", ServeConfig{
 			Brokers: b.cfg.Brokers, DatabaseURL: b.pg.dbURL(db), Proposals: t("proposals"), Grants: t("grants"),
 			Decisions: out, DeadLetter: t("deadletter"), Group: "bench-" + id, TxnPrefix: "bench-" + id,
-			LogPath: filepath.Join(b.work, "serve-"+id+".log"), RelayRetryBackoff: relayBackoff,
+			LogPath: filepath.Join(b.work, "serve-"+id+".log"), RelayRetryBackoff: relayBackoff, RelayMetadataMinAge: relayMetaAge,
 			RelayRetryLog: b.cfg.RelayRetryLog,
 		})
 	} else {

@@ -43,9 +43,13 @@ type ServeConfig struct {
 	// start (outbox.Config.Test.BeforePublish), as a broker outage would:
 	// the outbox fills while the processor decides on. Zero: no stall.
 	RelayStall time.Duration `json:"relay_stall"`
-	// RelayRetryBackoff is the relay's outbox.Config.RetryBackoff (negative:
-	// franz-go's default backoff). Zero: the default, as cmd/mandated runs.
+	// RelayRetryBackoff, when positive, makes the relay's producers retry
+	// after this fixed backoff (kgo.RetryBackoffFn) instead of franz-go's
+	// default. Zero: the default, as cmd/mandated runs.
 	RelayRetryBackoff time.Duration `json:"relay_retry_backoff"`
+	// RelayMetadataMinAge is the relay's outbox.Config.MetadataMinAge
+	// (negative: franz-go's 5 s). Zero: the default.
+	RelayMetadataMinAge time.Duration `json:"relay_metadata_min_age"`
 	// RelayRetryLog counts the relay producers' franz-go debug messages
 	// about retries (ServeStats.RelayRetries). Debug logging costs CPU.
 	RelayRetryLog bool `json:"relay_retry_log"`
@@ -148,7 +152,10 @@ func Serve(cfg ServeConfig) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	relay := outbox.Config{TransactionalIDPrefix: cfg.TxnPrefix}
-	relay.RetryBackoff = cfg.RelayRetryBackoff
+	if d := cfg.RelayRetryBackoff; d > 0 {
+		relay.KafkaOpts = append(relay.KafkaOpts, kgo.RetryBackoffFn(func(int) time.Duration { return d }))
+	}
+	relay.MetadataMinAge = cfg.RelayMetadataMinAge
 	var retries *retryLogger
 	if cfg.RelayRetryLog {
 		retries = newRetryLogger()

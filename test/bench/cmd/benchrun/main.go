@@ -87,7 +87,8 @@ func run(args []string) int {
 	fs.IntVar(&over.HeapMandates, "heap-mandates", 0, "override: mandates in the heap measurement")
 	fs.StringVar(&over.StopAfter, "stop-after", "", "debugging: calibration ends the run after the calibration burn-down")
 	fs.BoolVar(&over.RelayRetryLog, "relay-retry-log", false, "diagnosis: count the relay producers' franz-go retry messages in every latency level (debug logging costs CPU)")
-	fs.DurationVar(&over.RelayRetryBackoff, "relay-retry-backoff", 0, "experiment: add a third system to every latency level, mandated whose relay runs with this outbox RetryBackoff (negative: franz-go's default)")
+	fs.DurationVar(&over.RelayMetadataMinAge, "relay-metadata-min-age", 0, "experiment: add a third system to every latency level, mandated whose relay runs with this outbox MetadataMinAge (negative: franz-go's 5 s)")
+	fs.DurationVar(&over.RelayRetryBackoff, "relay-retry-backoff", 0, "experiment: add a third system to every latency level, mandated whose relay producers retry after this fixed backoff")
 	fs.DurationVar(&over.RelayStall, "relay-stall", 0, "debugging: hold every burn-down's relay back this long after start (a broker outage)")
 	profile := fs.String("profile", "", "override: true or false")
 	if err := fs.Parse(args); err != nil {
@@ -129,6 +130,7 @@ func run(args []string) int {
 	cfg.RelayStall = over.RelayStall
 	cfg.RelayRetryBackoff = over.RelayRetryBackoff
 	cfg.RelayRetryLog = over.RelayRetryLog
+	cfg.RelayMetadataMinAge = over.RelayMetadataMinAge
 	if *profile != "" {
 		cfg.Profile = *profile == "true"
 	}
