@@ -73,5 +73,5 @@ rebalance: ## Measured rebalances with real processes, one test at a time, no -r
 		GO_TEST_FLAGS="-v -parallel 1 -timeout 20m -run TestOperators(ScaleThreeFourThree|RollAStaticFleet)" $(INFRA)/run-tests.sh
 
 .PHONY: bench
-bench: ## Benchmark vs same-run baselines on servers of its own (49092, 55499); QUICK=1: under 3 min; report in test/bench/results/
+bench: ## Benchmark vs same-run baselines on servers of its own (49092, 55499); QUICK=1: about 4 min; report in test/bench/results/
 	@QUICK=$(QUICK) test/bench/bench.sh

@@ -20,6 +20,7 @@ const (
 	RevokeDrainDefault        = 2 * time.Second
 	MinTxnIntervalDefault     = 10 * time.Millisecond
 	StatsIntervalDefault      = 5 * time.Second
+	MetadataMinAgeDefault     = 100 * time.Millisecond
 )
 
 // Config configures the relay.
@@ -58,6 +59,18 @@ type Config struct {
 	// few milliseconds of latency for far fewer transactions. Defaults to
 	// MinTxnIntervalDefault; negative turns it off.
 	MinTxnInterval time.Duration
+	// MetadataMinAge is the least time between two metadata refreshes of the
+	// relay's producer. A produce that the broker answers with
+	// CONCURRENT_TRANSACTIONS (Kafka 4's transactions v2: the partition's
+	// previous transaction is still being completed) makes franz-go retry it
+	// after a metadata refresh, and with franz-go's default of 5 s the
+	// transaction waited up to 5 s for that refresh: the first decisions
+	// after a start and the relay-transaction tail under load
+	// (docs/performance.md, "Latency against an exactly-once Kafka pipe").
+	// The relay's client knows one or two topics, so a refresh is cheap.
+	// Defaults to MetadataMinAgeDefault; negative keeps franz-go's default
+	// (or the one KafkaOpts sets).
+	MetadataMinAge time.Duration
 	// HousekeepBatch bounds one delete of published rows. Defaults to
 	// HousekeepBatchDefault.
 	HousekeepBatch int
@@ -96,6 +109,7 @@ func (c Config) WithDefaults() Config {
 	c.RevokeDrain = cmp.Or(c.RevokeDrain, RevokeDrainDefault)
 	c.StatsInterval = cmp.Or(c.StatsInterval, StatsIntervalDefault)
 	c.MinTxnInterval = cmp.Or(c.MinTxnInterval, MinTxnIntervalDefault)
+	c.MetadataMinAge = cmp.Or(c.MetadataMinAge, MetadataMinAgeDefault)
 	return c
 }
 
@@ -110,6 +124,8 @@ func (c Config) Validate() error {
 		return errors.New("outbox: MaxRows must be between 1 and 10000")
 	case c.TransactionTimeout < time.Second:
 		return errors.New("outbox: TransactionTimeout must be at least 1s")
+	case c.MetadataMinAge > 0 && c.MetadataMinAge < 10*time.Millisecond:
+		return errors.New("outbox: MetadataMinAge must be at least 10ms (franz-go's floor)")
 	case c.Linger < 0:
 		return errors.New("outbox: Linger must not be negative")
 	}

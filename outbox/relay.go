@@ -296,6 +296,9 @@ func (pr *partitionRelay) session() error {
 		kgo.ProducerLinger(cfg.Linger),
 		kgo.ClientID(clientID),
 	}, cfg.KafkaOpts...)
+	if cfg.MetadataMinAge > 0 {
+		opts = append(opts, kgo.MetadataMinAge(cfg.MetadataMinAge))
+	}
 	if f := cfg.ClientHooks; f != nil {
 		opts = append(opts, kgo.WithHooks(f(clientID)...))
 	}

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -44,6 +46,17 @@ type Config struct {
 	// RelayStall (debugging) holds every burn-down's relay back this long
 	// after its start, as a broker outage would.
 	RelayStall time.Duration
+	// RelayRetryBackoff (experiment), when positive, adds a third system
+	// to every latency level: mandated whose relay producers retry after
+	// this fixed backoff instead of franz-go's default (250 ms doubling).
+	RelayRetryBackoff time.Duration
+	// RelayMetadataMinAge (experiment), when not zero, likewise adds the
+	// third system with this outbox.Config.MetadataMinAge (negative:
+	// franz-go's 5 s); with RelayRetryBackoff both apply to it.
+	RelayMetadataMinAge time.Duration
+	// RelayRetryLog (diagnosis) counts the relay producers' franz-go retry
+	// messages in every latency level (debug logging: costs CPU).
+	RelayRetryLog bool
 	// StopAfter (debugging): "calibration" or "latency" end the run early,
 	// "experiments" runs only the PostgreSQL-alone experiments,
 	// "repeat:<variant>" runs one variant's burn-down Rounds times.
@@ -158,19 +171,7 @@ func (b *Bench) all(ctx context.Context) error {
 	}
 	if c.StopAfter == "latency" {
 		b.res.Capacity = cal.DecisionsPerSec
-		for _, pct := range []float64{5, 25, 50} {
-			l, err := b.runLatency(ctx, main, pct, cal.DecisionsPerSec*pct/100, time.Duration(c.LatencySecs)*time.Second)
-			if err != nil {
-				return err
-			}
-			b.logf("latency %.0f%% (%.0f/s): p50 %.1f p90 %.1f p99 %.1f max %.1f ms, mean batch %.1f; decide %.1f ms (commit %.1f ms, %.0f/s), publish %.1f ms (relay txn %.1f ms, %.0f/s); cpu %+v",
-				pct, l.OfferedRate, l.P50MS, l.P90MS, l.P99MS, l.MaxMS, l.MeanBatch, l.DecideMS, l.CommitMS, l.BatchPS, l.PublishMS, l.RelayTxnMS, l.RelayTxnPS, l.CPU)
-			b.res.Latency = append(b.res.Latency, l)
-			for _, st := range l.Statements[:min(10, len(l.Statements))] {
-				b.logf("   %-22s calls %6d mean %7.2f ms total %8.0f ms  %s", st.Name, st.Calls, st.MeanMS, st.TotalMS, trunc(st.Query, 60))
-			}
-		}
-		return nil
+		return b.latencyLevels(ctx, main, cal.DecisionsPerSec, cal.AvgValueBytes)
 	}
 	batch := max(1, int(cal.MeanBatch+0.5))
 	p1Script, err := b.setupP1(ctx)
@@ -264,14 +265,8 @@ func (b *Bench) all(ctx context.Context) error {
 
 	capacity := median(b.res.s1Rates())
 	b.res.Capacity = capacity
-	for _, pct := range []float64{25, 50, 75} {
-		rate := capacity * pct / 100
-		b.logf("latency: open loop at %.0f%% of S1 capacity (%.0f proposals/s) for %ds", pct, rate, c.LatencySecs)
-		l, err := b.runLatency(ctx, main, pct, rate, time.Duration(c.LatencySecs)*time.Second)
-		if err != nil {
-			return fmt.Errorf("latency %.0f%%: %w", pct, err)
-		}
-		b.res.Latency = append(b.res.Latency, l)
+	if err := b.latencyLevels(ctx, main, capacity, cal.AvgValueBytes); err != nil {
+		return err
 	}
 
 	b.logf("heap: %d owned mandates, each holding one reservation", c.HeapMandates)
@@ -288,6 +283,75 @@ func (b *Bench) all(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// LightRate is the light latency level's offered load (proposals/s); its
+// runs also measure the cold start.
+const LightRate = 200
+
+// latencyLevels runs the open-loop levels, each once against mandated and
+// once against K2 (the exactly-once franz-go pipe) at the same offered
+// load, in alternating order (ABAB): the light level (LightRate, started
+// together with the processes, so that it also measures the cold start),
+// then 25, 50 and 75 % of mandated's capacity.
+func (b *Bench) latencyLevels(ctx context.Context, main *variant, capacity, valueBytes float64) error {
+	c := b.cfg
+	levels := []level{{pct: 0, rate: LightRate, cold: true}}
+	for _, pct := range []float64{25, 50, 75} {
+		levels = append(levels, level{pct: pct, rate: capacity * pct / 100})
+	}
+	for i, lv := range levels {
+		lv.dur = time.Duration(c.LatencySecs) * time.Second
+		lv.valueBytes = int(math.Round(valueBytes))
+		order := []string{"mandated", "K2"}
+		if c.RelayRetryBackoff != 0 || c.RelayMetadataMinAge != 0 {
+			order = append(order, "mandated-retry-backoff")
+		}
+		if i%2 == 1 {
+			slices.Reverse(order)
+		}
+		for _, sys := range order {
+			lv.system = sys
+			b.logf("latency: %s, open loop at %.0f proposals/s (%s) for %s%s", sys, lv.rate, levelName(lv.pct), lv.dur,
+				map[bool]string{true: fmt.Sprintf(" after a %s cold start", ColdWindow)}[lv.cold])
+			l, err := b.runLatency(ctx, main, lv)
+			if err != nil {
+				return fmt.Errorf("latency %s %s: %w", sys, levelName(lv.pct), err)
+			}
+			b.logf("latency %s %s: p50 %.1f p99 %.1f max %.1f ms, missing %d, duplicates %d, mean batch %.1f; decide %.1f ms (commit %.1f ms, %.0f/s), publish %.1f ms (relay txn %.1f ms, %.0f/s); %.0f µs CPU per proposal",
+				sys, levelName(lv.pct), l.P50MS, l.P99MS, l.MaxMS, l.Missing, l.Duplicates, l.MeanBatch, l.DecideMS, l.CommitMS, l.BatchPS, l.PublishMS, l.RelayTxnMS, l.RelayTxnPS, l.CPUMicrosSys)
+			if sys != "K2" {
+				b.logf("   stages: record→commit p50 %.0f p99 %.0f ms, commit p99 %.0f ms, row→published p50 %.0f p99 %.0f ms, relay txn p50 %.0f p99 %.0f ms",
+					l.DecideP50MS, l.DecideP99MS, l.CommitP99MS, l.PublishP50MS, l.PublishP99MS, l.RelayTxnP50MS, l.RelayTxnP99MS)
+			}
+			for _, name := range reqNames(l.Requests)[:min(6, len(l.Requests))] {
+				q := l.Requests[name]
+				b.logf("   kafka %-18s %6d requests, mean %6.1f ms, p99 ≤ %5.0f ms, max %6.0f ms, queued %5.1f ms", name, q.Count, q.MeanMS(), q.QuantileMS(0.99), q.MaxMS, q.WaitSecs/float64(max(q.Count, 1))*1000)
+			}
+			for msg, n := range l.RelayRetries {
+				b.logf("   relay retry log: %6d × %s", n, msg)
+			}
+			if l.Cold != nil {
+				b.logf("   cold start: first %.0f s p50 %.1f p99 %.1f max %.1f ms (missing %d)", l.Cold.Seconds, l.Cold.P50MS, l.Cold.P99MS, l.Cold.MaxMS, l.Cold.Missing)
+			}
+			switch sys {
+			case "K2":
+				b.res.LatencyK2 = append(b.res.LatencyK2, l)
+			case "mandated-retry-backoff":
+				b.res.LatencyAlt = append(b.res.LatencyAlt, l)
+			default:
+				b.res.Latency = append(b.res.Latency, l)
+			}
+		}
+	}
+	return nil
+}
+
+func levelName(pct float64) string {
+	if pct == 0 {
+		return "light"
+	}
+	return fmt.Sprintf("%.0f %%", pct)
 }
 
 // setup makes the template databases and pre-loads the proposals topics.

@@ -7,7 +7,7 @@
 # failure or Ctrl-C. It never touches the test servers (19092, 19192, 29092-29097,
 # 55432) or a developer's own (39092, 45432).
 #
-# QUICK=1 runs the quick variant (under 3 minutes). BENCH_ARGS adds benchrun flags,
+# QUICK=1 runs the quick variant (about 4 minutes). BENCH_ARGS adds benchrun flags,
 # e.g. BENCH_ARGS='--records 100000'. The report lands in
 # test/bench/results/<date>-<full|quick>/ and a line is appended to
 # test/bench/results/history.jsonl.

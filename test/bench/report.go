@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/mandated/mandated/outbox"
 )
 
 // Result is everything one run measured; result.json is this.
@@ -33,8 +36,13 @@ type Result struct {
 	Skew        []Pair          `json:"zipf_1k_vs_1m"`
 	Capacity    float64         `json:"capacity_decisions_per_sec"`
 	Latency     []LatencyResult `json:"latency"`
-	Heap        HeapResult      `json:"heap"`
-	Profile     *ProfileResult  `json:"profile,omitempty"`
+	// LatencyK2 is the same levels against K2, the exactly-once pipe.
+	LatencyK2 []LatencyResult `json:"latency_k2"`
+	// LatencyAlt is the same levels against mandated with
+	// Config.RelayRetryBackoff (an experiment; empty unless asked for).
+	LatencyAlt []LatencyResult `json:"latency_relay_retry_backoff,omitempty"`
+	Heap       HeapResult      `json:"heap"`
+	Profile    *ProfileResult  `json:"profile,omitempty"`
 
 	Ratios  []Ratio    `json:"ratios"`
 	CPU     CPUSummary `json:"cpu"`
@@ -225,6 +233,62 @@ func (r *Result) evaluate() {
 	}
 	r.CPU = CPUSummary{S1PerDecision: med(s1cpu), S1System: median(s1sys), K1PerRecord: med(k1cpu), K1System: median(k1sys),
 		S1LargeSystem: median(bigsys), P4System: median(p4sys), P64System: median(p64sys)}
+	r.Ratios = append(r.Ratios, r.k2Ratios()...) // after r.CPU: one of them divides by S1's CPU
+}
+
+// k2Pairs pairs each mandated latency level with K2's run at the same
+// offered load.
+func (r *Result) k2Pairs() [][2]LatencyResult {
+	var pairs [][2]LatencyResult
+	for _, m := range r.Latency {
+		for _, k := range r.LatencyK2 {
+			if k.LoadPct == m.LoadPct && k.OfferedRate == m.OfferedRate {
+				pairs = append(pairs, [2]LatencyResult{m, k})
+			}
+		}
+	}
+	return pairs
+}
+
+// k2Ratios are issue 15's targets: mandated's latency within 2× K2's at
+// the same load (light, 25 %, 50 %; 75 % reported), the cold start within
+// 3× the steady p99, and CPU per decision at 25 % within 1.5× a
+// burn-down's.
+func (r *Result) k2Ratios() []Ratio {
+	var out []Ratio
+	for _, p := range r.k2Pairs() {
+		m, k := p[0], p[1]
+		if k.P50MS <= 0 || k.P99MS <= 0 {
+			continue
+		}
+		lvl := levelName(m.LoadPct)
+		target, bound := "≤ 2", 2.0
+		if m.LoadPct == 75 {
+			target, bound = "report", math.Inf(1)
+		}
+		d := fmt.Sprintf("%.0f proposals/s: mandated p50 %.1f / p99 %.1f ms, K2 p50 %.1f / p99 %.1f ms", m.OfferedRate, m.P50MS, m.P99MS, k.P50MS, k.P99MS)
+		for _, q := range []struct {
+			name string
+			m, k float64
+		}{{"p50", m.P50MS, k.P50MS}, {"p99", m.P99MS, k.P99MS}} {
+			x := ratio(fmt.Sprintf("%s(mandated) ÷ %s(K2), %s load", q.name, q.name, lvl), target, false, bound, []float64{q.m / q.k}, d)
+			x.Pass = x.Pass && m.Missing == 0 && m.Duplicates == 0
+			out = append(out, x)
+		}
+	}
+	for _, m := range r.Latency {
+		if m.Cold != nil && m.P99MS > 0 {
+			x := ratio("cold start: p99 of the first 10 s ÷ steady p99", "≤ 3", false, 3, []float64{m.Cold.P99MS / m.P99MS},
+				fmt.Sprintf("%.0f proposals/s from the processes' start: first %.0f s p50 %.1f / p99 %.1f / max %.1f ms, then p99 %.1f ms", m.OfferedRate, m.Cold.Seconds, m.Cold.P50MS, m.Cold.P99MS, m.Cold.MaxMS, m.P99MS))
+			x.Pass = x.Pass && m.Cold.Missing == 0
+			out = append(out, x)
+		}
+		if m.LoadPct == 25 && r.CPU.S1System > 0 {
+			out = append(out, ratio("CPU per decision at 25 % load ÷ burn-down's", "≤ 1.5", false, 1.5, []float64{m.CPUMicrosSys / r.CPU.S1System},
+				fmt.Sprintf("%.0f µs vs %.0f µs (mandated + broker + PostgreSQL)", m.CPUMicrosSys, r.CPU.S1System)))
+		}
+	}
+	return out
 }
 
 func (b *Bench) resultDir() string {
@@ -312,6 +376,9 @@ func (r *Result) summary(dirName string, plots []string) string {
 		if x.Pass {
 			res = "pass"
 		}
+		if x.Target == "report" {
+			res = "reported"
+		}
 		if len(x.Values) == 0 {
 			res = "not measured"
 		}
@@ -347,10 +414,68 @@ func (r *Result) summary(dirName string, plots []string) string {
 		w("\n## Latency (open loop, intended send time → decision visible, read_committed)\n\nS1 capacity (median of the rounds): %.0f decisions/s.\n\n", r.Capacity)
 		w("| load | offered/s | measured | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | missing | mean batch | record→commit ms | commit ms | row→published ms | relay txn ms | relay txn/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, l := range r.Latency {
-			w("| %.0f %% | %.0f | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.0f |\n", l.LoadPct, l.OfferedRate, l.Measured, l.P50MS, l.P90MS, l.P99MS, l.P999MS, l.MaxMS,
+			w("| %s | %.0f | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.0f |\n", levelName(l.LoadPct), l.OfferedRate, l.Measured, l.P50MS, l.P90MS, l.P99MS, l.P999MS, l.MaxMS,
 				l.Missing, l.MeanBatch, l.DecideMS, l.CommitMS, l.PublishMS, l.RelayTxnMS, l.RelayTxnPS)
 		}
 		w("\nThe last five columns are means over the level from mandated's own histograms: a record's Kafka timestamp to its batch's commit, one batch commit, an outbox row's creation to its Kafka transaction's commit, one relay transaction, relay transactions per second.\n")
+	}
+	if pairs := r.k2Pairs(); len(pairs) > 0 {
+		w("\n## Latency side by side with K2 (franz-go GroupTransactSession, exactly-once consume → produce)\n\n")
+		w("Same open-loop generator, same offered load, same partitions; the two runs of a level are adjacent, in alternating order. K2 reads read_committed and produces one record per input (acks=all, linger 0) to the same partition in one transaction per poll, with the offsets.\n\n")
+		w("| load | offered/s | mandated p50 | K2 p50 | **p50 ratio** | mandated p99 | K2 p99 | **p99 ratio** | mandated max | K2 max | missing (m / K2) | duplicates (m / K2) | CPU µs per proposal (m / K2) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+		for _, p := range pairs {
+			m, k := p[0], p[1]
+			w("| %s | %.0f | %.1f | %.1f | **%.2f** | %.1f | %.1f | **%.2f** | %.1f | %.1f | %d / %d | %d / %d | %.0f / %.0f |\n", levelName(m.LoadPct), m.OfferedRate,
+				m.P50MS, k.P50MS, m.P50MS/k.P50MS, m.P99MS, k.P99MS, m.P99MS/k.P99MS, m.MaxMS, k.MaxMS, m.Missing, k.Missing, m.Duplicates, k.Duplicates, m.CPUMicrosSys, k.CPUMicrosSys)
+		}
+		w("\nWhere mandated's latency goes, per level (quantiles are upper bounds of its histogram buckets, powers of two): record → batch committed (p50 / p99), batch commit p99, outbox row → Kafka transaction committed (p50 / p99), one relay transaction (p50 / p99):\n\n| load | record→commit p50 / p99 | commit p99 | row→published p50 / p99 | relay txn p50 / p99 | relay txn/s | batches/s |\n|---|---|---|---|---|---|---|\n")
+		for _, p := range pairs {
+			m := p[0]
+			w("| %s | %.0f / %.0f | %.0f | %.0f / %.0f | %.0f / %.0f | %.0f | %.0f |\n", levelName(m.LoadPct), m.DecideP50MS, m.DecideP99MS, m.CommitP99MS,
+				m.PublishP50MS, m.PublishP99MS, m.RelayTxnP50MS, m.RelayTxnP99MS, m.RelayTxnPS, m.BatchPS)
+		}
+		w("\nKafka requests of the process under test (client hook: round trip from write to response, without the time queued in the client; K2's cover its whole run, warm-up included):\n\n| load | system | request | count | mean ms | p99 ≤ ms | max ms | queued in client, mean ms |\n|---|---|---|---|---|---|---|---|\n")
+		for _, p := range pairs {
+			for _, l := range p {
+				for _, name := range reqNames(l.Requests) {
+					switch name {
+					case "Produce", "EndTxn", "AddPartitionsToTxn", "AddOffsetsToTxn", "TxnOffsetCommit", "InitProducerID":
+					default:
+						continue
+					}
+					q := l.Requests[name]
+					w("| %s | %s | %s | %d | %.1f | %.0f | %.0f | %.1f |\n", levelName(l.LoadPct), l.System, name, q.Count, q.MeanMS(), q.QuantileMS(0.99), q.MaxMS, q.WaitSecs/float64(max(q.Count, 1))*1000)
+				}
+			}
+		}
+		if len(r.LatencyAlt) > 0 {
+			w("\nExperiment (`--relay-retry-backoff %s --relay-metadata-min-age %s`, zero: as shipped): mandated as shipped (relay MetadataMinAge %s, franz-go's retry backoff) vs mandated whose relay runs with the flags' values (a fixed retry backoff; a MetadataMinAge, negative: franz-go's 5 s); same levels, adjacent runs:\n\n| load | p50 (shipped / experiment) | p99 | relay txn p99 ≤ | row→published p99 ≤ | relay Produce requests per EndTxn | cold-start p99 |\n|---|---|---|---|---|---|---|\n",
+				r.Config.RelayRetryBackoff, r.Config.RelayMetadataMinAge, outbox.MetadataMinAgeDefault)
+			perTxn := func(l LatencyResult) float64 {
+				return float64(l.Requests["Produce"].Count) / float64(max(l.Requests["EndTxn"].Count, 1))
+			}
+			for _, p := range pairs {
+				m := p[0]
+				for _, a := range r.LatencyAlt {
+					if a.LoadPct == m.LoadPct && a.OfferedRate == m.OfferedRate {
+						cold := "–"
+						if m.Cold != nil && a.Cold != nil {
+							cold = fmt.Sprintf("%.0f / %.0f", m.Cold.P99MS, a.Cold.P99MS)
+						}
+						w("| %s | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f | %.2f / %.2f | %s |\n", levelName(m.LoadPct), m.P50MS, a.P50MS, m.P99MS, a.P99MS,
+							m.RelayTxnP99MS, a.RelayTxnP99MS, m.PublishP99MS, a.PublishP99MS, perTxn(m), perTxn(a), cold)
+					}
+				}
+			}
+		}
+		w("\n**Cold start** (the load generator starts with the processes, at the light level; the first %.0f s against the same run's steady figures after them):\n\n| system | first %.0f s p50 | p99 | max | missing | steady p50 | steady p99 | **p99 ÷ steady p99** |\n|---|---|---|---|---|---|---|---|\n", ColdWindow.Seconds(), ColdWindow.Seconds())
+		for _, p := range pairs {
+			for _, l := range p {
+				if c := l.Cold; c != nil && l.P99MS > 0 {
+					w("| %s | %.1f | %.1f | %.1f | %d | %.1f | %.1f | **%.2f** |\n", l.System, c.P50MS, c.P99MS, c.MaxMS, c.Missing, l.P50MS, l.P99MS, c.P99MS/l.P99MS)
+				}
+			}
+		}
 	}
 	w("\n## CPU per decision (µs, median over the rounds; window 10–90 %%)\n\n| run | mandated / pipe | broker | PostgreSQL | system total | bench client |\n|---|---|---|---|---|---|\n")
 	c := r.CPU
@@ -494,7 +619,7 @@ plot "%s" using 0:2:xtic(1) with boxes lc rgb "#3b6ea8", "" using 0:2:(sprintf("
 	}
 	if len(r.Latency) > 0 {
 		var plots []string
-		for i, l := range r.Latency {
+		for i, l := range append(append([]LatencyResult(nil), r.Latency...), r.LatencyK2...) {
 			dat := filepath.Join(b.work, fmt.Sprintf("latency-%d.dat", i))
 			var data strings.Builder
 			for _, pt := range l.CDF {
@@ -505,7 +630,7 @@ plot "%s" using 0:2:xtic(1) with boxes lc rgb "#3b6ea8", "" using 0:2:(sprintf("
 				fmt.Fprintf(&data, "%g %g\n", 1/(1-q/100), pt[1])
 			}
 			_ = os.WriteFile(dat, []byte(data.String()), 0o644)
-			plots = append(plots, fmt.Sprintf(`"%s" using 1:2 with linespoints title "%.0f%% load (%.0f/s)"`, dat, l.LoadPct, l.OfferedRate))
+			plots = append(plots, fmt.Sprintf(`"%s" using 1:2 with linespoints title "%s, %s load (%.0f/s)"`, dat, l.System, strings.ReplaceAll(levelName(l.LoadPct), " %", "%"), l.OfferedRate))
 		}
 		script := fmt.Sprintf(`set terminal png size 1000,520 font ",10"
 set output "%s"

@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
 	"os"
@@ -267,28 +268,51 @@ func (b *Bench) runK1(ctx context.Context, v *variant, valueBytes float64) (S1Re
 
 // LatencyResult is one open-loop level.
 type LatencyResult struct {
-	LoadPct     float64 `json:"load_pct"`
+	System      string  `json:"system"`   // "mandated" or "K2"
+	LoadPct     float64 `json:"load_pct"` // 0: the light level (a fixed rate)
 	OfferedRate float64 `json:"offered_per_sec"`
 	Seconds     float64 `json:"seconds"`
 	Sent        int     `json:"sent"`
 	Measured    int64   `json:"measured"`
 	Missing     int     `json:"missing"`
-	P50MS       float64 `json:"p50_ms"`
-	P90MS       float64 `json:"p90_ms"`
-	P99MS       float64 `json:"p99_ms"`
-	P999MS      float64 `json:"p999_ms"`
-	MaxMS       float64 `json:"max_ms"`
-	MeanBatch   float64 `json:"mean_batch"`
+	// Duplicates counts answers that arrived twice (exactly-once says 0).
+	Duplicates int64   `json:"duplicates"`
+	P50MS      float64 `json:"p50_ms"`
+	P90MS      float64 `json:"p90_ms"`
+	P99MS      float64 `json:"p99_ms"`
+	P999MS     float64 `json:"p999_ms"`
+	MaxMS      float64 `json:"max_ms"`
+	MeanBatch  float64 `json:"mean_batch"`
 	// Where the time goes (means over the level, from mandated's metrics):
 	// record timestamp → batch committed, batch commit, outbox row →
 	// Kafka transaction committed, one relay transaction.
-	DecideMS   float64   `json:"decide_ms"`
-	CommitMS   float64   `json:"commit_ms"`
-	PublishMS  float64   `json:"publish_ms"`
-	RelayTxnMS float64   `json:"relay_txn_ms"`
-	RelayTxnPS float64   `json:"relay_txn_per_sec"`
-	BatchPS    float64   `json:"batch_txn_per_sec"`
-	CPU        CPUSample `json:"cpu_seconds"`
+	DecideMS   float64 `json:"decide_ms"`
+	CommitMS   float64 `json:"commit_ms"`
+	PublishMS  float64 `json:"publish_ms"`
+	RelayTxnMS float64 `json:"relay_txn_ms"`
+	RelayTxnPS float64 `json:"relay_txn_per_sec"`
+	BatchPS    float64 `json:"batch_txn_per_sec"`
+	// Quantiles of the same stages (upper bounds of mandated's histogram
+	// buckets, so powers of two from 1 ms: coarse but enough to tell a
+	// tail from a mean), milliseconds.
+	DecideP50MS   float64 `json:"decide_p50_ms"`
+	DecideP99MS   float64 `json:"decide_p99_ms"`
+	CommitP99MS   float64 `json:"commit_p99_ms"`
+	PublishP50MS  float64 `json:"publish_p50_ms"`
+	PublishP99MS  float64 `json:"publish_p99_ms"`
+	RelayTxnP50MS float64 `json:"relay_txn_p50_ms"`
+	RelayTxnP99MS float64 `json:"relay_txn_p99_ms"`
+	// Requests is what each Kafka request type cost the process under test
+	// over the level (K2: over its whole life, warm-up included).
+	Requests map[string]ReqStat `json:"kafka_requests,omitempty"`
+	// RelayRetries counts the relay's franz-go retry messages
+	// (Config.RelayRetryLog only).
+	RelayRetries map[string]uint64 `json:"relay_retries,omitempty"`
+	CPU          CPUSample         `json:"cpu_seconds"`
+	// CPUMicrosSys is the system's CPU (mandated or K2, broker,
+	// PostgreSQL) per proposal offered, warm-up included.
+	CPUMicrosSys float64    `json:"cpu_us_per_decision_sys"`
+	Cold         *ColdStart `json:"cold_start,omitempty"`
 	// pg_stat_statements of the level (reset after the warm-up).
 	Statements []StatementStat `json:"statements"`
 	CDF        [][]float64     `json:"cdf"` // [percentile, ms]
@@ -310,56 +334,98 @@ func sentAtOf(v []byte) (time.Time, bool) {
 	return t, err == nil
 }
 
-// runLatency offers proposals open loop at a fixed rate: each one's
-// intended send time is fixed in advance (start + i/rate) and carried as
-// its sent_at, and latency is taken from that intended time to the moment
-// its decision is visible to a read_committed consumer. A sender that
-// falls behind therefore shows as latency, never as a lower offered rate
-// (no coordinated omission). The first LatencyWarmupSecs are warm-up and
-// not counted.
-func (b *Bench) runLatency(ctx context.Context, v *variant, pct, rate float64, dur time.Duration) (LatencyResult, error) {
-	res := LatencyResult{LoadPct: pct, OfferedRate: rate, Seconds: dur.Seconds()}
-	id := b.nextID(fmt.Sprintf("lat%.0f", pct))
+// level is one open-loop latency run.
+type level struct {
+	pct    float64 // of mandated's capacity; 0 for the light level
+	rate   float64 // proposals/s
+	dur    time.Duration
+	system string // "mandated" or "K2"
+	// cold starts the load generator together with the processes (no
+	// warm-up proposals, no waiting for ownership) and measures the first
+	// ColdWindow apart; the steady figures then start ColdWindow later.
+	cold       bool
+	valueBytes int // K2's output size (a decision's)
+}
+
+// ColdWindow is the start-up window the cold-start figure covers.
+const ColdWindow = 10 * time.Second
+
+// runLatency offers proposals open loop at a fixed rate to mandated or to
+// K2: each one's intended send time is fixed in advance (start + i/rate)
+// and carried as its sent_at, and latency is taken from that intended
+// time to the moment its decision (K2: its output record) is visible to a
+// read_committed consumer. A sender that falls behind therefore shows as
+// latency, never as a lower offered rate (no coordinated omission). The
+// first LatencyWarmupSecs are warm-up and not counted; a proposal whose
+// answer never arrives is charged the time waited for it.
+func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyResult, error) {
+	res := LatencyResult{System: lv.system, LoadPct: lv.pct, OfferedRate: lv.rate, Seconds: lv.dur.Seconds()}
+	name := fmt.Sprintf("lat%.0f", lv.pct)
+	if lv.pct == 0 {
+		name = fmt.Sprintf("light%.0f", lv.rate)
+	}
+	if lv.system == "K2" {
+		name = "k2" + name
+	}
+	id := b.nextID(name)
 	db := "run_" + id
-	if err := b.pg.clone(ctx, v.template, db); err != nil {
-		return res, err
-	}
-	defer func() { _ = b.pg.drop(context.WithoutCancel(ctx), db) }()
 	t := func(s string) string { return fmt.Sprintf("bench.%s.%s.%s", b.run, id, s) }
-	if err := createTopics(ctx, b.cfg.Brokers, v.partitions, t("proposals"), t("grants"), t("decisions"), t("deadletter")); err != nil {
+	out := t("decisions")
+	if err := createTopics(ctx, b.cfg.Brokers, v.partitions, t("proposals"), t("grants"), out, t("deadletter")); err != nil {
 		return res, err
 	}
-	defer deleteTopics(b.cfg.Brokers, t("proposals"), t("grants"), t("decisions"), t("deadletter"))
-	ch, err := startChild(b.work, "serve-"+id, "serve", ServeConfig{
-		Brokers: b.cfg.Brokers, DatabaseURL: b.pg.dbURL(db), Proposals: t("proposals"), Grants: t("grants"),
-		Decisions: t("decisions"), DeadLetter: t("deadletter"), Group: "bench-" + id, TxnPrefix: "bench-" + id,
-		LogPath: filepath.Join(b.work, "serve-"+id+".log"),
-	})
-	if err != nil {
-		return res, err
+	defer deleteTopics(b.cfg.Brokers, t("proposals"), t("grants"), out, t("deadletter"))
+	mandated := lv.system != "K2"
+	var relayBackoff, relayMetaAge time.Duration
+	if lv.system == "mandated-retry-backoff" {
+		relayBackoff, relayMetaAge = b.cfg.RelayRetryBackoff, b.cfg.RelayMetadataMinAge
 	}
-	defer func() { _ = ch.stop() }()
-	if err := ch.waitOwned(int(v.partitions), time.Minute); err != nil {
-		return res, err
+	if mandated {
+		if err := b.pg.clone(ctx, v.template, db); err != nil {
+			return res, err
+		}
+		defer func() { _ = b.pg.drop(context.WithoutCancel(ctx), db) }()
 	}
+	dur := lv.dur
+	if lv.cold {
+		dur += ColdWindow
+	}
+	total := int(lv.rate * dur.Seconds())
+	interval := time.Duration(float64(time.Second) / lv.rate)
 	hist := hdrhistogram.New(1, 120_000_000, 3) // µs
+	coldHist := hdrhistogram.New(1, 120_000_000, 3)
+	arrived := make([]bool, total)
 	var mu sync.Mutex
-	var measureFrom time.Time
-	var measured atomic.Int64
-	var seen atomic.Int64
-	c, err := startCounter(b.cfg.Brokers, t("decisions"), 1<<62, nil, nil, func(r *kgo.Record, at time.Time) {
+	var t0, measureFrom time.Time // zero until the schedule is fixed
+	var measured, seen, dups atomic.Int64
+	c, err := startCounter(b.cfg.Brokers, out, 1<<62, nil, nil, func(r *kgo.Record, at time.Time) {
 		seen.Add(1)
 		sent, ok := sentAtOf(r.Value)
-		mu.Lock()
-		from := measureFrom
-		mu.Unlock()
-		if !ok || from.IsZero() || sent.Before(from) {
+		if !ok {
 			return
 		}
 		mu.Lock()
-		_ = hist.RecordValue(max(at.Sub(sent).Microseconds(), 1))
-		mu.Unlock()
-		measured.Add(1)
+		defer mu.Unlock()
+		if t0.IsZero() || sent.Before(t0) {
+			return // a warm-up proposal
+		}
+		i := int(sent.Sub(t0) / interval)
+		if i >= total || !t0.Add(time.Duration(i)*interval).Equal(sent) {
+			return
+		}
+		if arrived[i] {
+			dups.Add(1)
+			return
+		}
+		arrived[i] = true
+		lat := max(at.Sub(sent).Microseconds(), 1)
+		if lv.cold && sent.Before(t0.Add(ColdWindow)) {
+			_ = coldHist.RecordValue(lat)
+		}
+		if !sent.Before(measureFrom) {
+			_ = hist.RecordValue(lat)
+			measured.Add(1)
+		}
 	})
 	if err != nil {
 		return res, err
@@ -370,60 +436,111 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, pct, rate float64, d
 		return res, err
 	}
 	defer prod.Close()
-	// Warm-up: one proposal per partition, so every relay has its
-	// transactional producer up before the clock starts.
-	warm := 0
-	covered := map[int32]bool{}
-	for i := 0; len(covered) < int(v.partitions) && i < v.mandates; i++ {
-		p := mandateKey(i).Partition(v.partitions)
-		if covered[p] {
-			continue
-		}
-		covered[p] = true
-		warm++
-		prod.Produce(ctx, &kgo.Record{Topic: t("proposals"), Key: mandateKey(i).Bytes(),
-			Value: proposeValue(i, fmt.Sprintf("w-%d", i), time.Now())}, nil)
-	}
-	deadline := time.Now().Add(time.Minute)
-	for seen.Load() < int64(warm) {
-		if time.Now().After(deadline) {
-			return res, fmt.Errorf("warm-up decisions did not arrive")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	_ = b.resetStatements(ctx)
-	startStats := ch.stats()
-	startCPU := b.cpu.sample(ch.pid())
-	startAt := time.Now()
-
 	choose := newChooser(v.dist, v.mandates, 7)
-	t0 := time.Now().Add(50 * time.Millisecond)
-	mu.Lock()
-	measureFrom = t0.Add(time.Duration(b.cfg.LatencyWarmupSecs) * time.Second)
-	mu.Unlock()
-	total := int(rate * dur.Seconds())
-	interval := time.Duration(float64(time.Second) / rate)
 	var failed atomic.Int64
-	for i := 0; i < total; {
-		now := time.Now()
-		for i < total {
-			intended := t0.Add(time.Duration(i) * interval)
-			if intended.After(now) {
-				break
-			}
-			mi := choose()
-			prod.Produce(ctx, &kgo.Record{Topic: t("proposals"), Key: mandateKey(mi).Bytes(),
-				Value: proposeValue(mi, fmt.Sprintf("l-%d", i), intended)}, func(_ *kgo.Record, err error) {
-				if err != nil {
-					failed.Add(1)
+	offer := func() {
+		for i := 0; i < total && ctx.Err() == nil; {
+			now := time.Now()
+			for i < total {
+				intended := t0.Add(time.Duration(i) * interval)
+				if intended.After(now) {
+					break
 				}
-			})
-			i++
-		}
-		if i < total {
-			time.Sleep(min(time.Until(t0.Add(time.Duration(i)*interval)), time.Millisecond))
+				mi := choose()
+				prod.Produce(ctx, &kgo.Record{Topic: t("proposals"), Key: mandateKey(mi).Bytes(),
+					Value: proposeValue(mi, fmt.Sprintf("l-%d", i), intended)}, func(_ *kgo.Record, err error) {
+					if err != nil {
+						failed.Add(1)
+					}
+				})
+				i++
+			}
+			if i < total {
+				time.Sleep(min(time.Until(t0.Add(time.Duration(i)*interval)), time.Millisecond))
+			}
 		}
 	}
+	fix := func(at time.Time) {
+		mu.Lock()
+		t0 = at
+		measureFrom = t0.Add(time.Duration(b.cfg.LatencyWarmupSecs) * time.Second)
+		if lv.cold {
+			measureFrom = measureFrom.Add(ColdWindow)
+		}
+		mu.Unlock()
+	}
+	offered := make(chan struct{})
+	if lv.cold {
+		// The clock starts with the processes: whatever their start-up
+		// costs is the callers' latency.
+		fix(time.Now())
+		go func() { defer close(offered); offer() }()
+	}
+	var ch *child
+	k2Stats := filepath.Join(b.work, "txpipe-"+id+".requests.json")
+	if mandated {
+		ch, err = startChild(b.work, "serve-"+id, "serve", ServeConfig{
+			Brokers: b.cfg.Brokers, DatabaseURL: b.pg.dbURL(db), Proposals: t("proposals"), Grants: t("grants"),
+			Decisions: out, DeadLetter: t("deadletter"), Group: "bench-" + id, TxnPrefix: "bench-" + id,
+			LogPath: filepath.Join(b.work, "serve-"+id+".log"), RelayRetryBackoff: relayBackoff, RelayMetadataMinAge: relayMetaAge,
+			RelayRetryLog: b.cfg.RelayRetryLog,
+		})
+	} else {
+		ch, err = startChild(b.work, "txpipe-"+id, "txpipe", TxPipeConfig{Brokers: b.cfg.Brokers, In: t("proposals"), Out: out,
+			Group: "bench-" + id, TransactionID: "bench-" + id, ValueBytes: lv.valueBytes, StatsPath: k2Stats})
+	}
+	if err != nil {
+		if lv.cold {
+			<-offered
+		}
+		return res, err
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			_ = ch.stop()
+		}
+	}()
+	startCPU := b.cpu.sample(ch.pid())
+	var startStats ServeStats
+	if !lv.cold {
+		if mandated {
+			if err := ch.waitOwned(int(v.partitions), time.Minute); err != nil {
+				return res, err
+			}
+		}
+		// Warm-up: one proposal per partition, so that every relay (K2: the
+		// group and the transactional producer) is up before the clock starts.
+		warm := 0
+		covered := map[int32]bool{}
+		for i := 0; len(covered) < int(v.partitions) && i < v.mandates; i++ {
+			p := mandateKey(i).Partition(v.partitions)
+			if covered[p] {
+				continue
+			}
+			covered[p] = true
+			warm++
+			prod.Produce(ctx, &kgo.Record{Topic: t("proposals"), Key: mandateKey(i).Bytes(),
+				Value: proposeValue(i, fmt.Sprintf("w-%d", i), time.Now())}, nil)
+		}
+		deadline := time.Now().Add(time.Minute)
+		for seen.Load() < int64(warm) {
+			if time.Now().After(deadline) {
+				return res, fmt.Errorf("warm-up answers did not arrive")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		startCPU = b.cpu.sample(ch.pid())
+		fix(time.Now().Add(50 * time.Millisecond))
+		close(offered)
+		if mandated {
+			_ = b.resetStatements(ctx)
+			startStats = ch.stats()
+		}
+		offer()
+	}
+	<-offered
+	startAt := t0
 	res.Sent = total
 	var expect int64
 	for j := range total {
@@ -431,55 +548,106 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, pct, rate float64, d
 			expect++
 		}
 	}
-	// Wait for the stragglers; those still missing count as seen at the end.
-	deadline = time.Now().Add(30 * time.Second)
+	// Wait for the stragglers; those still missing are charged below.
+	deadline := time.Now().Add(30 * time.Second)
 	for measured.Load() < expect && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
-	endStats := ch.stats()
 	res.CPU = b.cpu.sample(ch.pid()).Sub(startCPU)
-	res.Statements, _ = b.statements(ctx, `dbid = (SELECT oid FROM pg_database WHERE datname = $1)`, db)
-	elapsed := time.Since(startAt).Seconds()
-	d := func(a, b float64) float64 { return a - b }
-	if n := float64(endStats.DecideCount - startStats.DecideCount); n > 0 {
-		res.DecideMS = d(endStats.DecideSum, startStats.DecideSum) / n * 1000
-	}
-	if n := float64(endStats.PublishCount - startStats.PublishCount); n > 0 {
-		res.PublishMS = d(endStats.PublishSum, startStats.PublishSum) / n * 1000
-	}
-	if n := float64(endStats.Batches - startStats.Batches); n > 0 {
-		res.CommitMS = d(endStats.CommitSeconds, startStats.CommitSeconds) / n * 1000
-		res.BatchPS = n / elapsed
-	}
-	if n := float64(endStats.RelayTxns - startStats.RelayTxns); n > 0 {
-		res.RelayTxnMS = d(endStats.RelayTxnSeconds, startStats.RelayTxnSeconds) / n * 1000
-		res.RelayTxnPS = n / elapsed
-	}
-	mu.Lock()
-	missing := expect - measured.Load()
-	if missing > 0 {
-		// Charge each missing decision the time waited so far: a lower bound.
-		end := time.Now()
-		for j := total - int(missing); j < total; j++ {
-			_ = hist.RecordValue(end.Sub(t0.Add(time.Duration(j) * interval)).Microseconds())
+	if mandated {
+		endStats := ch.stats()
+		res.Statements, _ = b.statements(ctx, `dbid = (SELECT oid FROM pg_database WHERE datname = $1)`, db)
+		elapsed := time.Since(startAt).Seconds()
+		d := func(a, b float64) float64 { return a - b }
+		if n := float64(endStats.DecideCount - startStats.DecideCount); n > 0 {
+			res.DecideMS = d(endStats.DecideSum, startStats.DecideSum) / n * 1000
+		}
+		if n := float64(endStats.PublishCount - startStats.PublishCount); n > 0 {
+			res.PublishMS = d(endStats.PublishSum, startStats.PublishSum) / n * 1000
+		}
+		if n := float64(endStats.Batches - startStats.Batches); n > 0 {
+			res.CommitMS = d(endStats.CommitSeconds, startStats.CommitSeconds) / n * 1000
+			res.BatchPS = n / elapsed
+			res.MeanBatch = (endStats.BatchRecords - startStats.BatchRecords) / n
+		}
+		if n := float64(endStats.RelayTxns - startStats.RelayTxns); n > 0 {
+			res.RelayTxnMS = d(endStats.RelayTxnSeconds, startStats.RelayTxnSeconds) / n * 1000
+			res.RelayTxnPS = n / elapsed
+		}
+		q := func(name string, p float64) float64 {
+			return bucketQuantile(endStats.Buckets[name], startStats.Buckets[name], p)
+		}
+		res.DecideP50MS, res.DecideP99MS = q("decide", 0.5), q("decide", 0.99)
+		res.CommitP99MS = q("commit", 0.99)
+		res.PublishP50MS, res.PublishP99MS = q("publish", 0.5), q("publish", 0.99)
+		res.RelayTxnP50MS, res.RelayTxnP99MS = q("relay_txn", 0.5), q("relay_txn", 0.99)
+		res.Requests = subReqs(endStats.Requests, startStats.Requests)
+		for k, n := range endStats.RelayRetries {
+			if n -= startStats.RelayRetries[k]; n > 0 {
+				if res.RelayRetries == nil {
+					res.RelayRetries = map[string]uint64{}
+				}
+				res.RelayRetries[k] = n
+			}
+		}
+	} else {
+		stopped = true
+		_ = ch.stop()
+		if js, err := os.ReadFile(k2Stats); err == nil {
+			_ = json.Unmarshal(js, &res.Requests)
 		}
 	}
-	res.Missing = int(missing)
+	mu.Lock()
+	// Charge each missing answer the time waited so far: a lower bound.
+	end := time.Now()
+	var coldMissing int
+	for j := range total {
+		if arrived[j] {
+			continue
+		}
+		intended := t0.Add(time.Duration(j) * interval)
+		waited := end.Sub(intended).Microseconds()
+		if lv.cold && intended.Before(t0.Add(ColdWindow)) {
+			_ = coldHist.RecordValue(waited)
+			coldMissing++
+		}
+		if !intended.Before(measureFrom) {
+			_ = hist.RecordValue(waited)
+			res.Missing++
+		}
+	}
+	res.Duplicates = dups.Load()
 	res.Measured = hist.TotalCount()
-	ms := func(q float64) float64 { return float64(hist.ValueAtQuantile(q)) / 1000 }
-	res.P50MS, res.P90MS, res.P99MS, res.P999MS = ms(50), ms(90), ms(99), ms(99.9)
+	ms := func(h *hdrhistogram.Histogram, q float64) float64 { return float64(h.ValueAtQuantile(q)) / 1000 }
+	res.P50MS, res.P90MS, res.P99MS, res.P999MS = ms(hist, 50), ms(hist, 90), ms(hist, 99), ms(hist, 99.9)
 	res.MaxMS = float64(hist.Max()) / 1000
 	for _, q := range []float64{0, 10, 20, 30, 40, 50, 60, 70, 75, 80, 85, 90, 92.5, 95, 96, 97, 98, 99, 99.5, 99.9, 99.95, 99.99, 100} {
-		res.CDF = append(res.CDF, []float64{q, ms(q)})
+		res.CDF = append(res.CDF, []float64{q, ms(hist, q)})
+	}
+	if lv.cold {
+		res.Cold = &ColdStart{Seconds: ColdWindow.Seconds(), Measured: coldHist.TotalCount(), Missing: coldMissing,
+			P50MS: ms(coldHist, 50), P99MS: ms(coldHist, 99), MaxMS: float64(coldHist.Max()) / 1000}
 	}
 	mu.Unlock()
-	if nb := float64(endStats.Batches - startStats.Batches); nb > 0 {
-		res.MeanBatch = (endStats.BatchRecords - startStats.BatchRecords) / nb
+	if n := float64(total); n > 0 {
+		res.CPUMicrosSys = res.CPU.System() / n * 1e6
 	}
 	if f := failed.Load(); f > 0 {
 		return res, fmt.Errorf("%d proposals could not be produced", f)
 	}
 	return res, nil
+}
+
+// ColdStart is the latency of the proposals offered in the first
+// ColdWindow after the processes start (the load generator starts with
+// them), against the same run's steady figures after it.
+type ColdStart struct {
+	Seconds  float64 `json:"seconds"`
+	Measured int64   `json:"measured"`
+	Missing  int     `json:"missing"`
+	P50MS    float64 `json:"p50_ms"`
+	P99MS    float64 `json:"p99_ms"`
+	MaxMS    float64 `json:"max_ms"`
 }
 
 // HeapResult is the heap cost of owned mandates.

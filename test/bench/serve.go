@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -42,6 +43,16 @@ type ServeConfig struct {
 	// start (outbox.Config.Test.BeforePublish), as a broker outage would:
 	// the outbox fills while the processor decides on. Zero: no stall.
 	RelayStall time.Duration `json:"relay_stall"`
+	// RelayRetryBackoff, when positive, makes the relay's producers retry
+	// after this fixed backoff (kgo.RetryBackoffFn) instead of franz-go's
+	// default. Zero: the default, as cmd/mandated runs.
+	RelayRetryBackoff time.Duration `json:"relay_retry_backoff"`
+	// RelayMetadataMinAge is the relay's outbox.Config.MetadataMinAge
+	// (negative: franz-go's 5 s). Zero: the default.
+	RelayMetadataMinAge time.Duration `json:"relay_metadata_min_age"`
+	// RelayRetryLog counts the relay producers' franz-go debug messages
+	// about retries (ServeStats.RelayRetries). Debug logging costs CPU.
+	RelayRetryLog bool `json:"relay_retry_log"`
 }
 
 // ServeStats is what the child reports on GET /stats.
@@ -62,6 +73,48 @@ type ServeStats struct {
 	DecideCount  uint64  `json:"decide_count"`
 	PublishSum   float64 `json:"publish_sum"`
 	PublishCount uint64  `json:"publish_count"`
+	// Buckets of mandated's own histograms ("decide", "commit", "publish",
+	// "relay_txn"), cumulative, for quantiles per level.
+	Buckets map[string][]Bucket `json:"buckets"`
+	// Requests is what each Kafka request type cost the process's clients.
+	Requests map[string]ReqStat `json:"requests"`
+	// RelayRetries counts franz-go's retry messages (RelayRetryLog only).
+	RelayRetries map[string]uint64 `json:"relay_retries,omitempty"`
+}
+
+// infBucket stands for the +Inf bucket's bound (seconds).
+const infBucket = 1e6
+
+// Bucket is one cumulative histogram bucket.
+type Bucket struct {
+	LE    float64 `json:"le"`
+	Count uint64  `json:"count"`
+}
+
+// bucketQuantile is the upper bound of the bucket holding quantile q (0–1)
+// of end - start (same bucket layout), in milliseconds.
+func bucketQuantile(end, start []Bucket, q float64) float64 {
+	if len(end) == 0 {
+		return 0
+	}
+	total := end[len(end)-1].Count
+	if len(start) == len(end) {
+		total -= start[len(start)-1].Count
+	}
+	if total == 0 {
+		return 0
+	}
+	want := uint64(math.Ceil(q * float64(total)))
+	for i, b := range end {
+		n := b.Count
+		if len(start) == len(end) {
+			n -= start[i].Count
+		}
+		if n >= want {
+			return b.LE * 1000
+		}
+	}
+	return infBucket * 1000
 }
 
 // HeapStats is what the child reports on GET /heap, after two full GCs.
@@ -92,12 +145,22 @@ func Serve(cfg ServeConfig) error {
 	log := zerolog.New(logf).Level(zerolog.InfoLevel).With().Timestamp().Logger()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector())
+	requests := newReqHook()
 	hooks := func(string) []kgo.Hook {
-		return []kgo.Hook{kprom.NewMetrics("mandated_kafka", kprom.Registerer(reg), kprom.WithClientLabel())}
+		return []kgo.Hook{kprom.NewMetrics("mandated_kafka", kprom.Registerer(reg), kprom.WithClientLabel()), requests}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	relay := outbox.Config{TransactionalIDPrefix: cfg.TxnPrefix}
+	if d := cfg.RelayRetryBackoff; d > 0 {
+		relay.KafkaOpts = append(relay.KafkaOpts, kgo.RetryBackoffFn(func(int) time.Duration { return d }))
+	}
+	relay.MetadataMinAge = cfg.RelayMetadataMinAge
+	var retries *retryLogger
+	if cfg.RelayRetryLog {
+		retries = newRetryLogger()
+		relay.KafkaOpts = append(relay.KafkaOpts, kgo.WithLogger(retries))
+	}
 	if cfg.RelayStall > 0 {
 		until := time.Now().Add(cfg.RelayStall)
 		relay.Test.BeforePublish = func(int32, int64) { time.Sleep(time.Until(until)) }
@@ -125,6 +188,10 @@ func Serve(cfg ServeConfig) error {
 			return
 		}
 		st.Owned = len(svc.Processor.Owned())
+		st.Requests = requests.snapshot()
+		if retries != nil {
+			st.RelayRetries = retries.snapshot()
+		}
 		_ = json.NewEncoder(w).Encode(st)
 	})
 	mux.HandleFunc("/heap", func(w http.ResponseWriter, _ *http.Request) {
@@ -155,7 +222,24 @@ func Serve(cfg ServeConfig) error {
 }
 
 func gatherStats(reg *prometheus.Registry) (ServeStats, error) {
-	var st ServeStats
+	st := ServeStats{Buckets: map[string][]Bucket{}}
+	buckets := func(name string, mf *dto.MetricFamily) {
+		var bs []Bucket
+		for _, x := range mf.GetMetric() {
+			h := x.GetHistogram()
+			for i, b := range h.GetBucket() {
+				if i >= len(bs) {
+					bs = append(bs, Bucket{LE: b.GetUpperBound()})
+				}
+				bs[i].Count += b.GetCumulativeCount()
+			}
+			if n := len(h.GetBucket()); n == len(bs) {
+				bs = append(bs, Bucket{LE: infBucket}) // JSON has no +Inf
+			}
+			bs[len(bs)-1].Count += h.GetSampleCount()
+		}
+		st.Buckets[name] = bs
+	}
 	mfs, err := reg.Gather()
 	if err != nil {
 		return st, err
@@ -175,8 +259,10 @@ func gatherStats(reg *prometheus.Registry) (ServeStats, error) {
 				st.BatchRecords += x.GetHistogram().GetSampleSum()
 			}
 		case "mandated_batch_commit_seconds":
+			buckets("commit", mf)
 			st.CommitSeconds = sum(mf, func(x *dto.Metric) float64 { return x.GetHistogram().GetSampleSum() })
 		case "mandated_outbox_transaction_seconds":
+			buckets("relay_txn", mf)
 			for _, x := range mf.GetMetric() {
 				st.RelayTxns += x.GetHistogram().GetSampleCount()
 				st.RelayTxnSeconds += x.GetHistogram().GetSampleSum()
@@ -186,11 +272,13 @@ func gatherStats(reg *prometheus.Registry) (ServeStats, error) {
 		case "mandated_pending_deadlines":
 			st.PendingDeadlines = sum(mf, func(x *dto.Metric) float64 { return x.GetGauge().GetValue() })
 		case "mandated_proposal_decision_latency_seconds":
+			buckets("decide", mf)
 			for _, x := range mf.GetMetric() {
 				st.DecideSum += x.GetHistogram().GetSampleSum()
 				st.DecideCount += x.GetHistogram().GetSampleCount()
 			}
 		case "mandated_outbox_publish_latency_seconds":
+			buckets("publish", mf)
 			for _, x := range mf.GetMetric() {
 				st.PublishSum += x.GetHistogram().GetSampleSum()
 				st.PublishCount += x.GetHistogram().GetSampleCount()

@@ -24,7 +24,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: benchrun run|serve|pipe [flags]")
+		fmt.Fprintln(os.Stderr, "usage: benchrun run|serve|pipe|txpipe [flags]")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
@@ -36,6 +36,10 @@ func main() {
 		var cfg bench.PipeConfig
 		exitOn(childConfig(&cfg))
 		exitOn(bench.Pipe(cfg))
+	case "txpipe":
+		var cfg bench.TxPipeConfig
+		exitOn(childConfig(&cfg))
+		exitOn(bench.TxPipe(cfg))
 	case "run":
 		os.Exit(run(os.Args[2:]))
 	case "txnprobe":
@@ -47,7 +51,7 @@ func main() {
 		exitOn(err)
 		fmt.Print(out)
 	default:
-		fmt.Fprintln(os.Stderr, "usage: benchrun run|serve|pipe [flags]")
+		fmt.Fprintln(os.Stderr, "usage: benchrun run|serve|pipe|txpipe [flags]")
 		os.Exit(2)
 	}
 }
@@ -82,6 +86,9 @@ func run(args []string) int {
 	fs.IntVar(&over.LatencySecs, "latency-seconds", 0, "override: seconds per latency level")
 	fs.IntVar(&over.HeapMandates, "heap-mandates", 0, "override: mandates in the heap measurement")
 	fs.StringVar(&over.StopAfter, "stop-after", "", "debugging: calibration ends the run after the calibration burn-down")
+	fs.BoolVar(&over.RelayRetryLog, "relay-retry-log", false, "diagnosis: count the relay producers' franz-go retry messages in every latency level (debug logging costs CPU)")
+	fs.DurationVar(&over.RelayMetadataMinAge, "relay-metadata-min-age", 0, "experiment: add a third system to every latency level, mandated whose relay runs with this outbox MetadataMinAge (negative: franz-go's 5 s)")
+	fs.DurationVar(&over.RelayRetryBackoff, "relay-retry-backoff", 0, "experiment: add a third system to every latency level, mandated whose relay producers retry after this fixed backoff")
 	fs.DurationVar(&over.RelayStall, "relay-stall", 0, "debugging: hold every burn-down's relay back this long after start (a broker outage)")
 	profile := fs.String("profile", "", "override: true or false")
 	if err := fs.Parse(args); err != nil {
@@ -121,6 +128,9 @@ func run(args []string) int {
 	}
 	cfg.StopAfter = over.StopAfter
 	cfg.RelayStall = over.RelayStall
+	cfg.RelayRetryBackoff = over.RelayRetryBackoff
+	cfg.RelayRetryLog = over.RelayRetryLog
+	cfg.RelayMetadataMinAge = over.RelayMetadataMinAge
 	if *profile != "" {
 		cfg.Profile = *profile == "true"
 	}
