@@ -255,13 +255,16 @@ func TestTwoProcessorsDecideBothTopicsOfAPartitionAsOneWriterThroughARebalance(t
 			require.Equal(t, wire.OutcomeReserved, d.Outcome)
 		}
 	}
-	// Ownership is disjoint and complete.
-	owned := map[int32]string{}
-	for _, in := range []*harness.Instance{a, b} {
-		for p := range in.Service.Processor.Owned() {
-			require.NotContains(t, owned, p)
-			owned[p] = in.Name
+	// Ownership is disjoint at every look and, once the incremental
+	// assignment has settled, complete.
+	testWaitFor(t, func() bool {
+		owned := map[int32]string{}
+		for _, in := range []*harness.Instance{a, b} {
+			for p := range in.Service.Processor.Owned() {
+				require.NotContains(t, owned, p, "partition %d owned twice", p)
+				owned[p] = in.Name
+			}
 		}
-	}
-	require.Len(t, owned, 4)
+		return len(owned) == 4
+	}, "every partition owned by one processor")
 }
