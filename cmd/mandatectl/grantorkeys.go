@@ -342,23 +342,7 @@ func withGrantorKeysConn(a *app, f *flagSet, db *dbConn, timeout time.Duration, 
 }
 
 func readGrantorPublicKey(path string) (ed25519.PublicKey, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	block, _ := pem.Decode(b)
-	if block == nil || block.Type != "PUBLIC KEY" {
-		return nil, errors.New("not a PEM PUBLIC KEY block")
-	}
-	k, err := x509.ParsePKIXPublicKey(block.Bytes)
-	if err != nil {
-		return nil, err
-	}
-	pub, ok := k.(ed25519.PublicKey)
-	if !ok {
-		return nil, fmt.Errorf("a %T, not an Ed25519 public key", k)
-	}
-	return pub, nil
+	return readPEMKey[ed25519.PublicKey](path, "PUBLIC KEY", x509.ParsePKIXPublicKey)
 }
 
 func grantorPublicKeyPEM(pub ed25519.PublicKey) string {
@@ -370,23 +354,29 @@ func grantorPublicKeyPEM(pub ed25519.PublicKey) string {
 }
 
 func readGrantorPrivateKey(path string) (ed25519.PrivateKey, error) {
+	return readPEMKey[ed25519.PrivateKey](path, "PRIVATE KEY", x509.ParsePKCS8PrivateKey)
+}
+
+// readPEMKey reads the one PEM block of type blockType in path and parses
+// it into an Ed25519 key of type K.
+func readPEMKey[K ed25519.PublicKey | ed25519.PrivateKey](path, blockType string, parse func([]byte) (any, error)) (K, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
 	block, _ := pem.Decode(b)
-	if block == nil || block.Type != "PRIVATE KEY" {
-		return nil, errors.New("not a PEM PRIVATE KEY (PKCS#8) block")
+	if block == nil || block.Type != blockType {
+		return nil, fmt.Errorf("not a PEM %s block", blockType)
 	}
-	k, err := x509.ParsePKCS8PrivateKey(block.Bytes)
+	k, err := parse(block.Bytes)
 	if err != nil {
 		return nil, err
 	}
-	priv, ok := k.(ed25519.PrivateKey)
+	key, ok := k.(K)
 	if !ok {
-		return nil, fmt.Errorf("a %T, not an Ed25519 private key", k)
+		return nil, fmt.Errorf("a %T, not an Ed25519 key", k)
 	}
-	return priv, nil
+	return key, nil
 }
 
 // signingFlags are the flags that sign a grantor command mandatectl sends.
