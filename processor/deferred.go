@@ -85,8 +85,14 @@ func (p *Processor) claimLater(ctx context.Context, n int32, pc *pendingClaim) {
 			client.ResumeFetchPartitions(p.topicPartitions(n))
 			return
 		}
-		p.log.Warn().Err(err).Int32("partition", n).Dur("backoff", backoff).Msg("cannot claim the partition yet: its shard does not answer")
-		t := time.NewTimer(backoff)
+		wait := backoff
+		if isMoved(err) {
+			p.followMove(ctx, n, err)
+			wait = movedRetry
+		} else {
+			p.log.Warn().Err(err).Int32("partition", n).Dur("backoff", backoff).Msg("cannot claim the partition yet: its shard does not answer")
+		}
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()

@@ -37,6 +37,12 @@ func (p *Processor) recoverFenced(w *worker) bool {
 		if errors.Is(err, errStopped) {
 			return false
 		}
+		if isMoved(err) {
+			w.setFenceCause(err)
+			p.followMove(w.ctx, w.partition, err)
+			w.sleepUnlessStopped(movedRetry)
+			continue
+		}
 		w.setFenceCause(err)
 		w.log.Warn().Err(err).Dur("backoff", backoff).Msg("fenced partition not re-claimed; unready until it is or until it is revoked")
 		w.sleepUnlessStopped(backoff)

@@ -227,6 +227,20 @@ func run(args []string) int {
 	for _, s := range svc.Shards.All() {
 		reg.MustRegister(sink.NewPoolCollector(s))
 	}
+	// SIGHUP reloads the shard map file (after mandatectl shards move; a
+	// partition refused as moved reloads it as well).
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for range hup {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			if err := svc.Shards.Reload(ctx); err != nil {
+				log.Error().Err(err).Msg("SIGHUP: the shard map was not reloaded")
+			}
+			cancel()
+		}
+	}()
 	ready := svc.Metrics.Ready
 	stopReady := make(chan struct{})
 	go watchReady(svc, ready, stopReady)
