@@ -177,6 +177,16 @@ func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 	if srcMeta.name == o.TargetName {
 		return res, fmt.Errorf("sink: move: partition %d is on shard %s already", p, o.TargetName)
 	}
+	if p < 0 || p >= srcMeta.count {
+		return res, fmt.Errorf("sink: move: partition %d does not exist (0-%d)", p, srcMeta.count-1)
+	}
+	srcMoves, err := readMoves(ctx, src)
+	if err != nil {
+		return res, err
+	}
+	if _, err := sourceOwns(srcMeta, srcMoves, o); err != nil {
+		return res, err
+	}
 	if err := checkMigrated(ctx, src, dst, o.TargetName); err != nil {
 		return res, err
 	}
@@ -190,9 +200,6 @@ func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 	}
 	if dstMeta != nil && dstMeta.name != o.TargetName && dstMeta.name != SingleShard {
 		return res, fmt.Errorf("sink: move: the target database is shard %s, not %s", dstMeta.name, o.TargetName)
-	}
-	if p < 0 || p >= srcMeta.count {
-		return res, fmt.Errorf("sink: move: partition %d does not exist (0-%d)", p, srcMeta.count-1)
 	}
 	if err := checkTargetFree(ctx, dst, p, o.TargetName); err != nil {
 		return res, err
@@ -212,18 +219,10 @@ func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 		if err != nil {
 			return err
 		}
-		mv, moved := moves[p]
-		switch {
-		case moved && mv.State == MoveOut && o.Resume && mv.Peer == o.TargetName:
-			epoch = mv.Epoch
-			return nil
-		case moved && mv.State == MoveOut:
-			return fmt.Errorf("sink: move: partition %d is already moving to shard %s (since %s); if that move died, run it again with --resume",
-				p, mv.Peer, mv.StartedAt.UTC().Format(time.RFC3339))
-		case moved && mv.State != MoveIn:
-			return fmt.Errorf("sink: move: partition %d is not on shard %s: it moved to shard %s (%s)", p, m.name, mv.Peer, mv.State)
-		case !moved && !m.owns(p):
-			return fmt.Errorf("sink: move: partition %d is not on shard %s (partitions %s)", p, m.name, m.describe())
+		resumed, err := sourceOwns(m, moves, o)
+		if err != nil || resumed > 0 {
+			epoch = resumed
+			return err
 		}
 		err = tx.QueryRow(ctx, `UPDATE mandated_partitions SET epoch = epoch + 1, owner = $2, updated_at = now()
 			WHERE partition = $1 RETURNING epoch`, p, "mandatectl shards move to "+o.TargetName).Scan(&epoch)
@@ -308,6 +307,26 @@ func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 	}
 	res.Took = time.Since(start)
 	return res, nil
+}
+
+// sourceOwns checks that the source (meta m, moves) owns the partition, or
+// that o resumes a move of it to the same target: then it returns the
+// epoch that move fenced.
+func sourceOwns(m *meta, moves map[int32]Move, o MoveOptions) (int64, error) {
+	p := o.Partition
+	mv, moved := moves[p]
+	switch {
+	case moved && mv.State == MoveOut && o.Resume && mv.Peer == o.TargetName:
+		return max(mv.Epoch, 1), nil
+	case moved && mv.State == MoveOut:
+		return 0, fmt.Errorf("sink: move: partition %d is already moving to shard %s (since %s); if that move died, run it again with --resume",
+			p, mv.Peer, mv.StartedAt.UTC().Format(time.RFC3339))
+	case moved && mv.State != MoveIn:
+		return 0, fmt.Errorf("sink: move: partition %d is not on shard %s: it moved to shard %s (%s)", p, m.name, mv.Peer, mv.State)
+	case !moved && !m.owns(p):
+		return 0, fmt.Errorf("sink: move: partition %d is not on shard %s (partitions %s)", p, m.name, m.describe())
+	}
+	return 0, nil
 }
 
 // copyTable streams one table's rows of partition p from the snapshot into

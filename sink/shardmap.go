@@ -86,7 +86,7 @@ func (s Shard) Range() string {
 	if s.set != nil {
 		return FormatPartitions(s.set)
 	}
-	return fmt.Sprintf("%d-%d", s.first, s.last)
+	return FormatPartitions(s.Set(s.last + 1))
 }
 
 // FormatPartitions writes a set of partitions as a map does: "0-2,5", or

@@ -111,6 +111,13 @@ func setScalar(n *yaml.Node, v string) {
 // CheckWritable fails unless path can be replaced: the file is writable
 // and a temporary file can be created next to it (WriteFileAtomic).
 func CheckWritable(path string) error {
+	st, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("sink: the shard map %s: %w", path, err)
+	}
+	if st.Mode().Perm()&0o222 == 0 {
+		return fmt.Errorf("sink: the shard map %s is not writable: its mode is %v (read-only)", path, st.Mode().Perm())
+	}
 	f, err := os.OpenFile(path, os.O_WRONLY, 0)
 	if err != nil {
 		return fmt.Errorf("sink: the shard map %s is not writable: %w", path, err)
