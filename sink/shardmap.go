@@ -24,6 +24,7 @@ type ShardMap struct {
 	Shards []Shard `yaml:"shards"`
 
 	path string // the file it was read from (ReadShardMap), for Shards.Reload
+	raw  []byte // its content
 }
 
 // Path is the file the map was read from ("" when parsed from bytes).
@@ -134,7 +135,7 @@ func ReadShardMap(path string) (*ShardMap, error) {
 	if err != nil {
 		return nil, err
 	}
-	m.path = path
+	m.path, m.raw = path, b
 	return m, nil
 }
 

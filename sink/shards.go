@@ -1,9 +1,11 @@
 package sink
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,6 +27,7 @@ type Shards struct {
 	// check of a reloaded map).
 	reloadMu sync.Mutex
 	path     string
+	raw      []byte // the map file's content as last used
 	cfg      Config
 	log      zerolog.Logger
 	opened   []*Sink
@@ -59,7 +62,7 @@ func OpenShards(ctx context.Context, cfg Config, m *ShardMap, log zerolog.Logger
 	if err != nil {
 		return nil, fmt.Errorf("shard %s: %w", m.Shards[ci].Name, err)
 	}
-	sh := &Shards{control: control, path: m.Path(), cfg: cfg, log: log, opened: []*Sink{control}}
+	sh := &Shards{control: control, path: m.Path(), raw: m.raw, cfg: cfg, log: log, opened: []*Sink{control}}
 	l := &shardLayout{}
 	for i, s := range m.Shards {
 		if i == ci {
@@ -96,7 +99,7 @@ func (sh *Shards) For(p int32) *Sink { return sh.layout.Load().lookup(p) }
 // --database-url, or a map given as bytes).
 var ErrNoShardMapFile = errors.New("sink: no shard map file to reload")
 
-// Reload reads the shard map file again and routes every partition as it
+// Reload reads the shard map file again and, if it changed, routes every partition as it
 // says from now on: after a partition moved to another shard (ErrMoved)
 // and on SIGHUP. A shard the map adds is opened (migrated, its layout
 // checked); every shard's layout is checked against its database before
@@ -109,7 +112,14 @@ func (sh *Shards) Reload(ctx context.Context) error {
 	if sh.path == "" {
 		return ErrNoShardMapFile
 	}
-	m, err := ReadShardMap(sh.path)
+	b, err := os.ReadFile(sh.path)
+	if err != nil {
+		return fmt.Errorf("sink: read the shard map: %w", err)
+	}
+	if bytes.Equal(b, sh.raw) {
+		return nil // unchanged: nothing to route differently
+	}
+	m, err := ParseShardMap(b)
 	if err != nil {
 		return err
 	}
@@ -140,6 +150,7 @@ func (sh *Shards) Reload(ctx context.Context) error {
 		l.sinks, l.shards = append(l.sinks, one), append(l.shards, s)
 	}
 	old := sh.layout.Swap(l)
+	sh.raw = b
 	for _, s := range m.Shards {
 		for i, o := range old.shards {
 			if o.Name == s.Name && o.Range() != s.Range() {
