@@ -94,6 +94,19 @@ func TestAMovedPartitionIsCopiedWhole_FencedAndReadOnlyAtTheSource_AndContinuesO
 	require.True(t, same, "offsets and sequence moved with the partition")
 	require.Equal(t, headA, headB, "and the chain head")
 
+	op := sink.NewShardedOperator(poolA, poolB)
+	parts, err := op.Partitions(ctx)
+	require.NoError(t, err)
+	var listed []int64
+	for _, r := range parts {
+		if r.Partition == 1 {
+			listed = append(listed, r.Epoch)
+		}
+	}
+	require.Equal(t, []int64{res.Epoch}, listed, "operators see the partition once, on its new shard")
+	_, err = op.Inspect(ctx, keyOn(1, 4, "m0"), 10)
+	require.NoError(t, err)
+
 	_, err = a.Commit(ctx, grantBatch(c, keyOn(1, 4, "late"), time.Now()))
 	require.ErrorIs(t, err, sink.ErrFenced, "the owner before the move is fenced")
 	_, err = a.Claim(ctx, 1, "old map")
