@@ -27,13 +27,22 @@ func runShards(a *app, args []string) int {
 	case "moves":
 		return runShardsMoves(a, args)
 	case "", "help", "-h", "--help":
-		fmt.Fprint(a.stdout, `usage: mandatectl shards <move|drop-moved|moves> [flags]
+		w := a.stdout
+		if sub == "" {
+			w = a.stderr
+		}
+		fmt.Fprint(w, `usage: mandatectl shards <move|drop-moved|moves> [flags]
 
-  move P --to SHARD_OR_URL --shard-map FILE   move partition P to another shard, fenced like a takeover
-  drop-moved P --shard SHARD --shard-map FILE delete the read-only copy a move left on the source
-  moves --shard-map FILE                      list the moves every shard records
+  move P --to SHARD_OR_URL --shard-map FILE    move partition P to another shard, fenced like a takeover
+  drop-moved P --shard SHARD --shard-map FILE  delete the read-only copy a move left on the source
+  moves --shard-map FILE                       list the moves every shard records
 
-Run 'mandatectl shards <subcommand> --help' for flags and examples.
+Examples:
+  mandatectl shards move 3 --to b --shard-map /etc/mandated/shards.yaml
+  mandatectl shards drop-moved 3 --shard a --shard-map /etc/mandated/shards.yaml
+
+Run 'mandatectl shards <subcommand> --help' for flags and examples
+(docs/operations.md, "Moving a partition to another shard").
 `)
 		if sub == "" {
 			return exitUsage
