@@ -33,6 +33,7 @@ func (p *Processor) handoffLoop(ctx context.Context) {
 		probes[i] = &dbProbe{cfg: s.Pool().Config().ConnConfig}
 		defer probes[i].close()
 	}
+	labels := make([]string, len(shards)) // the partitions label last set: a move changes it
 	wasUp := make([]bool, len(shards))
 	for i := range wasUp {
 		wasUp[i] = true
@@ -58,7 +59,11 @@ func (p *Processor) handoffLoop(ctx context.Context) {
 		var err error
 		down := 0
 		for i, e := range errs {
-			sh := shards[i].Shard()
+			sh := p.shards.Partitions(shards[i]) // as the map last read says
+			if labels[i] != "" && labels[i] != sh.Range() {
+				p.metrics.ShardUp.DeleteLabelValues(sh.Name, labels[i])
+			}
+			labels[i] = sh.Range()
 			up := 1.0
 			if e != nil {
 				up, err = 0, e

@@ -21,8 +21,12 @@ import (
 // every record below the stored position.
 
 // movedRetry is how soon a claim refused because the partition moved is
-// tried again (with the shard map reloaded).
-const movedRetry = 200 * time.Millisecond
+// first tried again (with the shard map reloaded); it doubles up to
+// movedRetryMax while the map does not say where the partition went.
+const (
+	movedRetry    = 200 * time.Millisecond
+	movedRetryMax = 2 * time.Second
+)
 
 // followMove reloads the shard map after a claim of partition n was
 // refused with sink.ErrMoved.

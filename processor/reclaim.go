@@ -26,6 +26,7 @@ var errNotAssigned = errors.New("processor: the consumer group does not confirm 
 // (false) only when it is stopped (revoked, lost, shutting down).
 func (p *Processor) recoverFenced(w *worker) bool {
 	backoff := 100 * time.Millisecond
+	movedWait := movedRetry
 	for {
 		if w.isStopping() || w.ctx.Err() != nil {
 			return false
@@ -40,7 +41,8 @@ func (p *Processor) recoverFenced(w *worker) bool {
 		if isMoved(err) {
 			w.setFenceCause(err)
 			p.followMove(w.ctx, w.partition, err)
-			w.sleepUnlessStopped(movedRetry)
+			w.sleepUnlessStopped(movedWait)
+			movedWait = min(movedWait*2, movedRetryMax)
 			continue
 		}
 		w.setFenceCause(err)

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/mandated/mandated/partitioner"
@@ -133,6 +134,10 @@ func TestAPartitionMovedUnderLoadIsDecidedExactlyOnceAndContinuesOnItsNewShard(t
 	require.True(t, owned, "the processor holds the moved partition again")
 	require.Equal(t, "b", in.Service.Shards.For(moved).Shard().Name, "routed to shard b after the reload")
 	require.Equal(t, frozen, copyAt(), "shard a's copy is read-only after the move")
+	testWaitFor(t, func() bool {
+		return testutil.ToFloat64(in.Service.Metrics.ShardUp.WithLabelValues("b", "1-3")) == 1 &&
+			testutil.ToFloat64(in.Service.Metrics.ShardUp.WithLabelValues("a", "0")) == 1
+	}, "mandated_shard_up names each shard's partitions as moved")
 
 	checkExactlyOnce := func() map[int32]int {
 		answers := map[wire.Source]int{}
