@@ -232,10 +232,12 @@ func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 		if err != nil {
 			return fmt.Errorf("sink: move: fence partition %d: %w", p, interpretError(err))
 		}
-		_, err = tx.Exec(ctx, `INSERT INTO mandated_moves (partition, state, peer, epoch) VALUES ($1, $2, $3, $4)
+		if _, err = tx.Exec(ctx, `INSERT INTO mandated_moves (partition, state, peer, epoch) VALUES ($1, $2, $3, $4)
 			ON CONFLICT (partition) DO UPDATE SET state = EXCLUDED.state, peer = EXCLUDED.peer, epoch = EXCLUDED.epoch,
-			  rows = 0, started_at = now(), updated_at = now()`, p, MoveOut, o.TargetName, epoch)
-		return interpretError(err)
+			  rows = 0, started_at = now(), updated_at = now()`, p, MoveOut, o.TargetName, epoch); err != nil {
+			return interpretError(err)
+		}
+		return setOwned(ctx, tx, m, p, false)
 	})
 	if err != nil {
 		return res, err
@@ -265,6 +267,9 @@ func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 			ON CONFLICT (partition) DO UPDATE SET state = EXCLUDED.state, peer = EXCLUDED.peer, epoch = EXCLUDED.epoch,
 			  rows = 0, started_at = now(), updated_at = now()`, p, MoveIn, srcMeta.name, epoch); err != nil {
 			return interpretError(err)
+		}
+		if err := setOwned(ctx, tx, m, p, true); err != nil {
+			return err
 		}
 		if _, err := tx.Exec(ctx, `SELECT set_config('mandated.partition', $1, true)`, fmt.Sprint(p)); err != nil {
 			return interpretError(err)
@@ -327,6 +332,36 @@ func sourceOwns(m *meta, moves map[int32]Move, o MoveOptions) (int64, error) {
 		return 0, fmt.Errorf("sink: move: partition %d is not on shard %s (partitions %s)", p, m.name, m.describe())
 	}
 	return 0, nil
+}
+
+// setOwned records in mandated_meta that the shard owns p (or no longer
+// does): the recorded set is what a map is checked against at start.
+func setOwned(ctx context.Context, tx pgx.Tx, m *meta, p int32, own bool) error {
+	var set []int32
+	if m.set != nil {
+		set = slices.Clone(m.set)
+	} else {
+		for q := m.first; q <= coalesce(m.last, m.count-1); q++ {
+			set = append(set, q)
+		}
+	}
+	set = slices.DeleteFunc(set, func(q int32) bool { return q == p })
+	if own {
+		set = append(set, p)
+	}
+	slices.Sort(set)
+	first, last := int32(0), (*int32)(nil)
+	if len(set) > 0 {
+		first, last = set[0], &set[len(set)-1]
+	}
+	if set == nil {
+		set = []int32{}
+	}
+	_, err := tx.Exec(ctx, `UPDATE mandated_meta SET partitions = $1, first_partition = $2, last_partition = $3`, set, first, last)
+	if err != nil {
+		return fmt.Errorf("record the shard's partitions: %w", interpretError(err))
+	}
+	return nil
 }
 
 // copyTable streams one table's rows of partition p from the snapshot into

@@ -86,6 +86,14 @@ func TestAMovedPartitionIsCopiedWhole_FencedAndReadOnlyAtTheSource_AndContinuesO
 	require.Equal(t, c.Epoch+2, res.Epoch, "the source's epoch is bumped by the fence, the target's once more")
 	require.Equal(t, before, rowsOf(t, poolB, 1), "every row of the partition is on the target")
 	require.Equal(t, before, rowsOf(t, poolA, 1), "the source keeps its copy until it is dropped")
+	for _, c := range []struct {
+		pool *pgxpool.Pool
+		want []int32
+	}{{poolA, []int32{0}}, {poolB, []int32{1, 2, 3}}} {
+		var set []int32
+		require.NoError(t, c.pool.QueryRow(ctx, `SELECT partitions FROM mandated_meta`).Scan(&set))
+		require.Equal(t, c.want, set, "mandated_meta records the shard's set")
+	}
 	var headA, headB []byte
 	require.NoError(t, poolA.QueryRow(ctx, `SELECT head_hash FROM mandated_partitions WHERE partition = 1`).Scan(&headA))
 	var same bool
