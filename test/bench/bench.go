@@ -17,19 +17,20 @@ import (
 
 // Config configures a bench run. cmd/benchrun fills it from flags.
 type Config struct {
-	Brokers   []string // the bench's own broker
-	AdminURL  string   // superuser URL of the bench's own PostgreSQL
-	PGDataDir string   // its data directory (postmaster.pid, for CPU)
+	Brokers      []string // the bench's own broker
+	AdminURL     string   // superuser URL of the bench's own PostgreSQL
+	PGDataDir    string   // its data directory (postmaster.pid, for CPU)
+	KafkaPIDFile string   // the broker's pid file (for CPU)
+	RepoRoot     string   // to read package sink's SQL
+	ResultsDir   string   // test/bench/results
+	WorkDir      string   // scratch: logs, scripts, raw profiles (git-ignored)
+	Pgbench      string   // the pgbench binary
+	Quick        bool
+
 	// AdminURL2 and PGDataDir2 are the bench's second PostgreSQL server:
 	// shard b of the 2-shard S1. Empty AdminURL2: no 1 vs 2 shards pair.
-	AdminURL2    string
-	PGDataDir2   string
-	KafkaPIDFile string // the broker's pid file (for CPU)
-	RepoRoot     string // to read package sink's SQL
-	ResultsDir   string // test/bench/results
-	WorkDir      string // scratch: logs, scripts, raw profiles (git-ignored)
-	Pgbench      string // the pgbench binary
-	Quick        bool
+	AdminURL2  string
+	PGDataDir2 string
 
 	Partitions    int32 // partitions of the S1 baseline
 	Records       int   // proposals drained per burn-down
@@ -108,18 +109,19 @@ type benchShard struct {
 
 // Bench is one run.
 type Bench struct {
-	cfg Config
-	pg  pgAdmin
-	pg2 pgAdmin // the second PostgreSQL server; url "" when there is none
-	cpu cpuWatch
-	// postmaster2 is the second server's postmaster pid, sampled by the
-	// runs that use it.
+	cfg   Config
+	pg    pgAdmin
+	cpu   cpuWatch
+	run   string // run id, in topic and database names
+	work  string
+	out   string
+	seq   int
+	stmts map[string]string
+
+	// pg2 is the second PostgreSQL server (url "" when there is none) and
+	// postmaster2 its postmaster's pid, sampled by the runs that use it.
+	pg2         pgAdmin
 	postmaster2 int
-	run         string // run id, in topic and database names
-	work        string
-	out         string
-	seq         int
-	stmts       map[string]string
 
 	variants map[string]*variant
 	res      *Result

@@ -47,10 +47,10 @@ type CPUSample struct {
 	Mandated float64 `json:"mandated"` // the mandated (or K1 pipe) child
 	Broker   float64 `json:"broker"`
 	Postgres float64 `json:"postgres"` // postmaster, every backend and exited ones
+	Bench    float64 `json:"bench"`    // this process: load generator and counters
 	// Postgres2 is the second PostgreSQL server (shard b), the same way;
 	// sampled only for the runs that use it (the 2-shard S1).
 	Postgres2 float64 `json:"postgres_2,omitempty"`
-	Bench     float64 `json:"bench"` // this process: load generator and counters
 }
 
 // Sub returns s - o.

@@ -32,16 +32,13 @@ import (
 type ServeConfig struct {
 	Brokers     []string `json:"brokers"`
 	DatabaseURL string   `json:"database_url"`
-	// Shards, when set, is the shard map the service runs over, as
-	// cmd/mandated --shard-map runs it (DatabaseURL is then ignored).
-	Shards     []ServeShard `json:"shards,omitempty"`
-	Proposals  string       `json:"proposals"`
-	Grants     string       `json:"grants"`
-	Decisions  string       `json:"decisions"`
-	DeadLetter string       `json:"dead_letter"`
-	Group      string       `json:"group"`
-	TxnPrefix  string       `json:"txn_prefix"`
-	LogPath    string       `json:"log_path"`
+	Proposals   string   `json:"proposals"`
+	Grants      string   `json:"grants"`
+	Decisions   string   `json:"decisions"`
+	DeadLetter  string   `json:"dead_letter"`
+	Group       string   `json:"group"`
+	TxnPrefix   string   `json:"txn_prefix"`
+	LogPath     string   `json:"log_path"`
 	// RelayStall holds every relay transaction back until this long after
 	// start (outbox.Config.Test.BeforePublish), as a broker outage would:
 	// the outbox fills while the processor decides on. Zero: no stall.
@@ -56,6 +53,9 @@ type ServeConfig struct {
 	// RelayRetryLog counts the relay producers' franz-go debug messages
 	// about retries (ServeStats.RelayRetries). Debug logging costs CPU.
 	RelayRetryLog bool `json:"relay_retry_log"`
+	// Shards, when set, is the shard map the service runs over, as
+	// cmd/mandated --shard-map runs it (DatabaseURL is then ignored).
+	Shards []ServeShard `json:"shards,omitempty"`
 }
 
 // ServeShard is one shard of ServeConfig.Shards: a sink.Shard.
