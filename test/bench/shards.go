@@ -29,6 +29,10 @@ func (b *Bench) setupShards(ctx context.Context) error {
 		return nil
 	}
 	main := b.variants["s1"]
+	if main.partitions < 2 {
+		b.logf("S1 has %d partition: no 1 vs 2 shards pair", main.partitions)
+		return nil
+	}
 	half := main.partitions / 2
 	v := &variant{name: TwoShards, partitions: main.partitions, mandates: main.mandates, dist: main.dist,
 		proposals: main.proposals, grants: main.grants, shards: []benchShard{
