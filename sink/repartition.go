@@ -206,10 +206,11 @@ func Repartition(ctx context.Context, conn *pgx.Conn, cfg RepartitionConfig) (Re
 // relay) is connected to this database: a processor of the old count must
 // not be alive while the rows move.
 func liveSessions(ctx context.Context, tx pgx.Tx, app string) error {
-	rows, err := tx.Query(ctx, `SELECT application_name || ' (pid ' || pid || coalesce(', ' || host(client_addr), '') || ')'
+	rows, err := tx.Query(ctx, `SELECT application_name || ' (' || count(*) || ' from ' ||
+			string_agg(DISTINCT coalesce(host(client_addr), 'local socket'), ', ') || ')'
 		FROM pg_stat_activity
 		WHERE datname = current_database() AND pid <> pg_backend_pid() AND (application_name = $1 OR application_name LIKE $1 || '/%')
-		ORDER BY application_name, pid`, app)
+		GROUP BY application_name ORDER BY application_name`, app)
 	if err != nil {
 		return fmt.Errorf("list sessions: %w", err)
 	}
