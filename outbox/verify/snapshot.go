@@ -51,7 +51,7 @@ const (
 FROM mandated_partitions p LEFT JOIN chain_anchors a USING (partition) WHERE p.partition = $1`
 	snapMandatesSQL = `SELECT org || '/' || mandate_id, version, status, uses_allowed, uses_held, uses_spent, uses_in_doubt,
   amount_held, amount_spent FROM mandates WHERE partition = $1`
-	snapAuthsSQL  = `SELECT org || '/' || mandate_id, authorization_id, state, version FROM authorizations WHERE partition = $1`
+	snapAuthsSQL = `SELECT org || '/' || mandate_id, authorization_id, state, version FROM authorizations WHERE partition = $1`
 	// snapCountsSQL lists the earlier partition counts (none before any
 	// repartition, or before migration 0015).
 	snapCountsSQL = `SELECT CASE WHEN to_regclass('mandated_repartitions') IS NULL THEN '{}'::int[]
