@@ -291,7 +291,7 @@ func TestRepartitionRefusesALiveProcessorAnUndrainedPartitionAndACountThatDoesNo
 	a := h.Start("a")
 	db := openPool(t, h.DatabaseURL)
 	ctx := context.Background()
-	h.SendAwait(grant("acme", "m", 2, nil))
+	g := h.SendAwait(grant("acme", "m", 2, nil))
 
 	unchanged := func() {
 		t.Helper()
@@ -335,6 +335,31 @@ func TestRepartitionRefusesALiveProcessorAnUndrainedPartitionAndACountThatDoesNo
 		require.ErrorIs(t, err, sink.ErrRepartitionRefused)
 		require.ErrorContains(t, err, "already has 6 partitions; --to 3 must be greater")
 		unchanged()
+	})
+
+	t.Run("decisions not yet published, and a parked one that does not block", func(t *testing.T) {
+		// Two decisions the relay has not published (as if it stopped
+		// before them), the first of them parked.
+		var last int64
+		require.NoError(t, db.QueryRow(ctx, `UPDATE mandated_partitions SET next_seq = next_seq + 2 WHERE partition = $1
+			RETURNING next_seq - 3`, g.Partition).Scan(&last))
+		require.Equal(t, g.Sequence, last, "the grant was the partition's last decision")
+		_, err := db.Exec(ctx, `INSERT INTO outbox_parked (partition, seq, epoch, kind, payload, reason, created_at)
+			VALUES ($1, $2, 1, 0, '{}', 'too large', now())`, g.Partition, last+1)
+		require.NoError(t, err)
+		// The parked row counts as published (and is listed): one of the two blocks, not both.
+		rep, err := repartition(t, h, repartitionConfig(h, 12))
+		require.ErrorIs(t, err, sink.ErrRepartitionRefused)
+		require.ErrorContains(t, err, fmt.Sprintf("partition %d: 1 decisions not yet published (outbox sequences %d-%d, published up to %d)",
+			g.Partition, last+1, last+2, last))
+		require.Equal(t, []string{fmt.Sprintf("%d-%d", g.Partition, last+1)}, rep.Parked)
+		unchanged()
+
+		// Back to drained for the next case.
+		_, err = db.Exec(ctx, `UPDATE mandated_partitions SET next_seq = next_seq - 2 WHERE partition = $1`, g.Partition)
+		require.NoError(t, err)
+		_, err = db.Exec(ctx, `DELETE FROM outbox_parked WHERE partition = $1`, g.Partition)
+		require.NoError(t, err)
 	})
 
 	t.Run("undecided records on a partition", func(t *testing.T) {
