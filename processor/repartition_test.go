@@ -126,6 +126,14 @@ func TestRepartitionFrom6To12KeepsReservationsExecutionsInDoubtAndKeysAndDecides
 	h.Stop(a)
 	noDaemonSessions(t, db)
 
+	// A zombie of the old count: it started with 6 partitions, then lost
+	// its group membership and its database sessions (a paused VM), so
+	// neither check can see it.
+	zombie, err := sink.Open(ctx, sink.Config{DatabaseURL: h.DatabaseURL, ApplicationName: "zombie"}, h.Log)
+	require.NoError(t, err)
+	defer zombie.Close()
+	require.NoError(t, zombie.EnsurePartitionCount(ctx, 6))
+
 	// The database step, then a crash before the topics grow: a processor
 	// (of either count) refuses to start, since the counts differ.
 	started := time.Now()
@@ -140,6 +148,11 @@ func TestRepartitionFrom6To12KeepsReservationsExecutionsInDoubtAndKeysAndDecides
 	require.Equal(t, int64(4), rep.Authorizations)
 	require.Equal(t, int64(4), rep.Keys, "the four moved mandates' proposals' keys")
 	require.Equal(t, int64(1), rep.Intents)
+	// The zombie wakes and claims a partition: refused, nothing bumped.
+	_, err = zombie.Claim(ctx, 2, "zombie")
+	require.ErrorIs(t, err, sink.ErrPartitionCountChanged)
+	require.ErrorContains(t, err, "this process started with 6 partitions, the database now records 12")
+
 	// Every old partition was fenced (claimed once by the processor of 6:
 	// epoch 1, now 2); the new ones start at offset 0, sequence 1.
 	rows, err := db.Query(ctx, `SELECT partition, epoch, proposals_offset, grants_offset, next_seq FROM mandated_partitions ORDER BY 1`)
