@@ -47,13 +47,25 @@ type RepartitionConfig struct {
 	}
 }
 
-func (c RepartitionConfig) withDefaults() RepartitionConfig {
+// WithDefaults returns a copy with every zero field set to its default.
+func (c RepartitionConfig) WithDefaults() RepartitionConfig {
 	c.Group = cmp.Or(c.Group, GroupDefault)
 	c.ProposalsTopic = cmp.Or(c.ProposalsTopic, ProposalsTopicDefault)
 	c.GrantsTopic = cmp.Or(c.GrantsTopic, GrantsTopicDefault)
 	c.DecisionsTopic = cmp.Or(c.DecisionsTopic, DecisionsTopicDefault)
 	c.DeadLetterTopic = cmp.Or(c.DeadLetterTopic, DeadLetterTopicDefault)
 	return c
+}
+
+// Validate names the first bad field.
+func (c RepartitionConfig) Validate() error {
+	switch {
+	case c.To < 1:
+		return errors.New("processor: RepartitionConfig.To must be at least 1")
+	case len(c.Brokers) == 0:
+		return errors.New("processor: RepartitionConfig.Brokers is required")
+	}
+	return nil
 }
 
 func (c RepartitionConfig) topics() []string {
@@ -92,10 +104,10 @@ type RepartitionReport struct {
 // running it again.
 func Repartition(ctx context.Context, conn *pgx.Conn, cfg RepartitionConfig, log zerolog.Logger) (RepartitionReport, error) {
 	start := time.Now()
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	var rep RepartitionReport
-	if cfg.To < 1 || len(cfg.Brokers) == 0 {
-		return rep, errors.New("processor: repartition needs To > 0 and Brokers")
+	if err := cfg.Validate(); err != nil {
+		return rep, err
 	}
 	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...)}, cfg.KafkaOpts...)...)
 	if err != nil {
