@@ -436,6 +436,9 @@ func DropMoved(ctx context.Context, url string, p int32) (map[string]int64, erro
 		case mv.State == MoveDropped:
 			return nil
 		}
+		if _, err := tx.Exec(ctx, `SELECT set_config('mandated.drop_moved', $1, true)`, fmt.Sprint(p)); err != nil {
+			return interpretError(err)
+		}
 		for _, table := range slices.Backward(movedTables) {
 			tag, err := tx.Exec(ctx, fmt.Sprintf(`DELETE FROM %s WHERE partition = $1`, table), p)
 			if err != nil {
