@@ -198,7 +198,7 @@ func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 		return res, fmt.Errorf("sink: move: target shard %s counts %d partitions, the source %d: a partition moves only between shards of one partition count",
 			o.TargetName, dstMeta.count, srcMeta.count)
 	}
-	if dstMeta != nil && dstMeta.name != o.TargetName && dstMeta.name != SingleShard {
+	if dstMeta != nil && dstMeta.name != o.TargetName {
 		return res, fmt.Errorf("sink: move: the target database is shard %s, not %s", dstMeta.name, o.TargetName)
 	}
 	if err := checkTargetFree(ctx, dst, p, o.TargetName); err != nil {

@@ -170,6 +170,26 @@ func TestAMovedPartitionIsCopiedWhole_FencedAndReadOnlyAtTheSource_AndContinuesO
 	require.ErrorIs(t, err, sink.ErrMoved, "a dropped partition is still refused where it was")
 	_, err = sink.DropMoved(ctx, urlB, 1)
 	require.ErrorContains(t, err, "did not move away from shard b")
+
+	// To a new shard: a migrated database the map does not name yet; a
+	// reload opens it.
+	urlC := testenv.Database(t)
+	fresh, err := sink.Open(ctx, sink.Config{DatabaseURL: urlC}, zerolog.Nop())
+	require.NoError(t, err)
+	fresh.Close()
+	_, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 0, Source: urlA, Target: urlC, TargetName: "c"})
+	require.NoError(t, err)
+	raw, err = os.ReadFile(path)
+	require.NoError(t, err)
+	edited, err = sink.MoveInMapFile(raw, 0, "c", urlC)
+	require.NoError(t, err)
+	require.NoError(t, sink.WriteFileAtomic(path, edited))
+	require.NoError(t, sh.Reload(ctx))
+	require.Equal(t, "c", sh.For(0).Shard().Name)
+	require.Equal(t, "none", sh.Partitions(a).Range(), "shard a keeps the org settings, with no partition")
+	require.Same(t, a, sh.Control())
+	_, err = sh.For(0).Claim(ctx, 0, "owner")
+	require.NoError(t, err)
 }
 
 // TestAMoveIsRefusedWithNothingChanged names each refusal: the partition
