@@ -218,6 +218,12 @@ func TestAMoveIsRefusedWithNothingChanged(t *testing.T) {
 	require.NoError(t, other.EnsurePartitionCount(ctx, 8))
 	other.Close()
 
+	single := testenv.Database(t)
+	one, err := sink.Open(ctx, sink.Config{DatabaseURL: single}, zerolog.Nop())
+	require.NoError(t, err)
+	require.NoError(t, one.EnsurePartitionCount(ctx, 4))
+	one.Close()
+
 	for _, c := range []struct {
 		name string
 		o    sink.MoveOptions
@@ -229,6 +235,7 @@ func TestAMoveIsRefusedWithNothingChanged(t *testing.T) {
 		{"the target counts other partitions", sink.MoveOptions{Partition: 1, Source: urlA, Target: counted, TargetName: "c"}, "target shard c counts 8 partitions, the source 4"},
 		{"the target does not answer", sink.MoveOptions{Partition: 1, Source: urlA, Target: "postgres://postgres@127.0.0.1:1/x?sslmode=disable&connect_timeout=2", TargetName: "c"}, "target shard c does not answer"},
 		{"the target is another shard", sink.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "c"}, "the target database is shard b, not c"},
+		{"the target is a single database", sink.MoveOptions{Partition: 1, Source: urlA, Target: single, TargetName: "c"}, "the target database is shard main, not c"},
 	} {
 		_, err := sink.MovePartition(ctx, c.o)
 		require.ErrorContains(t, err, c.want, c.name)
