@@ -108,11 +108,15 @@ func TestAPartitionMovedUnderLoadIsDecidedExactlyOnceAndContinuesOnItsNewShard(t
 	edited, err := sink.MoveInMapFile(oldMap, moved, "b", "")
 	require.NoError(t, err)
 	require.NoError(t, sink.WriteFileAtomic(mapPath, edited))
+	written := time.Now()
 	var rows int64
 	for _, c := range res.Rows {
 		rows += c
 	}
-	t.Logf("moved partition %d (%d rows) under load in %s (copy %s)", moved, rows, time.Since(start).Round(time.Millisecond), res.Took.Round(time.Millisecond))
+	first := h.SendAwait(propose("acme", mandates[moved], "first-after-the-map", 1, nil))
+	require.Equal(t, wire.OutcomeReserved, first.Outcome)
+	t.Logf("moved partition %d (%d rows) under load in %s (the move %s); a proposal sent after the map was written decided in %s",
+		moved, rows, written.Sub(start).Round(time.Millisecond), res.Took.Round(time.Millisecond), time.Since(written).Round(time.Millisecond))
 	poolA := openPool(t, urlA)
 	copyAt := func() (n int64) {
 		require.NoError(t, poolA.QueryRow(ctx, `SELECT (SELECT count(*) FROM authorizations WHERE partition = $1) +
