@@ -201,8 +201,21 @@ func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 	if dstMeta != nil && dstMeta.name != o.TargetName {
 		return res, fmt.Errorf("sink: move: the target database is shard %s, not %s", dstMeta.name, o.TargetName)
 	}
-	if err := checkTargetFree(ctx, dst, p, o.TargetName); err != nil {
-		return res, err
+	// A resumed move whose copy had committed (it died before recording
+	// the source moved out) only has step 3 left.
+	copied := false
+	if o.Resume {
+		var state, peer string
+		err := dst.QueryRow(ctx, `SELECT state, peer FROM mandated_moves WHERE partition = $1`, p).Scan(&state, &peer)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return res, fmt.Errorf("sink: move: target shard %s: %w", o.TargetName, interpretError(err))
+		}
+		copied = state == MoveIn && peer == srcMeta.name
+	}
+	if !copied {
+		if err := checkTargetFree(ctx, dst, p, o.TargetName); err != nil {
+			return res, err
+		}
 	}
 
 	// 1. Fence on the source.
@@ -244,9 +257,37 @@ func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 	}
 
 	// 2. Copy from one snapshot, into the target in one transaction.
+	var total int64
+	if copied {
+		if err := dst.QueryRow(ctx, `SELECT coalesce((SELECT epoch FROM mandated_partitions WHERE partition = $1), 0),
+			(SELECT rows FROM mandated_moves WHERE partition = $1)`, p).Scan(&res.Epoch, &total); err != nil {
+			return res, fmt.Errorf("sink: move: target shard %s: %w", o.TargetName, interpretError(err))
+		}
+	} else if err := copyPartition(ctx, src, dst, srcMeta, dstMeta, o, epoch, &res); err != nil {
+		return res, err
+	}
+
+	// 3. The source's copy is read-only from now on, until dropped.
+	for _, n := range res.Rows {
+		total += n
+	}
+	if _, err := src.Exec(ctx, `UPDATE mandated_moves SET state = $2, rows = $3, updated_at = now() WHERE partition = $1`,
+		p, MovedOut, total); err != nil {
+		return res, fmt.Errorf("sink: move: partition %d is on shard %s now, but recording it moved out on shard %s failed (run the move again with --resume): %w",
+			p, o.TargetName, srcMeta.name, interpretError(err))
+	}
+	res.Took = time.Since(start)
+	return res, nil
+}
+
+// copyPartition copies every row of the partition from one repeatable-read
+// snapshot of the source into the target in one transaction, in which the
+// target records that it owns the partition, with a higher epoch.
+func copyPartition(ctx context.Context, src, dst *pgx.Conn, srcMeta, dstMeta *meta, o MoveOptions, epoch int64, res *MoveResult) error {
+	p := o.Partition
 	snap, err := src.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return res, fmt.Errorf("sink: move: snapshot the source: %w", interpretError(err))
+		return fmt.Errorf("sink: move: snapshot the source: %w", interpretError(err))
 	}
 	defer snap.Rollback(context.WithoutCancel(ctx))
 	err = pgx.BeginFunc(ctx, dst, func(tx pgx.Tx) error {
@@ -295,23 +336,11 @@ func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 		return interpretError(err)
 	})
 	if err != nil {
-		return res, fmt.Errorf("sink: move: copy partition %d into shard %s (the partition stays fenced on shard %s: run the move again with --resume): %w",
+		return fmt.Errorf("sink: move: copy partition %d into shard %s (the partition stays fenced on shard %s: run the move again with --resume): %w",
 			p, o.TargetName, srcMeta.name, err)
 	}
 	_ = snap.Rollback(ctx)
-
-	// 3. The source's copy is read-only from now on, until dropped.
-	var total int64
-	for _, n := range res.Rows {
-		total += n
-	}
-	if _, err := src.Exec(ctx, `UPDATE mandated_moves SET state = $2, rows = $3, updated_at = now() WHERE partition = $1`,
-		p, MovedOut, total); err != nil {
-		return res, fmt.Errorf("sink: move: partition %d is on shard %s now, but recording it moved out on shard %s failed (run the move again with --resume): %w",
-			p, o.TargetName, srcMeta.name, interpretError(err))
-	}
-	res.Took = time.Since(start)
-	return res, nil
+	return nil
 }
 
 // sourceOwns checks that the source (meta m, moves) owns the partition, or

@@ -265,6 +265,26 @@ func TestAMoveIsRefusedWithNothingChanged(t *testing.T) {
 	require.NoError(t, err, "--resume completes it")
 	_, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b"})
 	require.ErrorContains(t, err, "partition 1 is not on shard a: it moved to shard b (moved_out)")
+
+	// A move that died after its copy committed, before the source
+	// recorded the partition moved out: --resume only records it.
+	_, err = poolA.Exec(ctx, `UPDATE mandated_moves SET state = 'moving_out' WHERE partition = 1`)
+	require.NoError(t, err)
+	res, err := sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b", Resume: true})
+	require.NoError(t, err, "--resume after the copy committed")
+	require.Empty(t, res.Rows, "nothing copied twice")
+	var state string
+	require.NoError(t, poolA.QueryRow(ctx, `SELECT state FROM mandated_moves WHERE partition = 1`).Scan(&state))
+	require.Equal(t, sink.MovedOut, state)
+
+	// A partition never claimed moves with no rows; its first claim on the
+	// target starts it.
+	res, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 0, Source: urlA, Target: urlB, TargetName: "b"})
+	require.NoError(t, err)
+	require.Equal(t, int64(0), res.Epoch)
+	c, err := sh.For(2).Claim(ctx, 0, "owner")
+	require.NoError(t, err, "shard b owns partition 0 now")
+	require.Equal(t, int64(1), c.Epoch)
 }
 
 // TestTheShardMapFileIsRewrittenWithThePartitionInItsNewShard: sets of
