@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/mandated/mandated/partitioner"
 )
@@ -21,7 +22,14 @@ func (o *Operator) movedAway(ctx context.Context, s *Sink) (map[int32]bool, erro
 	if len(o.shards) < 2 {
 		return nil, nil
 	}
-	rows, err := s.pool.Query(ctx, `SELECT partition FROM mandated_moves WHERE state = $1`, MovedOut)
+	return MovedAway(ctx, s.pool)
+}
+
+// MovedAway returns the partitions whose rows in the database are the
+// read-only copy a move left behind (mandatectl shards move), until
+// drop-moved: a reader across shards skips them.
+func MovedAway(ctx context.Context, pool *pgxpool.Pool) (map[int32]bool, error) {
+	rows, err := pool.Query(ctx, `SELECT partition FROM mandated_moves WHERE state = $1`, MovedOut)
 	var list []int32
 	if err == nil {
 		list, err = pgx.CollectRows(rows, pgx.RowTo[int32])

@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
@@ -41,6 +43,13 @@ func TestShardsMoveRewritesTheMapAndRefusesClearly(t *testing.T) {
 		return e
 	}
 
+	poolA, err := pgxpool.New(ctx, urlA)
+	require.NoError(t, err)
+	defer poolA.Close()
+	_, err = poolA.Exec(ctx, `INSERT INTO outbox_parked (partition, seq, epoch, kind, payload, reason, created_at)
+		VALUES (1, 7, 1, 0, 'x', 'too large', now())`)
+	require.NoError(t, err)
+
 	r := ctl(t, "shards", "move", "1", "--to", "b", "--shard-map", path)
 	require.Equal(t, exitFailed, r.code, "%s", r)
 	require.Contains(t, r.stderr, "is not writable")
@@ -63,6 +72,9 @@ func TestShardsMoveRewritesTheMapAndRefusesClearly(t *testing.T) {
 	r = ctl(t, "shards", "move", "1", "--to", "b", "--shard-map", path)
 	require.Equal(t, exitFailed, r.code, "%s", r)
 	require.Contains(t, r.stderr, "partition 1 is on shard b already")
+	r = ctl(t, "parked", "--shard-map", path, "--json")
+	require.Equal(t, exitOK, r.code, "%s", r)
+	require.Equal(t, 1, strings.Count(r.stdout, `"partition": 1`), "the parked row is listed once, on the shard the partition moved to: %s", r.stdout)
 
 	r = ctl(t, "migrate", "--database-url", urlC)
 	require.Equal(t, exitOK, r.code, "%s", r)
@@ -85,7 +97,7 @@ func TestShardsMoveRewritesTheMapAndRefusesClearly(t *testing.T) {
 	require.Contains(t, r.stderr, "did not move away from shard b")
 	r = ctl(t, "shards", "drop-moved", "1", "--shard", "a", "--shard-map", path)
 	require.Equal(t, exitOK, r.code, "%s", r)
-	require.Contains(t, r.stdout, "partition 1: 2 rows of its old copy deleted on shard a")
+	require.Contains(t, r.stdout, "partition 1: 3 rows of its old copy deleted on shard a")
 
 	// The daemon's layout check accepts the rewritten map.
 	sh2, err := sink.OpenShards(ctx, sink.Config{TakeoverGrace: 500 * time.Millisecond}, m, zerolog.Nop())
