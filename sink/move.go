@@ -216,6 +216,9 @@ func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 		if err := checkTargetFree(ctx, dst, p, o.TargetName); err != nil {
 			return res, err
 		}
+		if err := checkKeyCollisions(ctx, src, dst, p, o.TargetName); err != nil {
+			return res, err
+		}
 	}
 
 	// 1. Fence on the source.
@@ -264,7 +267,7 @@ func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 			return res, fmt.Errorf("sink: move: target shard %s: %w", o.TargetName, interpretError(err))
 		}
 	} else if err := copyPartition(ctx, src, dst, srcMeta, dstMeta, o, epoch, &res); err != nil {
-		return res, err
+		return res, undoFence(ctx, o, srcMeta.name, err)
 	}
 
 	// 3. The source's copy is read-only from now on, until dropped.
@@ -318,6 +321,9 @@ func copyPartition(ctx context.Context, src, dst *pgx.Conn, srcMeta, dstMeta *me
 		var total int64
 		for _, table := range movedTables {
 			n, err := copyTable(ctx, snap.Conn().PgConn(), tx.Conn().PgConn(), table, p)
+			if table == "idempotency_keys" && RetryCause(err) == "unique" {
+				return fmt.Errorf("copy %s: %w (%s)", table, err, keyCollisionHint)
+			}
 			if err != nil {
 				return fmt.Errorf("copy %s: %w", table, err)
 			}
@@ -336,8 +342,7 @@ func copyPartition(ctx context.Context, src, dst *pgx.Conn, srcMeta, dstMeta *me
 		return interpretError(err)
 	})
 	if err != nil {
-		return fmt.Errorf("sink: move: copy partition %d into shard %s (the partition stays fenced on shard %s: run the move again with --resume): %w",
-			p, o.TargetName, srcMeta.name, err)
+		return err
 	}
 	_ = snap.Rollback(ctx)
 	return nil
@@ -361,6 +366,48 @@ func sourceOwns(m *meta, moves map[int32]Move, o MoveOptions) (int64, error) {
 		return 0, fmt.Errorf("sink: move: partition %d is not on shard %s (partitions %s)", p, m.name, m.describe())
 	}
 	return 0, nil
+}
+
+// undoFence gives the partition back to the source after a copy that
+// failed, when the target is known not to own it (its copy transaction did
+// not commit): the source's owner, refused as moved meanwhile, claims it
+// again there. When the target cannot tell (it does not answer), the
+// partition stays fenced and the move must be run again with --resume.
+func undoFence(ctx context.Context, o MoveOptions, source string, cause error) error {
+	ctx = context.WithoutCancel(ctx)
+	stuck := fmt.Errorf("sink: move: copy partition %d into shard %s: %w; the partition stays fenced on shard %s: run the move again with --resume", o.Partition, o.TargetName, cause, source)
+	dst, err := pgx.Connect(ctx, o.Target)
+	if err != nil {
+		return stuck
+	}
+	defer dst.Close(ctx)
+	var owned bool
+	if err := dst.QueryRow(ctx, `SELECT EXISTS (SELECT FROM mandated_moves WHERE partition = $1 AND state = $2)`, o.Partition, MoveIn).Scan(&owned); err != nil || owned {
+		return stuck
+	}
+	src, err := pgx.Connect(ctx, o.Source)
+	if err != nil {
+		return stuck
+	}
+	defer src.Close(ctx)
+	err = pgx.BeginFunc(ctx, src, func(tx pgx.Tx) error {
+		m, err := readMetaTx(ctx, tx, true)
+		if err != nil {
+			return err
+		}
+		tag, err := tx.Exec(ctx, `DELETE FROM mandated_moves WHERE partition = $1 AND state = $2 AND peer = $3`, o.Partition, MoveOut, o.TargetName)
+		if err != nil {
+			return interpretError(err)
+		}
+		if tag.RowsAffected() != 1 {
+			return errors.New("the move's record changed")
+		}
+		return setOwned(ctx, tx, m, o.Partition, true)
+	})
+	if err != nil {
+		return stuck
+	}
+	return fmt.Errorf("sink: move: copy partition %d into shard %s: %w; the move was undone: partition %d stays on shard %s", o.Partition, o.TargetName, cause, o.Partition, source)
 }
 
 // setOwned records in mandated_meta that the shard owns p (or no longer
@@ -571,6 +618,51 @@ func checkMigrated(ctx context.Context, src, dst *pgx.Conn, target string) error
 	}
 	if dv != sv {
 		return fmt.Errorf("sink: move: target shard %s is not migrated (schema version %d, the source's is %d): run mandatectl migrate on it first", target, dv, sv)
+	}
+	return nil
+}
+
+const keyCollisionHint = "an idempotency key is unique per org and operation in one database, " +
+	"and two shards accepted the same key for mandates of different partitions; retire one of them first"
+
+// checkKeyCollisions refuses a move when the target holds, for another
+// partition, an idempotency key (org, operation, key) the partition also
+// holds: one database cannot hold both, and neither decision may change.
+func checkKeyCollisions(ctx context.Context, src, dst *pgx.Conn, p int32, target string) error {
+	rows, err := src.Query(ctx, `SELECT org, operation, idempotency_key FROM idempotency_keys WHERE partition = $1`, p)
+	if err != nil {
+		return fmt.Errorf("sink: move: read the partition's idempotency keys: %w", interpretError(err))
+	}
+	var orgs, ops, keys []string
+	for rows.Next() {
+		var org, op, key string
+		if err := rows.Scan(&org, &op, &key); err != nil {
+			rows.Close()
+			return fmt.Errorf("sink: move: read the partition's idempotency keys: %w", interpretError(err))
+		}
+		orgs, ops, keys = append(orgs, org), append(ops, op), append(keys, key)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("sink: move: read the partition's idempotency keys: %w", interpretError(err))
+	}
+	const chunk = 5000
+	for i := 0; i < len(keys); i += chunk {
+		j := min(i+chunk, len(keys))
+		rows, err := dst.Query(ctx, `SELECT k.org || '/' || k.operation || '/' || k.idempotency_key || ' (partition ' || k.partition || ')'
+			FROM unnest($1::text[], $2::text[], $3::text[]) AS u(org, operation, key)
+			JOIN idempotency_keys k ON k.org = u.org AND k.operation = u.operation AND k.idempotency_key = u.key
+			LIMIT 5`, orgs[i:j], ops[i:j], keys[i:j])
+		var found []string
+		if err == nil {
+			found, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		}
+		if err != nil {
+			return fmt.Errorf("sink: move: target shard %s: compare idempotency keys: %w", target, interpretError(err))
+		}
+		if len(found) > 0 {
+			return fmt.Errorf("sink: move: target shard %s already holds idempotency keys of partition %d for other partitions: %s; %s",
+				target, p, strings.Join(found, ", "), keyCollisionHint)
+		}
 	}
 	return nil
 }

@@ -242,6 +242,39 @@ func TestAMoveIsRefusedWithNothingChanged(t *testing.T) {
 		require.Equal(t, e0, epoch(), "%s: the partition is not fenced", c.name)
 	}
 
+	// An idempotency key both shards accepted, for mandates of different
+	// partitions: one database cannot hold both.
+	poolA0 := openPool(t, urlA)
+	_, err = poolA0.Exec(ctx, `INSERT INTO idempotency_keys (org, operation, idempotency_key, fingerprint, mandate_id, partition, decision_id, outcome, created_at, expires_at)
+		VALUES ('acme', 'refund', 'k1', sha256('a'), 'm-a', 1, 'd-1', 'reserved', now(), now() + interval '1 day')`)
+	require.NoError(t, err)
+	poolB0 := openPool(t, urlB)
+	_, err = poolB0.Exec(ctx, `INSERT INTO idempotency_keys (org, operation, idempotency_key, fingerprint, mandate_id, partition, decision_id, outcome, created_at, expires_at)
+		VALUES ('acme', 'refund', 'k1', sha256('b'), 'm-b', 2, 'd-2', 'reserved', now(), now() + interval '1 day')`)
+	require.NoError(t, err)
+	_, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b"})
+	require.ErrorContains(t, err, "target shard b already holds idempotency keys of partition 1 for other partitions: acme/refund/k1 (partition 2)")
+	require.Equal(t, e0, epoch(), "refused before the fence")
+	_, err = poolB0.Exec(ctx, `DELETE FROM idempotency_keys`)
+	require.NoError(t, err)
+
+	// A copy that fails (here a trigger of the test's on the target) is
+	// undone: the partition is the source's again, its owner claims it there.
+	_, err = poolB0.Exec(ctx, `CREATE FUNCTION test_boom() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'boom'; END $$`)
+	require.NoError(t, err)
+	_, err = poolB0.Exec(ctx, `CREATE TRIGGER test_boom BEFORE INSERT ON idempotency_keys FOR EACH ROW EXECUTE FUNCTION test_boom()`)
+	require.NoError(t, err)
+	_, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b"})
+	require.ErrorContains(t, err, "boom")
+	require.ErrorContains(t, err, "the move was undone: partition 1 stays on shard a")
+	c1, err := sh.For(1).Claim(ctx, 1, "owner")
+	require.NoError(t, err, "the source owns the partition again")
+	e0 = c1.Epoch
+	_, err = poolB0.Exec(ctx, `DROP TRIGGER test_boom ON idempotency_keys`)
+	require.NoError(t, err)
+	_, err = poolA0.Exec(ctx, `DELETE FROM idempotency_keys`)
+	require.NoError(t, err)
+
 	// Rows of the partition already on the target (a smuggled claim).
 	poolB := openPool(t, urlB)
 	_, err = poolB.Exec(ctx, `INSERT INTO mandated_moves (partition, state, peer, epoch) VALUES (1, 'moved_in', 'x', 1);

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -48,15 +49,20 @@ func TestOperatorsMoveAPartitionWithMandatectlAndTheDaemonFollowsOnSIGHUP(t *tes
 	p := procs.StartMandated(t, "sharded", append(args, "--shard-map", shardMap), nil)
 	p.WaitReady(2 * time.Minute)
 
-	mandate := ""
-	for i := 0; mandate == ""; i++ {
-		if id := fmt.Sprintf("m%d", i); partitioner.ForKey([]byte("acme/"+id), 4) == 1 {
-			mandate = id
+	on := func(p int32) string {
+		for i := 0; ; i++ {
+			if id := fmt.Sprintf("m%d", i); partitioner.ForKey([]byte("acme/"+id), 4) == p {
+				return id
+			}
 		}
 	}
+	mandate, other := on(1), on(2)
 	require.Equal(t, wire.OutcomeGranted, h.SendAwait(grantCmd("acme", mandate, 5)).Outcome)
 	before := h.SendAwait(proposeCmd("acme", mandate, "before", 100))
 	require.Equal(t, wire.OutcomeReserved, before.Outcome)
+	require.Equal(t, wire.OutcomeGranted, h.SendAwait(grantCmd("acme", other, 5)).Outcome)
+	otherBefore := h.SendAwait(proposeCmd("acme", other, "other-before", 100)) // keys are unique per org and operation in a database
+	require.Equal(t, wire.OutcomeReserved, otherBefore.Outcome)
 
 	out, code = ctl("shards", "move", "1", "--to", "b")
 	require.Equal(t, 0, code, out)
@@ -88,6 +94,38 @@ func TestOperatorsMoveAPartitionWithMandatectlAndTheDaemonFollowsOnSIGHUP(t *tes
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
 	require.Contains(t, string(body), `"state":"executing"`, "the gateway reads shard b, not the copy left on a: %s", body)
+
+	// Back the other way, from shard b to the control shard a: verify
+	// reads partition 2 on a, not the copy left on b.
+	out, code = ctl("shards", "move", "2", "--to", "a")
+	require.Equal(t, 0, code, out)
+	p.Signal(syscall.SIGHUP)
+	begun = h.SendAwait(cmd("begin", "acme", other, map[string]any{"authorization_id": otherBefore.AuthorizationID, "executor": "x"}))
+	require.Equal(t, wire.OutcomeExecuting, begun.Outcome, "%+v", begun)
+	done := h.SendAwait(cmd("commit", "acme", other, map[string]any{"authorization_id": otherBefore.AuthorizationID,
+		"external_ref": "re_1", "execution_token": begun.ExecutionToken}))
+	require.Equal(t, wire.OutcomeCommitted, done.Outcome, "%+v", done)
+	out, code = ctl("verify", "--json", "--brokers", joinComma(h.Brokers), "--decisions-topic", h.Spec.Decisions, "--dead-letter-topic", h.Spec.DeadLetter)
+	require.Equal(t, 0, code, "verify after the moves: %s", out)
+	var report struct {
+		Partitions []struct {
+			Partition int32 `json:"partition"`
+			Target    int64 `json:"target_sequence"`
+			Decisions int64 `json:"decisions"`
+		} `json:"partitions"`
+		Drifts []any `json:"drifts"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &report), out)
+	require.Empty(t, report.Drifts)
+	seen := map[int32]int{}
+	for _, pr := range report.Partitions {
+		seen[pr.Partition]++
+		if pr.Partition == 1 || pr.Partition == 2 {
+			require.Equal(t, pr.Decisions, pr.Target, "partition %d is verified against its live shard's sequence: %s", pr.Partition, out)
+		}
+	}
+	require.Equal(t, 1, seen[1], "a moved partition is verified once: %s", out)
+	require.Equal(t, 1, seen[2], "%s", out)
 
 	out, code = ctl("shards", "drop-moved", "1", "--shard", "a")
 	require.Equal(t, 0, code, out)
