@@ -304,7 +304,12 @@ func (s *Sink) checkLayout(ctx context.Context, sh Shard, n int32) error {
 	s.setupMu.Lock()
 	defer s.setupMu.Unlock()
 	if s.lateSetup {
-		return nil // checked by the first claim, once the shard answers
+		s.count = n // checked by the first claim, once the shard answers
+		return nil
 	}
-	return s.recordLayout(ctx, sh, n)
+	if err := s.recordLayout(ctx, sh, n); err != nil {
+		return err
+	}
+	s.count = n // every claim checks it again (repartition.go)
+	return nil
 }
