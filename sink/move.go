@@ -149,7 +149,9 @@ type MoveResult struct {
 // after it). It refuses, and changes nothing, when the source does not own
 // the partition, the partition is already moving, or the target is not
 // migrated, counts another number of partitions, is another shard, already
-// holds rows of the partition or does not answer.
+// holds rows of the partition or idempotency keys of it for another
+// partition, or does not answer. A copy that fails is undone when the
+// target did not commit it (undoFence).
 func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 	start := time.Now()
 	o.LockTimeout = cmpOr(o.LockTimeout, 30*time.Second)

@@ -91,9 +91,11 @@ target; SIGHUP reloads it too. The old copy stays, read-only, until
 --to is a shard of the map, or the URL of a database for a new shard (then
 --name names it; migrate it first with 'mandatectl migrate --database-url').
 Refused, with nothing changed: P not on its shard, P already moving, the
-target not migrated, of another partition count, not answering or already
-holding rows of P, the map file not writable. A move that died after step 1
-leaves P fenced everywhere: run the same command with --resume.`,
+target not migrated, of another partition count, not answering, already
+holding rows of P or one of P's idempotency keys for another partition, the
+map file not writable. A copy that fails is undone (P stays where it was).
+A move that died after step 1 and could not be undone leaves P fenced
+everywhere: run the same command with --resume.`,
 		"mandatectl shards move 3 --to b --shard-map /etc/mandated/shards.yaml",
 		"mandatectl shards move 7 --to postgres://mandated@db-c:5432/mandated --name c --shard-map shards.yaml")
 	mapPath := shardMapFlag(f)
