@@ -79,13 +79,8 @@ func TestThreeShardsUnderLoadAShardDownStallsOnlyItsPartitionsAndTheControlShard
 			bWaiting = append(bWaiting, h.Send(propose("acme", mandates[p], fmt.Sprintf("b-down-%d-%d", p, i), 1, nil)))
 		}
 	}
-	before, since := decidedPerPartition(h), time.Now()
-	var during map[int32]int
-	testenv.WaitFor(t, 30*time.Second, func() bool {
-		during = decidedPerPartition(h)
-		return time.Since(since) > handoff+time.Second && everyPartitionDecided(before, during, 5, a, c)
-	}, "every partition of shards a and c keeps deciding past the hand-off bound while b is down")
-	elapsed := time.Since(since)
+	before, during, elapsed := keepsDeciding(t, h, slices.Concat(a.partitions(), c.partitions()), handoff, nil,
+		"every partition of shards a and c keeps deciding past the hand-off bound while b is down")
 	for _, s := range bWaiting {
 		require.False(t, answered(h, s), "a proposal of shard b cannot be decided while its database is down")
 	}
@@ -110,19 +105,14 @@ func TestThreeShardsUnderLoadAShardDownStallsOnlyItsPartitionsAndTheControlShard
 	for p := a.first; p <= a.last; p++ {
 		aWaiting = append(aWaiting, h.Send(propose("acme", mandates[p], fmt.Sprintf("a-down-%d", p), 1, nil)))
 	}
-	before, since = decidedPerPartition(h), time.Now()
-	testenv.WaitFor(t, 30*time.Second, func() bool {
-		during = decidedPerPartition(h)
-		for _, sh := range []*testShard{b, c} {
-			for p := sh.first; p <= sh.last; p++ {
-				if p != held && during[p]-before[p] < 5 {
-					return false
-				}
-			}
+	var others []int32
+	for _, p := range slices.Concat(b.partitions(), c.partitions()) {
+		if p != held {
+			others = append(others, p)
 		}
-		return time.Since(since) > handoff+time.Second && load.stalledFor(held) > time.Second
-	}, "the other partitions of shards b and c keep deciding proposals while the control shard is down, and the grant's partition waits behind it")
-	elapsed = time.Since(since)
+	}
+	before, during, elapsed = keepsDeciding(t, h, others, handoff, func() bool { return load.stalledFor(held) > time.Second },
+		"the other partitions of shards b and c keep deciding proposals while the control shard is down, and the grant's partition waits behind it")
 	require.False(t, answered(h, grantSent), "a grant is never decided without the control shard's signing settings")
 	for _, s := range aWaiting {
 		require.False(t, answered(h, s), "a proposal of the control shard cannot be decided while its database is down")
@@ -324,17 +314,31 @@ func decidedPerPartition(h *harness.Harness) map[int32]int {
 	return out
 }
 
-// everyPartitionDecided says whether every partition of the shards
-// published at least min decisions between two counts.
-func everyPartitionDecided(before, after map[int32]int, least int, shards ...*testShard) bool {
-	for _, sh := range shards {
-		for p := sh.first; p <= sh.last; p++ {
-			if after[p]-before[p] < least {
+// keepsDeciding is called as an outage begins. It waits until each of
+// parts has published 5 decisions after the hand-off bound has passed (a
+// processor that left the group over one shard's outage decides nothing
+// from then on) and until extra (if any) holds. It returns the counts
+// at the start and at the end, and the time between.
+func keepsDeciding(t *testing.T, h *harness.Harness, parts []int32, bound time.Duration, extra func() bool, msg string) (before, after map[int32]int, elapsed time.Duration) {
+	t.Helper()
+	before, since := decidedPerPartition(h), time.Now()
+	var past map[int32]int
+	testenv.WaitFor(t, 30*time.Second, func() bool {
+		if past == nil {
+			if time.Since(since) < bound+500*time.Millisecond {
+				return false
+			}
+			past = decidedPerPartition(h)
+		}
+		after = decidedPerPartition(h)
+		for _, p := range parts {
+			if after[p]-past[p] < 5 {
 				return false
 			}
 		}
-	}
-	return true
+		return extra == nil || extra()
+	}, msg)
+	return before, after, time.Since(since)
 }
 
 func answered(h *harness.Harness, s harness.Sent) bool {
