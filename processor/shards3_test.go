@@ -59,10 +59,14 @@ func TestThreeShardsUnderLoadAShardDownStallsOnlyItsPartitionsAndTheControlShard
 		c.Processor.GrantorKeyRefresh = 200 * time.Millisecond
 	}})
 	procs := []*harness.Instance{h.Start("one"), h.Start("two")}
+	// The kills must not meet a rebalance: a member revoking a partition
+	// of a shard that does not answer waits for its batch (up to half the
+	// rebalance timeout) before its poll loop goes on, stalling its
+	// partitions of the other shards meanwhile.
 	testWaitFor(t, func() bool {
 		o1, o2 := procs[0].Service.Processor.Owned(), procs[1].Service.Processor.Owned()
-		return len(o1) > 0 && len(o2) > 0 && len(o1)+len(o2) == n
-	}, "both processors decide, the twelve partitions between them")
+		return len(o1) >= n/2 && len(o2) >= n/2 && len(o1)+len(o2) == n
+	}, "the two processors share the twelve partitions")
 
 	mandates := onePerPartition("m", n)
 	for p := range int32(n) {
