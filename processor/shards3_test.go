@@ -68,7 +68,7 @@ func TestThreeShardsUnderLoadAShardDownStallsOnlyItsPartitionsAndTheControlShard
 		return len(o1) >= n/2 && len(o2) >= n/2 && len(o1)+len(o2) == n
 	}, "the two processors share the twelve partitions")
 
-	mandates := onePerPartition("m", n)
+	mandates := mandatePerPartition("m", n)
 	for p := range int32(n) {
 		require.Equal(t, wire.OutcomeGranted, h.SendAwait(grant("acme", mandates[p], 1_000_000, nil)).Outcome)
 	}
@@ -86,7 +86,7 @@ func TestThreeShardsUnderLoadAShardDownStallsOnlyItsPartitionsAndTheControlShard
 	before, during, elapsed := keepsDeciding(t, h, slices.Concat(a.partitions(), c.partitions()), handoff, nil,
 		"every partition of shards a and c keeps deciding past the hand-off bound while b is down")
 	for _, s := range bWaiting {
-		require.False(t, answered(h, s), "a proposal of shard b cannot be decided while its database is down")
+		require.False(t, sentAnswered(h, s), "a proposal of shard b cannot be decided while its database is down")
 	}
 	for _, in := range procs {
 		require.Zero(t, testutil.ToFloat64(in.Service.Metrics.Rebalance.Handoffs), "%s: one shard down is no reason to leave the group", in.Name)
@@ -104,7 +104,7 @@ func TestThreeShardsUnderLoadAShardDownStallsOnlyItsPartitionsAndTheControlShard
 	require.NoError(t, a.pg.Do(ctx, "stop-immediate"))
 	waitShardDown(t, procs, shards, a)
 	held := b.first + 1
-	grantSent := h.Send(grant("acme", mandateOn("late", held, n), 10, nil))
+	grantSent := h.Send(grant("acme", mandateHomedOn("late", held, n), 10, nil))
 	var aWaiting []harness.Sent
 	for p := a.first; p <= a.last; p++ {
 		aWaiting = append(aWaiting, h.Send(propose("acme", mandates[p], fmt.Sprintf("a-down-%d", p), 1, nil)))
@@ -117,9 +117,9 @@ func TestThreeShardsUnderLoadAShardDownStallsOnlyItsPartitionsAndTheControlShard
 	}
 	before, during, elapsed = keepsDeciding(t, h, others, handoff, func() bool { return load.stalledFor(held) > time.Second },
 		"the other partitions of shards b and c keep deciding proposals while the control shard is down, and the grant's partition waits behind it")
-	require.False(t, answered(h, grantSent), "a grant is never decided without the control shard's signing settings")
+	require.False(t, sentAnswered(h, grantSent), "a grant is never decided without the control shard's signing settings")
 	for _, s := range aWaiting {
-		require.False(t, answered(h, s), "a proposal of the control shard cannot be decided while its database is down")
+		require.False(t, sentAnswered(h, s), "a proposal of the control shard cannot be decided while its database is down")
 	}
 	for _, in := range procs {
 		require.Zero(t, testutil.ToFloat64(in.Service.Metrics.Rebalance.Handoffs), "%s: the control shard down is no reason to leave the group", in.Name)
@@ -257,8 +257,8 @@ func (s *testShard) delta(before, after map[int32]int) int {
 	return total
 }
 
-// onePerPartition returns a mandate id homed on each of n partitions.
-func onePerPartition(prefix string, n int32) map[int32]string {
+// mandatePerPartition returns a mandate id homed on each of n partitions.
+func mandatePerPartition(prefix string, n int32) map[int32]string {
 	out := map[int32]string{}
 	for i := 0; int32(len(out)) < n; i++ {
 		id := fmt.Sprintf("%s-%d", prefix, i)
@@ -269,8 +269,8 @@ func onePerPartition(prefix string, n int32) map[int32]string {
 	return out
 }
 
-// mandateOn returns a mandate id homed on partition p of n.
-func mandateOn(prefix string, p, n int32) string {
+// mandateHomedOn returns a mandate id homed on partition p of n.
+func mandateHomedOn(prefix string, p, n int32) string {
 	for i := 0; ; i++ {
 		if id := fmt.Sprintf("%s-%d", prefix, i); partitioner.ForKey([]byte("acme/"+id), n) == p {
 			return id
@@ -345,7 +345,7 @@ func keepsDeciding(t *testing.T, h *harness.Harness, parts []int32, bound time.D
 	return before, after, time.Since(since)
 }
 
-func answered(h *harness.Harness, s harness.Sent) bool {
+func sentAnswered(h *harness.Harness, s harness.Sent) bool {
 	_, ok := h.Decisions.Poll(0, func(d wire.Decision) bool { return d.Source != nil && *d.Source == s.Source() })
 	return ok
 }
@@ -382,7 +382,7 @@ func (l *shardLoad) run(p int32, mandate string, window int) {
 	for i := 0; ; {
 		kept := out[:0]
 		for _, o := range out {
-			if !answered(l.h, o.s) {
+			if !sentAnswered(l.h, o.s) {
 				kept = append(kept, o)
 			}
 		}

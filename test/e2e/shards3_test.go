@@ -88,7 +88,7 @@ func TestOperatorsRunTwoProcessesOverThreeShardsAndAKilledShardStallsOnlyItsPart
 		}, p.Name+": /metrics says shard b is down, a and c up")
 	}
 	down, since := l.count(), time.Now()
-	before := perPartition(h.Decisions.Records())
+	before := recordsPerPartition(h.Decisions.Records())
 	// Past the hand-off bound (a process that left the group over one
 	// shard's outage would decide nothing from then on), every partition
 	// of a and c decides proposals sent after it.
@@ -109,7 +109,7 @@ func TestOperatorsRunTwoProcessesOverThreeShardsAndAKilledShardStallsOnlyItsPart
 		}
 		return true
 	}, "every partition of shards a and c keeps deciding past the hand-off bound while b is down")
-	elapsed, during := time.Since(since), perPartition(h.Decisions.Records())
+	elapsed, during := time.Since(since), recordsPerPartition(h.Decisions.Records())
 	decided := answeredSources(h)
 	waiting := 0
 	for _, s := range sentSoFar(l)[down:] {
@@ -174,8 +174,8 @@ func ownedCount(p *procs.Process) int {
 	return k
 }
 
-// perPartition counts the records of each partition.
-func perPartition(recs []harness.Record) map[int32]int {
+// recordsPerPartition counts the records of each partition.
+func recordsPerPartition(recs []harness.Record) map[int32]int {
 	out := map[int32]int{}
 	for _, r := range recs {
 		out[r.Partition]++
