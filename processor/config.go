@@ -11,6 +11,7 @@ import (
 
 	"github.com/mandated/mandated/processor/clock"
 	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/sink"
 )
 
 // Defaults for Config.
@@ -94,6 +95,12 @@ type Config struct {
 	// MaxBatch caps the records decided in one transaction. Defaults to
 	// MaxBatchDefault.
 	MaxBatch int
+	// NoGroupCommit commits each partition's batch in its own transaction.
+	// By default (false) the workers of one process hand their batches to
+	// a committer per shard, which commits the ready batches of every
+	// partition in one transaction, each under its own fence and savepoint
+	// (sink.Group). Defaults to false: group commit.
+	NoGroupCommit bool
 	// MaxRecordBytes is the largest record value decoded. Defaults to
 	// wire.MaxRecordBytesDefault.
 	MaxRecordBytes int
@@ -140,6 +147,9 @@ type TestConfig struct {
 	OnCommitted func(BatchReport)
 	// OnFenced is called when a worker's commit is fenced.
 	OnFenced func(partition int32, epoch int64)
+	// OnGroupCommit is called after every group commit, from the shard's
+	// committer; it must not block.
+	OnGroupCommit func(sink.GroupStats)
 }
 
 // BatchReport describes one committed batch, for tests and logs.

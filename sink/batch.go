@@ -87,8 +87,43 @@ func (s *Sink) attempt(ctx context.Context, b *Batch, res *Result) error {
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
 
+	out, err := s.write(ctx, tx, b, res.Attempts > 1 || b.Retry, "", ctx)
+	if err != nil {
+		return err
+	}
+	if out.AlreadyStored {
+		res.Position, res.AlreadyStored = out.Position, true
+		return nil
+	}
+	if err := tx.Commit(ctx); err != nil {
+		if errors.Is(interpretError(err), ErrRetryable) {
+			return err
+		}
+		return retry("commit_unknown", "commit outcome unknown: %v", err)
+	}
+	res.Position, res.State, res.Rows = out.Position, out.State, out.Rows
+	return nil
+}
+
+// written is what one batch's writes did, before COMMIT.
+type written struct {
+	Position      Position
+	State         *lifecycle.State
+	Rows          []outbox.Row
+	AlreadyStored bool
+}
+
+// write runs one batch inside tx: lock the partition row and check the
+// fence, load, decide, write, and run BeforeCommit (with hookCtx). retried
+// says an earlier attempt's outcome is unknown, so finding the batch stored
+// is success. A non-empty savepoint is created first, in the same round
+// trip (a group commit's part).
+func (s *Sink) write(ctx context.Context, tx pgx.Tx, b *Batch, retried bool, savepoint string, hookCtx context.Context) (written, error) {
 	// Phase one, one round trip: the fence, the mandates, the idempotency keys.
 	var lb pgx.Batch
+	if savepoint != "" {
+		lb.Queue("SAVEPOINT " + savepoint)
+	}
 	lb.Queue(lockPartitionSQL, b.Partition)
 	var orgs, ids []string
 	for k := range b.Needs.Mandates {
@@ -102,6 +137,12 @@ func (s *Sink) attempt(ctx context.Context, b *Batch, res *Result) error {
 	lb.Queue(loadIdemSQL, iOrgs, iOps, iKeys)
 	queueLoadIntents(&lb, b.Needs)
 	br := tx.SendBatch(ctx, &lb)
+	if savepoint != "" {
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return written{}, fmt.Errorf("savepoint: %w", err)
+		}
+	}
 	var stored Position
 	var epoch int64
 	var setting string
@@ -109,36 +150,35 @@ func (s *Sink) attempt(ctx context.Context, b *Batch, res *Result) error {
 	if err := br.QueryRow().Scan(&epoch, &stored.ProposalsOffset, &stored.GrantsOffset, &stored.NextSeq, &head, &setting); err != nil {
 		br.Close()
 		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("%w: partition %d has never been claimed", ErrFenced, b.Partition)
+			return written{}, fmt.Errorf("%w: partition %d has never been claimed", ErrFenced, b.Partition)
 		}
-		return fmt.Errorf("lock partition %d: %w", b.Partition, err)
+		return written{}, fmt.Errorf("lock partition %d: %w", b.Partition, err)
 	}
 	if epoch != b.Epoch {
 		br.Close()
-		return fmt.Errorf("%w: partition %d is at epoch %d, this owner holds %d", ErrFenced, b.Partition, epoch, b.Epoch)
+		return written{}, fmt.Errorf("%w: partition %d is at epoch %d, this owner holds %d", ErrFenced, b.Partition, epoch, b.Epoch)
 	}
 	if stored != b.From {
 		br.Close()
-		if stored.ProposalsOffset == b.To.ProposalsOffset && stored.GrantsOffset == b.To.GrantsOffset && (res.Attempts > 1 || b.Retry) {
+		if stored.ProposalsOffset == b.To.ProposalsOffset && stored.GrantsOffset == b.To.GrantsOffset && retried {
 			// An earlier attempt committed; its acknowledgement was lost.
-			res.Position, res.AlreadyStored = stored, true
-			return nil
+			return written{Position: stored, AlreadyStored: true}, nil
 		}
-		return fmt.Errorf("%w: partition %d stores position %+v, this owner expected %+v", ErrFenced, b.Partition, stored, b.From)
+		return written{}, fmt.Errorf("%w: partition %d stores position %+v, this owner expected %+v", ErrFenced, b.Partition, stored, b.From)
 	}
 	st := lifecycle.NewState(b.Partition, epoch, stored.NextSeq, s.Retention)
 	st.Replay = b.Needs.Replay
 	rows, err := br.Query()
 	if err != nil {
 		br.Close()
-		return fmt.Errorf("load mandates: %w", err)
+		return written{}, fmt.Errorf("load mandates: %w", err)
 	}
 	for rows.Next() {
 		m, err := scanMandate(rows)
 		if err != nil {
 			rows.Close()
 			br.Close()
-			return fmt.Errorf("load mandates: %w", err)
+			return written{}, fmt.Errorf("load mandates: %w", err)
 		}
 		st.Mandates[m.Key] = m
 	}
@@ -149,7 +189,7 @@ func (s *Sink) attempt(ctx context.Context, b *Batch, res *Result) error {
 			if err != nil {
 				rows.Close()
 				br.Close()
-				return fmt.Errorf("load idempotency keys: %w", err)
+				return written{}, fmt.Errorf("load idempotency keys: %w", err)
 			}
 			st.Idem[r.Scope] = r
 		}
@@ -163,25 +203,25 @@ func (s *Sink) attempt(ctx context.Context, b *Batch, res *Result) error {
 		err = cerr
 	}
 	if err != nil {
-		return fmt.Errorf("load idempotency keys and intents: %w", err)
+		return written{}, fmt.Errorf("load idempotency keys and intents: %w", err)
 	}
 
 	// Phase two: the authorizations.
 	if err := loadAuths(ctx, tx, st, b.Needs); err != nil {
-		return fmt.Errorf("load authorizations: %w", err)
+		return written{}, fmt.Errorf("load authorizations: %w", err)
 	}
 	if err := loadRecent(ctx, tx, st, b.Needs); err != nil {
-		return fmt.Errorf("load recent authorizations: %w", err)
+		return written{}, fmt.Errorf("load recent authorizations: %w", err)
 	}
 
 	out, err := b.Decide(st)
 	if err != nil {
-		return fmt.Errorf("decide: %w", err)
+		return written{}, fmt.Errorf("decide: %w", err)
 	}
 	for _, m := range st.Mandates {
 		if m.Dirty {
 			if err := m.Check(); err != nil {
-				return fmt.Errorf("%w: %v", ErrRecordFault, err)
+				return written{}, fmt.Errorf("%w: %v", ErrRecordFault, err)
 			}
 		}
 	}
@@ -190,7 +230,7 @@ func (s *Sink) attempt(ctx context.Context, b *Batch, res *Result) error {
 	// epoch writes next continues it.
 	var prev wire.ChainHash
 	if copy(prev[:], head) != len(prev) {
-		return fmt.Errorf("partition %d: stored chain head is %d bytes, not %d", b.Partition, len(head), len(prev))
+		return written{}, fmt.Errorf("partition %d: stored chain head is %d bytes, not %d", b.Partition, len(head), len(prev))
 	}
 	newHead := outbox.Chain(out, prev)
 
@@ -208,25 +248,18 @@ func (s *Sink) attempt(ctx context.Context, b *Batch, res *Result) error {
 	for _, check := range w.checks {
 		if err := check(wr); err != nil {
 			wr.Close()
-			return err
+			return written{}, err
 		}
 	}
 	if err := wr.Close(); err != nil {
-		return err
+		return written{}, err
 	}
 	if b.BeforeCommit != nil {
-		if err := b.BeforeCommit(ctx); err != nil {
-			return err
+		if err := b.BeforeCommit(hookCtx); err != nil {
+			return written{}, err
 		}
 	}
-	if err := tx.Commit(ctx); err != nil {
-		if errors.Is(interpretError(err), ErrRetryable) {
-			return err
-		}
-		return retry("commit_unknown", "commit outcome unknown: %v", err)
-	}
-	res.Position, res.State, res.Rows = to, st, out
-	return nil
+	return written{Position: to, State: st, Rows: out}, nil
 }
 
 // loadIntents reads the intents of phase one's batch.
