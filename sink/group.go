@@ -121,6 +121,13 @@ func (g *Group) Commit(ctx context.Context, b *Batch) (Result, error) {
 	}
 }
 
+// Waiting returns how many batches wait for the next group commit.
+func (g *Group) Waiting() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.queue)
+}
+
 func (g *Group) submit(ctx context.Context, b *Batch, retried bool) (written, error) {
 	r := &groupReq{ctx: ctx, b: b, retried: retried, done: make(chan groupAnswer, 1)}
 	g.mu.Lock()
