@@ -14,13 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// GroupMaxPartsDefault is GroupConfig.MaxParts's default: PostgreSQL keeps
-// the ids of up to 64 subtransactions per transaction in shared memory, and
-// every part of a group commit is one.
-const GroupMaxPartsDefault = 32
-
-// partSavepoint is the savepoint each part of a group commit runs under.
-const partSavepoint = "mandated_part"
+// GroupMaxPartsDefault is GroupConfig.MaxParts's default.
+const GroupMaxPartsDefault = 64
 
 // GroupConfig configures a Group.
 type GroupConfig struct {
@@ -39,8 +34,9 @@ type GroupStats struct {
 	// Committed lists the partitions whose batch the transaction committed
 	// (or found already stored); empty when Err is set.
 	Committed []int32
-	// Failed holds the partitions whose part was rolled back to its
-	// savepoint, and why (ErrFenced, ErrRecordFault, a retryable conflict).
+	// Failed holds the partitions whose part failed alone, and why
+	// (ErrFenced, ErrRecordFault, a retryable conflict): nothing of it is
+	// committed.
 	Failed map[int32]error
 	// Err is set when the transaction as a whole failed: nothing of it is
 	// known to have committed.
@@ -54,11 +50,11 @@ type GroupStats struct {
 // wait for it and go together in the next one: the busier the shard, the
 // larger the groups, and an idle shard commits a lone batch at once.
 //
-// Each batch runs as a part of the transaction under its own savepoint,
-// with its own fence (the partition row locked and its epoch and position
-// checked, the position advanced). A part that fails — fenced, refused
-// content, a conflict — is rolled back to its savepoint and only its batch
-// fails; the other parts commit.
+// Each batch runs as a part of the transaction with its own fence (the
+// partition row locked and its epoch and position checked, the position
+// advanced only where it was). A part that fails — fenced, refused content,
+// a conflict — fails only its own batch, with its own error; the other
+// parts commit (see commitParts).
 type Group struct {
 	s   *Sink
 	cfg GroupConfig
@@ -219,45 +215,175 @@ func (g *Group) commit(reqs []*groupReq) {
 	}
 }
 
+// setPartitionSQL declares, in a group commit's transaction, the partition
+// whose writes follow (what lockPartitionSQL declares in a batch's own
+// transaction), for the guard triggers.
+const setPartitionSQL = `SELECT set_config('mandated.partition', $1::int::text, true)`
+
 // commitParts runs every request's batch as a part of one transaction and
-// commits it. errs holds each part's own failure (its savepoint rolled
-// back); txErr is the transaction's, which fails every part without one.
+// commits it. errs holds each part's own failure; txErr is the
+// transaction's, which fails every part without one.
+//
+// The parts go through the transaction together, one round trip per
+// phase for all of them (phase one: every fence and load; phase two: the
+// authorizations; phase three: every write), so a group commit costs about
+// what one batch's transaction does. A part whose fence fails, or whose
+// decisions the state machine or the mandate checks refuse, has written
+// nothing: it is left out of the later phases and fails alone. A part whose
+// writes the database refuses (a refused record, a version moved, a key
+// taken) or whose BeforeCommit fails has written into the transaction: the
+// transaction is rolled back and the group runs again without that part,
+// so only its own batch fails and nothing of it is committed.
 func (s *Sink) commitParts(ctx context.Context, reqs []*groupReq) (outs []written, errs []error, txErr error) {
 	outs, errs = make([]written, len(reqs)), make([]error, len(reqs))
+	for {
+		var live []int
+		for i := range reqs {
+			if errs[i] == nil {
+				live = append(live, i)
+			}
+		}
+		if len(live) == 0 {
+			return outs, errs, nil
+		}
+		again, err := s.attemptParts(ctx, reqs, live, outs, errs)
+		if err != nil || !again {
+			return outs, errs, err
+		}
+	}
+}
+
+// attemptParts runs the live parts in one transaction. It reports again
+// when a part failed after writing (its errs entry set, the transaction
+// rolled back); outs is set only when the transaction committed.
+func (s *Sink) attemptParts(ctx context.Context, reqs []*groupReq, live []int, outs []written, errs []error) (again bool, txErr error) {
 	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
-		return outs, errs, fmt.Errorf("begin: %w", err)
+		return false, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
 
-	for i, r := range reqs {
-		// The part's BeforeCommit ends with its batch's owner, not only
-		// with the transaction: a paused failpoint must not hold the others.
-		hookCtx, hookCancel := context.WithCancel(ctx)
-		stop := context.AfterFunc(r.ctx, hookCancel)
-		out, err := s.write(ctx, tx, r.b, r.retried, partSavepoint, hookCtx)
-		stop()
-		hookCancel()
-		if err == nil {
-			if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT "+partSavepoint); err != nil {
-				return outs, errs, fmt.Errorf("release the savepoint of partition %d: %w", r.b.Partition, err)
+	parts := make([]*part, len(live))
+	var lb pgx.Batch
+	for j, i := range live {
+		parts[j] = &part{b: reqs[i].b, retried: reqs[i].retried}
+		parts[j].queueLoad(&lb)
+	}
+	// active: the parts still going (not fenced, not already stored).
+	active := func(yield func(int, *part) bool) {
+		for j, i := range live {
+			if errs[i] == nil && !parts[j].already && !yield(i, parts[j]) {
+				return
 			}
-			outs[i] = out
+		}
+	}
+
+	// Phase one: every part's fence and loads.
+	br := tx.SendBatch(ctx, &lb)
+	for j, i := range live {
+		if err := s.readLoad(parts[j], br); err != nil {
+			errs[i] = interpretError(err)
+			if !errors.Is(err, ErrFenced) {
+				br.Close()
+				return true, nil // the database refused this part's statement: the transaction is lost
+			}
+		}
+	}
+	if err := br.Close(); err != nil {
+		return false, fmt.Errorf("load: %w", err)
+	}
+
+	// Phase two: the authorizations.
+	var ab pgx.Batch
+	type queued struct{ auths, recent bool }
+	q := map[int]queued{}
+	for i, p := range active {
+		q[i] = queued{queueLoadAuths(&ab, p.st, p.b.Needs), queueLoadRecent(&ab, p.b.Needs)}
+	}
+	if ab.Len() > 0 {
+		br := tx.SendBatch(ctx, &ab)
+		for i, p := range active {
+			var err error
+			if q[i].auths {
+				if err = readAuths(br, p.st); err != nil {
+					err = fmt.Errorf("load authorizations: %w", err)
+				}
+			}
+			if err == nil && q[i].recent {
+				if err = readRecent(br, p.st); err != nil {
+					err = fmt.Errorf("load recent authorizations: %w", err)
+				}
+			}
+			if err != nil {
+				br.Close()
+				errs[i] = interpretError(err)
+				return true, nil
+			}
+		}
+		if err := br.Close(); err != nil {
+			return false, fmt.Errorf("load authorizations: %w", err)
+		}
+	}
+
+	// Decide: a refusal here has written nothing.
+	for i, p := range active {
+		if err := p.decide(); err != nil {
+			errs[i] = interpretError(err)
+		}
+	}
+
+	// Phase three: every part's writes, each after declaring its partition.
+	var wb pgx.Batch
+	for _, p := range active {
+		wb.Queue(setPartitionSQL, p.b.Partition)
+		for _, qq := range p.w.batch.QueuedQueries {
+			wb.Queue(qq.SQL, qq.Arguments...)
+		}
+	}
+	if wb.Len() > 0 {
+		br := tx.SendBatch(ctx, &wb)
+		for i, p := range active {
+			_, err := br.Exec()
+			if err == nil {
+				err = p.readWrites(br)
+			}
+			if err != nil {
+				br.Close()
+				errs[i] = interpretError(err)
+				return true, nil
+			}
+		}
+		if err := br.Close(); err != nil {
+			return false, fmt.Errorf("write: %w", err)
+		}
+	}
+	for i, p := range active {
+		if p.b.BeforeCommit == nil {
 			continue
 		}
-		errs[i] = interpretError(err)
-		if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+partSavepoint); rerr != nil {
-			return outs, errs, fmt.Errorf("partition %d failed (%v) and its savepoint cannot be restored: %w", r.b.Partition, err, rerr)
-		}
-		if _, rerr := tx.Exec(ctx, "RELEASE SAVEPOINT "+partSavepoint); rerr != nil {
-			return outs, errs, fmt.Errorf("release the savepoint of partition %d: %w", r.b.Partition, rerr)
+		// The hook ends with its batch's owner too, not only with the
+		// transaction: a paused failpoint must not hold the others.
+		hookCtx, hookCancel := context.WithCancel(ctx)
+		stop := context.AfterFunc(reqs[i].ctx, hookCancel)
+		err := p.b.BeforeCommit(hookCtx)
+		stop()
+		hookCancel()
+		if err != nil {
+			errs[i] = interpretError(err)
+			return true, nil
 		}
 	}
+
 	if err := tx.Commit(ctx); err != nil {
 		if errors.Is(interpretError(err), ErrRetryable) {
-			return outs, errs, err
+			return false, err
 		}
-		return outs, errs, retry("commit_unknown", "commit outcome unknown: %v", err)
+		return false, retry("commit_unknown", "commit outcome unknown: %v", err)
 	}
-	return outs, errs, nil
+	for j, i := range live {
+		if errs[i] == nil {
+			outs[i] = parts[j].written()
+		}
+	}
+	return false, nil
 }

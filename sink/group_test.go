@@ -28,10 +28,10 @@ func homeKeys(n int32, prefix string) []partitioner.MandateKey {
 	return keys
 }
 
-// One group commit carries five partitions' batches. While it runs, a rival
-// claims partition 2 (after partition 1's part, before partition 2's), and
-// partition 4's batch writes a mandate that is not at home there (the
-// database refuses it). Only those two parts fail, each with its own error;
+// One group commit carries five partitions' batches. A rival claims
+// partition 2 after its owner handed the batch over, and partition 4's
+// batch writes a mandate that is not at home there (the database refuses
+// it, after the other parts wrote theirs). Only those two parts fail, each with its own error;
 // the other three commit in the same transaction, and nothing of the failed
 // parts is stored.
 func TestAGroupCommitFailsOnlyTheFencedPartsAndTheRefusedPartsAndCommitsTheOthers(t *testing.T) {
@@ -58,8 +58,17 @@ func TestAGroupCommitFailsOnlyTheFencedPartsAndTheRefusedPartsAndCommitsTheOther
 	// A first batch holds the committer busy until the five are queued, so
 	// that they go in one transaction together.
 	gate := grantBatch(claims[0], keys[0], now)
+	// Once they are queued, and before their group commit starts, a rival
+	// claims partition 2.
 	inFlight, queued := make(chan struct{}), make(chan struct{})
-	gate.BeforeCommit = func(context.Context) error { close(inFlight); <-queued; return nil }
+	rival := make(chan sink.Claim, 1)
+	gate.BeforeCommit = func(ctx context.Context) error {
+		close(inFlight)
+		<-queued
+		c, err := b.sink.Claim(ctx, 2, "rival")
+		rival <- c
+		return err
+	}
 	gateDone := make(chan error, 1)
 	go func() { _, err := g.Commit(ctx, gate); gateDone <- err }()
 	<-inFlight
@@ -70,12 +79,6 @@ func TestAGroupCommitFailsOnlyTheFencedPartsAndTheRefusedPartsAndCommitsTheOther
 	}
 	// Partition 4's batch decides a mandate homed on partition 6.
 	batches[4] = grantBatch(claims[4], keys[6], now)
-	rival := make(chan sink.Claim, 1)
-	batches[1].BeforeCommit = func(ctx context.Context) error {
-		c, err := b.sink.Claim(ctx, 2, "rival")
-		rival <- c
-		return err
-	}
 	errs := map[int32]error{}
 	var wg sync.WaitGroup
 	for p, batch := range batches {
