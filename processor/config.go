@@ -101,6 +101,10 @@ type Config struct {
 	// partition in one transaction, each under its own fence and savepoint
 	// (sink.Group). Defaults to false: group commit.
 	NoGroupCommit bool
+	// GroupCommitsInFlight caps the group commits running at once per
+	// shard; batches handed over while that many are in flight wait and
+	// go together in the next. Defaults to sink.GroupMaxInFlightDefault.
+	GroupCommitsInFlight int
 	// MaxRecordBytes is the largest record value decoded. Defaults to
 	// wire.MaxRecordBytesDefault.
 	MaxRecordBytes int
@@ -178,6 +182,7 @@ func (c Config) WithDefaults() Config {
 		c.Owner = fmt.Sprintf("%s-%d", cmp.Or(host, "mandated"), os.Getpid())
 	}
 	c.MaxBatch = cmp.Or(c.MaxBatch, MaxBatchDefault)
+	c.GroupCommitsInFlight = cmp.Or(c.GroupCommitsInFlight, sink.GroupMaxInFlightDefault)
 	c.MaxRecordBytes = cmp.Or(c.MaxRecordBytes, wire.MaxRecordBytesDefault)
 	c.SessionTimeout = cmp.Or(c.SessionTimeout, SessionTimeoutDefault)
 	c.RebalanceTimeout = cmp.Or(c.RebalanceTimeout, RebalanceTimeoutDefault)
@@ -204,6 +209,8 @@ func (c Config) Validate() error {
 		return errors.New("processor: DecisionsTopic must differ from the input topics")
 	case c.MaxBatch < 1 || c.MaxBatch > 10000:
 		return errors.New("processor: MaxBatch must be between 1 and 10000")
+	case c.GroupCommitsInFlight < 1:
+		return errors.New("processor: GroupCommitsInFlight must be positive")
 	case c.MaxRecordBytes < 1024:
 		return errors.New("processor: MaxRecordBytes must be at least 1024")
 	case c.SessionTimeout < time.Second:

@@ -31,7 +31,8 @@ import (
 // database, every session: the processor's batches, the relay's reads and
 // marks, claims), the processor's commit transactions, and partitions per
 // group commit. It runs only with MANDATED_MEASURE_GROUP_COMMIT=1 (rate,
-// seconds: MANDATED_MEASURE_RATE, MANDATED_MEASURE_SECONDS).
+// seconds, and group commits in flight per shard as a list such as "1,2,4":
+// MANDATED_MEASURE_RATE, MANDATED_MEASURE_SECONDS, MANDATED_MEASURE_IN_FLIGHT).
 func TestMeasureGroupCommitTransactionsPerDecision(t *testing.T) {
 	if os.Getenv("MANDATED_MEASURE_GROUP_COMMIT") == "" {
 		t.Skip("a measurement; set MANDATED_MEASURE_GROUP_COMMIT=1")
@@ -43,14 +44,26 @@ func TestMeasureGroupCommitTransactionsPerDecision(t *testing.T) {
 	if v := os.Getenv("MANDATED_MEASURE_SECONDS"); v != "" {
 		_, _ = fmt.Sscan(v, &seconds)
 	}
-	for _, group := range []bool{true, false} {
-		t.Run(fmt.Sprintf("group_commit=%t", group), func(t *testing.T) {
-			measureGroupCommit(t, group, rate, seconds)
+	inFlight := []int{sink.GroupMaxInFlightDefault}
+	if v := os.Getenv("MANDATED_MEASURE_IN_FLIGHT"); v != "" {
+		inFlight = nil
+		for _, f := range strings.Split(v, ",") {
+			var n int
+			_, _ = fmt.Sscan(f, &n)
+			inFlight = append(inFlight, n)
+		}
+	}
+	for _, n := range inFlight {
+		t.Run(fmt.Sprintf("group_commit=true,in_flight=%d", n), func(t *testing.T) {
+			measureGroupCommit(t, true, n, rate, seconds)
 		})
 	}
+	t.Run("group_commit=false", func(t *testing.T) {
+		measureGroupCommit(t, false, 0, rate, seconds)
+	})
 }
 
-func measureGroupCommit(t *testing.T, group bool, rate, seconds int) {
+func measureGroupCommit(t *testing.T, group bool, inFlight, rate, seconds int) {
 	const n = 8
 	h := harness.New(t, harness.Options{Partitions: n, Timeout: 3 * time.Minute})
 	ctx := context.Background()
@@ -65,7 +78,7 @@ func measureGroupCommit(t *testing.T, group bool, rate, seconds int) {
 		return c
 	}
 
-	in := h.Start("a", func(c *processor.ServiceConfig) { c.Processor.NoGroupCommit = !group })
+	in := h.Start("a", func(c *processor.ServiceConfig) { c.Processor.NoGroupCommit, c.Processor.GroupCommitsInFlight = !group, inFlight })
 	var mandates []string
 	for i := range 8 {
 		mandates = append(mandates, homedMandates(n, fmt.Sprintf("load%d", i))...)
@@ -125,7 +138,7 @@ func measureGroupCommit(t *testing.T, group bool, rate, seconds int) {
 	if group {
 		commits = groups
 	}
-	t.Logf("group_commit=%t: %d proposals at %d/s offered over %s, all answered after %s", group, total, rate, offered.Round(time.Millisecond), drained.Round(time.Millisecond))
+	t.Logf("group_commit=%t (in flight %d): %d proposals at %d/s offered over %s, all answered after %s", group, inFlight, total, rate, offered.Round(time.Millisecond), drained.Round(time.Millisecond))
 	t.Logf("  PostgreSQL transactions (every session): %d = %.3f per decision", after-before, float64(after-before)/decisions)
 	t.Logf("  processor commit transactions: %.0f = %.3f per decision; partition batches %.0f (%.1f records each)",
 		commits, commits/decisions, batches, m["mandated_batch_records_sum"]/batches)

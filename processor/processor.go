@@ -68,7 +68,7 @@ func NewSharded(cfg Config, shards *sink.Shards, log zerolog.Logger, m *Metrics)
 	if !cfg.NoGroupCommit {
 		p.groups = map[*sink.Sink]*sink.Group{}
 		for _, s := range shards.All() {
-			p.groups[s] = s.NewGroup(sink.GroupConfig{Observe: p.observeGroup})
+			p.groups[s] = s.NewGroup(sink.GroupConfig{MaxInFlight: cfg.GroupCommitsInFlight, Observe: p.observeGroup})
 		}
 	}
 	p.keys = &keyring{refresh: cfg.GrantorKeyRefresh, load: func(ctx context.Context) (*sink.Keyring, error) {

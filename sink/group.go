@@ -14,14 +14,22 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// GroupMaxPartsDefault is GroupConfig.MaxParts's default.
-const GroupMaxPartsDefault = 64
+// Defaults for GroupConfig.
+const (
+	GroupMaxPartsDefault    = 64
+	GroupMaxInFlightDefault = 2
+)
 
 // GroupConfig configures a Group.
 type GroupConfig struct {
 	// MaxParts caps the batches committed in one transaction. Defaults to
 	// GroupMaxPartsDefault.
 	MaxParts int
+	// MaxInFlight caps the group commits running at once on the shard
+	// (each on its own connection, over different partitions). Batches
+	// handed over while that many are in flight wait and go together in the
+	// next. Defaults to GroupMaxInFlightDefault.
+	MaxInFlight int
 	// Observe is called after every group commit (from the committing
 	// goroutine; it must not block). Defaults to none.
 	Observe func(GroupStats)
@@ -46,9 +54,10 @@ type GroupStats struct {
 
 // Group commits the batches of several partitions of one shard in one
 // PostgreSQL transaction: one COMMIT (one WAL flush) per cycle instead of
-// one per partition. Batches handed to it while a group commit is in flight
-// wait for it and go together in the next one: the busier the shard, the
-// larger the groups, and an idle shard commits a lone batch at once.
+// one per partition. Batches handed to it while MaxInFlight group commits
+// are in flight wait for one to end and go together in the next: the
+// busier the shard, the larger the groups, and an idle shard commits a
+// lone batch at once.
 //
 // Each batch runs as a part of the transaction with its own fence (the
 // partition row locked and its epoch and position checked, the position
@@ -61,7 +70,7 @@ type Group struct {
 
 	mu      sync.Mutex
 	queue   []*groupReq
-	running bool // a goroutine is committing the queue
+	running int // goroutines committing the queue
 }
 
 type groupReq struct {
@@ -80,6 +89,7 @@ type groupAnswer struct {
 // only while batches are waiting, so it needs no stopping.
 func (s *Sink) NewGroup(cfg GroupConfig) *Group {
 	cfg.MaxParts = cmp.Or(cfg.MaxParts, GroupMaxPartsDefault)
+	cfg.MaxInFlight = cmp.Or(cfg.MaxInFlight, GroupMaxInFlightDefault)
 	return &Group{s: s, cfg: cfg}
 }
 
@@ -128,8 +138,8 @@ func (g *Group) submit(ctx context.Context, b *Batch, retried bool) (written, er
 	r := &groupReq{ctx: ctx, b: b, retried: retried, done: make(chan groupAnswer, 1)}
 	g.mu.Lock()
 	g.queue = append(g.queue, r)
-	if !g.running {
-		g.running = true
+	if g.running < g.cfg.MaxInFlight {
+		g.running++
 		go g.run()
 	}
 	g.mu.Unlock()
@@ -141,12 +151,13 @@ func (g *Group) submit(ctx context.Context, b *Batch, retried bool) (written, er
 	}
 }
 
-// run commits the queue, group after group, until it is empty.
+// run commits the queue, group after group, until it is empty; up to
+// MaxInFlight run at once.
 func (g *Group) run() {
 	for {
 		g.mu.Lock()
 		if len(g.queue) == 0 {
-			g.running = false
+			g.running--
 			g.mu.Unlock()
 			return
 		}

@@ -48,7 +48,7 @@ func TestAGroupCommitFailsOnlyTheFencedPartsAndTheRefusedPartsAndCommitsTheOther
 	}
 	var mu sync.Mutex
 	var stats []sink.GroupStats
-	g := b.sink.NewGroup(sink.GroupConfig{Observe: func(st sink.GroupStats) {
+	g := b.sink.NewGroup(sink.GroupConfig{MaxInFlight: 1, Observe: func(st sink.GroupStats) {
 		mu.Lock()
 		defer mu.Unlock()
 		stats = append(stats, st)
