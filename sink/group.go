@@ -268,11 +268,19 @@ func (s *Sink) commitParts(ctx context.Context, reqs []*groupReq) (outs []writte
 // when a part failed after writing (its errs entry set, the transaction
 // rolled back); outs is set only when the transaction committed.
 func (s *Sink) attemptParts(ctx context.Context, reqs []*groupReq, live []int, outs []written, errs []error) (again bool, txErr error) {
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	// BEGIN goes in phase one's round trip. A connection released inside
+	// a transaction (an error, a cancelled context) is closed by the pool.
+	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return false, fmt.Errorf("begin: %w", err)
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
+	defer conn.Release()
+	done := false
+	defer func() {
+		if !done {
+			_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+		}
+	}()
 
 	parts := make([]*part, len(live))
 	var lb pgx.Batch
@@ -290,7 +298,12 @@ func (s *Sink) attemptParts(ctx context.Context, reqs []*groupReq, live []int, o
 	}
 
 	// Phase one: every part's fence and loads.
-	br := tx.SendBatch(ctx, &lb)
+	lb.QueuedQueries = append([]*pgx.QueuedQuery{{SQL: "BEGIN ISOLATION LEVEL READ COMMITTED"}}, lb.QueuedQueries...)
+	br := conn.SendBatch(ctx, &lb)
+	if _, err := br.Exec(); err != nil {
+		br.Close()
+		return false, fmt.Errorf("begin: %w", err)
+	}
 	for j, i := range live {
 		if err := s.readLoad(parts[j], br); err != nil {
 			errs[i] = interpretError(err)
@@ -312,7 +325,7 @@ func (s *Sink) attemptParts(ctx context.Context, reqs []*groupReq, live []int, o
 		q[i] = queued{queueLoadAuths(&ab, p.st, p.b.Needs), queueLoadRecent(&ab, p.b.Needs)}
 	}
 	if ab.Len() > 0 {
-		br := tx.SendBatch(ctx, &ab)
+		br := conn.SendBatch(ctx, &ab)
 		for i, p := range active {
 			var err error
 			if q[i].auths {
@@ -352,7 +365,7 @@ func (s *Sink) attemptParts(ctx context.Context, reqs []*groupReq, live []int, o
 		}
 	}
 	if wb.Len() > 0 {
-		br := tx.SendBatch(ctx, &wb)
+		br := conn.SendBatch(ctx, &wb)
 		for i, p := range active {
 			_, err := br.Exec()
 			if err == nil {
@@ -385,11 +398,16 @@ func (s *Sink) attemptParts(ctx context.Context, reqs []*groupReq, live []int, o
 		}
 	}
 
-	if err := tx.Commit(ctx); err != nil {
+	done = true
+	tag, err := conn.Exec(ctx, "COMMIT")
+	if err != nil {
 		if errors.Is(interpretError(err), ErrRetryable) {
 			return false, err
 		}
 		return false, retry("commit_unknown", "commit outcome unknown: %v", err)
+	}
+	if tag.String() != "COMMIT" {
+		return false, fmt.Errorf("commit: PostgreSQL rolled the transaction back (%s)", tag)
 	}
 	for j, i := range live {
 		if errs[i] == nil {
