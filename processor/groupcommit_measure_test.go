@@ -87,8 +87,18 @@ func measureGroupCommit(t *testing.T, group bool, inFlight, rate, seconds int) {
 		h.Send(grant("acme", m, int(wire.MaxUses), nil))
 	}
 	h.Decisions.WaitRecords(time.Minute, func(rs []harness.Record) bool { return len(rs) >= len(mandates) }, "the grants")
+	_, err = pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`)
+	statements := func() (calls int64, ms float64) {
+		if err != nil {
+			return 0, 0 // not preloaded here
+		}
+		require.NoError(t, pool.QueryRow(ctx, `SELECT coalesce(sum(calls), 0)::bigint, coalesce(sum(total_exec_time), 0)
+			FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&calls, &ms))
+		return calls, ms
+	}
 	pool.Reset() // our own session's counts are flushed when it closes
 	before := xacts()
+	callsBefore, msBefore := statements()
 	cpuBefore := backendCPU(t, pool)
 
 	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(h.Brokers...), kgo.ProducerLinger(0)}, h.KafkaOpts...)...)
@@ -122,6 +132,7 @@ func measureGroupCommit(t *testing.T, group bool, inFlight, rate, seconds int) {
 	h.Decisions.WaitRecords(3*time.Minute, func(rs []harness.Record) bool { return len(rs) >= len(mandates)+total }, "every proposal answered")
 	drained := time.Since(start)
 	cpuAfter := backendCPU(t, pool)
+	callsAfter, msAfter := statements()
 	var cpu time.Duration
 	for pid, c := range cpuAfter {
 		cpu += c - cpuBefore[pid]
@@ -142,6 +153,8 @@ func measureGroupCommit(t *testing.T, group bool, inFlight, rate, seconds int) {
 	t.Logf("  PostgreSQL transactions (every session): %d = %.3f per decision", after-before, float64(after-before)/decisions)
 	t.Logf("  processor commit transactions: %.0f = %.3f per decision; partition batches %.0f (%.1f records each)",
 		commits, commits/decisions, batches, m["mandated_batch_records_sum"]/batches)
+	t.Logf("  statements (pg_stat_statements, every session): %.2f per decision, execution %.0f µs per decision",
+		float64(callsAfter-callsBefore)/decisions, 1000*(msAfter-msBefore)/decisions)
 	t.Logf("  CPU of the database's PostgreSQL backends: %s = %.0f µs per decision", cpu, float64(cpu.Microseconds())/decisions)
 	if group {
 		t.Logf("  partitions per group commit: mean %.2f", m["mandated_group_commit_partitions_sum"]/groups)
