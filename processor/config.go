@@ -152,7 +152,8 @@ type TestConfig struct {
 	// OnFenced is called when a worker's commit is fenced.
 	OnFenced func(partition int32, epoch int64)
 	// OnGroupCommit is called after every group commit, from the shard's
-	// committer; it must not block.
+	// committers (concurrently when more than one is in flight); it must
+	// not block.
 	OnGroupCommit func(sink.GroupStats)
 }
 

@@ -30,8 +30,9 @@ type GroupConfig struct {
 	// handed over while that many are in flight wait and go together in the
 	// next. Defaults to GroupMaxInFlightDefault.
 	MaxInFlight int
-	// Observe is called after every group commit (from the committing
-	// goroutine; it must not block). Defaults to none.
+	// Observe is called after every group commit, from the committing
+	// goroutine (concurrently when MaxInFlight > 1); it must not block.
+	// Defaults to none.
 	Observe func(GroupStats)
 }
 
