@@ -78,7 +78,9 @@ func measureGroupCommit(t *testing.T, group bool, inFlight, rate, seconds int) {
 		return c
 	}
 
-	in := h.Start("a", func(c *processor.ServiceConfig) { c.Processor.NoGroupCommit, c.Processor.GroupCommitsInFlight = !group, inFlight })
+	in := h.Start("a", func(c *processor.ServiceConfig) {
+		c.Processor.NoGroupCommit, c.Processor.GroupCommitsInFlight = !group, inFlight
+	})
 	var mandates []string
 	for i := range 8 {
 		mandates = append(mandates, homedMandates(n, fmt.Sprintf("load%d", i))...)
