@@ -11,6 +11,7 @@ import (
 
 	"github.com/mandated/mandated/processor/clock"
 	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/sink"
 )
 
 // Defaults for Config.
@@ -94,6 +95,16 @@ type Config struct {
 	// MaxBatch caps the records decided in one transaction. Defaults to
 	// MaxBatchDefault.
 	MaxBatch int
+	// NoGroupCommit commits each partition's batch in its own transaction.
+	// By default (false) the workers of one process hand their batches to
+	// a committer per shard, which commits the ready batches of every
+	// partition in one transaction, each under its own fence and savepoint
+	// (sink.Group). Defaults to false: group commit.
+	NoGroupCommit bool
+	// GroupCommitsInFlight caps the group commits running at once per
+	// shard; batches handed over while that many are in flight wait and
+	// go together in the next. Defaults to sink.GroupMaxInFlightDefault.
+	GroupCommitsInFlight int
 	// MaxRecordBytes is the largest record value decoded. Defaults to
 	// wire.MaxRecordBytesDefault.
 	MaxRecordBytes int
@@ -140,6 +151,10 @@ type TestConfig struct {
 	OnCommitted func(BatchReport)
 	// OnFenced is called when a worker's commit is fenced.
 	OnFenced func(partition int32, epoch int64)
+	// OnGroupCommit is called after every group commit, from the shard's
+	// committers (concurrently when more than one is in flight); it must
+	// not block.
+	OnGroupCommit func(sink.GroupStats)
 }
 
 // BatchReport describes one committed batch, for tests and logs.
@@ -168,6 +183,7 @@ func (c Config) WithDefaults() Config {
 		c.Owner = fmt.Sprintf("%s-%d", cmp.Or(host, "mandated"), os.Getpid())
 	}
 	c.MaxBatch = cmp.Or(c.MaxBatch, MaxBatchDefault)
+	c.GroupCommitsInFlight = cmp.Or(c.GroupCommitsInFlight, sink.GroupMaxInFlightDefault)
 	c.MaxRecordBytes = cmp.Or(c.MaxRecordBytes, wire.MaxRecordBytesDefault)
 	c.SessionTimeout = cmp.Or(c.SessionTimeout, SessionTimeoutDefault)
 	c.RebalanceTimeout = cmp.Or(c.RebalanceTimeout, RebalanceTimeoutDefault)
@@ -194,6 +210,8 @@ func (c Config) Validate() error {
 		return errors.New("processor: DecisionsTopic must differ from the input topics")
 	case c.MaxBatch < 1 || c.MaxBatch > 10000:
 		return errors.New("processor: MaxBatch must be between 1 and 10000")
+	case c.GroupCommitsInFlight < 1:
+		return errors.New("processor: GroupCommitsInFlight must be positive")
 	case c.MaxRecordBytes < 1024:
 		return errors.New("processor: MaxRecordBytes must be at least 1024")
 	case c.SessionTimeout < time.Second:

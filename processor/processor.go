@@ -25,6 +25,7 @@ type Processor struct {
 	log     zerolog.Logger
 	metrics *Metrics
 	keys    *keyring
+	groups  map[*sink.Sink]*sink.Group // one committer per shard; nil with NoGroupCommit
 
 	partitions int32 // the topics' partition count
 
@@ -64,6 +65,12 @@ func NewSharded(cfg Config, shards *sink.Shards, log zerolog.Logger, m *Metrics)
 	}
 	p := &Processor{cfg: cfg, shards: shards, log: log.With().Str("component", "processor").Logger(), metrics: m,
 		workers: map[int32]*worker{}, pending: map[int32]*pendingClaim{}}
+	if !cfg.NoGroupCommit {
+		p.groups = map[*sink.Sink]*sink.Group{}
+		for _, s := range shards.All() {
+			p.groups[s] = s.NewGroup(sink.GroupConfig{MaxInFlight: cfg.GroupCommitsInFlight, Observe: p.observeGroup})
+		}
+	}
 	p.keys = &keyring{refresh: cfg.GrantorKeyRefresh, load: func(ctx context.Context) (*sink.Keyring, error) {
 		return p.shards.Control().LoadKeyring(ctx)
 	}}

@@ -21,7 +21,9 @@ import (
 
 // worker decides one owned partition: it takes what the poll loop handed
 // it (up to MaxBatch, no lingering), adds the deadlines that are due, and
-// commits them in one fenced transaction, again and again.
+// commits them under the partition's fence, again and again: as its part of
+// its shard's next group commit (groupcommit.go), or in a transaction of its
+// own with Config.NoGroupCommit.
 type worker struct {
 	p         *Processor
 	partition int32
@@ -384,7 +386,7 @@ func (w *worker) commit(items []item, due []lifecycle.AuthKey, now time.Time) er
 	backoff := 50 * time.Millisecond
 	for {
 		start := time.Now()
-		res, err := w.store.Commit(w.ctx, b)
+		res, err := w.p.commitBatch(w.ctx, w.store, b)
 		w.countRetries(res.Retries)
 		if err == nil {
 			w.committed(b, res, items, due, decisions, time.Since(start))

@@ -87,8 +87,101 @@ func (s *Sink) attempt(ctx context.Context, b *Batch, res *Result) error {
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
 
+	out, err := s.write(ctx, tx, b, res.Attempts > 1 || b.Retry, ctx)
+	if err != nil {
+		return err
+	}
+	if out.AlreadyStored {
+		res.Position, res.AlreadyStored = out.Position, true
+		return nil
+	}
+	if err := tx.Commit(ctx); err != nil {
+		if errors.Is(interpretError(err), ErrRetryable) {
+			return err
+		}
+		return retry("commit_unknown", "commit outcome unknown: %v", err)
+	}
+	res.Position, res.State, res.Rows = out.Position, out.State, out.Rows
+	return nil
+}
+
+// written is what one batch's writes did, before COMMIT.
+type written struct {
+	Position      Position
+	State         *lifecycle.State
+	Rows          []outbox.Row
+	AlreadyStored bool
+}
+
+// write runs one batch inside tx: lock the partition row and check the
+// fence, load, decide, write, and run BeforeCommit (with hookCtx). retried
+// says an earlier attempt's outcome is unknown, so finding the batch stored
+// is success.
+func (s *Sink) write(ctx context.Context, tx pgx.Tx, b *Batch, retried bool, hookCtx context.Context) (written, error) {
+	p := &part{b: b, retried: retried}
 	// Phase one, one round trip: the fence, the mandates, the idempotency keys.
 	var lb pgx.Batch
+	p.queueLoad(&lb)
+	br := tx.SendBatch(ctx, &lb)
+	err := s.readLoad(p, br)
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("load idempotency keys and intents: %w", cerr)
+	}
+	if err != nil {
+		return written{}, err
+	}
+	if p.already {
+		return written{Position: p.stored, AlreadyStored: true}, nil
+	}
+
+	// Phase two: the authorizations.
+	if err := loadAuths(ctx, tx, p.st, b.Needs); err != nil {
+		return written{}, fmt.Errorf("load authorizations: %w", err)
+	}
+	if err := loadRecent(ctx, tx, p.st, b.Needs); err != nil {
+		return written{}, fmt.Errorf("load recent authorizations: %w", err)
+	}
+
+	if err := p.decide(); err != nil {
+		return written{}, err
+	}
+
+	// Phase three, one round trip: every write and the new position.
+	wr := tx.SendBatch(ctx, &p.w.batch)
+	if err := p.readWrites(wr); err != nil {
+		wr.Close()
+		return written{}, err
+	}
+	if err := wr.Close(); err != nil {
+		return written{}, err
+	}
+	if b.BeforeCommit != nil {
+		if err := b.BeforeCommit(hookCtx); err != nil {
+			return written{}, err
+		}
+	}
+	return p.written(), nil
+}
+
+// part is one batch on its way through a transaction: the batch's own
+// transaction (write), or one part of a group commit (Group).
+type part struct {
+	b       *Batch
+	retried bool
+
+	stored  Position // under the partition lock
+	head    []byte   // the chain head stored with the fence
+	already bool     // an earlier attempt committed the batch
+	st      *lifecycle.State
+	out     []outbox.Row
+	to      Position
+	w       writeSet // phase three
+}
+
+// queueLoad queues phase one: the partition lock (the fence), the
+// mandates, the idempotency keys and the intents: four results.
+func (p *part) queueLoad(lb *pgx.Batch) {
+	b := p.b
 	lb.Queue(lockPartitionSQL, b.Partition)
 	var orgs, ids []string
 	for k := range b.Needs.Mandates {
@@ -100,55 +193,66 @@ func (s *Sink) attempt(ctx context.Context, b *Batch, res *Result) error {
 		iOrgs, iOps, iKeys = append(iOrgs, k.Org), append(iOps, k.Operation), append(iKeys, k.Key)
 	}
 	lb.Queue(loadIdemSQL, iOrgs, iOps, iKeys)
-	queueLoadIntents(&lb, b.Needs)
-	br := tx.SendBatch(ctx, &lb)
-	var stored Position
+	queueLoadIntents(lb, b.Needs)
+}
+
+// readLoad reads phase one's four results and checks the fence. ErrFenced
+// (or p.already) leaves the transaction usable; any other error is the
+// database's, after which the transaction is not.
+func (s *Sink) readLoad(p *part, br pgx.BatchResults) error {
+	b := p.b
 	var epoch int64
 	var setting string
-	var head []byte
-	if err := br.QueryRow().Scan(&epoch, &stored.ProposalsOffset, &stored.GrantsOffset, &stored.NextSeq, &head, &setting); err != nil {
-		br.Close()
-		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("%w: partition %d has never been claimed", ErrFenced, b.Partition)
-		}
+	err := br.QueryRow().Scan(&epoch, &p.stored.ProposalsOffset, &p.stored.GrantsOffset, &p.stored.NextSeq, &p.head, &setting)
+	var fence error
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		fence = fmt.Errorf("%w: partition %d has never been claimed", ErrFenced, b.Partition)
+	case err != nil:
 		return fmt.Errorf("lock partition %d: %w", b.Partition, err)
-	}
-	if epoch != b.Epoch {
-		br.Close()
-		return fmt.Errorf("%w: partition %d is at epoch %d, this owner holds %d", ErrFenced, b.Partition, epoch, b.Epoch)
-	}
-	if stored != b.From {
-		br.Close()
-		if stored.ProposalsOffset == b.To.ProposalsOffset && stored.GrantsOffset == b.To.GrantsOffset && (res.Attempts > 1 || b.Retry) {
+	case epoch != b.Epoch:
+		fence = fmt.Errorf("%w: partition %d is at epoch %d, this owner holds %d", ErrFenced, b.Partition, epoch, b.Epoch)
+	case p.stored != b.From:
+		if p.stored.ProposalsOffset == b.To.ProposalsOffset && p.stored.GrantsOffset == b.To.GrantsOffset && p.retried {
 			// An earlier attempt committed; its acknowledgement was lost.
-			res.Position, res.AlreadyStored = stored, true
-			return nil
+			p.already = true
+		} else {
+			fence = fmt.Errorf("%w: partition %d stores position %+v, this owner expected %+v", ErrFenced, b.Partition, p.stored, b.From)
 		}
-		return fmt.Errorf("%w: partition %d stores position %+v, this owner expected %+v", ErrFenced, b.Partition, stored, b.From)
 	}
-	st := lifecycle.NewState(b.Partition, epoch, stored.NextSeq, s.Retention)
+	if fence != nil || p.already {
+		// Nothing else of the batch is needed; pass over its loads.
+		for range 3 {
+			if _, err := br.Exec(); err != nil {
+				return fmt.Errorf("load partition %d: %w", b.Partition, err)
+			}
+		}
+		return fence
+	}
+	st := lifecycle.NewState(b.Partition, epoch, p.stored.NextSeq, s.Retention)
 	st.Replay = b.Needs.Replay
+	p.st = st
 	rows, err := br.Query()
 	if err != nil {
-		br.Close()
 		return fmt.Errorf("load mandates: %w", err)
 	}
 	for rows.Next() {
 		m, err := scanMandate(rows)
 		if err != nil {
 			rows.Close()
-			br.Close()
 			return fmt.Errorf("load mandates: %w", err)
 		}
 		st.Mandates[m.Key] = m
 	}
 	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("load mandates: %w", err)
+	}
 	if rows, err = br.Query(); err == nil {
 		for rows.Next() {
 			r, err := scanIdem(rows)
 			if err != nil {
 				rows.Close()
-				br.Close()
 				return fmt.Errorf("load idempotency keys: %w", err)
 			}
 			st.Idem[r.Scope] = r
@@ -159,21 +263,17 @@ func (s *Sink) attempt(ctx context.Context, b *Batch, res *Result) error {
 	if err == nil {
 		err = loadIntents(br, st)
 	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
 	if err != nil {
 		return fmt.Errorf("load idempotency keys and intents: %w", err)
 	}
+	return nil
+}
 
-	// Phase two: the authorizations.
-	if err := loadAuths(ctx, tx, st, b.Needs); err != nil {
-		return fmt.Errorf("load authorizations: %w", err)
-	}
-	if err := loadRecent(ctx, tx, st, b.Needs); err != nil {
-		return fmt.Errorf("load recent authorizations: %w", err)
-	}
-
+// decide decides the batch against the loaded state and queues phase
+// three: every write and the new position. ErrRecordFault: a mandate the
+// decisions leave invalid. Nothing is written yet either way.
+func (p *part) decide() error {
+	b, st := p.b, p.st
 	out, err := b.Decide(st)
 	if err != nil {
 		return fmt.Errorf("decide: %w", err)
@@ -189,44 +289,39 @@ func (s *Sink) attempt(ctx context.Context, b *Batch, res *Result) error {
 	// The chain: the head read under the partition lock, so whichever
 	// epoch writes next continues it.
 	var prev wire.ChainHash
-	if copy(prev[:], head) != len(prev) {
-		return fmt.Errorf("partition %d: stored chain head is %d bytes, not %d", b.Partition, len(head), len(prev))
+	if copy(prev[:], p.head) != len(prev) {
+		return fmt.Errorf("partition %d: stored chain head is %d bytes, not %d", b.Partition, len(p.head), len(prev))
 	}
 	newHead := outbox.Chain(out, prev)
 
-	// Phase three, one round trip: every write and the new position.
-	var w writeSet
-	w.mandates(st)
-	w.auths(st)
-	w.idem(st)
-	w.intents(st)
-	w.outbox(out)
-	to := Position{ProposalsOffset: b.To.ProposalsOffset, GrantsOffset: b.To.GrantsOffset, NextSeq: st.NextSeq}
-	w.queue(advancePartitionSQL, []any{b.Partition, b.Epoch, to.ProposalsOffset, to.GrantsOffset, to.NextSeq,
-		stored.ProposalsOffset, stored.GrantsOffset, stored.NextSeq, newHead[:]}, expectRows("advance partition", 1))
-	wr := tx.SendBatch(ctx, &w.batch)
-	for _, check := range w.checks {
-		if err := check(wr); err != nil {
-			wr.Close()
-			return err
-		}
-	}
-	if err := wr.Close(); err != nil {
-		return err
-	}
-	if b.BeforeCommit != nil {
-		if err := b.BeforeCommit(ctx); err != nil {
-			return err
-		}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		if errors.Is(interpretError(err), ErrRetryable) {
-			return err
-		}
-		return retry("commit_unknown", "commit outcome unknown: %v", err)
-	}
-	res.Position, res.State, res.Rows = to, st, out
+	p.out = out
+	p.w.mandates(st)
+	p.w.auths(st)
+	p.w.idem(st)
+	p.w.intents(st)
+	p.w.outbox(out)
+	p.to = Position{ProposalsOffset: b.To.ProposalsOffset, GrantsOffset: b.To.GrantsOffset, NextSeq: st.NextSeq}
+	p.w.queue(advancePartitionSQL, []any{b.Partition, b.Epoch, p.to.ProposalsOffset, p.to.GrantsOffset, p.to.NextSeq,
+		p.stored.ProposalsOffset, p.stored.GrantsOffset, p.stored.NextSeq, newHead[:]}, expectRows("advance partition", 1))
 	return nil
+}
+
+// readWrites checks phase three's results.
+func (p *part) readWrites(br pgx.BatchResults) error {
+	for _, check := range p.w.checks {
+		if err := check(br); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// written is what the part wrote, once committed.
+func (p *part) written() written {
+	if p.already {
+		return written{Position: p.stored, AlreadyStored: true}
+	}
+	return written{Position: p.to, State: p.st, Rows: p.out}
 }
 
 // loadIntents reads the intents of phase one's batch.

@@ -148,6 +148,21 @@ func scanAuth(row pgx.Row) (*lifecycle.Authorization, error) {
 // reservation of a mandate being revoked, and one in-doubt authorization of
 // each mandate that has one.
 func loadAuths(ctx context.Context, tx pgx.Tx, st *lifecycle.State, needs Needs) error {
+	var lb pgx.Batch
+	if !queueLoadAuths(&lb, st, needs) {
+		return nil
+	}
+	br := tx.SendBatch(ctx, &lb)
+	err := readAuths(br, st)
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// queueLoadAuths queues phase two's load of authorizations (see loadAuths),
+// reporting false when there is nothing to load.
+func queueLoadAuths(lb *pgx.Batch, st *lifecycle.State, needs Needs) bool {
 	keys := map[lifecycle.AuthKey]struct{}{}
 	for k := range needs.Auths {
 		keys[k] = struct{}{}
@@ -170,7 +185,7 @@ func loadAuths(ctx context.Context, tx pgx.Tx, st *lifecycle.State, needs Needs)
 		}
 	}
 	if len(keys) == 0 && len(needs.Reserved) == 0 && len(doubtOrgs) == 0 {
-		return nil
+		return false
 	}
 	var orgs, mids, ids []string
 	for k := range keys {
@@ -180,7 +195,13 @@ func loadAuths(ctx context.Context, tx pgx.Tx, st *lifecycle.State, needs Needs)
 	for k := range needs.Reserved {
 		revOrgs, revIDs = append(revOrgs, k.Org), append(revIDs, k.MandateID)
 	}
-	rows, err := tx.Query(ctx, loadAuthsSQL, orgs, mids, ids, revOrgs, revIDs, doubtOrgs, doubtIDs)
+	lb.Queue(loadAuthsSQL, orgs, mids, ids, revOrgs, revIDs, doubtOrgs, doubtIDs)
+	return true
+}
+
+// readAuths reads what queueLoadAuths queued.
+func readAuths(br pgx.BatchResults, st *lifecycle.State) error {
+	rows, err := br.Query()
 	if err != nil {
 		return err
 	}
@@ -236,15 +257,36 @@ WHERE a.state IN ('committed', 'executing')`
 // loadRecent loads what the possible-replay check needs; an authorization
 // already loaded keeps its loaded copy.
 func loadRecent(ctx context.Context, tx pgx.Tx, st *lifecycle.State, needs Needs) error {
-	if len(needs.Recent) == 0 {
+	var lb pgx.Batch
+	if !queueLoadRecent(&lb, needs) {
 		return nil
+	}
+	br := tx.SendBatch(ctx, &lb)
+	err := readRecent(br, st)
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// queueLoadRecent queues loadRecent's query, reporting false when there is
+// nothing to load.
+func queueLoadRecent(lb *pgx.Batch, needs Needs) bool {
+	if len(needs.Recent) == 0 {
+		return false
 	}
 	var orgs, ids []string
 	var since []pgtype.Timestamptz
 	for k, t := range needs.Recent {
 		orgs, ids, since = append(orgs, k.Org), append(ids, k.MandateID), append(since, tstz(t))
 	}
-	rows, err := tx.Query(ctx, loadRecentSQL, orgs, ids, since)
+	lb.Queue(loadRecentSQL, orgs, ids, since)
+	return true
+}
+
+// readRecent reads what queueLoadRecent queued.
+func readRecent(br pgx.BatchResults, st *lifecycle.State) error {
+	rows, err := br.Query()
 	if err != nil {
 		return err
 	}

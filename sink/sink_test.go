@@ -26,6 +26,12 @@ type testBundle struct {
 
 func setup(t *testing.T, mods ...func(*sink.Config)) *testBundle {
 	t.Helper()
+	return setupN(t, 4, mods...)
+}
+
+// setupN is setup for topics of n partitions.
+func setupN(t *testing.T, n int32, mods ...func(*sink.Config)) *testBundle {
+	t.Helper()
 	url := testenv.Database(t)
 	cfg := sink.Config{DatabaseURL: url, TakeoverGrace: 500 * time.Millisecond, IdleInTxTimeout: 30 * time.Second}
 	for _, m := range mods {
@@ -34,7 +40,7 @@ func setup(t *testing.T, mods ...func(*sink.Config)) *testBundle {
 	s, err := sink.Open(context.Background(), cfg, zerolog.Nop())
 	require.NoError(t, err)
 	t.Cleanup(s.Close)
-	require.NoError(t, s.EnsurePartitionCount(context.Background(), 4))
+	require.NoError(t, s.EnsurePartitionCount(context.Background(), n))
 	return &testBundle{sink: s, url: url}
 }
 

@@ -42,39 +42,41 @@ import (
 type config struct {
 	kafka cli.Kafka
 
-	databaseURL      string
-	databaseURLFile  string
-	shardMap         string
-	dbMaxConns       int
-	lockTimeout      time.Duration
-	idleInTxTimeout  time.Duration
-	takeoverGrace    time.Duration
-	retention        time.Duration
-	proposalsTopic   string
-	grantsTopic      string
-	decisionsTopic   string
-	deadLetterTopic  string
-	group            string
-	owner            string
-	instanceID       string
-	groupProtocol    string
-	dbHandoff        time.Duration
-	maxBatch         int
-	maxRecordBytes   int
-	sessionTimeout   time.Duration
-	rebalanceTimeout time.Duration
-	relayMaxRows     int
-	relayIdlePoll    time.Duration
-	relayTxnTimeout  time.Duration
-	relayLinger      time.Duration
-	relayMinInterval time.Duration
-	relayTxnPrefix   string
-	httpAddr         string
-	shutdownTimeout  time.Duration
-	logFormat        string
-	logLevel         string
-	failpoints       string
-	grantorKeyTTL    time.Duration
+	databaseURL          string
+	databaseURLFile      string
+	shardMap             string
+	dbMaxConns           int
+	lockTimeout          time.Duration
+	idleInTxTimeout      time.Duration
+	takeoverGrace        time.Duration
+	retention            time.Duration
+	proposalsTopic       string
+	grantsTopic          string
+	decisionsTopic       string
+	deadLetterTopic      string
+	group                string
+	owner                string
+	instanceID           string
+	groupProtocol        string
+	dbHandoff            time.Duration
+	maxBatch             int
+	groupCommit          bool
+	groupCommitsInFlight int
+	maxRecordBytes       int
+	sessionTimeout       time.Duration
+	rebalanceTimeout     time.Duration
+	relayMaxRows         int
+	relayIdlePoll        time.Duration
+	relayTxnTimeout      time.Duration
+	relayLinger          time.Duration
+	relayMinInterval     time.Duration
+	relayTxnPrefix       string
+	httpAddr             string
+	shutdownTimeout      time.Duration
+	logFormat            string
+	logLevel             string
+	failpoints           string
+	grantorKeyTTL        time.Duration
 }
 
 func (c *config) register(fs *flag.FlagSet) {
@@ -96,7 +98,9 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.instanceID, "instance-id", "", "static group membership id, unique per instance (in Kubernetes the StatefulSet pod name): a restart within the session timeout moves no partition")
 	fs.StringVar(&c.groupProtocol, "group-protocol", processor.GroupProtocolDefault, "consumer (KIP-848, Kafka 4.0+: incremental, only moved partitions pause) or classic (eager range: every rebalance pauses every partition)")
 	fs.DurationVar(&c.dbHandoff, "db-unreachable-handoff", processor.DBUnreachableHandoffDefault, "leave the group after PostgreSQL has not answered this long (Kafka still does) so that others decide the partitions; rejoin when it answers; negative: never")
-	fs.IntVar(&c.maxBatch, "max-batch", processor.MaxBatchDefault, "most records decided in one transaction")
+	fs.IntVar(&c.maxBatch, "max-batch", processor.MaxBatchDefault, "most records of one partition decided in one batch")
+	fs.BoolVar(&c.groupCommit, "group-commit", true, "commit the ready batches of every owned partition of a shard in one PostgreSQL transaction (each under its own fence); false: one transaction per partition batch")
+	fs.IntVar(&c.groupCommitsInFlight, "group-commits-in-flight", sink.GroupMaxInFlightDefault, "most group commits running at once per shard (batches handed over meanwhile wait and go together in the next)")
 	fs.IntVar(&c.maxRecordBytes, "max-record-bytes", wire.MaxRecordBytesDefault, "largest command record decoded")
 	fs.DurationVar(&c.sessionTimeout, "session-timeout", processor.SessionTimeoutDefault, "consumer group session timeout (classic protocol; with the consumer protocol the broker's group.consumer.session.timeout.ms applies)")
 	fs.DurationVar(&c.rebalanceTimeout, "rebalance-timeout", processor.RebalanceTimeoutDefault, "consumer group rebalance timeout")
@@ -152,7 +156,7 @@ func (c *config) serviceConfig(log zerolog.Logger, reg prometheus.Registerer) (p
 		Processor: processor.Config{Brokers: brokers, KafkaOpts: kopts, ClientHooks: hooks, Group: c.group, Owner: c.owner,
 			InstanceID: c.instanceID, GroupProtocol: c.groupProtocol, DBUnreachableHandoff: c.dbHandoff,
 			ProposalsTopic: c.proposalsTopic, GrantsTopic: c.grantsTopic, DecisionsTopic: c.decisionsTopic,
-			DeadLetterTopic: c.deadLetterTopic, MaxBatch: c.maxBatch, MaxRecordBytes: c.maxRecordBytes,
+			DeadLetterTopic: c.deadLetterTopic, MaxBatch: c.maxBatch, NoGroupCommit: !c.groupCommit, GroupCommitsInFlight: c.groupCommitsInFlight, MaxRecordBytes: c.maxRecordBytes,
 			SessionTimeout: c.sessionTimeout, RebalanceTimeout: c.rebalanceTimeout, GrantorKeyRefresh: c.grantorKeyTTL},
 		Relay: outbox.Config{Brokers: brokers, KafkaOpts: kopts, ClientHooks: hooks, DecisionsTopic: c.decisionsTopic,
 			DeadLetterTopic: c.deadLetterTopic, TransactionalIDPrefix: c.relayTxnPrefix, MaxRows: c.relayMaxRows,

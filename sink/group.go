@@ -1,0 +1,419 @@
+package sink
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Defaults for GroupConfig.
+const (
+	GroupMaxPartsDefault    = 64
+	GroupMaxInFlightDefault = 2
+)
+
+// GroupConfig configures a Group.
+type GroupConfig struct {
+	// MaxParts caps the batches committed in one transaction. Defaults to
+	// GroupMaxPartsDefault.
+	MaxParts int
+	// MaxInFlight caps the group commits running at once on the shard
+	// (each on its own connection, over different partitions). Batches
+	// handed over while that many are in flight wait and go together in the
+	// next. Defaults to GroupMaxInFlightDefault.
+	MaxInFlight int
+	// Observe is called after every group commit, from the committing
+	// goroutine (concurrently when MaxInFlight > 1); it must not block.
+	// Defaults to none.
+	Observe func(GroupStats)
+}
+
+// GroupStats describes one group commit.
+type GroupStats struct {
+	// Parts is the number of batches the transaction carried.
+	Parts int
+	// Committed lists the partitions whose batch the transaction committed
+	// (or found already stored); empty when Err is set.
+	Committed []int32
+	// Failed holds the partitions whose part failed alone, and why
+	// (ErrFenced, ErrRecordFault, a retryable conflict): nothing of it is
+	// committed.
+	Failed map[int32]error
+	// Err is set when the transaction as a whole failed: nothing of it is
+	// known to have committed.
+	Err  error
+	Took time.Duration
+}
+
+// Group commits the batches of several partitions of one shard in one
+// PostgreSQL transaction: one COMMIT (one WAL flush) per cycle instead of
+// one per partition. Batches handed to it while MaxInFlight group commits
+// are in flight wait for one to end and go together in the next: the
+// busier the shard, the larger the groups, and an idle shard commits a
+// lone batch at once.
+//
+// Each batch runs as a part of the transaction with its own fence (the
+// partition row locked and its epoch and position checked, the position
+// advanced only where it was). A part that fails — fenced, refused content,
+// a conflict — fails only its own batch, with its own error; the other
+// parts commit (see commitParts).
+type Group struct {
+	s   *Sink
+	cfg GroupConfig
+
+	mu      sync.Mutex
+	queue   []*groupReq
+	running int // goroutines committing the queue
+}
+
+type groupReq struct {
+	ctx     context.Context
+	b       *Batch
+	retried bool
+	done    chan groupAnswer // buffered: the committer never waits for the batch's owner
+}
+
+type groupAnswer struct {
+	out written
+	err error
+}
+
+// NewGroup returns a group committer for this shard. It runs a goroutine
+// only while batches are waiting, so it needs no stopping.
+func (s *Sink) NewGroup(cfg GroupConfig) *Group {
+	cfg.MaxParts = cmp.Or(cfg.MaxParts, GroupMaxPartsDefault)
+	cfg.MaxInFlight = cmp.Or(cfg.MaxInFlight, GroupMaxInFlightDefault)
+	return &Group{s: s, cfg: cfg}
+}
+
+// Commit commits b as part of the next group commit, with Sink.Commit's
+// meaning: serialization failures, deadlocks and races retry the batch (in
+// a later group), a COMMIT whose outcome was lost is resolved by reading the
+// stored position back, ErrFenced and ErrRecordFault are the batch's own.
+// If ctx ends while the batch is in a group commit in flight, Commit
+// returns at once; the transaction may still commit the batch (as when a
+// COMMIT's acknowledgement is lost), and aborts when every batch in it has
+// been given up.
+func (g *Group) Commit(ctx context.Context, b *Batch) (Result, error) {
+	var res Result
+	backoff := RetryBackoffDefault
+	for {
+		res.Attempts++
+		out, err := g.submit(ctx, b, res.Attempts > 1 || b.Retry)
+		if err == nil {
+			res.Position, res.AlreadyStored = out.Position, out.AlreadyStored
+			res.State, res.Rows = out.State, out.Rows
+			return res, nil
+		}
+		err = interpretError(err)
+		if !errors.Is(err, ErrRetryable) || res.Attempts >= g.s.cfg.MaxBatchAttempts {
+			return res, err
+		}
+		res.Retries = append(res.Retries, RetryCause(err))
+		wait := backoff/2 + rand.N(backoff)
+		backoff = min(backoff*2, time.Second)
+		select {
+		case <-ctx.Done():
+			return res, ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+}
+
+// Waiting returns how many batches wait for the next group commit.
+func (g *Group) Waiting() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.queue)
+}
+
+func (g *Group) submit(ctx context.Context, b *Batch, retried bool) (written, error) {
+	r := &groupReq{ctx: ctx, b: b, retried: retried, done: make(chan groupAnswer, 1)}
+	g.mu.Lock()
+	g.queue = append(g.queue, r)
+	if g.running < g.cfg.MaxInFlight {
+		g.running++
+		go g.run()
+	}
+	g.mu.Unlock()
+	select {
+	case a := <-r.done:
+		return a.out, a.err
+	case <-ctx.Done():
+		return written{}, ctx.Err()
+	}
+}
+
+// run commits the queue, group after group, until it is empty; up to
+// MaxInFlight run at once.
+func (g *Group) run() {
+	for {
+		g.mu.Lock()
+		if len(g.queue) == 0 {
+			g.running--
+			g.mu.Unlock()
+			return
+		}
+		n := min(len(g.queue), g.cfg.MaxParts)
+		reqs := g.queue[:n:n]
+		g.queue = append([]*groupReq(nil), g.queue[n:]...)
+		g.mu.Unlock()
+		g.commit(reqs)
+	}
+}
+
+func (g *Group) commit(reqs []*groupReq) {
+	live := make([]*groupReq, 0, len(reqs))
+	for _, r := range reqs {
+		if err := r.ctx.Err(); err != nil {
+			r.done <- groupAnswer{err: err}
+			continue
+		}
+		live = append(live, r)
+	}
+	if len(live) == 0 {
+		return
+	}
+	// Parts lock their partition rows in partition order, so two group
+	// commits over the same partitions (a rebalance) queue, not deadlock.
+	slices.SortStableFunc(live, func(a, b *groupReq) int {
+		return cmp.Or(cmp.Compare(a.b.Partition, b.b.Partition), cmp.Compare(a.b.Epoch, b.b.Epoch))
+	})
+	// The transaction ends when every batch in it has been given up.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var left atomic.Int32
+	left.Store(int32(len(live)))
+	for _, r := range live {
+		stop := context.AfterFunc(r.ctx, func() {
+			if left.Add(-1) == 0 {
+				cancel()
+			}
+		})
+		defer stop()
+	}
+
+	start := time.Now()
+	outs, errs, txErr := g.s.commitParts(ctx, live)
+	st := GroupStats{Parts: len(live), Err: txErr, Took: time.Since(start)}
+	for i, r := range live {
+		err := errs[i]
+		if err == nil {
+			err = txErr
+		}
+		if err != nil {
+			if errs[i] != nil {
+				if st.Failed == nil {
+					st.Failed = map[int32]error{}
+				}
+				st.Failed[r.b.Partition] = errs[i]
+			}
+			r.done <- groupAnswer{err: err}
+			continue
+		}
+		st.Committed = append(st.Committed, r.b.Partition)
+		r.done <- groupAnswer{out: outs[i]}
+	}
+	if g.cfg.Observe != nil {
+		g.cfg.Observe(st)
+	}
+}
+
+// setPartitionSQL declares, in a group commit's transaction, the partition
+// whose writes follow (what lockPartitionSQL declares in a batch's own
+// transaction), for the guard triggers.
+const setPartitionSQL = `SELECT set_config('mandated.partition', $1::int::text, true)`
+
+// commitParts runs every request's batch as a part of one transaction and
+// commits it. errs holds each part's own failure; txErr is the
+// transaction's, which fails every part without one.
+//
+// The parts go through the transaction together, one round trip per
+// phase for all of them (phase one: every fence and load; phase two: the
+// authorizations; phase three: every write), so a group commit costs about
+// what one batch's transaction does. A part whose fence fails, or whose
+// decisions the state machine or the mandate checks refuse, has written
+// nothing: it is left out of the later phases and fails alone. A part whose
+// writes the database refuses (a refused record, a version moved, a key
+// taken) or whose BeforeCommit fails has written into the transaction: the
+// transaction is rolled back and the group runs again without that part,
+// so only its own batch fails and nothing of it is committed.
+func (s *Sink) commitParts(ctx context.Context, reqs []*groupReq) (outs []written, errs []error, txErr error) {
+	outs, errs = make([]written, len(reqs)), make([]error, len(reqs))
+	for {
+		var live []int
+		for i := range reqs {
+			if errs[i] == nil {
+				live = append(live, i)
+			}
+		}
+		if len(live) == 0 {
+			return outs, errs, nil
+		}
+		again, err := s.attemptParts(ctx, reqs, live, outs, errs)
+		if err != nil || !again {
+			return outs, errs, err
+		}
+	}
+}
+
+// attemptParts runs the live parts in one transaction. It reports again
+// when a part failed after writing (its errs entry set, the transaction
+// rolled back); outs is set only when the transaction committed.
+func (s *Sink) attemptParts(ctx context.Context, reqs []*groupReq, live []int, outs []written, errs []error) (again bool, txErr error) {
+	// BEGIN goes in phase one's round trip. A connection released inside
+	// a transaction (an error, a cancelled context) is closed by the pool.
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return false, fmt.Errorf("begin: %w", err)
+	}
+	defer conn.Release()
+	done := false
+	defer func() {
+		if !done {
+			_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+		}
+	}()
+
+	parts := make([]*part, len(live))
+	var lb pgx.Batch
+	for j, i := range live {
+		parts[j] = &part{b: reqs[i].b, retried: reqs[i].retried}
+		parts[j].queueLoad(&lb)
+	}
+	// active: the parts still going (not fenced, not already stored).
+	active := func(yield func(int, *part) bool) {
+		for j, i := range live {
+			if errs[i] == nil && !parts[j].already && !yield(i, parts[j]) {
+				return
+			}
+		}
+	}
+
+	// Phase one: every part's fence and loads.
+	lb.QueuedQueries = append([]*pgx.QueuedQuery{{SQL: "BEGIN ISOLATION LEVEL READ COMMITTED"}}, lb.QueuedQueries...)
+	br := conn.SendBatch(ctx, &lb)
+	if _, err := br.Exec(); err != nil {
+		br.Close()
+		return false, fmt.Errorf("begin: %w", err)
+	}
+	for j, i := range live {
+		if err := s.readLoad(parts[j], br); err != nil {
+			errs[i] = interpretError(err)
+			if !errors.Is(err, ErrFenced) {
+				br.Close()
+				return true, nil // the database refused this part's statement: the transaction is lost
+			}
+		}
+	}
+	if err := br.Close(); err != nil {
+		return false, fmt.Errorf("load: %w", err)
+	}
+
+	// Phase two: the authorizations.
+	var ab pgx.Batch
+	type queued struct{ auths, recent bool }
+	q := map[int]queued{}
+	for i, p := range active {
+		q[i] = queued{queueLoadAuths(&ab, p.st, p.b.Needs), queueLoadRecent(&ab, p.b.Needs)}
+	}
+	if ab.Len() > 0 {
+		br := conn.SendBatch(ctx, &ab)
+		for i, p := range active {
+			var err error
+			if q[i].auths {
+				if err = readAuths(br, p.st); err != nil {
+					err = fmt.Errorf("load authorizations: %w", err)
+				}
+			}
+			if err == nil && q[i].recent {
+				if err = readRecent(br, p.st); err != nil {
+					err = fmt.Errorf("load recent authorizations: %w", err)
+				}
+			}
+			if err != nil {
+				br.Close()
+				errs[i] = interpretError(err)
+				return true, nil
+			}
+		}
+		if err := br.Close(); err != nil {
+			return false, fmt.Errorf("load authorizations: %w", err)
+		}
+	}
+
+	// Decide: a refusal here has written nothing.
+	for i, p := range active {
+		if err := p.decide(); err != nil {
+			errs[i] = interpretError(err)
+		}
+	}
+
+	// Phase three: every part's writes, each after declaring its partition.
+	var wb pgx.Batch
+	for _, p := range active {
+		wb.Queue(setPartitionSQL, p.b.Partition)
+		for _, qq := range p.w.batch.QueuedQueries {
+			wb.Queue(qq.SQL, qq.Arguments...)
+		}
+	}
+	if wb.Len() > 0 {
+		br := conn.SendBatch(ctx, &wb)
+		for i, p := range active {
+			_, err := br.Exec()
+			if err == nil {
+				err = p.readWrites(br)
+			}
+			if err != nil {
+				br.Close()
+				errs[i] = interpretError(err)
+				return true, nil
+			}
+		}
+		if err := br.Close(); err != nil {
+			return false, fmt.Errorf("write: %w", err)
+		}
+	}
+	for i, p := range active {
+		if p.b.BeforeCommit == nil {
+			continue
+		}
+		// The hook ends with its batch's owner too, not only with the
+		// transaction: a paused failpoint must not hold the others.
+		hookCtx, hookCancel := context.WithCancel(ctx)
+		stop := context.AfterFunc(reqs[i].ctx, hookCancel)
+		err := p.b.BeforeCommit(hookCtx)
+		stop()
+		hookCancel()
+		if err != nil {
+			errs[i] = interpretError(err)
+			return true, nil
+		}
+	}
+
+	done = true
+	tag, err := conn.Exec(ctx, "COMMIT")
+	if err != nil {
+		if errors.Is(interpretError(err), ErrRetryable) {
+			return false, err
+		}
+		return false, retry("commit_unknown", "commit outcome unknown: %v", err)
+	}
+	if tag.String() != "COMMIT" {
+		return false, fmt.Errorf("commit: PostgreSQL rolled the transaction back (%s)", tag)
+	}
+	for j, i := range live {
+		if errs[i] == nil {
+			outs[i] = parts[j].written()
+		}
+	}
+	return false, nil
+}
