@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -59,6 +60,11 @@ type Config struct {
 	// third system with this outbox.Config.MetadataMinAge (negative:
 	// franz-go's 5 s); with RelayRetryBackoff both apply to it.
 	RelayMetadataMinAge time.Duration
+	// ExpGroupCommit (experiment), when "off" or "in-flight=N", likewise
+	// adds the third system with group commit off (one PostgreSQL
+	// transaction per partition batch, as before issue 15) or with N group
+	// commits in flight per shard.
+	ExpGroupCommit string
 	// RelayRetryLog (diagnosis) counts the relay producers' franz-go retry
 	// messages in every latency level (debug logging: costs CPU).
 	RelayRetryLog bool
@@ -339,8 +345,8 @@ func (b *Bench) latencyLevels(ctx context.Context, main *variant, capacity, valu
 		lv.dur = time.Duration(c.LatencySecs) * time.Second
 		lv.valueBytes = int(math.Round(valueBytes))
 		order := []string{"mandated", "K2"}
-		if c.RelayRetryBackoff != 0 || c.RelayMetadataMinAge != 0 {
-			order = append(order, "mandated-retry-backoff")
+		if c.experiment() {
+			order = append(order, "mandated-experiment")
 		}
 		if i%2 == 1 {
 			slices.Reverse(order)
@@ -372,7 +378,7 @@ func (b *Bench) latencyLevels(ctx context.Context, main *variant, capacity, valu
 			switch sys {
 			case "K2":
 				b.res.LatencyK2 = append(b.res.LatencyK2, l)
-			case "mandated-retry-backoff":
+			case "mandated-experiment":
 				b.res.LatencyAlt = append(b.res.LatencyAlt, l)
 			default:
 				b.res.Latency = append(b.res.Latency, l)
@@ -539,4 +545,28 @@ func (a pgAdmin) xactCommitsOf(ctx context.Context, db string) int64 {
 func goTool(args ...string) (string, error) {
 	out, err := exec.Command("go", append([]string{"tool", "pprof"}, args...)...).CombinedOutput()
 	return string(out), err
+}
+
+// experiment reports whether the latency levels run a third system, mandated
+// with the experiment's settings.
+func (c Config) experiment() bool {
+	return c.RelayRetryBackoff != 0 || c.RelayMetadataMinAge != 0 || c.ExpGroupCommit != ""
+}
+
+// GroupCommitExperiment parses ExpGroupCommit: "off", or "in-flight=N".
+func (c Config) GroupCommitExperiment() (off bool, inFlight int, err error) {
+	switch v := c.ExpGroupCommit; {
+	case v == "":
+		return false, 0, nil
+	case v == "off":
+		return true, 0, nil
+	default:
+		n, ok := strings.CutPrefix(v, "in-flight=")
+		if ok {
+			if inFlight, err = strconv.Atoi(n); err == nil && inFlight > 0 {
+				return false, inFlight, nil
+			}
+		}
+		return false, 0, fmt.Errorf("--exp-group-commit %q: want off or in-flight=N (N > 0)", v)
+	}
 }

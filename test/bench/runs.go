@@ -416,8 +416,14 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 	defer deleteTopics(b.cfg.Brokers, t("proposals"), t("grants"), out, t("deadletter"))
 	mandated := lv.system != "K2"
 	var relayBackoff, relayMetaAge time.Duration
-	if lv.system == "mandated-retry-backoff" {
+	var noGroupCommit bool
+	var groupInFlight int
+	if lv.system == "mandated-experiment" {
 		relayBackoff, relayMetaAge = b.cfg.RelayRetryBackoff, b.cfg.RelayMetadataMinAge
+		var err error
+		if noGroupCommit, groupInFlight, err = b.cfg.GroupCommitExperiment(); err != nil {
+			return res, err
+		}
 	}
 	if mandated {
 		if err := b.pg.clone(ctx, v.template, db); err != nil {
@@ -522,7 +528,7 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 			Brokers: b.cfg.Brokers, DatabaseURL: b.pg.dbURL(db), Proposals: t("proposals"), Grants: t("grants"),
 			Decisions: out, DeadLetter: t("deadletter"), Group: "bench-" + id, TxnPrefix: "bench-" + id,
 			LogPath: filepath.Join(b.work, "serve-"+id+".log"), RelayRetryBackoff: relayBackoff, RelayMetadataMinAge: relayMetaAge,
-			RelayRetryLog: b.cfg.RelayRetryLog,
+			RelayRetryLog: b.cfg.RelayRetryLog, NoGroupCommit: noGroupCommit, GroupCommitsInFlight: groupInFlight,
 		})
 	} else {
 		ch, err = startChild(b.work, "txpipe-"+id, "txpipe", TxPipeConfig{Brokers: b.cfg.Brokers, In: t("proposals"), Out: out,
