@@ -1,0 +1,138 @@
+package outbox_test
+
+import (
+	"context"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/mandated/mandated/outbox"
+	"github.com/mandated/mandated/test/testenv"
+)
+
+// kafkaCounts counts the relay clients' Kafka requests by key and
+// franz-go's CONCURRENT_TRANSACTIONS retries (from its debug log).
+type kafkaCounts struct {
+	mu         sync.Mutex
+	requests   map[int16]int64
+	concurrent atomic.Int64
+}
+
+func newKafkaCounts() *kafkaCounts { return &kafkaCounts{requests: map[int16]int64{}} }
+
+func (k *kafkaCounts) OnBrokerWrite(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
+	if err != nil {
+		return
+	}
+	k.mu.Lock()
+	k.requests[key]++
+	k.mu.Unlock()
+}
+
+func (k *kafkaCounts) count(key kmsg.Key) int64 {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.requests[key.Int16()]
+}
+
+func (k *kafkaCounts) Level() kgo.LogLevel { return kgo.LogLevelDebug }
+
+func (k *kafkaCounts) Log(_ kgo.LogLevel, msg string, kv ...any) {
+	n := int64(strings.Count(msg, "CONCURRENT_TRANSACTIONS"))
+	for _, v := range kv {
+		if s, ok := v.(string); ok {
+			n += int64(strings.Count(s, "CONCURRENT_TRANSACTIONS"))
+		} else if e, ok := v.(error); ok {
+			n += int64(strings.Count(e.Error(), "CONCURRENT_TRANSACTIONS"))
+		}
+	}
+	k.concurrent.Add(n)
+}
+
+// counted makes a relay's clients count their requests in k.
+func counted(k *kafkaCounts, log bool) func(*outbox.Config) {
+	return func(c *outbox.Config) {
+		c.ClientHooks = func(string) []kgo.Hook { return []kgo.Hook{k} }
+		if log {
+			c.KafkaOpts = append(c.KafkaOpts, kgo.WithLogger(k))
+		}
+	}
+}
+
+// insertAll writes n rows to each of partitions in one PostgreSQL
+// transaction, as one commit of several partitions' batches would, and
+// returns each partition's next sequence.
+func (b *testBundle) insertAll(epochs map[int32]int64, n int) map[int32]int64 {
+	ctx := context.Background()
+	next := map[int32]int64{}
+	require.NoError(b.t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		for p, e := range epochs {
+			var first int64
+			if err := tx.QueryRow(ctx, `UPDATE mandated_partitions SET next_seq = next_seq + $2 WHERE partition = $1
+				RETURNING next_seq - $2`, p, n).Scan(&first); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO outbox (partition, seq, epoch, kind, record_key, payload, created_at)
+				SELECT $1, s, $2, 0, convert_to('acme/m', 'UTF8'), convert_to(repeat('x', 200), 'UTF8'), now()
+				FROM generate_series($3::bigint, $4::bigint) AS s`, p, e, first, first+int64(n)-1); err != nil {
+				return err
+			}
+			next[p] = first + int64(n)
+		}
+		return nil
+	}))
+	return next
+}
+
+// TestTheRelayTransactionsPerHundredRowsAtTwoHundredRowsPerSecond is a
+// measurement, not a check (MANDATED_RELAY_TXN_COUNT=1 runs it): 200 rows/s
+// over 8 partitions for 10 s, then the Kafka transactions (EndTxn) and
+// CONCURRENT_TRANSACTIONS retries the relay needed, per 100 rows.
+func TestTheRelayTransactionsPerHundredRowsAtTwoHundredRowsPerSecond(t *testing.T) {
+	if os.Getenv("MANDATED_RELAY_TXN_COUNT") == "" {
+		t.Skip("a measurement: MANDATED_RELAY_TXN_COUNT=1 runs it")
+	}
+	const partitions, rate, seconds = 8, 200, 10
+	b := setup(t, partitions)
+	epochs := map[int32]int64{}
+	for p := range int32(partitions) {
+		epochs[p] = b.claim(p)
+	}
+	k := newKafkaCounts()
+	var resumed atomic.Int64
+	r := b.relay(counted(k, true), func(c *outbox.Config) {
+		c.Test.OnResumed = func(int32, int64) { resumed.Add(1) }
+	})
+	for p := range int32(partitions) {
+		r.Assigned(p, epochs[p])
+	}
+	testenv.WaitFor(t, time.Minute, func() bool { return resumed.Load() >= partitions }, "every partition resumed")
+	endBefore, produceBefore, concBefore := k.count(kmsg.EndTxn), k.count(kmsg.Produce), k.concurrent.Load()
+	tick := time.NewTicker(time.Second / rate)
+	defer tick.Stop()
+	var last [partitions]int64
+	for i := range rate * seconds {
+		<-tick.C
+		p := int32(i % partitions)
+		_, last[p] = b.insert(p, epochs[p], 1, 200)
+		r.Committed(p, epochs[p], last[p]+1)
+	}
+	for p := range int32(partitions) {
+		testenv.WaitFor(t, time.Minute, func() bool { return int64(b.received.count(p)) >= last[p] }, "published")
+	}
+	ends, produces, conc := k.count(kmsg.EndTxn)-endBefore, k.count(kmsg.Produce)-produceBefore, k.concurrent.Load()-concBefore
+	rows := float64(rate * seconds)
+	t.Logf("%d rows over %d partitions in %d s: %d EndTxn (%.1f per 100 rows), %d Produce (%.1f per 100 rows), %d CONCURRENT_TRANSACTIONS retries",
+		rate*seconds, partitions, seconds, ends, float64(ends)*100/rows, produces, float64(produces)*100/rows, conc)
+	for p := range int32(partitions) {
+		b.received.requireExactlyOnceInOrder(t, p, 1, last[p])
+	}
+}
