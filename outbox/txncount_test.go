@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -95,11 +96,26 @@ func (b *testBundle) insertAll(epochs map[int32]int64, n int) map[int32]int64 {
 // TestTheRelayTransactionsPerHundredRowsAtTwoHundredRowsPerSecond is a
 // measurement, not a check (MANDATED_RELAY_TXN_COUNT=1 runs it): 200 rows/s
 // over 8 partitions for 10 s, then the Kafka transactions (EndTxn) and
-// CONCURRENT_TRANSACTIONS retries the relay needed, per 100 rows.
+// CONCURRENT_TRANSACTIONS retries the relay needed, per 100 rows, and the
+// time from a row's insert to OnPublished (which comes after the relay's
+// PostgreSQL mark), with the default MinTxnInterval, 5 ms and none.
 func TestTheRelayTransactionsPerHundredRowsAtTwoHundredRowsPerSecond(t *testing.T) {
 	if os.Getenv("MANDATED_RELAY_TXN_COUNT") == "" {
 		t.Skip("a measurement: MANDATED_RELAY_TXN_COUNT=1 runs it")
 	}
+	for _, interval := range []time.Duration{0, 5 * time.Millisecond, -1} {
+		name := "min-txn-interval-" + interval.String()
+		switch {
+		case interval == 0:
+			name = "min-txn-interval-default"
+		case interval < 0:
+			name = "min-txn-interval-off"
+		}
+		t.Run(name, func(t *testing.T) { measureTransactions(t, interval) })
+	}
+}
+
+func measureTransactions(t *testing.T, interval time.Duration) {
 	const partitions, rate, seconds = 8, 200, 10
 	b := setup(t, partitions)
 	epochs := map[int32]int64{}
@@ -108,8 +124,22 @@ func TestTheRelayTransactionsPerHundredRowsAtTwoHundredRowsPerSecond(t *testing.
 	}
 	k := newKafkaCounts()
 	var resumed atomic.Int64
+	var mu sync.Mutex
+	inserted := map[[2]int64]time.Time{}
+	var waits []time.Duration
 	r := b.relay(counted(k, true), func(c *outbox.Config) {
+		c.MinTxnInterval = interval
 		c.Test.OnResumed = func(int32, int64) { resumed.Add(1) }
+		c.Test.OnPublished = func(p int32, first, last int64) {
+			now := time.Now()
+			mu.Lock()
+			defer mu.Unlock()
+			for s := first; s <= last; s++ {
+				if at, ok := inserted[[2]int64{int64(p), s}]; ok {
+					waits = append(waits, now.Sub(at))
+				}
+			}
+		}
 	})
 	for p := range int32(partitions) {
 		r.Assigned(p, epochs[p])
@@ -122,7 +152,11 @@ func TestTheRelayTransactionsPerHundredRowsAtTwoHundredRowsPerSecond(t *testing.
 	for i := range rate * seconds {
 		<-tick.C
 		p := int32(i % partitions)
+		at := time.Now()
 		_, last[p] = b.insert(p, epochs[p], 1, 200)
+		mu.Lock()
+		inserted[[2]int64{int64(p), last[p]}] = at
+		mu.Unlock()
 		r.Committed(p, epochs[p], last[p]+1)
 	}
 	for p := range int32(partitions) {
@@ -130,6 +164,14 @@ func TestTheRelayTransactionsPerHundredRowsAtTwoHundredRowsPerSecond(t *testing.
 	}
 	ends, produces, conc := k.count(kmsg.EndTxn)-endBefore, k.count(kmsg.Produce)-produceBefore, k.concurrent.Load()-concBefore
 	rows := float64(rate * seconds)
+	mu.Lock()
+	slices.Sort(waits)
+	if len(waits) > 0 {
+		t.Logf("row inserted → published (OnPublished), %d rows: p50 %s, p99 %s, max %s", len(waits),
+			waits[len(waits)/2].Round(100*time.Microsecond), waits[len(waits)*99/100].Round(100*time.Microsecond),
+			waits[len(waits)-1].Round(100*time.Microsecond))
+	}
+	mu.Unlock()
 	t.Logf("%d rows over %d partitions in %d s: %d EndTxn (%.1f per 100 rows), %d Produce (%.1f per 100 rows), %d CONCURRENT_TRANSACTIONS retries",
 		rate*seconds, partitions, seconds, ends, float64(ends)*100/rows, produces, float64(produces)*100/rows, conc)
 	for p := range int32(partitions) {
