@@ -8,10 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/plugin/kprom"
 
 	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/test/testenv"
@@ -209,4 +212,49 @@ func TestTwoRelayProcessesRacingForPartitionsThatMoveUnderLoadWithAPausedFormerO
 	fenced := testutil.ToFloat64(metrics[0].Fenced) + testutil.ToFloat64(metrics[1].Fenced)
 	require.GreaterOrEqual(t, fenced, float64(pauses), "every paused former owner was fenced when it woke")
 	t.Logf("%d moves, %d with the former owner paused; fenced %v times", moves, pauses, fenced)
+}
+
+// The daemon's metrics hooks (kprom, one set per client id, registered
+// while the client is open) see every client the relay opens, the
+// throwaway ones that fence a predecessor included: a takeover of every
+// partition at once fences concurrently, and must not open two clients
+// with one id.
+func TestATakeoverOfEveryPartitionAtOnceWithTheDaemonsKafkaMetricsHooksPublishesEachSequenceOnce(t *testing.T) {
+	t.Parallel()
+	const partitions = 4
+	b := setup(t, partitions)
+	reg := prometheus.NewRegistry()
+	hooks := func(c *outbox.Config) {
+		c.ClientHooks = func(string) []kgo.Hook {
+			return []kgo.Hook{kprom.NewMetrics("mandated_kafka", kprom.Registerer(reg), kprom.WithClientLabel())}
+		}
+	}
+	epochs := map[int32]int64{}
+	for p := range int32(partitions) {
+		epochs[p] = b.claim(p)
+		b.insert(p, epochs[p], 20, 100)
+	}
+	first := b.relay(hooks)
+	for p := range int32(partitions) {
+		first.Assigned(p, epochs[p])
+	}
+	for p := range int32(partitions) {
+		testenv.WaitFor(t, time.Minute, func() bool { return b.received.count(p) >= 20 }, "the first owner publishes")
+	}
+	var resumed atomic.Int64
+	second := b.relay(hooks, func(c *outbox.Config) { c.Test.OnResumed = func(int32, int64) { resumed.Add(1) } })
+	for p := range int32(partitions) {
+		epochs[p] = b.claim(p)
+		first.Revoked(p)
+		second.Assigned(p, epochs[p])
+	}
+	testenv.WaitFor(t, time.Minute, func() bool { return resumed.Load() == partitions }, "the second owner resumed every partition")
+	for p := range int32(partitions) {
+		b.insert(p, epochs[p], 10, 100)
+		second.Committed(p, epochs[p], 31)
+	}
+	for p := range int32(partitions) {
+		testenv.WaitFor(t, time.Minute, func() bool { return b.received.count(p) >= 30 }, "the second owner publishes")
+		b.received.requireExactlyOnceInOrder(t, p, 1, 30)
+	}
 }

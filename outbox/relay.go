@@ -78,6 +78,9 @@ type Relay struct {
 	log     zerolog.Logger
 	metrics *Metrics
 	txnID   string
+	// clientID names the producer's client ("mandated-relay-<random>", the
+	// random part of txnID): metrics hooks register one set per client id.
+	clientID string
 
 	mu      sync.Mutex
 	parts   map[int32]*part
@@ -114,8 +117,9 @@ func NewSharded(cfg Config, route func(partition int32) *pgxpool.Pool, all []*pg
 	txnID := fmt.Sprintf("%s.%s.proc.%s", cfg.TransactionalIDPrefix, cfg.DecisionsTopic, hex.EncodeToString(nonce[:]))
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Relay{cfg: cfg, st: store{pool: route, all: all}, metrics: m, txnID: txnID,
-		log:   log.With().Str("component", "relay").Str("transactional_id", txnID).Logger(),
-		parts: map[int32]*part{}, wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel,
+		clientID: "mandated-relay-" + hex.EncodeToString(nonce[:]),
+		log:      log.With().Str("component", "relay").Str("transactional_id", txnID).Logger(),
+		parts:    map[int32]*part{}, wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel,
 		stats: make(chan struct{}), done: make(chan struct{})}
 	r.wg.Add(2)
 	go func() { defer r.wg.Done(); r.statsLoop() }()
@@ -341,7 +345,7 @@ func (r *Relay) client(id, clientID string) (*kgo.Client, error) {
 func (r *Relay) session() (progressed bool, err error) {
 	cfg := r.cfg
 	ctx := r.ctx
-	cl, err := r.client(r.txnID, "mandated-relay")
+	cl, err := r.client(r.txnID, r.clientID)
 	if err != nil {
 		return false, fmt.Errorf("relay client: %w", err)
 	}
@@ -530,8 +534,11 @@ func (r *Relay) admitOne(ctx context.Context, ps *part) (bool, error) {
 		return false, nil // another relay took the publishing of this epoch over
 	}
 	if !own {
-		for _, id := range r.predecessors(ps, cur) {
-			if err := r.fence(ctx, id); err != nil {
+		for i, id := range r.predecessors(ps, cur) {
+			// A client id of its own: metrics hooks (kprom) register one
+			// set per client id, and admissions run concurrently.
+			clientID := fmt.Sprintf("%s-fence-p%d-e%d-%d", r.clientID, ps.partition, ps.epoch, i)
+			if err := r.fence(ctx, id, clientID); err != nil {
 				r.metrics.PublishErrors.WithLabelValues("resume").Inc()
 				return false, fmt.Errorf("fence the previous publisher %s: %w", id, err)
 			}
@@ -591,8 +598,8 @@ func (r *Relay) predecessors(ps *part, cur publisherState) []string {
 // fence initializes id's producer with a throwaway client: the broker
 // aborts id's open transaction (or waits for the one being committed) and
 // bumps its epoch, so its producer can commit nothing more.
-func (r *Relay) fence(ctx context.Context, id string) error {
-	cl, err := r.client(id, "mandated-relay-fence")
+func (r *Relay) fence(ctx context.Context, id, clientID string) error {
+	cl, err := r.client(id, clientID)
 	if err != nil {
 		return err
 	}

@@ -95,7 +95,8 @@ func (b *testBundle) insertAll(epochs map[int32]int64, n int) map[int32]int64 {
 
 // TestTheRelayTransactionsPerHundredRowsAtTwoHundredRowsPerSecond is a
 // measurement, not a check (MANDATED_RELAY_TXN_COUNT=1 runs it): 200 rows/s
-// over 8 partitions for 10 s, then the Kafka transactions (EndTxn) and
+// over 8 partitions for 10 s (and 2 000 rows/s, eight rows per commit as a
+// partition's batch would), then the Kafka transactions (EndTxn) and
 // CONCURRENT_TRANSACTIONS retries the relay needed, per 100 rows, and the
 // time from a row's insert to OnPublished (which comes after the relay's
 // PostgreSQL mark), with the default MinTxnInterval, 5 ms and none.
@@ -103,20 +104,27 @@ func TestTheRelayTransactionsPerHundredRowsAtTwoHundredRowsPerSecond(t *testing.
 	if os.Getenv("MANDATED_RELAY_TXN_COUNT") == "" {
 		t.Skip("a measurement: MANDATED_RELAY_TXN_COUNT=1 runs it")
 	}
-	for _, interval := range []time.Duration{0, 5 * time.Millisecond, -1} {
-		name := "min-txn-interval-" + interval.String()
-		switch {
-		case interval == 0:
-			name = "min-txn-interval-default"
-		case interval < 0:
-			name = "min-txn-interval-off"
+	for _, load := range []struct {
+		name      string
+		perCommit int
+	}{{"200-rows-per-s-one-row-per-commit", 1}, {"2000-rows-per-s-eight-rows-per-commit", 8}} {
+		for _, interval := range []time.Duration{0, 5 * time.Millisecond, -1} {
+			name := "min-txn-interval-" + interval.String()
+			switch {
+			case interval == 0:
+				name = "min-txn-interval-default"
+			case interval < 0:
+				name = "min-txn-interval-off"
+			}
+			t.Run(load.name+"/"+name, func(t *testing.T) { measureTransactions(t, interval, load.perCommit) })
 		}
-		t.Run(name, func(t *testing.T) { measureTransactions(t, interval) })
 	}
 }
 
-func measureTransactions(t *testing.T, interval time.Duration) {
-	const partitions, rate, seconds = 8, 200, 10
+// measureTransactions commits perCommit rows of one partition every 5 ms
+// (partitions in turn) for 10 s.
+func measureTransactions(t *testing.T, interval time.Duration, perCommit int) {
+	const partitions, commits, seconds = 8, 200, 10
 	b := setup(t, partitions)
 	epochs := map[int32]int64{}
 	for p := range int32(partitions) {
@@ -127,6 +135,7 @@ func measureTransactions(t *testing.T, interval time.Duration) {
 	var mu sync.Mutex
 	inserted := map[[2]int64]time.Time{}
 	var waits []time.Duration
+	var slots int64 // OnPublished calls: a partition in a transaction, one marker each
 	r := b.relay(counted(k, true), func(c *outbox.Config) {
 		c.MinTxnInterval = interval
 		c.Test.OnResumed = func(int32, int64) { resumed.Add(1) }
@@ -134,6 +143,7 @@ func measureTransactions(t *testing.T, interval time.Duration) {
 			now := time.Now()
 			mu.Lock()
 			defer mu.Unlock()
+			slots++
 			for s := first; s <= last; s++ {
 				if at, ok := inserted[[2]int64{int64(p), s}]; ok {
 					waits = append(waits, now.Sub(at))
@@ -146,16 +156,22 @@ func measureTransactions(t *testing.T, interval time.Duration) {
 	}
 	testenv.WaitFor(t, time.Minute, func() bool { return resumed.Load() >= partitions }, "every partition resumed")
 	endBefore, produceBefore, concBefore := k.count(kmsg.EndTxn), k.count(kmsg.Produce), k.concurrent.Load()
-	tick := time.NewTicker(time.Second / rate)
+	mu.Lock()
+	slots = 0
+	mu.Unlock()
+	tick := time.NewTicker(time.Second / commits)
 	defer tick.Stop()
 	var last [partitions]int64
-	for i := range rate * seconds {
+	for i := range commits * seconds {
 		<-tick.C
 		p := int32(i % partitions)
 		at := time.Now()
-		_, last[p] = b.insert(p, epochs[p], 1, 200)
+		var first int64
+		first, last[p] = b.insert(p, epochs[p], perCommit, 200)
 		mu.Lock()
-		inserted[[2]int64{int64(p), last[p]}] = at
+		for s := first; s <= last[p]; s++ {
+			inserted[[2]int64{int64(p), s}] = at
+		}
 		mu.Unlock()
 		r.Committed(p, epochs[p], last[p]+1)
 	}
@@ -163,8 +179,9 @@ func measureTransactions(t *testing.T, interval time.Duration) {
 		testenv.WaitFor(t, time.Minute, func() bool { return int64(b.received.count(p)) >= last[p] }, "published")
 	}
 	ends, produces, conc := k.count(kmsg.EndTxn)-endBefore, k.count(kmsg.Produce)-produceBefore, k.concurrent.Load()-concBefore
-	rows := float64(rate * seconds)
+	rows := float64(commits * seconds * perCommit)
 	mu.Lock()
+	t.Logf("%d partition slots in transactions (one commit marker each): %.1f per 100 rows", slots, float64(slots)*100/rows)
 	slices.Sort(waits)
 	if len(waits) > 0 {
 		t.Logf("row inserted → published (OnPublished), %d rows: p50 %s, p99 %s, max %s", len(waits),
@@ -173,7 +190,7 @@ func measureTransactions(t *testing.T, interval time.Duration) {
 	}
 	mu.Unlock()
 	t.Logf("%d rows over %d partitions in %d s: %d EndTxn (%.1f per 100 rows), %d Produce (%.1f per 100 rows), %d CONCURRENT_TRANSACTIONS retries",
-		rate*seconds, partitions, seconds, ends, float64(ends)*100/rows, produces, float64(produces)*100/rows, conc)
+		int(rows), partitions, seconds, ends, float64(ends)*100/rows, produces, float64(produces)*100/rows, conc)
 	for p := range int32(partitions) {
 		b.received.requireExactlyOnceInOrder(t, p, 1, last[p])
 	}
