@@ -245,10 +245,14 @@ func TestATakeoverOfEveryPartitionAtOnceWithTheDaemonsKafkaMetricsHooksPublishes
 	second := b.relay(hooks, func(c *outbox.Config) { c.Test.OnResumed = func(int32, int64) { resumed.Add(1) } })
 	for p := range int32(partitions) {
 		epochs[p] = b.claim(p)
+	}
+	start := time.Now()
+	for p := range int32(partitions) {
 		first.Revoked(p)
 		second.Assigned(p, epochs[p])
 	}
 	testenv.WaitFor(t, time.Minute, func() bool { return resumed.Load() == partitions }, "the second owner resumed every partition")
+	t.Logf("%d partitions taken over (the predecessor fenced) and resumed in %s", partitions, time.Since(start).Round(time.Millisecond))
 	for p := range int32(partitions) {
 		b.insert(p, epochs[p], 10, 100)
 		second.Committed(p, epochs[p], 31)
