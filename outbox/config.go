@@ -13,7 +13,7 @@ const (
 	DecisionsTopicDefault     = "mandate.decisions"
 	DeadLetterTopicDefault    = "mandate.deadletter"
 	TransactionalIDDefault    = "mandated-relay"
-	MaxRowsDefault            = 500
+	MaxRowsDefault            = 2000
 	IdlePollDefault           = time.Second
 	TransactionTimeoutDefault = 10 * time.Second
 	HousekeepBatchDefault     = 1000
@@ -47,7 +47,9 @@ type Config struct {
 	// MaxRows caps the rows published in one Kafka transaction, all
 	// partitions together: each owned partition gets its share first, and
 	// what quiet partitions leave goes to busy ones. Defaults to
-	// MaxRowsDefault.
+	// MaxRowsDefault (2000: with one transaction per process, 500 drained
+	// a 100 000-row backlog over 4 partitions slower than the earlier
+	// relay's 500 per partition did).
 	MaxRows int
 	// IdlePoll bounds how long committed rows can wait when an in-memory
 	// wake-up is missed. Defaults to IdlePollDefault.

@@ -820,6 +820,11 @@ func (r *Relay) recordAll(ctx context.Context, held []*part, done []span, idle b
 	}
 }
 
+// tailWindow is how many offsets resume reads back from a partition's end
+// first (a few transactions' worth; TailSequence widens it 4× at a time
+// until it finds a record).
+const tailWindow = 2048
+
 // resume finds the last published sequence: the higher of what PostgreSQL
 // recorded and what the decisions and dead-letter topics hold committed.
 func (r *Relay) resume(ctx context.Context, partition int32) (int64, error) {
@@ -828,10 +833,9 @@ func (r *Relay) resume(ctx context.Context, partition int32) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("read published sequence: %w", err)
 	}
-	window := int64(4 * (cfg.MaxRows + 1))
 	for _, topic := range []string{cfg.DecisionsTopic, cfg.DeadLetterTopic} {
 		tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		seq, found, err := TailSequence(tctx, cfg.Brokers, cfg.KafkaOpts, topic, partition, window)
+		seq, found, err := TailSequence(tctx, cfg.Brokers, cfg.KafkaOpts, topic, partition, tailWindow)
 		cancel()
 		if err != nil {
 			return 0, fmt.Errorf("read the tail of %s/%d: %w", topic, partition, err)

@@ -100,7 +100,7 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.maxRecordBytes, "max-record-bytes", wire.MaxRecordBytesDefault, "largest command record decoded")
 	fs.DurationVar(&c.sessionTimeout, "session-timeout", processor.SessionTimeoutDefault, "consumer group session timeout (classic protocol; with the consumer protocol the broker's group.consumer.session.timeout.ms applies)")
 	fs.DurationVar(&c.rebalanceTimeout, "rebalance-timeout", processor.RebalanceTimeoutDefault, "consumer group rebalance timeout")
-	fs.IntVar(&c.relayMaxRows, "relay-max-rows", outbox.MaxRowsDefault, "most outbox rows in one Kafka transaction")
+	fs.IntVar(&c.relayMaxRows, "relay-max-rows", outbox.MaxRowsDefault, "most outbox rows in one Kafka transaction (all the partitions of the process together)")
 	fs.DurationVar(&c.relayIdlePoll, "relay-idle-poll", outbox.IdlePollDefault, "relay poll interval when no commit woke it")
 	fs.DurationVar(&c.relayTxnTimeout, "relay-transaction-timeout", outbox.TransactionTimeoutDefault, "Kafka transaction timeout of the relay")
 	fs.DurationVar(&c.relayLinger, "relay-linger", 0, "relay producer linger (the relay batches per transaction itself)")
