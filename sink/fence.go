@@ -44,7 +44,11 @@ func (s *Sink) ensureLayout(ctx context.Context, n int32) error {
 		s.count = n // checked by the first claim, once the shard answers
 		return nil
 	}
-	return s.recordLayout(ctx, n)
+	if err := s.recordLayout(ctx, n); err != nil {
+		return err
+	}
+	s.count = n // every claim checks it again (repartition.go)
+	return nil
 }
 
 func (s *Sink) recordLayout(ctx context.Context, n int32) error {
@@ -127,6 +131,9 @@ func (s *Sink) Claim(ctx context.Context, partition int32, owner string) (Claim,
 	if err := s.setUpLate(ctx); err != nil {
 		return Claim{}, fmt.Errorf("sink: claim partition %d: set up shard %s: %w", partition, s.shard.Name, err)
 	}
+	s.setupMu.Lock()
+	count := s.count
+	s.setupMu.Unlock()
 	start := time.Now()
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
@@ -148,6 +155,9 @@ func (s *Sink) Claim(ctx context.Context, partition int32, owner string) (Claim,
 		c.Partition = partition
 		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, s.cfg.ClaimTimeout.Milliseconds())); err != nil {
+				return err
+			}
+			if err := checkPartitionCount(ctx, tx, count); err != nil {
 				return err
 			}
 			return tx.QueryRow(ctx, `INSERT INTO mandated_partitions (partition, epoch, owner) VALUES ($1, 1, $2)

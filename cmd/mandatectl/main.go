@@ -8,7 +8,7 @@
 // and topic flags, each also read from the same MANDATED_* environment
 // variable (--brokers is MANDATED_BROKERS), so it runs unchanged inside a
 // mandated pod or next to the compose stack. Its database queries run in
-// read-only transactions, except migrate and org-settings set.
+// read-only transactions, except migrate, org-settings set and repartition.
 //
 // Exit codes: 0 success (for a command: reserved, granted, executing,
 // committed, cancelled, revoked or replayed), 1 a refusal or an operational
@@ -116,6 +116,7 @@ func commands() map[string]command {
 		"grantor-keys":   {"grantor signing keys and each org's grant_signing (generate, add, revoke, list, require, relax)", groups[0], runGrantorKeys},
 		"verify":         {"prove the decisions' hash chain and find drift from PostgreSQL", groups[2], runVerify},
 		"tokens":         {"create, revoke or list the HTTP gateway's per-org bearer tokens", groups[0], runTokens},
+		"repartition":    {"change the partition count (fenced, drained, one transaction; then the topics grow)", groups[2], runRepartition},
 	}
 }
 

@@ -137,6 +137,9 @@ func (rb *rebuild) compare(s *snapshot, complete bool) []Drift {
 	}
 	slices.Sort(keys)
 	for _, k := range keys {
+		if s.MovedAway[k] {
+			continue // it lives on another partition now: compared there
+		}
 		m := rb.mandates[k]
 		db, ok := s.Mandates[k]
 		if !ok {
@@ -188,7 +191,7 @@ func (rb *rebuild) compare(s *snapshot, complete bool) []Drift {
 	if complete {
 		var extra []Drift
 		for k := range s.Mandates {
-			if rb.mandates[k] == nil {
+			if rb.mandates[k] == nil && !s.MovedIn[k] {
 				extra = append(extra, Drift{Kind: "database", Mandate: k, Field: "mandate", History: "missing", Database: "exists", Decision: "(none)"})
 			}
 		}
@@ -200,7 +203,7 @@ func (rb *rebuild) compare(s *snapshot, complete bool) []Drift {
 					break
 				}
 			}
-			if m := rb.mandates[mk]; m != nil && m.auths[id] == nil {
+			if m := rb.mandates[mk]; m != nil && m.auths[id] == nil && !s.MovedIn[mk] {
 				extra = append(extra, Drift{Kind: "database", Mandate: mk, Authorization: id, Field: "authorization",
 					History: "missing", Database: fmt.Sprintf("%s v%d", da.State, da.Version), Decision: "(none)"})
 			}

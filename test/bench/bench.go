@@ -27,10 +27,15 @@ type Config struct {
 	Pgbench      string   // the pgbench binary
 	Quick        bool
 
+	// AdminURL2 and PGDataDir2 are the bench's second PostgreSQL server:
+	// shard b of the 2-shard S1. Empty AdminURL2: no 1 vs 2 shards pair.
+	AdminURL2  string
+	PGDataDir2 string
+
 	Partitions    int32 // partitions of the S1 baseline
 	Records       int   // proposals drained per burn-down
 	Rounds        int   // rounds of K1 P1 P2 S1 S1-1M (each a set of pairs)
-	ScalingPairs  int   // pairs of 4 vs 64 partitions and of zipf 1 k vs 1 M
+	ScalingPairs  int   // pairs of 4 vs 64 partitions, of zipf 1 k vs 1 M and of 1 vs 2 shards
 	SmallMandates int
 	LargeMandates int
 	PgbenchSecs   int
@@ -58,7 +63,8 @@ type Config struct {
 	// messages in every latency level (debug logging: costs CPU).
 	RelayRetryLog bool
 	// StopAfter (debugging): "calibration" or "latency" end the run early,
-	// "experiments" runs only the PostgreSQL-alone experiments,
+	// "experiments" runs only the PostgreSQL-alone experiments, "shards"
+	// only the 1 vs 2 shards pairs (and sets up only their variants),
 	// "repeat:<variant>" runs one variant's burn-down Rounds times.
 	StopAfter string
 }
@@ -86,6 +92,19 @@ type variant struct {
 	proposals  string
 	grants     string
 	template   string
+	// shards, when set, spread the partitions over databases (the 2-shard
+	// S1); template is then unused.
+	shards []benchShard
+}
+
+// benchShard is one shard of a sharded variant: a partition range on one
+// of the bench's PostgreSQL servers, with a template holding only the rows
+// of those partitions.
+type benchShard struct {
+	name        string // the shard map's name
+	first, last int32
+	pg          pgAdmin
+	template    string
 }
 
 // Bench is one run.
@@ -99,6 +118,11 @@ type Bench struct {
 	seq   int
 	stmts map[string]string
 
+	// pg2 is the second PostgreSQL server (url "" when there is none) and
+	// postmaster2 its postmaster's pid, sampled by the runs that use it.
+	pg2         pgAdmin
+	postmaster2 int
+
 	variants map[string]*variant
 	res      *Result
 	started  time.Time
@@ -111,7 +135,7 @@ func (b *Bench) logf(format string, args ...any) {
 // Run runs the whole benchmark and writes the report. It returns the
 // directory the report is in.
 func Run(ctx context.Context, cfg Config) (string, error) {
-	b := &Bench{cfg: cfg, pg: pgAdmin{cfg.AdminURL}, started: time.Now(), variants: map[string]*variant{}}
+	b := &Bench{cfg: cfg, pg: pgAdmin{cfg.AdminURL}, pg2: pgAdmin{cfg.AdminURL2}, started: time.Now(), variants: map[string]*variant{}}
 	b.run = time.Now().UTC().Format("0102150405")
 	b.work = filepath.Join(cfg.WorkDir, b.run)
 	if err := os.MkdirAll(b.work, 0o755); err != nil {
@@ -123,6 +147,11 @@ func Run(ctx context.Context, cfg Config) (string, error) {
 	}
 	if b.cpu.postmasterPID, err = readPIDFile(filepath.Join(cfg.PGDataDir, "postmaster.pid")); err != nil {
 		return "", fmt.Errorf("postmaster pid: %w", err)
+	}
+	if cfg.AdminURL2 != "" {
+		if b.postmaster2, err = readPIDFile(filepath.Join(cfg.PGDataDir2, "postmaster.pid")); err != nil {
+			return "", fmt.Errorf("second postmaster pid: %w", err)
+		}
 	}
 	if b.stmts, err = sinkStatements(cfg.RepoRoot); err != nil {
 		return "", err
@@ -156,6 +185,9 @@ func (b *Bench) all(ctx context.Context) error {
 	main := b.variants["s1"]
 	if name, ok := strings.CutPrefix(c.StopAfter, "repeat:"); ok {
 		return b.repeat(ctx, name)
+	}
+	if c.StopAfter == "shards" {
+		return b.shardPairs(ctx)
 	}
 
 	b.logf("calibration: one S1 burn-down (warms the broker's JIT and measures batch and decision sizes)")
@@ -261,6 +293,9 @@ func (b *Bench) all(ctx context.Context) error {
 			}
 		}
 		b.res.Skew = append(b.res.Skew, pair)
+	}
+	if err := b.shardPairs(ctx); err != nil {
+		return err
 	}
 
 	capacity := median(b.res.s1Rates())
@@ -370,6 +405,9 @@ func (b *Bench) setup(ctx context.Context) error {
 		{"zipf-1k", c.Partitions, c.SmallMandates, "zipf"},
 		{"zipf-1m", c.Partitions, c.LargeMandates, "zipf"},
 	}
+	if c.StopAfter == "shards" {
+		defs = defs[:1]
+	}
 	templates := map[string]bool{}
 	for _, d := range defs {
 		v := &variant{name: d.name, partitions: d.partitions, mandates: d.mandates, dist: d.dist,
@@ -398,7 +436,10 @@ func (b *Bench) setup(ctx context.Context) error {
 		}
 		b.logf("preloaded %d proposals into %s (%s over %d mandates) in %.1fs", c.Records, v.proposals, v.dist, v.mandates, time.Since(t).Seconds())
 	}
-	if c.K1Records > c.Records {
+	if err := b.setupShards(ctx); err != nil {
+		return err
+	}
+	if c.K1Records > c.Records && c.StopAfter != "shards" {
 		main := b.variants["s1"]
 		v := &variant{name: "k1", partitions: main.partitions, mandates: main.mandates, dist: main.dist,
 			proposals: fmt.Sprintf("bench.%s.k1.proposals", b.run), grants: fmt.Sprintf("bench.%s.k1.grants", b.run), template: main.template}
@@ -421,8 +462,14 @@ func (b *Bench) Cleanup() {
 	var topics []string
 	seen := map[string]bool{}
 	for _, v := range b.variants {
-		topics = append(topics, v.proposals, v.grants)
-		if !seen[v.template] {
+		if !seen[v.proposals] {
+			seen[v.proposals] = true
+			topics = append(topics, v.proposals, v.grants)
+		}
+		for _, sh := range v.shards {
+			_ = sh.pg.drop(ctx, sh.template)
+		}
+		if v.shards == nil && !seen[v.template] {
 			seen[v.template] = true
 			_ = b.pg.drop(ctx, v.template)
 		}
@@ -476,13 +523,15 @@ func (b *Bench) nextID(name string) string {
 	return fmt.Sprintf("%s_%d", strings.ReplaceAll(name, "-", "_"), b.seq)
 }
 
-func (b *Bench) xactCommits(ctx context.Context, db string) int64 {
-	conn, err := pgx.Connect(ctx, b.pg.url)
+// xactCommitsOf is a database's pg_stat_database.xact_commit, 0 when it
+// cannot be read.
+func (a pgAdmin) xactCommitsOf(ctx context.Context, db string) int64 {
+	conn, err := pgx.Connect(ctx, a.url)
 	if err != nil {
 		return 0
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	n, _ := b.pg.xactCommits(ctx, conn, db)
+	n, _ := a.xactCommits(ctx, conn, db)
 	return n
 }
 

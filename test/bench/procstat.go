@@ -48,20 +48,28 @@ type CPUSample struct {
 	Broker   float64 `json:"broker"`
 	Postgres float64 `json:"postgres"` // postmaster, every backend and exited ones
 	Bench    float64 `json:"bench"`    // this process: load generator and counters
+	// Postgres2 is the second PostgreSQL server (shard b), the same way;
+	// sampled only for the runs that use it (the 2-shard S1).
+	Postgres2 float64 `json:"postgres_2,omitempty"`
 }
 
 // Sub returns s - o.
 func (s CPUSample) Sub(o CPUSample) CPUSample {
-	return CPUSample{s.Mandated - o.Mandated, s.Broker - o.Broker, s.Postgres - o.Postgres, s.Bench - o.Bench}
+	return CPUSample{Mandated: s.Mandated - o.Mandated, Broker: s.Broker - o.Broker, Postgres: s.Postgres - o.Postgres,
+		Postgres2: s.Postgres2 - o.Postgres2, Bench: s.Bench - o.Bench}
 }
 
-// System is the CPU of the system under test: mandated, broker, PostgreSQL.
-func (s CPUSample) System() float64 { return s.Mandated + s.Broker + s.Postgres }
+// System is the CPU of the system under test: mandated, broker, PostgreSQL
+// (both servers when there are two).
+func (s CPUSample) System() float64 { return s.Mandated + s.Broker + s.Postgres + s.Postgres2 }
 
 // cpuWatch knows the pids to read.
 type cpuWatch struct {
 	brokerPID     int
 	postmasterPID int
+	// postmaster2PID is the second PostgreSQL's; zero: not sampled (the
+	// runs on one database leave it idle, and its idle CPU is nobody's).
+	postmaster2PID int
 }
 
 func (w cpuWatch) sample(childPID int) CPUSample {
@@ -71,24 +79,37 @@ func (w cpuWatch) sample(childPID int) CPUSample {
 	}
 	_, s.Broker, _, _ = procTimes(w.brokerPID)
 	_, s.Bench, _, _ = procTimes(os.Getpid())
-	if w.postmasterPID > 0 {
-		_, self, kids, err := procTimes(w.postmasterPID)
-		if err == nil {
-			s.Postgres = self + kids
-		}
+	if w.postmasterPID > 0 || w.postmaster2PID > 0 {
 		ents, _ := os.ReadDir("/proc")
-		for _, e := range ents {
-			pid, err := strconv.Atoi(e.Name())
-			if err != nil {
-				continue
-			}
-			ppid, self, _, err := procTimes(pid)
-			if err == nil && ppid == w.postmasterPID {
-				s.Postgres += self
-			}
-		}
+		s.Postgres = postgresCPU(w.postmasterPID, ents)
+		s.Postgres2 = postgresCPU(w.postmaster2PID, ents)
 	}
 	return s
+}
+
+// postgresCPU is a PostgreSQL server's CPU seconds: its postmaster's, its
+// exited children's, and those of every live child (backends, walwriter,
+// checkpointer...). Zero for pid 0.
+func postgresCPU(postmaster int, procs []os.DirEntry) float64 {
+	if postmaster <= 0 {
+		return 0
+	}
+	_, self, kids, err := procTimes(postmaster)
+	if err != nil {
+		return 0
+	}
+	total := self + kids
+	for _, e := range procs {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		ppid, self, _, err := procTimes(pid)
+		if err == nil && ppid == postmaster {
+			total += self
+		}
+	}
+	return total
 }
 
 // readPIDFile reads the first line of a pid file.

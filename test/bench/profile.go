@@ -40,13 +40,20 @@ type ProfileResult struct {
 	P2         PgbenchResult   `json:"p2"`
 }
 
-func (b *Bench) resetStatements(ctx context.Context) error {
-	return b.pg.exec(ctx, "postgres", `SELECT pg_stat_statements_reset()`)
+func (b *Bench) resetStatements(ctx context.Context) error { return b.pg.resetStatements(ctx) }
+
+func (a pgAdmin) resetStatements(ctx context.Context) error {
+	return a.exec(ctx, "postgres", `SELECT pg_stat_statements_reset()`)
 }
 
 // statements reads pg_stat_statements for the databases matched by where.
 func (b *Bench) statements(ctx context.Context, where string, args ...any) ([]StatementStat, error) {
-	conn, err := pgx.Connect(ctx, b.pg.url)
+	return b.statementsOn(ctx, b.pg, where, args...)
+}
+
+// statementsOn reads pg_stat_statements of one of the bench's servers.
+func (b *Bench) statementsOn(ctx context.Context, pg pgAdmin, where string, args ...any) ([]StatementStat, error) {
+	conn, err := pgx.Connect(ctx, pg.url)
 	if err != nil {
 		return nil, err
 	}

@@ -28,14 +28,17 @@ type Result struct {
 	Config      Config    `json:"config"`
 	Errors      []string  `json:"errors,omitempty"`
 
-	Templates   []Template      `json:"templates"`
-	Calibration S1Result        `json:"calibration"`
-	P2Batch     int             `json:"p2_batch"`
-	Rounds      []Round         `json:"rounds"`
-	Partitions  []Pair          `json:"partitions_4_vs_64"`
-	Skew        []Pair          `json:"zipf_1k_vs_1m"`
-	Capacity    float64         `json:"capacity_decisions_per_sec"`
-	Latency     []LatencyResult `json:"latency"`
+	Templates   []Template `json:"templates"`
+	Calibration S1Result   `json:"calibration"`
+	P2Batch     int        `json:"p2_batch"`
+	Rounds      []Round    `json:"rounds"`
+	Partitions  []Pair     `json:"partitions_4_vs_64"`
+	Skew        []Pair     `json:"zipf_1k_vs_1m"`
+	// Shards is S1 on one database (A) against the same S1 with its
+	// partitions split over two databases on two servers (B).
+	Shards   []Pair          `json:"shards_1_vs_2,omitempty"`
+	Capacity float64         `json:"capacity_decisions_per_sec"`
+	Latency  []LatencyResult `json:"latency"`
 	// LatencyK2 is the same levels against K2, the exactly-once pipe.
 	LatencyK2 []LatencyResult `json:"latency_k2"`
 	// LatencyAlt is the same levels against mandated with
@@ -188,6 +191,12 @@ func (r *Result) evaluate() {
 		s1cpu, k1cpu = append(s1cpu, rd.S1.CPUMicrosPerD), append(k1cpu, rd.K1.CPUMicrosPerD)
 		s1sys, k1sys, bigsys = append(s1sys, rd.S1.CPUMicrosSys), append(k1sys, rd.K1.CPUMicrosSys), append(bigsys, rd.S1Large.CPUMicrosSys)
 	}
+	var shards []float64
+	for _, p := range r.Shards {
+		if p.A.DecisionsPerSec > 0 {
+			shards = append(shards, p.B.DecisionsPerSec/p.A.DecisionsPerSec)
+		}
+	}
 	var parts, skew, p4sys, p64sys []float64
 	for _, p := range r.Partitions {
 		if p.A.DecisionsPerSec > 0 {
@@ -209,6 +218,11 @@ func (r *Result) evaluate() {
 		ratio("1 M-mandate ÷ 1 k-mandate throughput (uniform)", "≥ 0.8", true, 0.8, big, "same partitions, uniform key choice"),
 		ratio("1 M-mandate ÷ 1 k-mandate throughput (zipf)", "≥ 0.8", true, 0.8, skew, "Zipf s=1.1 key choice on both sides"),
 	}
+	if len(r.Shards) > 0 {
+		r.Ratios = append(r.Ratios, ratio("2-shard ÷ 1-shard throughput", "report", true, 0, shards,
+			fmt.Sprintf("S1 (%d partitions, 1 k mandates) on one database vs partitions 0-%d and %d-%d on two PostgreSQL servers of the same machine; see \"Two shards\"",
+				r.Config.Partitions, r.Config.Partitions/2-1, r.Config.Partitions/2, r.Config.Partitions-1)))
+	}
 	for _, l := range r.Latency {
 		if l.LoadPct == 50 {
 			lr := ratio("p99 at 50 % load", "≤ 50 ms", false, 50, []float64{l.P99MS},
@@ -229,7 +243,7 @@ func (r *Result) evaluate() {
 		for _, x := range xs {
 			m, b, p, be = append(m, x.Mandated), append(b, x.Broker), append(p, x.Postgres), append(be, x.Bench)
 		}
-		return CPUSample{median(m), median(b), median(p), median(be)}
+		return CPUSample{Mandated: median(m), Broker: median(b), Postgres: median(p), Bench: median(be)}
 	}
 	r.CPU = CPUSummary{S1PerDecision: med(s1cpu), S1System: median(s1sys), K1PerRecord: med(k1cpu), K1System: median(k1sys),
 		S1LargeSystem: median(bigsys), P4System: median(p4sys), P64System: median(p64sys)}
@@ -365,7 +379,11 @@ func (r *Result) summary(dirName string, plots []string) string {
 	}
 	w("Commit `%s`%s, %d CPUs, %s, load average at start %s, at end %s (other engineers share this machine). Wall time %.0f s.\n",
 		r.Commit, dirty, r.Host.CPUs, r.Host.GoVersion, r.Host.LoadAvg, r.Host.LoadEnd, r.WallSeconds)
-	w("One Kafka 4.4 broker and one PostgreSQL 15 of the bench's own (fsync and synchronous_commit on), all on this machine.\n")
+	if len(r.Shards) > 0 {
+		w("One Kafka 4.4 broker and two PostgreSQL 15 servers of the bench's own (fsync and synchronous_commit on; the second only for the 2-shard S1), all on this machine.\n")
+	} else {
+		w("One Kafka 4.4 broker and one PostgreSQL 15 of the bench's own (fsync and synchronous_commit on), all on this machine.\n")
+	}
 	w("Burn-downs drain %d pre-loaded proposals; rates are measured between 10 %% and 90 %% of the records visible to a read_committed consumer.\n\n", r.Config.Records)
 	for _, e := range r.Errors {
 		w("**ERROR:** %s\n\n", e)
@@ -409,6 +427,9 @@ func (r *Result) summary(dirName string, plots []string) string {
 		for i, p := range r.Skew {
 			w("| zipf 1 k vs 1 M mandates #%d | %.0f | %.0f | %.2f | %.0f | %.0f |\n", i+1, p.A.DecisionsPerSec, p.B.DecisionsPerSec, p.B.DecisionsPerSec/p.A.DecisionsPerSec, p.A.MeanBatch, p.B.MeanBatch)
 		}
+	}
+	if len(r.Shards) > 0 {
+		r.shardSummary(w)
 	}
 	if len(r.Latency) > 0 {
 		w("\n## Latency (open loop, intended send time → decision visible, read_committed)\n\nS1 capacity (median of the rounds): %.0f decisions/s.\n\n", r.Capacity)
@@ -530,6 +551,45 @@ func (r *Result) summary(dirName string, plots []string) string {
 	return sb.String()
 }
 
+// shardSummary is the "Two shards" section: each 1 vs 2 shards pair with
+// its ratio, mean batches and CPU per decision by process and server.
+func (r *Result) shardSummary(w func(string, ...any)) {
+	w("\n## Two shards (issue 17)\n\nA: S1 on one database; B: the same S1 (same pre-loaded proposals) over a shard map, partitions 0-%d in a database on the first PostgreSQL server (shard a, control) and %d-%d on the second (shard b). Both servers, the broker, mandated and the bench share this machine's %d CPUs and one disk. CPU per decision in µs over the 10–90 %% window.\n\n",
+		r.Config.Partitions/2-1, r.Config.Partitions/2, r.Config.Partitions-1, r.Host.CPUs)
+	w("| pair | order | A decisions/s | B decisions/s | **B ÷ A** | processor decided/s A / B | A mean batch | B mean batch | A batch txn/s | B batch txn/s | missing / duplicates (A, B) |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for i, p := range r.Shards {
+		order := "A B"
+		if i%2 == 1 {
+			order = "B A"
+		}
+		w("| 1 vs 2 shards #%d | %s | %.0f | %.0f | **%.2f** | %.0f / %.0f | %.1f | %.1f | %.1f | %.1f | %d / %d, %d / %d |\n", i+1, order, p.A.DecisionsPerSec, p.B.DecisionsPerSec,
+			p.B.DecisionsPerSec/p.A.DecisionsPerSec, p.A.ProcDecidedPerSec, p.B.ProcDecidedPerSec, p.A.MeanBatch, p.B.MeanBatch, p.A.BatchTxnPerSec, p.B.BatchTxnPerSec,
+			p.A.Missing, p.A.Duplicates, p.B.Missing, p.B.Duplicates)
+	}
+	w("\n| pair | run | mandated | broker | PostgreSQL (A: the one server; B: shard a) | PostgreSQL shard b | PostgreSQL total | system total | bench client |\n|---|---|---|---|---|---|---|---|---|\n")
+	for i, p := range r.Shards {
+		for _, x := range []struct {
+			name string
+			s    S1Result
+		}{{"A, 1 shard", p.A}, {"B, 2 shards", p.B}} {
+			c := x.s.CPUMicrosPerD
+			b2 := "–"
+			if x.s.Variant == TwoShards {
+				b2 = fmt.Sprintf("%.0f", c.Postgres2)
+			}
+			w("| #%d | %s | %.0f | %.0f | %.0f | %s | %.0f | %.0f | %.0f |\n", i+1, x.name, c.Mandated, c.Broker, c.Postgres, b2, c.Postgres+c.Postgres2, x.s.CPUMicrosSys, c.Bench)
+		}
+	}
+	w("\nWhat would show scale-out is PostgreSQL CPU per decision of the system, per server: on servers with cores of their own, the PostgreSQL-bound ceiling would rise by the single server's figure ÷ the busier shard's (2 if each shard cost half). On one machine both servers compete for the same cores and the same disk flushes, so B ÷ A measures this machine, not the design (docs/performance.md, \"Two shards\").\n\n")
+	for i, p := range r.Shards {
+		a, b := p.A.CPUMicrosPerD, p.B.CPUMicrosPerD
+		if busier := max(b.Postgres, b.Postgres2); busier > 0 {
+			w("- pair #%d: %.0f µs on one server vs %.0f + %.0f µs on two (total ×%.2f); single ÷ busier shard = **%.2f**.\n", i+1, a.Postgres, b.Postgres, b.Postgres2,
+				(b.Postgres+b.Postgres2)/max(a.Postgres, 1e-9), a.Postgres/busier)
+		}
+	}
+}
+
 func fmtv(v float64, unit string) string {
 	switch unit {
 	case "ms":
@@ -573,7 +633,7 @@ func (b *Bench) plot(dir string) []string {
 			names, vals = append(names, name), append(vals, m)
 		}
 	}
-	var s1, k1, p1, p2, big, p4, p64, z1, zb []float64
+	var s1, k1, p1, p2, big, p4, p64, z1, zb, sh1, sh2 []float64
 	for _, rd := range r.Rounds {
 		s1, k1, p1 = append(s1, rd.S1.DecisionsPerSec), append(k1, rd.K1.DecisionsPerSec), append(p1, rd.P1.TPS)
 		p2, big = append(p2, rd.P2.TPS*float64(r.P2Batch)), append(big, rd.S1Large.DecisionsPerSec)
@@ -584,6 +644,9 @@ func (b *Bench) plot(dir string) []string {
 	for _, p := range r.Skew {
 		z1, zb = append(z1, p.A.DecisionsPerSec), append(zb, p.B.DecisionsPerSec)
 	}
+	for _, p := range r.Shards {
+		sh1, sh2 = append(sh1, p.A.DecisionsPerSec), append(sh2, p.B.DecisionsPerSec)
+	}
 	add("K1 records/s", k1)
 	add("P1 TPS", p1)
 	add("P2 rows/s", p2)
@@ -593,6 +656,8 @@ func (b *Bench) plot(dir string) []string {
 	add("S1 64p 1k", p64)
 	add("S1 zipf 1k", z1)
 	add("S1 zipf 1M", zb)
+	add("S1 1 shard (pair)", sh1)
+	add("S1 2 shards", sh2)
 	if len(names) > 0 {
 		var data strings.Builder
 		for i := range names {

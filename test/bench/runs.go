@@ -44,6 +44,13 @@ type S1Result struct {
 	PGXactPerSec      float64 `json:"pg_xact_per_sec,omitempty"`
 	BatchRetries      float64 `json:"batch_retries,omitempty"`
 
+	// Every pre-loaded proposal's decision read back exactly once
+	// (mandated only): proposals with no decision when the count was
+	// reached, decisions read twice, decisions of no pre-loaded proposal.
+	Missing    int `json:"missing"`
+	Duplicates int `json:"duplicates"`
+	Unmatched  int `json:"unmatched,omitempty"`
+
 	// Statements is pg_stat_statements for the run (reset before it).
 	Statements    []StatementStat `json:"statements,omitempty"`
 	CPU           CPUSample       `json:"cpu_seconds"`             // over the window
@@ -67,26 +74,49 @@ func (b *Bench) runS1(ctx context.Context, v *variant, onWindow func(ch *child) 
 	res := S1Result{Variant: v.name, Partitions: v.partitions, Mandates: v.mandates, Dist: v.dist, Records: b.cfg.Records}
 	id := b.nextID(v.name)
 	db := "run_" + id
-	if err := b.pg.clone(ctx, v.template, db); err != nil {
-		return res, err
+	// Where the run's databases are: one clone of the template, or one
+	// clone of each shard's template on that shard's server (same name).
+	servers := []pgAdmin{b.pg}
+	cpu := b.cpu
+	scfg := ServeConfig{DatabaseURL: b.pg.dbURL(db)}
+	if v.shards == nil {
+		if err := b.pg.clone(ctx, v.template, db); err != nil {
+			return res, err
+		}
+	} else {
+		servers = nil
+		cpu.postmaster2PID = b.postmaster2
+		for _, sh := range v.shards {
+			if err := sh.pg.clone(ctx, sh.template, db); err != nil {
+				return res, err
+			}
+			servers = append(servers, sh.pg)
+			scfg.Shards = append(scfg.Shards, ServeShard{Name: sh.name, Partitions: fmt.Sprintf("%d-%d", sh.first, sh.last), URL: sh.pg.dbURL(db)})
+		}
+		scfg.DatabaseURL = ""
 	}
-	defer func() { _ = b.pg.drop(context.WithoutCancel(ctx), db) }()
+	defer func() {
+		for _, pg := range servers {
+			_ = pg.drop(context.WithoutCancel(ctx), db)
+		}
+	}()
 	dec := fmt.Sprintf("bench.%s.%s.decisions", b.run, id)
 	dl := fmt.Sprintf("bench.%s.%s.deadletter", b.run, id)
 	if err := createTopics(ctx, b.cfg.Brokers, v.partitions, dec, dl); err != nil {
 		return res, err
 	}
 	defer deleteTopics(b.cfg.Brokers, dec, dl)
-	if err := b.resetStatements(ctx); err != nil {
-		return res, err
+	for _, pg := range servers {
+		if err := pg.resetStatements(ctx); err != nil {
+			return res, err
+		}
 	}
 
 	start := time.Now()
-	ch, err := startChild(b.work, "serve-"+id, "serve", ServeConfig{
-		Brokers: b.cfg.Brokers, DatabaseURL: b.pg.dbURL(db), Proposals: v.proposals, Grants: v.grants,
-		Decisions: dec, DeadLetter: dl, Group: "bench-" + id, TxnPrefix: "bench-" + id,
-		LogPath: filepath.Join(b.work, "serve-"+id+".log"), RelayStall: b.cfg.RelayStall,
-	})
+	scfg.Brokers, scfg.Proposals, scfg.Grants = b.cfg.Brokers, v.proposals, v.grants
+	scfg.Decisions, scfg.DeadLetter, scfg.Group, scfg.TxnPrefix = dec, dl, "bench-"+id, "bench-"+id
+	scfg.LogPath, scfg.RelayStall = filepath.Join(b.work, "serve-"+id+".log"), b.cfg.RelayStall
+	ch, err := startChild(b.work, "serve-"+id, "serve", scfg)
 	if err != nil {
 		return res, err
 	}
@@ -108,13 +138,17 @@ func (b *Bench) runS1(ctx context.Context, v *variant, onWindow func(ch *child) 
 	marks := make([]mark, 3)
 	var c *counter
 	var sample atomic.Pointer[[]byte]
+	once := newExactlyOnce(b.cfg.Records)
 	c, err = startCounter(b.cfg.Brokers, dec, b.cfg.Records, []float64{0.1, 0.9, 1.0}, func(i int) {
 		n, _ := c.count()
-		marks[i] = mark{at: time.Now(), n: n, cpu: b.cpu.sample(ch.pid())}
+		marks[i] = mark{at: time.Now(), n: n, cpu: cpu.sample(ch.pid())}
 		if i < 2 {
-			marks[i].xact = b.xactCommits(ctx, db)
+			for _, pg := range servers {
+				marks[i].xact += pg.xactCommitsOf(ctx, db)
+			}
 		}
 	}, func(r *kgo.Record, _ time.Time) {
+		once.add(r.Value)
 		if sample.Load() == nil {
 			v := bytes.Clone(r.Value)
 			sample.Store(&v)
@@ -144,13 +178,18 @@ func (b *Bench) runS1(ctx context.Context, v *variant, onWindow func(ch *child) 
 		b.logf("warning: %s stop: %v", id, err)
 	}
 	n, bytesSeen := c.count()
+	res.Missing, res.Duplicates, res.Unmatched = once.missing(), int(once.dups.Load()), int(once.foreign.Load())
+	if res.Missing != 0 || res.Duplicates != 0 || res.Unmatched != 0 {
+		b.logf("warning: %s: %d decisions missing, %d duplicated, %d of no pre-loaded proposal", id, res.Missing, res.Duplicates, res.Unmatched)
+	}
 	res.AvgValueBytes = float64(bytesSeen) / float64(max(n, 1))
 	if p := sample.Load(); p != nil {
 		res.samplePayload = *p
 	}
 	fillWindow(&res, marks, start)
 	fillProcessorWindow(&res, samples, b.cfg.Records)
-	if st, err := b.statements(ctx, `dbid = (SELECT oid FROM pg_database WHERE datname = $1)`, db); err == nil {
+	// With shards: the first shard's statements only.
+	if st, err := b.statementsOn(ctx, servers[0], `dbid = (SELECT oid FROM pg_database WHERE datname = $1)`, db); err == nil {
 		res.Statements = st[:min(12, len(st))]
 	}
 	return res, nil
@@ -216,7 +255,7 @@ func fillWindow(res *S1Result, marks []mark, start time.Time) {
 	res.CPU = marks[1].cpu.Sub(marks[0].cpu)
 	per := func(x float64) float64 { return x / d * 1e6 }
 	res.CPUMicrosPerD = CPUSample{Mandated: per(res.CPU.Mandated), Broker: per(res.CPU.Broker),
-		Postgres: per(res.CPU.Postgres), Bench: per(res.CPU.Bench)}
+		Postgres: per(res.CPU.Postgres), Postgres2: per(res.CPU.Postgres2), Bench: per(res.CPU.Bench)}
 	res.CPUMicrosSys = per(res.CPU.System())
 	if marks[1].xact > 0 {
 		res.PGXactPerSec = float64(marks[1].xact-marks[0].xact) / w

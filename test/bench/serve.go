@@ -53,6 +53,31 @@ type ServeConfig struct {
 	// RelayRetryLog counts the relay producers' franz-go debug messages
 	// about retries (ServeStats.RelayRetries). Debug logging costs CPU.
 	RelayRetryLog bool `json:"relay_retry_log"`
+	// Shards, when set, is the shard map the service runs over, as
+	// cmd/mandated --shard-map runs it (DatabaseURL is then ignored).
+	Shards []ServeShard `json:"shards,omitempty"`
+}
+
+// ServeShard is one shard of ServeConfig.Shards: a sink.Shard.
+type ServeShard struct {
+	Name       string `json:"name"`
+	Partitions string `json:"partitions"` // "first-last"
+	URL        string `json:"url"`
+}
+
+// shardMap is cfg's shard map, nil without one.
+func (cfg ServeConfig) shardMap() (*sink.ShardMap, error) {
+	if len(cfg.Shards) == 0 {
+		return nil, nil
+	}
+	m := &sink.ShardMap{}
+	for _, s := range cfg.Shards {
+		m.Shards = append(m.Shards, sink.Shard{Name: s.Name, Partitions: s.Partitions, URL: s.URL})
+	}
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	return m, nil
 }
 
 // ServeStats is what the child reports on GET /stats.
@@ -165,8 +190,18 @@ func Serve(cfg ServeConfig) error {
 		until := time.Now().Add(cfg.RelayStall)
 		relay.Test.BeforePublish = func(int32, int64) { time.Sleep(time.Until(until)) }
 	}
+	shards, err := cfg.shardMap()
+	if err != nil {
+		return err
+	}
+	dbURL := cfg.DatabaseURL
+	if shards != nil {
+		// As cmd/mandated: the control shard's URL stands for the map.
+		dbURL = shards.Shards[shards.Control()].URL
+	}
 	svc, err := processor.StartService(ctx, processor.ServiceConfig{
-		Sink: sink.Config{DatabaseURL: cfg.DatabaseURL},
+		Sink:   sink.Config{DatabaseURL: dbURL},
+		Shards: shards,
 		Processor: processor.Config{
 			Brokers: cfg.Brokers, ClientHooks: hooks, Group: cfg.Group, Owner: "bench",
 			ProposalsTopic: cfg.Proposals, GrantsTopic: cfg.Grants,

@@ -73,6 +73,8 @@ func run(args []string) int {
 	brokers := fs.String("brokers", "127.0.0.1:49092", "the bench broker")
 	adminURL := fs.String("database-url", "postgres://postgres@127.0.0.1:55499/postgres?sslmode=disable", "superuser URL of the bench PostgreSQL")
 	pgData := fs.String("pg-data", ".infra/bench-pg/data", "the bench PostgreSQL's data directory")
+	adminURL2 := fs.String("database-url-2", "", "superuser URL of the bench's second PostgreSQL (shard b of the 2-shard S1); empty: no 2-shard pair")
+	pgData2 := fs.String("pg-data-2", ".infra/bench-pg2/data", "the second PostgreSQL's data directory")
 	kafkaPID := fs.String("kafka-pid-file", ".infra/bench-kafka/kafka.pid", "the bench broker's pid file")
 	results := fs.String("results", "test/bench/results", "results directory")
 	work := fs.String("work", ".infra/bench-work", "scratch directory")
@@ -80,12 +82,12 @@ func run(args []string) int {
 	var over bench.Config
 	fs.IntVar(&over.Records, "records", 0, "override: proposals per burn-down")
 	fs.IntVar(&over.Rounds, "rounds", 0, "override: rounds of K1 P1 P2 S1 S1-1M")
-	fs.IntVar(&over.ScalingPairs, "scaling-pairs", -1, "override: pairs of 4 vs 64 partitions and of zipf 1 k vs 1 M")
+	fs.IntVar(&over.ScalingPairs, "scaling-pairs", -1, "override: pairs of 4 vs 64 partitions, of zipf 1 k vs 1 M and of 1 vs 2 shards")
 	fs.IntVar(&over.LargeMandates, "large-mandates", 0, "override: the large mandate set")
 	fs.IntVar(&over.PgbenchSecs, "pgbench-seconds", 0, "override: seconds per pgbench run")
 	fs.IntVar(&over.LatencySecs, "latency-seconds", 0, "override: seconds per latency level")
 	fs.IntVar(&over.HeapMandates, "heap-mandates", 0, "override: mandates in the heap measurement")
-	fs.StringVar(&over.StopAfter, "stop-after", "", "debugging: calibration ends the run after the calibration burn-down")
+	fs.StringVar(&over.StopAfter, "stop-after", "", "debugging: calibration ends the run after the calibration burn-down; shards runs only the 1 vs 2 shards pairs")
 	fs.BoolVar(&over.RelayRetryLog, "relay-retry-log", false, "diagnosis: count the relay producers' franz-go retry messages in every latency level (debug logging costs CPU)")
 	fs.DurationVar(&over.RelayMetadataMinAge, "relay-metadata-min-age", 0, "experiment: add a third system to every latency level, mandated whose relay runs with this outbox MetadataMinAge (negative: franz-go's 5 s)")
 	fs.DurationVar(&over.RelayRetryBackoff, "relay-retry-backoff", 0, "experiment: add a third system to every latency level, mandated whose relay producers retry after this fixed backoff")
@@ -97,10 +99,11 @@ func run(args []string) int {
 	cfg := bench.Defaults(*quick)
 	cfg.Brokers = strings.Split(*brokers, ",")
 	cfg.AdminURL, cfg.PGDataDir, cfg.KafkaPIDFile = *adminURL, *pgData, *kafkaPID
+	cfg.AdminURL2, cfg.PGDataDir2 = *adminURL2, *pgData2
 	cfg.ResultsDir, cfg.WorkDir, cfg.Pgbench = *results, *work, *pgbench
 	wd, _ := os.Getwd()
 	cfg.RepoRoot = wd
-	for _, p := range []*string{&cfg.PGDataDir, &cfg.KafkaPIDFile, &cfg.ResultsDir, &cfg.WorkDir} {
+	for _, p := range []*string{&cfg.PGDataDir, &cfg.PGDataDir2, &cfg.KafkaPIDFile, &cfg.ResultsDir, &cfg.WorkDir} {
 		if !filepath.IsAbs(*p) {
 			*p = filepath.Join(wd, *p)
 		}

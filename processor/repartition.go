@@ -1,0 +1,326 @@
+package processor
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/rs/zerolog"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/mandated/mandated/outbox"
+	"github.com/mandated/mandated/sink"
+)
+
+// RepartitionConfig configures Repartition: where the topics, the group
+// and the daemons' sessions are, and the new partition count.
+type RepartitionConfig struct {
+	// To is the new partition count. Required.
+	To int32
+	// Brokers are the seed brokers. Required.
+	Brokers []string
+	// KafkaOpts are extra client options (TLS, SASL). Defaults to none.
+	KafkaOpts []kgo.Opt
+	// Group is the processors' consumer group. Defaults to GroupDefault.
+	Group string
+	// ProposalsTopic, GrantsTopic, DecisionsTopic and DeadLetterTopic
+	// default to the processor's defaults.
+	ProposalsTopic, GrantsTopic, DecisionsTopic, DeadLetterTopic string
+	// DaemonApplicationName is the daemons' PostgreSQL application_name.
+	// Defaults to sink.ApplicationNameDefault.
+	DaemonApplicationName string
+	// Operator is recorded with the change. Defaults to
+	// sink.RepartitionOperatorDefault.
+	Operator string
+	// Test holds knobs for tests only.
+	Test struct {
+		// StopAfterDatabase returns right after the database transaction
+		// committed, before the topics grow: a crash between the two.
+		StopAfterDatabase bool
+	}
+}
+
+// WithDefaults returns a copy with every zero field set to its default.
+func (c RepartitionConfig) WithDefaults() RepartitionConfig {
+	c.Group = cmp.Or(c.Group, GroupDefault)
+	c.ProposalsTopic = cmp.Or(c.ProposalsTopic, ProposalsTopicDefault)
+	c.GrantsTopic = cmp.Or(c.GrantsTopic, GrantsTopicDefault)
+	c.DecisionsTopic = cmp.Or(c.DecisionsTopic, DecisionsTopicDefault)
+	c.DeadLetterTopic = cmp.Or(c.DeadLetterTopic, DeadLetterTopicDefault)
+	return c
+}
+
+// Validate names the first bad field.
+func (c RepartitionConfig) Validate() error {
+	switch {
+	case c.To < 1:
+		return errors.New("processor: RepartitionConfig.To must be at least 1")
+	case len(c.Brokers) == 0:
+		return errors.New("processor: RepartitionConfig.Brokers is required")
+	}
+	return nil
+}
+
+func (c RepartitionConfig) topics() []string {
+	return []string{c.ProposalsTopic, c.GrantsTopic, c.DecisionsTopic, c.DeadLetterTopic}
+}
+
+// RepartitionReport is what Repartition did.
+type RepartitionReport struct {
+	sink.RepartitionResult
+	Grown  []string // the topics grown to To by this run
+	Parked []string // parked outbox rows of the old partitions ("partition-seq"): listed, not blocking
+	Took   time.Duration
+}
+
+// Repartition changes mandated's partition count to cfg.To (README,
+// "Changing the partition count"; the runbook is docs/operations.md). In
+// order:
+//
+//  1. It refuses while the consumer group has a member (a live processor,
+//     or a static one within its session timeout).
+//  2. In one PostgreSQL transaction (sink.Repartition): it refuses while a
+//     daemon session is connected, fences every old partition (epoch + 1),
+//     refuses unless each old partition is drained (its stored proposals
+//     and grants offsets equal the topics' end offsets; every outbox row
+//     is on the decisions or dead-letter topic or parked), moves the rows
+//     to their new homes, creates the new partitions and records the
+//     count; the group is described once more before the commit.
+//  3. Only then it grows the four topics to cfg.To.
+//
+// The database goes first because it is the step that can refuse, and a
+// refusal there leaves everything as it was; topics cannot shrink. A crash
+// between 2 and 3 leaves the database at To and the topics at the old
+// count: every processor refuses to start (the counts differ) until
+// Repartition runs again, finds the database done and grows the topics.
+// Growing a topic already at To is skipped, so any crash is repaired by
+// running it again.
+func Repartition(ctx context.Context, conn *pgx.Conn, cfg RepartitionConfig, log zerolog.Logger) (RepartitionReport, error) {
+	start := time.Now()
+	cfg = cfg.WithDefaults()
+	var rep RepartitionReport
+	if err := cfg.Validate(); err != nil {
+		return rep, err
+	}
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...)}, cfg.KafkaOpts...)...)
+	if err != nil {
+		return rep, fmt.Errorf("processor: kafka client: %w", err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+
+	counts, err := topicCounts(ctx, adm, cfg.topics())
+	if err != nil {
+		return rep, err
+	}
+	for t, n := range counts {
+		if n > cfg.To {
+			return rep, fmt.Errorf("%w: topic %s already has %d partitions; --to %d must be greater (Kafka cannot remove partitions)", sink.ErrRepartitionRefused, t, n, cfg.To)
+		}
+	}
+	if err := groupIsEmpty(ctx, adm, cfg.Group); err != nil {
+		return rep, err
+	}
+
+	res, err := sink.Repartition(ctx, conn, sink.RepartitionConfig{
+		To: cfg.To, Operator: cfg.Operator, DaemonApplicationName: cfg.DaemonApplicationName,
+		Drained: func(ctx context.Context, old []sink.RepartitionPosition) error {
+			rep.Parked = nil
+			return drained(ctx, adm, cfg, old, &rep.Parked)
+		},
+		BeforeCommit: func(ctx context.Context) error { return groupIsEmpty(ctx, adm, cfg.Group) },
+	})
+	rep.RepartitionResult = res
+	if err != nil {
+		return rep, err
+	}
+	if res.AlreadyDone {
+		log.Info().Int32("from", res.From).Int32("to", res.To).Msg("the database was already repartitioned; growing the topics")
+	} else {
+		log.Info().Int32("from", res.From).Int32("to", res.To).Int64("mandates", res.Mandates).Int64("authorizations", res.Authorizations).
+			Int64("keys", res.Keys).Int64("intents", res.Intents).Dur("took", res.Took).Msg("database repartitioned")
+	}
+	if cfg.Test.StopAfterDatabase {
+		rep.Took = time.Since(start)
+		return rep, nil
+	}
+	rep.Grown, err = growTopics(ctx, adm, cfg, counts)
+	rep.Took = time.Since(start)
+	if err != nil {
+		return rep, err
+	}
+	log.Info().Strs("grown", rep.Grown).Int32("partitions", cfg.To).Dur("took", rep.Took).Msg("topics grown; start the processors")
+	return rep, nil
+}
+
+// topicCounts returns each topic's partition count.
+func topicCounts(ctx context.Context, adm *kadm.Client, topics []string) (map[string]int32, error) {
+	td, err := adm.ListTopics(ctx, topics...)
+	if err != nil {
+		return nil, fmt.Errorf("processor: list topics: %w", err)
+	}
+	out := map[string]int32{}
+	for _, name := range topics {
+		t, ok := td[name]
+		if !ok || t.Err != nil {
+			return nil, fmt.Errorf("processor: topic %q is not usable: %v", name, t.Err)
+		}
+		out[name] = int32(len(t.Partitions))
+	}
+	return out, nil
+}
+
+// groupIsEmpty refuses while the consumer group has a member: on the
+// consumer protocol (KIP-848, ConsumerGroupDescribe) or the classic one
+// (DescribeGroups). A group that does not exist is empty; a group that
+// cannot be described is not known to be, and refuses.
+func groupIsEmpty(ctx context.Context, adm *kadm.Client, group string) error {
+	var members []string
+	groups, err := adm.DescribeConsumerGroups(ctx, group)
+	if err != nil {
+		return fmt.Errorf("%w: cannot describe consumer group %q: %w", sink.ErrRepartitionRefused, group, err)
+	}
+	g := groups[group]
+	switch {
+	case g.Err == nil:
+		for _, m := range g.Members {
+			who := m.MemberID
+			if m.InstanceID != nil {
+				who = *m.InstanceID + " (" + m.MemberID + ")"
+			}
+			members = append(members, fmt.Sprintf("%s on %s", who, strings.TrimPrefix(m.ClientHost, "/")))
+		}
+	case errors.Is(g.Err, kerr.GroupIDNotFound):
+		// No consumer-protocol group of that name; a classic one is checked below.
+	default:
+		return fmt.Errorf("%w: cannot describe consumer group %q: %w", sink.ErrRepartitionRefused, group, g.Err)
+	}
+	if len(members) == 0 {
+		classic, err := adm.DescribeGroups(ctx, group)
+		if err != nil {
+			return fmt.Errorf("%w: cannot describe consumer group %q: %w", sink.ErrRepartitionRefused, group, err)
+		}
+		if c, ok := classic[group]; ok && c.Err == nil {
+			for _, m := range c.Members {
+				members = append(members, fmt.Sprintf("%s on %s", m.MemberID, strings.TrimPrefix(m.ClientHost, "/")))
+			}
+		}
+	}
+	if len(members) > 0 {
+		sort.Strings(members)
+		return fmt.Errorf("%w: consumer group %q has %d live members (%s): stop every processor of the old count "+
+			"(a static member stays for the broker's session timeout after it stops)",
+			sink.ErrRepartitionRefused, group, len(members), strings.Join(members, ", "))
+	}
+	return nil
+}
+
+// drained refuses unless every old partition is decided up to the input
+// topics' end offsets and every outbox row is published or parked.
+// Parked rows do not block: they are listed in parked ("partition-seq").
+func drained(ctx context.Context, adm *kadm.Client, cfg RepartitionConfig, old []sink.RepartitionPosition, parked *[]string) error {
+	ends, err := adm.ListEndOffsets(ctx, cfg.ProposalsTopic, cfg.GrantsTopic)
+	if err != nil {
+		return fmt.Errorf("processor: list end offsets: %w", err)
+	}
+	if err := ends.Error(); err != nil {
+		return fmt.Errorf("processor: list end offsets: %w", err)
+	}
+	var problems []string
+	for _, p := range old {
+		for _, in := range []struct {
+			topic  string
+			stored int64
+		}{{cfg.ProposalsTopic, p.ProposalsOffset}, {cfg.GrantsTopic, p.GrantsOffset}} {
+			e, ok := ends.Lookup(in.topic, p.Partition)
+			if !ok {
+				return fmt.Errorf("processor: no end offset for %s/%d", in.topic, p.Partition)
+			}
+			if undecided := e.Offset - in.stored; undecided > 0 {
+				problems = append(problems, fmt.Sprintf("partition %d: %d undecided records on %s (decided up to offset %d, end %d)",
+					p.Partition, undecided, in.topic, in.stored, e.Offset))
+			}
+		}
+		last := p.NextSeq - 1
+		published := p.PublishedSeq
+		if published < last {
+			// The relay records its progress after publishing: the topics
+			// are the authority.
+			for _, topic := range []string{cfg.DecisionsTopic, cfg.DeadLetterTopic} {
+				seq, found, err := outbox.TailSequence(ctx, cfg.Brokers, cfg.KafkaOpts, topic, p.Partition, 4*(outbox.MaxRowsDefault+1))
+				if err != nil {
+					return fmt.Errorf("processor: read the tail of %s/%d: %w", topic, p.Partition, err)
+				}
+				if found {
+					published = max(published, seq)
+				}
+			}
+		}
+		unpublished := max(last-published, 0)
+		for _, s := range p.Parked {
+			if s > published && s <= last {
+				unpublished--
+			}
+			*parked = append(*parked, fmt.Sprintf("%d-%d", p.Partition, s))
+		}
+		if unpublished > 0 {
+			problems = append(problems, fmt.Sprintf("partition %d: %d decisions not yet published (outbox sequences %d-%d, published up to %d)",
+				p.Partition, unpublished, published+1, last, published))
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%w: not drained (stop intake, run the processors of the old count until their lag and outbox backlog are 0, stop them):\n  %s",
+			sink.ErrRepartitionRefused, strings.Join(problems, "\n  "))
+	}
+	return nil
+}
+
+// growTopics grows each topic below cfg.To to cfg.To and waits until the
+// brokers report the new count for all four.
+func growTopics(ctx context.Context, adm *kadm.Client, cfg RepartitionConfig, counts map[string]int32) ([]string, error) {
+	var grown []string
+	for _, t := range cfg.topics() {
+		if counts[t] >= cfg.To {
+			continue
+		}
+		resp, err := adm.UpdatePartitions(ctx, int(cfg.To), t)
+		if err == nil {
+			err = resp.Error()
+		}
+		if err != nil && !errors.Is(err, kerr.InvalidPartitions) {
+			return grown, fmt.Errorf("processor: grow %s to %d partitions: %w", t, cfg.To, err)
+		}
+		grown = append(grown, t)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		now, err := topicCounts(ctx, adm, cfg.topics())
+		if err != nil {
+			return grown, err
+		}
+		var short []string
+		for _, t := range cfg.topics() {
+			if now[t] != cfg.To {
+				short = append(short, fmt.Sprintf("%s has %d", t, now[t]))
+			}
+		}
+		if len(short) == 0 {
+			return grown, nil
+		}
+		if time.Now().After(deadline) {
+			return grown, fmt.Errorf("processor: the topics did not reach %d partitions: %s", cfg.To, strings.Join(short, ", "))
+		}
+		select {
+		case <-ctx.Done():
+			return grown, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
