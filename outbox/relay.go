@@ -66,6 +66,15 @@ import (
 // record (a relay of an earlier version), and the per-partition id
 // "<prefix>.<decisions topic>.<partition>" it used is fenced too.
 //
+// A partition that comes back to the relay that published it last (its
+// process claimed it again) fences nobody: the id is the relay's own, and
+// its loop is sequential. No fence then waits for the relay's last
+// transaction to complete on the broker, so it resumes after the higher of
+// its tails and what it committed itself. For the same reason a relay does
+// not "release" a partition it drained: the next owner's fence is also what
+// waits for the predecessor's last commit markers, without which its tail
+// read could miss a committed transaction.
+//
 // A transaction spanning partitions aborts as a whole (a fence of one
 // partition's predecessor fences the producer for all of them); every
 // failure restarts the session from the tails, and rows are deterministic
@@ -85,6 +94,10 @@ type Relay struct {
 	mu      sync.Mutex
 	parts   map[int32]*part
 	closing bool
+
+	// committed is, per partition, the highest sequence a transaction of
+	// this relay committed (owned by the loop; see admitOne).
+	committed map[int32]int64
 
 	wake   chan struct{}
 	ctx    context.Context
@@ -119,7 +132,7 @@ func NewSharded(cfg Config, route func(partition int32) *pgxpool.Pool, all []*pg
 	r := &Relay{cfg: cfg, st: store{pool: route, all: all}, metrics: m, txnID: txnID,
 		clientID: "mandated-relay-" + hex.EncodeToString(nonce[:]),
 		log:      log.With().Str("component", "relay").Str("transactional_id", txnID).Logger(),
-		parts:    map[int32]*part{}, wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel,
+		parts:    map[int32]*part{}, committed: map[int32]int64{}, wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel,
 		stats: make(chan struct{}), done: make(chan struct{})}
 	r.wg.Add(2)
 	go func() { defer r.wg.Done(); r.statsLoop() }()
@@ -446,6 +459,7 @@ func (r *Relay) session() (progressed bool, err error) {
 		for _, s := range done {
 			s.ps.last = s.last
 			s.ps.published.Store(s.last)
+			r.committed[s.ps.partition] = max(r.committed[s.ps.partition], s.last)
 		}
 		r.recordAll(ctx, held, done, false)
 		if f := cfg.Test.OnPublished; f != nil {
@@ -483,6 +497,10 @@ func (r *Relay) admit(ctx context.Context) {
 		err error
 	}
 	results := make([]result, len(todo))
+	floors := make([]int64, len(todo))
+	for i, ps := range todo {
+		floors[i] = r.committed[ps.partition]
+	}
 	sem := make(chan struct{}, 8)
 	var wg sync.WaitGroup
 	for i, ps := range todo {
@@ -493,7 +511,7 @@ func (r *Relay) admit(ctx context.Context) {
 			defer func() { <-sem }()
 			actx, cancel := context.WithTimeout(ctx, 45*time.Second)
 			defer cancel()
-			ok, err := r.admitOne(actx, ps)
+			ok, err := r.admitOne(actx, ps, floors[i])
 			results[i] = result{ok, err}
 		}()
 	}
@@ -520,7 +538,14 @@ func (r *Relay) admit(ctx context.Context) {
 // producer recorded as its publisher (when it is another), records this
 // relay as the publisher, and resumes after the last published sequence.
 // false means the partition is not this relay's any more.
-func (r *Relay) admitOne(ctx context.Context, ps *part) (bool, error) {
+//
+// floor is the highest sequence of the partition this relay committed
+// itself. When the partition comes back to the relay that published it
+// last (the same process claimed it again), nobody's fence waits for that
+// relay's last transaction to complete on the broker, and a tail read in
+// the few milliseconds before its markers are written misses it; what the
+// relay committed itself is published, so it resumes after it at least.
+func (r *Relay) admitOne(ctx context.Context, ps *part, floor int64) (bool, error) {
 	cur, err := r.st.publisher(ctx, ps.partition)
 	if err != nil {
 		r.metrics.PublishErrors.WithLabelValues("database").Inc()
@@ -558,6 +583,7 @@ func (r *Relay) admitOne(ctx context.Context, ps *part) (bool, error) {
 		r.metrics.PublishErrors.WithLabelValues("resume").Inc()
 		return false, err
 	}
+	last = max(last, floor)
 	// What a predecessor published but could not record (it died between
 	// the Kafka commit and the mark) is recorded now, so the backlog and
 	// housekeeping see it.
