@@ -453,13 +453,15 @@ func (r *Relay) session() (progressed bool, err error) {
 			continue // a refused row is parked; read again
 		}
 		progressed = true
+		for _, s := range done {
+			r.committed[s.ps.partition] = max(r.committed[s.ps.partition], s.last)
+		}
 		if err := failpoint.Inject(ctx, failpoint.RelayAfterProduceBeforeMark); err != nil {
 			return progressed, err
 		}
 		for _, s := range done {
 			s.ps.last = s.last
 			s.ps.published.Store(s.last)
-			r.committed[s.ps.partition] = max(r.committed[s.ps.partition], s.last)
 		}
 		r.recordAll(ctx, held, done, false)
 		if f := cfg.Test.OnPublished; f != nil {
