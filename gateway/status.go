@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -56,8 +57,10 @@ var errNoRow = errors.New("gateway: no row")
 
 // readOnly runs fn in a read-only transaction. With shards, in each until
 // one finds its row: a shard that does not answer is named only if no
-// other has the row.
-func (s *Server) readOnly(ctx context.Context, fn func(pgx.Tx) error) error {
+// other has the row. A shard whose rows of the mandate's partition are the
+// read-only copy a move left (mandatectl shards move) is skipped: the live
+// rows are on the shard the partition moved to.
+func (s *Server) readOnly(ctx context.Context, org, mandate string, fn func(pgx.Tx) error) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
 	if len(s.shards) == 0 {
@@ -65,7 +68,12 @@ func (s *Server) readOnly(ctx context.Context, fn func(pgx.Tx) error) error {
 	}
 	var errs []error
 	for _, pool := range s.shards {
-		err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, fn)
+		err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+			if moved, err := movedAway(ctx, tx, org, mandate); err != nil || moved {
+				return cmp.Or(err, errNoRow)
+			}
+			return fn(tx)
+		})
 		if err == nil {
 			return nil
 		}
@@ -77,6 +85,18 @@ func (s *Server) readOnly(ctx context.Context, fn func(pgx.Tx) error) error {
 		return errors.Join(errs...)
 	}
 	return errNoRow
+}
+
+// movedAway says whether this shard's rows of the mandate's partition are
+// a copy a move left behind (migration 0014; none before it).
+func movedAway(ctx context.Context, tx pgx.Tx, org, mandate string) (bool, error) {
+	var has bool
+	if err := tx.QueryRow(ctx, `SELECT to_regclass('mandated_moves') IS NOT NULL`).Scan(&has); err != nil || !has {
+		return false, err
+	}
+	err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM mandated_moves mv, mandated_meta m WHERE mv.state = 'moved_out'
+		AND mv.partition = mandated_home_partition($1 || '/' || $2, m.partition_count))`, org, mandate).Scan(&has)
+	return has, err
 }
 
 const authorizationQuery = `SELECT org, mandate_id, authorization_id, state, version, operation, target, amount, currency,
@@ -110,7 +130,7 @@ func scanAuthorization(row pgx.Row) (*AuthorizationStatus, error) {
 
 func (s *Server) authorization(ctx context.Context, org, mandate, id string) (*AuthorizationStatus, error) {
 	var a *AuthorizationStatus
-	err := s.readOnly(ctx, func(tx pgx.Tx) error {
+	err := s.readOnly(ctx, org, mandate, func(tx pgx.Tx) error {
 		var err error
 		a, err = scanAuthorization(tx.QueryRow(ctx, authorizationQuery, org, mandate, id))
 		return err
@@ -122,7 +142,7 @@ func (s *Server) authorization(ctx context.Context, org, mandate, id string) (*A
 // mandate; without an operation, the newest record of the key on the mandate.
 func (s *Server) proposal(ctx context.Context, org, mandate, operation, key string) (*ProposalStatus, error) {
 	var p ProposalStatus
-	err := s.readOnly(ctx, func(tx pgx.Tx) error {
+	err := s.readOnly(ctx, org, mandate, func(tx pgx.Tx) error {
 		var authID string
 		err := tx.QueryRow(ctx, `SELECT org, mandate_id, operation, idempotency_key, outcome, reason, decision_id, created_at, authorization_id
 			FROM idempotency_keys WHERE org = $1 AND idempotency_key = $3 AND mandate_id = $2 AND ($4 = '' OR operation = $4)

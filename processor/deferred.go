@@ -56,6 +56,7 @@ func (p *Processor) startDeferredClaims(nums []int32, out map[string]map[int32]k
 // leaving, stopping).
 func (p *Processor) claimLater(ctx context.Context, n int32, pc *pendingClaim) {
 	backoff := 200 * time.Millisecond
+	movedWait := movedRetry
 	for {
 		c, err := p.shards.For(n).Claim(ctx, n, p.cfg.Owner)
 		if ctx.Err() != nil {
@@ -85,8 +86,15 @@ func (p *Processor) claimLater(ctx context.Context, n int32, pc *pendingClaim) {
 			client.ResumeFetchPartitions(p.topicPartitions(n))
 			return
 		}
-		p.log.Warn().Err(err).Int32("partition", n).Dur("backoff", backoff).Msg("cannot claim the partition yet: its shard does not answer")
-		t := time.NewTimer(backoff)
+		wait := backoff
+		if isMoved(err) {
+			p.followMove(ctx, n, err)
+			wait = movedWait
+			movedWait = min(movedWait*2, movedRetryMax)
+		} else {
+			p.log.Warn().Err(err).Int32("partition", n).Dur("backoff", backoff).Msg("cannot claim the partition yet: its shard does not answer")
+		}
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()

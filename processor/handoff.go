@@ -2,10 +2,13 @@ package processor
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/mandated/mandated/sink"
 )
 
 // handoffLoop probes every shard's PostgreSQL (mandated_shard_up) and
@@ -27,21 +30,45 @@ func (p *Processor) handoffLoop(ctx context.Context) {
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()
-	shards := p.shards.All()
-	probes := make([]*dbProbe, len(shards))
-	for i, s := range shards {
-		probes[i] = &dbProbe{cfg: s.Pool().Config().ConnConfig}
-		defer probes[i].close()
-	}
-	wasUp := make([]bool, len(shards))
-	for i := range wasUp {
-		wasUp[i] = true
-	}
+	var (
+		shards []*sink.Sink
+		probes []*dbProbe
+		labels []string // the partitions label last set: a move changes it
+		wasUp  []bool
+	)
+	defer func() {
+		for _, pr := range probes {
+			pr.close()
+		}
+	}()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if cur := p.shards.All(); !slices.Equal(cur, shards) {
+			// First tick, or a reloaded shard map (a partition moved to a
+			// shard this instance had not opened): probe the shards it names.
+			old := map[*sink.Sink]int{}
+			for i, s := range shards {
+				old[s] = i
+			}
+			next := make([]*dbProbe, len(cur))
+			nextLabels, nextUp := make([]string, len(cur)), make([]bool, len(cur))
+			for i, s := range cur {
+				if j, ok := old[s]; ok {
+					next[i], nextLabels[i], nextUp[i] = probes[j], labels[j], wasUp[j]
+					delete(old, s)
+					continue
+				}
+				next[i], nextUp[i] = &dbProbe{cfg: s.Pool().Config().ConnConfig}, true
+			}
+			for s, j := range old {
+				probes[j].close()
+				p.metrics.ShardUp.DeleteLabelValues(s.Shard().Name, labels[j])
+			}
+			shards, probes, labels, wasUp = cur, next, nextLabels, nextUp
 		}
 		pctx, cancel := context.WithTimeout(ctx, max(every, 500*time.Millisecond))
 		errs := make([]error, len(probes))
@@ -58,7 +85,11 @@ func (p *Processor) handoffLoop(ctx context.Context) {
 		var err error
 		down := 0
 		for i, e := range errs {
-			sh := shards[i].Shard()
+			sh := p.shards.Partitions(shards[i]) // as the map last read says
+			if labels[i] != "" && labels[i] != sh.Range() {
+				p.metrics.ShardUp.DeleteLabelValues(sh.Name, labels[i])
+			}
+			labels[i] = sh.Range()
 			up := 1.0
 			if e != nil {
 				up, err = 0, e

@@ -287,10 +287,11 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 		g.Go(func() error {
 			start := time.Now()
 			c, err := p.shards.For(n).Claim(gctx, n, p.cfg.Owner)
-			if err != nil && sharded && ctx.Err() == nil {
-				// Its shard does not answer: the others need not wait for it.
+			if err != nil && (sharded || isMoved(err)) && ctx.Err() == nil {
+				// Its shard does not answer, or it moved to another shard
+				// (moved.go): the others need not wait for it.
 				p.log.Warn().Err(err).Int32("partition", n).Str("shard", p.shards.For(n).Shard().Name).
-					Msg("cannot claim an assigned partition: its shard does not answer; claiming it in the background")
+					Msg("cannot claim an assigned partition here: claiming it in the background")
 				mu.Lock()
 				deferred = append(deferred, n)
 				mu.Unlock()

@@ -26,6 +26,7 @@ var errNotAssigned = errors.New("processor: the consumer group does not confirm 
 // (false) only when it is stopped (revoked, lost, shutting down).
 func (p *Processor) recoverFenced(w *worker) bool {
 	backoff := 100 * time.Millisecond
+	movedWait := movedRetry
 	for {
 		if w.isStopping() || w.ctx.Err() != nil {
 			return false
@@ -36,6 +37,13 @@ func (p *Processor) recoverFenced(w *worker) bool {
 		}
 		if errors.Is(err, errStopped) {
 			return false
+		}
+		if isMoved(err) {
+			w.setFenceCause(err)
+			p.followMove(w.ctx, w.partition, err)
+			w.sleepUnlessStopped(movedWait)
+			movedWait = min(movedWait*2, movedRetryMax)
+			continue
 		}
 		w.setFenceCause(err)
 		w.log.Warn().Err(err).Dur("backoff", backoff).Msg("fenced partition not re-claimed; unready until it is or until it is revoked")

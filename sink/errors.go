@@ -69,6 +69,8 @@ func interpretError(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch {
+		case pgErr.Code == movedCode:
+			return interpretMoved(pgErr)
 		case pgErr.Code == "40001":
 			return retry("serialization", "%s", pgErr.Message)
 		case pgErr.Code == "40P01":

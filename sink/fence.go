@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -44,17 +45,33 @@ func (s *Sink) ensureLayout(ctx context.Context, n int32) error {
 		s.count = n // checked by the first claim, once the shard answers
 		return nil
 	}
-	if err := s.recordLayout(ctx, n); err != nil {
+	if err := s.recordLayout(ctx, s.shard, n); err != nil {
 		return err
 	}
 	s.count = n // every claim checks it again (repartition.go)
 	return nil
 }
 
-func (s *Sink) recordLayout(ctx context.Context, n int32) error {
-	sh := s.shard
+// recordLayout records or checks shard sh's layout here. Partitions that
+// moved in or out of this database (mandated_moves) are the database's to
+// say: a map that still lists a partition moved away, or does not list one
+// moved in yet, is older than the move and is accepted as it is (the
+// processor claims such a partition where it lives, see ErrMoved).
+func (s *Sink) recordLayout(ctx context.Context, sh Shard, n int32) error {
 	var last *int32
-	if sh.last != maxPartition {
+	var set []int32 // non-nil: the shard owns this set, not one range
+	first := sh.first
+	switch {
+	case sh.set != nil:
+		set = sh.Set(n)
+		first = 0
+		if len(set) > 0 {
+			first, last = set[0], &set[len(set)-1]
+		}
+		if len(set) > 0 && *last >= n {
+			return fmt.Errorf("sink: shard %s owns partitions %s but the topics have %d", sh.Name, sh.Range(), n)
+		}
+	case sh.last != maxPartition:
 		if sh.last >= n {
 			return fmt.Errorf("sink: shard %s owns partitions %s but the topics have %d", sh.Name, sh.Range(), n)
 		}
@@ -62,18 +79,19 @@ func (s *Sink) recordLayout(ctx context.Context, n int32) error {
 	}
 	control := s.control == nil
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO mandated_meta (partition_count, shard, first_partition, last_partition, control)
-			VALUES ($1, $2, $3, $4, $5) ON CONFLICT (singleton) DO NOTHING`, n, sh.Name, sh.first, last, control); err != nil {
+		if _, err := tx.Exec(ctx, `INSERT INTO mandated_meta (partition_count, shard, first_partition, last_partition, control, partitions)
+			VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (singleton) DO NOTHING`, n, sh.Name, first, last, control, set); err != nil {
 			return fmt.Errorf("sink: record the partition count: %w", interpretError(err))
 		}
 		var stored struct {
 			count, first int32
 			last         *int32
+			set          []int32
 			name         string
 			control      bool
 		}
-		if err := tx.QueryRow(ctx, `SELECT partition_count, shard, first_partition, last_partition, control FROM mandated_meta FOR UPDATE`).
-			Scan(&stored.count, &stored.name, &stored.first, &stored.last, &stored.control); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT partition_count, shard, first_partition, last_partition, control, partitions FROM mandated_meta FOR UPDATE`).
+			Scan(&stored.count, &stored.name, &stored.first, &stored.last, &stored.control, &stored.set); err != nil {
 			return fmt.Errorf("sink: read the partition count: %w", interpretError(err))
 		}
 		if stored.count != n {
@@ -94,30 +112,63 @@ func (s *Sink) recordLayout(ctx context.Context, n int32) error {
 					"copy them there first (README, \"Scaling out PostgreSQL\")", sh.Name)
 			}
 		}
-		sameLast := (stored.last == nil) == (last == nil) && (last == nil || *stored.last == *last)
-		if stored.name == sh.Name && stored.first == sh.first && sameLast && stored.control == control {
+		moves, err := readMoves(ctx, tx)
+		if err != nil {
+			return err
+		}
+		storedSet := stored.set
+		if storedSet == nil {
+			storedSet = Shard{first: stored.first, last: coalesce(stored.last, n-1)}.Set(n)
+		}
+		want := sh.Set(n)
+		if stored.name == sh.Name && stored.control == control && sameOutsideMoves(storedSet, want, moves) {
+			for p, mv := range moves {
+				if mv.State == MoveIn && !slices.Contains(want, p) || mv.State != MoveIn && slices.Contains(want, p) {
+					s.log.Warn().Int32("partition", p).Str("move", mv.State).Str("peer", mv.Peer).
+						Msg("the shard map is older than a move of this partition: the database says where it lives; reload the map")
+				}
+			}
 			return nil
 		}
 		var foreign []int32
-		rows, err := tx.Query(ctx, `SELECT partition FROM mandated_partitions WHERE partition < $1 OR partition > coalesce($2, $3 - 1)
-			UNION SELECT partition FROM relay_progress WHERE partition < $1 OR partition > coalesce($2, $3 - 1) ORDER BY 1`, sh.first, last, n)
+		rows, err := tx.Query(ctx, `SELECT partition FROM mandated_partitions UNION SELECT partition FROM relay_progress ORDER BY 1`)
 		if err == nil {
 			foreign, err = pgx.CollectRows(rows, pgx.RowTo[int32])
 		}
 		if err != nil {
 			return fmt.Errorf("sink: read the claimed partitions: %w", interpretError(err))
 		}
+		foreign = slices.DeleteFunc(foreign, func(p int32) bool {
+			mv, moved := moves[p]
+			return slices.Contains(want, p) || moved && mv.State != MoveIn
+		})
 		if len(foreign) > 0 {
 			return fmt.Errorf("sink: the shard map gives shard %s partitions %s but this database holds the rows of partitions %v; "+
-				"a partition may only move between shards with its rows, which mandated does not do yet (README, \"Scaling out PostgreSQL\")", sh.Name, sh.Range(), foreign)
+				"a partition moves between shards with its rows: mandatectl shards move (README, \"Scaling out PostgreSQL\")", sh.Name, sh.Range(), foreign)
 		}
-		if _, err := tx.Exec(ctx, `UPDATE mandated_meta SET shard = $1, first_partition = $2, last_partition = $3, control = $4`,
-			sh.Name, sh.first, last, control); err != nil {
+		if _, err := tx.Exec(ctx, `UPDATE mandated_meta SET shard = $1, first_partition = $2, last_partition = $3, control = $4, partitions = $5`,
+			sh.Name, first, last, control, set); err != nil {
 			return fmt.Errorf("sink: record the shard: %w", interpretError(err))
 		}
 		s.log.Info().Str("shard", sh.Name).Str("partitions", sh.Range()).Bool("control", control).Msg("shard layout recorded")
 		return nil
 	})
+}
+
+func coalesce(p *int32, v int32) int32 {
+	if p != nil {
+		return *p
+	}
+	return v
+}
+
+// sameOutsideMoves says whether the recorded set and the map's agree on
+// every partition no move concerns.
+func sameOutsideMoves(stored, want []int32, moves map[int32]Move) bool {
+	in := func(set []int32) []int32 {
+		return slices.DeleteFunc(slices.Clone(set), func(p int32) bool { _, moved := moves[p]; return moved })
+	}
+	return slices.Equal(in(stored), in(want))
 }
 
 // Claim takes ownership of a partition: it bumps the partition's epoch (so
@@ -245,4 +296,20 @@ func (s *Sink) CurrentEpoch(ctx context.Context, partition int32) (int64, error)
 	var e int64
 	err := s.pool.QueryRow(ctx, `SELECT coalesce((SELECT epoch FROM mandated_partitions WHERE partition = $1), 0)`, partition).Scan(&e)
 	return e, interpretError(err)
+}
+
+// checkLayout checks (and records, where the map may change it) shard sh's
+// layout here, for a reloaded map.
+func (s *Sink) checkLayout(ctx context.Context, sh Shard, n int32) error {
+	s.setupMu.Lock()
+	defer s.setupMu.Unlock()
+	if s.lateSetup {
+		s.count = n // checked by the first claim, once the shard answers
+		return nil
+	}
+	if err := s.recordLayout(ctx, sh, n); err != nil {
+		return err
+	}
+	s.count = n // every claim checks it again (repartition.go)
+	return nil
 }

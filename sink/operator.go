@@ -49,7 +49,11 @@ func (o *Operator) Partitions(ctx context.Context) ([]PartitionRow, error) {
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, rows...)
+		away, err := o.movedAway(ctx, s)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, slices.DeleteFunc(rows, func(r PartitionRow) bool { return away[r.Partition] })...)
 	}
 	slices.SortFunc(out, func(a, b PartitionRow) int { return cmp.Compare(a.Partition, b.Partition) })
 	return out, nil
@@ -58,7 +62,11 @@ func (o *Operator) Partitions(ctx context.Context) ([]PartitionRow, error) {
 // Inspect loads one mandate and at most limit of its authorizations, newest
 // first. A mandate that does not exist is ErrNotFound.
 func (o *Operator) Inspect(ctx context.Context, key partitioner.MandateKey, limit int) (*MandateSnapshot, error) {
-	return firstFound(o.shards, func(s *Sink) (*MandateSnapshot, error) { return s.Inspect(ctx, key, limit) })
+	shards, err := o.holding(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	return firstFound(shards, func(s *Sink) (*MandateSnapshot, error) { return s.Inspect(ctx, key, limit) })
 }
 
 // firstFound returns the answer of the shard that has the row (each row is
@@ -135,8 +143,18 @@ ORDER BY p.partition`
 func (o *Operator) PartitionHealth(ctx context.Context) (map[int32]PartitionHealth, error) {
 	out := map[int32]PartitionHealth{}
 	for _, s := range o.shards {
-		if err := partitionHealth(ctx, s, out); err != nil {
+		one := map[int32]PartitionHealth{}
+		if err := partitionHealth(ctx, s, one); err != nil {
 			return nil, err
+		}
+		away, err := o.movedAway(ctx, s)
+		if err != nil {
+			return nil, err
+		}
+		for p, h := range one {
+			if !away[p] {
+				out[p] = h
+			}
 		}
 	}
 	return out, nil
@@ -204,7 +222,11 @@ func (o *Operator) InDoubt(ctx context.Context, olderThan time.Duration, org str
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, rows...)
+		away, err := o.movedAway(ctx, s)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, slices.DeleteFunc(rows, func(r InDoubtRow) bool { return away[r.Partition] })...)
 	}
 	slices.SortStableFunc(out, func(a, b InDoubtRow) int { return a.Since.Compare(b.Since) })
 	return out[:min(len(out), limit)], nil
@@ -242,7 +264,11 @@ func seconds(s float64) time.Duration {
 // Authorization loads one authorization of a mandate; ErrNotFound when
 // there is none.
 func (o *Operator) Authorization(ctx context.Context, key partitioner.MandateKey, id string) (*lifecycle.Authorization, error) {
-	return firstFound(o.shards, func(s *Sink) (*lifecycle.Authorization, error) { return authorization(ctx, s, key, id) })
+	shards, err := o.holding(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	return firstFound(shards, func(s *Sink) (*lifecycle.Authorization, error) { return authorization(ctx, s, key, id) })
 }
 
 func authorization(ctx context.Context, s *Sink, key partitioner.MandateKey, id string) (*lifecycle.Authorization, error) {

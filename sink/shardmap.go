@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -21,14 +22,22 @@ import (
 // the other shards refuse them in SQL.
 type ShardMap struct {
 	Shards []Shard `yaml:"shards"`
+
+	path string // the file it was read from (ReadShardMap), for Shards.Reload
+	raw  []byte // its content
 }
+
+// Path is the file the map was read from ("" when parsed from bytes).
+func (m *ShardMap) Path() string { return m.path }
 
 // Shard is one database and the partitions it owns.
 type Shard struct {
 	// Name identifies the shard in logs, metrics, /readyz and
 	// mandated_meta. Lower-case letters, digits and dashes.
 	Name string `yaml:"name"`
-	// Partitions is "first-last" (inclusive) or one number.
+	// Partitions is a set of partitions: ranges "first-last" (inclusive)
+	// and single numbers separated by commas ("0-2,5"), or "none" (a shard
+	// whose partitions all moved away).
 	Partitions string `yaml:"partitions"`
 	// URL is the database's connection string; URLFile, a file holding it
 	// (a mounted secret), wins over it.
@@ -38,7 +47,8 @@ type Shard struct {
 	// partition 0.
 	Control bool `yaml:"control"`
 
-	first, last int32 // parsed from Partitions
+	first, last int32   // parsed from Partitions: the lowest and the highest
+	set         []int32 // every partition, sorted, when they are not one range; empty (non-nil) for "none"
 }
 
 // First and Last are the shard's partition range, inclusive.
@@ -48,15 +58,64 @@ func (s Shard) First() int32 { return s.first }
 func (s Shard) Last() int32 { return s.last }
 
 // Owns says whether the shard owns partition p.
-func (s Shard) Owns(p int32) bool { return p >= s.first && p <= s.last }
+func (s Shard) Owns(p int32) bool {
+	if s.set != nil {
+		_, found := slices.BinarySearch(s.set, p)
+		return found
+	}
+	return p >= s.first && p <= s.last
+}
 
-// Range is the shard's partitions as written in a map ("6-11"), or "all"
-// for the single shard of one --database-url.
+// Set returns the shard's partitions below n, in order.
+func (s Shard) Set(n int32) []int32 {
+	if s.set != nil {
+		return slices.Clone(s.set)
+	}
+	out := make([]int32, 0, max(0, min(s.last, n-1)-s.first+1))
+	for p := s.first; p <= s.last && p < n; p++ {
+		out = append(out, p)
+	}
+	return out
+}
+
+// Range is the shard's partitions as written in a map ("6-11", "0-2,5"),
+// "none", or "all" for the single shard of one --database-url.
 func (s Shard) Range() string {
 	if s.last == maxPartition {
 		return "all"
 	}
-	return fmt.Sprintf("%d-%d", s.first, s.last)
+	if s.set != nil {
+		return FormatPartitions(s.set)
+	}
+	return FormatPartitions(s.Set(s.last + 1))
+}
+
+// FormatPartitions writes a set of partitions as a map does: "0-2,5", or
+// "none".
+func FormatPartitions(set []int32) string {
+	set = slices.Clone(set)
+	slices.Sort(set)
+	set = slices.Compact(set)
+	if len(set) == 0 {
+		return "none"
+	}
+	var b strings.Builder
+	for i := 0; i < len(set); {
+		j := i
+		for j+1 < len(set) && set[j+1] == set[j]+1 {
+			j++
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		if i == j {
+			fmt.Fprintf(&b, "%d", set[i])
+		} else {
+			fmt.Fprintf(&b, "%d-%d", set[i], set[j])
+		}
+		i = j + 1
+	}
+	return b.String()
 }
 
 // SingleShard is the map of one database owning every partition: today's
@@ -72,7 +131,12 @@ func ReadShardMap(path string) (*ShardMap, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sink: read the shard map: %w", err)
 	}
-	return ParseShardMap(b)
+	m, err := ParseShardMap(b)
+	if err != nil {
+		return nil, err
+	}
+	m.path, m.raw = path, b
+	return m, nil
 }
 
 // ParseShardMap parses a shard map (YAML), reads every url_file it names
@@ -130,12 +194,12 @@ func (m *ShardMap) Validate() error {
 		if s.URL == "" {
 			return fmt.Errorf("sink: shard %q has no url or url_file", s.Name)
 		}
-		if s.first == 0 && s.last == 0 || s.Partitions != "" {
-			first, last, err := parseRange(s.Partitions)
+		if s.first == 0 && s.last == 0 && s.set == nil || s.Partitions != "" {
+			set, err := parsePartitions(s.Partitions)
 			if err != nil {
 				return fmt.Errorf("sink: shard %q: partitions %q: %w", s.Name, s.Partitions, err)
 			}
-			s.first, s.last = first, last
+			s.setPartitions(set)
 		}
 		if s.Control {
 			controls++
@@ -145,20 +209,74 @@ func (m *ShardMap) Validate() error {
 		return errors.New("sink: more than one shard is marked control")
 	}
 	sort.SliceStable(m.Shards, func(i, j int) bool { return m.Shards[i].first < m.Shards[j].first })
-	next := int32(0)
+	if len(m.Shards) == 1 && m.Shards[0].last == maxPartition {
+		m.Shards[0].Control = true
+		return nil
+	}
+	// Every partition from 0 to the highest named is owned exactly once.
+	owner := map[int32]string{}
+	var top int32 = -1
 	for _, s := range m.Shards {
-		if s.first != next {
-			if s.first < next {
-				return fmt.Errorf("sink: shard %q (partitions %s) overlaps the shard before it", s.Name, s.Range())
+		for _, p := range s.Set(maxPartition) {
+			if o, dup := owner[p]; dup {
+				return fmt.Errorf("sink: partition %d is owned by shards %q and %q", p, o, s.Name)
 			}
-			return fmt.Errorf("sink: no shard owns partitions %d-%d", next, s.first-1)
+			owner[p] = s.Name
+			top = max(top, p)
 		}
-		next = s.last + 1
+	}
+	for p := int32(0); p <= top; p++ {
+		if _, ok := owner[p]; !ok {
+			q := p
+			for q+1 <= top && owner[q+1] == "" {
+				q++
+			}
+			return fmt.Errorf("sink: no shard owns partitions %d-%d", p, q)
+		}
 	}
 	if controls == 0 {
-		m.Shards[0].Control = true
+		m.Shards[m.For(0)].Control = true
 	}
 	return nil
+}
+
+// setPartitions records a parsed set: one range as first/last, anything
+// else as a set.
+func (s *Shard) setPartitions(set []int32) {
+	switch {
+	case len(set) == 0:
+		s.first, s.last, s.set = maxPartition, -1, []int32{}
+	case int(set[len(set)-1]-set[0]) == len(set)-1:
+		s.first, s.last, s.set = set[0], set[len(set)-1], nil
+	default:
+		s.first, s.last, s.set = set[0], set[len(set)-1], set
+	}
+	s.Partitions = FormatPartitions(set)
+}
+
+// parsePartitions parses "0-2,5" (or "none") into a sorted set.
+func parsePartitions(s string) ([]int32, error) {
+	if strings.TrimSpace(s) == "none" {
+		return []int32{}, nil
+	}
+	var set []int32
+	for _, part := range strings.Split(s, ",") {
+		first, last, err := parseRange(part)
+		if err != nil {
+			return nil, err
+		}
+		if last-first > 1<<16 {
+			return nil, errors.New("range too large")
+		}
+		for p := first; p <= last; p++ {
+			set = append(set, p)
+		}
+	}
+	slices.Sort(set)
+	if len(slices.Compact(slices.Clone(set))) != len(set) {
+		return nil, errors.New("a partition is named twice")
+	}
+	return set, nil
 }
 
 func parseRange(s string) (int32, int32, error) {
@@ -178,12 +296,17 @@ func parseRange(s string) (int32, int32, error) {
 
 // Cover checks that the shards own exactly partitions 0 to n-1.
 func (m *ShardMap) Cover(n int32) error {
-	last := m.Shards[len(m.Shards)-1]
-	if last.last == maxPartition {
-		return nil
+	var top int32 = -1
+	for _, s := range m.Shards {
+		if s.last == maxPartition {
+			return nil
+		}
+		if len(s.set) > 0 || s.set == nil {
+			top = max(top, s.last)
+		}
 	}
-	if last.last != n-1 {
-		return fmt.Errorf("sink: the shard map ends at partition %d but the topics have %d partitions (0-%d)", last.last, n, n-1)
+	if top != n-1 {
+		return fmt.Errorf("sink: the shard map ends at partition %d but the topics have %d partitions (0-%d)", top, n, n-1)
 	}
 	return nil
 }

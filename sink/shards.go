@@ -1,9 +1,13 @@
 package sink
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -15,8 +19,34 @@ import (
 // the control shard. A shard that does not answer stalls its partitions
 // only.
 type Shards struct {
-	list    []*Sink // in partition order
+	layout  atomic.Pointer[shardLayout]
 	control *Sink
+
+	// Reload's: the map file, how to open a shard it adds, every sink
+	// ever opened (closed by Close), the partition count (for the layout
+	// check of a reloaded map).
+	reloadMu sync.Mutex
+	path     string
+	raw      []byte // the map file's content as last used
+	cfg      Config
+	log      zerolog.Logger
+	opened   []*Sink
+	count    int32
+}
+
+// shardLayout is which sink owns which partitions: the map as last read.
+type shardLayout struct {
+	sinks  []*Sink // in partition order
+	shards []Shard // sinks[i] owns shards[i]'s partitions
+}
+
+func (l *shardLayout) lookup(p int32) *Sink {
+	for i, s := range l.shards {
+		if s.Owns(p) {
+			return l.sinks[i]
+		}
+	}
+	return l.sinks[len(l.sinks)-1]
 }
 
 // OpenShards opens every shard of m with cfg (cfg.DatabaseURL is ignored):
@@ -32,10 +62,11 @@ func OpenShards(ctx context.Context, cfg Config, m *ShardMap, log zerolog.Logger
 	if err != nil {
 		return nil, fmt.Errorf("shard %s: %w", m.Shards[ci].Name, err)
 	}
-	sh := &Shards{control: control}
+	sh := &Shards{control: control, path: m.Path(), raw: m.raw, cfg: cfg, log: log, opened: []*Sink{control}}
+	l := &shardLayout{}
 	for i, s := range m.Shards {
 		if i == ci {
-			sh.list = append(sh.list, control)
+			l.sinks, l.shards = append(l.sinks, control), append(l.shards, s)
 			continue
 		}
 		scfg := cfg
@@ -45,47 +76,127 @@ func OpenShards(ctx context.Context, cfg Config, m *ShardMap, log zerolog.Logger
 			sh.Close()
 			return nil, fmt.Errorf("shard %s: %w", s.Name, err)
 		}
-		sh.list = append(sh.list, one)
+		sh.opened = append(sh.opened, one)
+		l.sinks, l.shards = append(l.sinks, one), append(l.shards, s)
 	}
+	sh.layout.Store(l)
 	return sh, nil
 }
 
 // One wraps a single open Sink as the only shard.
-func One(s *Sink) *Shards { return &Shards{list: []*Sink{s}, control: s} }
+func One(s *Sink) *Shards {
+	sh := &Shards{control: s, opened: []*Sink{s}}
+	sh.layout.Store(&shardLayout{sinks: []*Sink{s}, shards: []Shard{s.shard}})
+	return sh
+}
 
-// For returns the sink of partition p's shard (the last shard for a
-// partition past every range: EnsurePartitionCount refuses such a map).
-func (sh *Shards) For(p int32) *Sink {
-	for _, s := range sh.list {
-		if s.shard.Owns(p) {
-			return s
+// For returns the sink of partition p's shard as the shard map last read
+// says (the last shard for a partition past every range:
+// EnsurePartitionCount refuses such a map).
+func (sh *Shards) For(p int32) *Sink { return sh.layout.Load().lookup(p) }
+
+// ErrNoShardMapFile says there is no shard map file to reload (one
+// --database-url, or a map given as bytes).
+var ErrNoShardMapFile = errors.New("sink: no shard map file to reload")
+
+// Reload reads the shard map file again and, if it changed, routes every partition as it
+// says from now on: after a partition moved to another shard (ErrMoved)
+// and on SIGHUP. A shard the map adds is opened (migrated, its layout
+// checked); every shard's layout is checked against its database before
+// the new map is used, and a map that fails a check is not used. A shard
+// the map no longer names stays open (its read-only copies) until Close.
+// The control shard cannot change.
+func (sh *Shards) Reload(ctx context.Context) error {
+	sh.reloadMu.Lock()
+	defer sh.reloadMu.Unlock()
+	if sh.path == "" {
+		return ErrNoShardMapFile
+	}
+	b, err := os.ReadFile(sh.path)
+	if err != nil {
+		return fmt.Errorf("sink: read the shard map: %w", err)
+	}
+	if bytes.Equal(b, sh.raw) {
+		return nil // unchanged: nothing to route differently
+	}
+	m, err := ParseShardMap(b)
+	if err != nil {
+		return err
+	}
+	if c := m.Shards[m.Control()]; c.Name != sh.control.shard.Name {
+		return fmt.Errorf("sink: the reloaded shard map makes %s the control shard, not %s: the control shard changes only with a restart", c.Name, sh.control.shard.Name)
+	}
+	l := &shardLayout{}
+	for _, s := range m.Shards {
+		var one *Sink
+		for _, o := range sh.opened {
+			if o.shard.Name == s.Name && o.shard.URL == s.URL {
+				one = o
+			}
+		}
+		if one == nil {
+			scfg := sh.cfg
+			scfg.DatabaseURL = s.URL
+			if one, err = open(ctx, scfg, s, sh.control, sh.log.With().Str("shard", s.Name).Logger()); err != nil {
+				return fmt.Errorf("sink: reload the shard map: shard %s: %w", s.Name, err)
+			}
+			sh.opened = append(sh.opened, one)
+		}
+		if sh.count > 0 {
+			if err := one.checkLayout(ctx, s, sh.count); err != nil {
+				return fmt.Errorf("sink: reload the shard map: shard %s: %w", s.Name, err)
+			}
+		}
+		l.sinks, l.shards = append(l.sinks, one), append(l.shards, s)
+	}
+	old := sh.layout.Swap(l)
+	sh.raw = b
+	for _, s := range m.Shards {
+		for i, o := range old.shards {
+			if o.Name == s.Name && o.Range() != s.Range() {
+				sh.log.Info().Str("shard", s.Name).Str("was", old.shards[i].Range()).Str("partitions", s.Range()).Msg("shard map reloaded: the shard's partitions changed")
+			}
 		}
 	}
-	return sh.list[len(sh.list)-1]
+	sh.log.Info().Str("path", sh.path).Int("shards", len(m.Shards)).Msg("shard map reloaded")
+	return nil
 }
 
 // Control returns the control shard: where the org settings live.
 func (sh *Shards) Control() *Sink { return sh.control }
 
-// All returns every shard in partition order.
-func (sh *Shards) All() []*Sink { return sh.list }
+// All returns every shard of the map as last read, in partition order.
+func (sh *Shards) All() []*Sink { return sh.layout.Load().sinks }
+
+// Partitions returns the partitions of shard s as the map last read says
+// (s.Shard() is as the map said when s was opened).
+func (sh *Shards) Partitions(s *Sink) Shard {
+	l := sh.layout.Load()
+	for i, o := range l.sinks {
+		if o == s {
+			return l.shards[i]
+		}
+	}
+	return s.shard
+}
 
 // EnsurePartitionCount records or checks the partition count and each
 // shard's layout (Sink.EnsurePartitionCount), after checking that the
 // shards own exactly partitions 0 to n-1.
 func (sh *Shards) EnsurePartitionCount(ctx context.Context, n int32) error {
-	m := ShardMap{}
-	for _, s := range sh.list {
-		m.Shards = append(m.Shards, s.shard)
-	}
+	l := sh.layout.Load()
+	m := ShardMap{Shards: l.shards}
 	if err := m.Cover(n); err != nil {
 		return err
 	}
-	for _, s := range sh.list {
+	for _, s := range l.sinks {
 		if err := s.ensureLayout(ctx, n); err != nil {
 			return fmt.Errorf("shard %s: %w", s.shard.Name, err)
 		}
 	}
+	sh.reloadMu.Lock()
+	sh.count = n
+	sh.reloadMu.Unlock()
 	return nil
 }
 
@@ -94,18 +205,19 @@ var ErrShardDown = errors.New("sink: shard does not answer")
 
 // Ping pings every shard at once and names those that do not answer.
 func (sh *Shards) Ping(ctx context.Context) error {
-	errs := make([]error, len(sh.list))
-	done := make(chan int, len(sh.list))
-	for i, s := range sh.list {
+	l := sh.layout.Load()
+	errs := make([]error, len(l.sinks))
+	done := make(chan int, len(l.sinks))
+	for i, s := range l.sinks {
 		go func() { errs[i] = s.Ping(ctx); done <- i }()
 	}
-	for range sh.list {
+	for range l.sinks {
 		<-done
 	}
 	var out []error
 	for i, err := range errs {
 		if err != nil {
-			s := sh.list[i].shard
+			s := l.shards[i]
 			out = append(out, fmt.Errorf("%w: shard %s (partitions %s): %w", ErrShardDown, s.Name, s.Range(), err))
 		}
 	}
@@ -138,7 +250,9 @@ func (sh *Shards) InDoubtStats(ctx context.Context, partitions []int32, now time
 
 // Close closes every shard.
 func (sh *Shards) Close() {
-	for _, s := range sh.list {
+	sh.reloadMu.Lock()
+	defer sh.reloadMu.Unlock()
+	for _, s := range sh.opened {
 		if s != sh.control {
 			s.Close()
 		}

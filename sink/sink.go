@@ -127,7 +127,7 @@ func (s *Sink) setUpLate(ctx context.Context) error {
 		return err
 	}
 	if s.count > 0 {
-		if err := s.recordLayout(ctx, s.count); err != nil {
+		if err := s.recordLayout(ctx, s.shard, s.count); err != nil {
 			return err
 		}
 	}

@@ -114,6 +114,7 @@ func commands() map[string]command {
 		"org-settings":   {"show or change an org's settings (idempotency-key retention, possible-replay window and policy)", groups[2], runOrgSettings},
 		"acls":           {"print or create the Kafka ACLs of each role (plan, apply)", groups[0], runACLs},
 		"grantor-keys":   {"grantor signing keys and each org's grant_signing (generate, add, revoke, list, require, relax)", groups[0], runGrantorKeys},
+		"shards":         {"move a partition to another shard; drop the copy a move left (move, drop-moved, moves)", groups[2], runShards},
 		"verify":         {"prove the decisions' hash chain and find drift from PostgreSQL", groups[2], runVerify},
 		"tokens":         {"create, revoke or list the HTTP gateway's per-org bearer tokens", groups[0], runTokens},
 		"repartition":    {"change the partition count (fenced, drained, one transaction; then the topics grow)", groups[2], runRepartition},

@@ -3,9 +3,11 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/mandated/mandated/outbox"
+	"github.com/mandated/mandated/sink"
 )
 
 type parkedView struct {
@@ -59,6 +61,15 @@ needs to be told by other means.`,
 		if err != nil {
 			a.errorf("parked: %v", err)
 			return exitFailed
+		}
+		if len(pools) > 1 {
+			// A move's read-only copy is listed where the partition lives.
+			away, err := sink.MovedAway(ctx, pool)
+			if err != nil {
+				a.errorf("parked: %v", err)
+				return exitFailed
+			}
+			more = slices.DeleteFunc(more, func(r outbox.ParkedRow) bool { return away[r.Partition] })
 		}
 		if rows = append(rows, more...); len(rows) >= *limit {
 			break

@@ -219,6 +219,12 @@ func run(args []string) int {
 
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	// SIGHUP reloads the shard map file (after mandatectl shards move; a
+	// partition refused as moved reloads it as well). Caught from the
+	// start: its default action would end the process.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	svc, ok := startWithRetry(cfg, log, state, sigs)
 	if !ok {
 		_ = srv.Close()
@@ -227,6 +233,15 @@ func run(args []string) int {
 	for _, s := range svc.Shards.All() {
 		reg.MustRegister(sink.NewPoolCollector(s))
 	}
+	go func() {
+		for range hup {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			if err := svc.Shards.Reload(ctx); err != nil {
+				log.Error().Err(err).Msg("SIGHUP: the shard map was not reloaded")
+			}
+			cancel()
+		}
+	}()
 	ready := svc.Metrics.Ready
 	stopReady := make(chan struct{})
 	go watchReady(svc, ready, stopReady)

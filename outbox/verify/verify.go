@@ -21,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/sink"
 )
 
 // CatchUpTimeoutDefault is how long Run waits for the relay to publish what
@@ -171,14 +172,22 @@ type Report struct {
 // OK reports whether the history verified and nothing drifted.
 func (r *Report) OK() bool { return len(r.Breaks) == 0 && len(r.Drifts) == 0 }
 
-// poolFor returns the database that holds partition p's row.
+// poolFor returns the database that holds partition p's row (not the
+// read-only copy a move to another shard left behind).
 func (cfg *Config) poolFor(ctx context.Context, p int32) (*pgxpool.Pool, error) {
 	for _, pool := range cfg.Shards {
 		var here bool
 		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM mandated_partitions WHERE partition = $1)`, p).Scan(&here); err != nil {
 			return nil, err
 		}
-		if here {
+		if !here {
+			continue
+		}
+		away, err := sink.MovedAway(ctx, pool)
+		if err != nil {
+			return nil, err
+		}
+		if !away[p] {
 			return pool, nil
 		}
 	}
@@ -203,9 +212,17 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			if err := pool.QueryRow(ctx, `SELECT coalesce(array_agg(partition ORDER BY partition), '{}') FROM mandated_partitions`).Scan(&some); err != nil {
 				return nil, fmt.Errorf("verify: list partitions: %w", err)
 			}
+			if len(cfg.Shards) > 0 {
+				away, err := sink.MovedAway(ctx, pool)
+				if err != nil {
+					return nil, fmt.Errorf("verify: list partitions: %w", err)
+				}
+				some = slices.DeleteFunc(some, func(p int32) bool { return away[p] })
+			}
 			parts = append(parts, some...)
 		}
 		slices.Sort(parts)
+		parts = slices.Compact(parts)
 	}
 	cl, err := kgo.NewClient(cfg.KafkaOpts...)
 	if err != nil {

@@ -1,0 +1,285 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/mandated/mandated/sink"
+)
+
+// runShards runs `mandatectl shards move|drop-moved|moves`.
+func runShards(a *app, args []string) int {
+	sub := ""
+	if len(args) > 0 {
+		sub, args = args[0], args[1:]
+	}
+	switch sub {
+	case "move":
+		return runShardsMove(a, args)
+	case "drop-moved":
+		return runShardsDropMoved(a, args)
+	case "moves":
+		return runShardsMoves(a, args)
+	case "", "help", "-h", "--help":
+		w := a.stdout
+		if sub == "" {
+			w = a.stderr
+		}
+		fmt.Fprint(w, `usage: mandatectl shards <move|drop-moved|moves> [flags]
+
+  move P --to SHARD_OR_URL --shard-map FILE    move partition P to another shard, fenced like a takeover
+  drop-moved P --shard SHARD --shard-map FILE  delete the read-only copy a move left on the source
+  moves --shard-map FILE                       list the moves every shard records
+
+Examples:
+  mandatectl shards move 3 --to b --shard-map /etc/mandated/shards.yaml
+  mandatectl shards drop-moved 3 --shard a --shard-map /etc/mandated/shards.yaml
+
+Run 'mandatectl shards <subcommand> --help' for flags and examples
+(docs/operations.md, "Moving a partition to another shard").
+`)
+		if sub == "" {
+			return exitUsage
+		}
+		return exitOK
+	}
+	a.errorf("shards: unknown subcommand %q (move, drop-moved, moves)", sub)
+	return exitUsage
+}
+
+func shardMapFlag(f *flagSet) *string {
+	var path string
+	f.env(func(fs *flag.FlagSet) {
+		fs.StringVar(&path, "shard-map", "", "the daemon's shard map (YAML) (required)")
+	})
+	return &path
+}
+
+func partitionArg(f *flagSet, pos []string) (int32, bool) {
+	if len(pos) != 1 {
+		return 0, false
+	}
+	p, err := strconv.ParseInt(pos[0], 10, 32)
+	if err != nil || p < 0 {
+		return 0, false
+	}
+	return int32(p), true
+}
+
+func runShardsMove(a *app, args []string) int {
+	f := a.newFlagSet("shards move", "P --to SHARD_OR_URL [--name NEW] --shard-map FILE [flags]",
+		`Move partition P, with every row it has, to another shard, while mandated
+runs. Fenced like a takeover: (1) on the shard holding P, P's epoch is bumped
+and P is marked moving, so its owner's next commit fails its fence and
+nothing of P is written there any more (claims, batches and relay marks of P
+are refused: "partition P moved to shard X"); (2) every row of P (mandates,
+authorizations, idempotency keys, intents, outbox and parked rows, the
+partition row with its offsets, sequence and epoch, relay progress, chain
+anchor) is copied from one repeatable-read snapshot into the target in one
+transaction, in which the target takes P with a higher epoch; (3) the shard
+map file is rewritten (temporary file, then rename) with P in the target's
+set. Running processors reload the map when refused and claim P on the
+target; SIGHUP reloads it too. The old copy stays, read-only, until
+'mandatectl shards drop-moved'.
+
+--to is a shard of the map, or the URL of a database for a new shard (then
+--name names it; migrate it first with 'mandatectl migrate --database-url').
+Refused, with nothing changed: P not on its shard, P already moving, the
+target not migrated, of another partition count, not answering, already
+holding rows of P or one of P's idempotency keys for another partition, the
+map file not writable. A copy that fails is undone (P stays where it was).
+A move that died after step 1 and could not be undone leaves P fenced
+everywhere: run the same command with --resume.`,
+		"mandatectl shards move 3 --to b --shard-map /etc/mandated/shards.yaml",
+		"mandatectl shards move 7 --to postgres://mandated@db-c:5432/mandated --name c --shard-map shards.yaml")
+	mapPath := shardMapFlag(f)
+	to := f.String("to", "", "the target: a shard of the map, or a database URL for a new shard (required)")
+	name := f.String("name", "", "the new shard's name when --to is a URL")
+	resume := f.Bool("resume", false, "complete a move of P to the same target that died after fencing P")
+	timeout := f.Duration("timeout", 10*time.Minute, "bound on the whole move")
+	pos, code, ok := f.parse(args)
+	if !ok {
+		return code
+	}
+	p, ok := partitionArg(f, pos)
+	if !ok {
+		return f.usageErr("want one partition number")
+	}
+	if *mapPath == "" || *to == "" {
+		return f.usageErr("--shard-map and --to are required")
+	}
+	m, err := sink.ReadShardMap(*mapPath)
+	if err != nil {
+		return f.usageErr("--shard-map: %v", err)
+	}
+	si := m.For(p)
+	if si < 0 {
+		return f.usageErr("the shard map gives partition %d to no shard", p)
+	}
+	source := m.Shards[si]
+	targetName, targetURL, newURL := *to, "", ""
+	if strings.Contains(*to, "://") {
+		if *name == "" {
+			return f.usageErr("--to is a URL: --name names the new shard")
+		}
+		targetName, targetURL, newURL = *name, *to, *to
+		for _, s := range m.Shards {
+			if s.Name == targetName {
+				return f.usageErr("the shard map names a shard %s already: --to %s", targetName, targetName)
+			}
+		}
+	} else {
+		for _, s := range m.Shards {
+			if s.Name == targetName {
+				targetURL = s.URL
+			}
+		}
+		if targetURL == "" {
+			return f.usageErr("the shard map names no shard %q (a new shard: --to URL --name NAME)", targetName)
+		}
+	}
+	if targetName == source.Name {
+		a.errorf("shards move: partition %d is on shard %s already", p, source.Name)
+		return exitFailed
+	}
+	raw, err := os.ReadFile(*mapPath)
+	if err != nil {
+		a.errorf("shards move: %v", err)
+		return exitFailed
+	}
+	edited, err := sink.MoveInMapFile(raw, p, targetName, newURL)
+	if err != nil {
+		a.errorf("shards move: %v", err)
+		return exitFailed
+	}
+	if err := sink.CheckWritable(*mapPath); err != nil {
+		a.errorf("shards move: %v (nothing was changed)", err)
+		return exitFailed
+	}
+	ctx, cancel := withTimeout(a.ctx, *timeout)
+	defer cancel()
+	res, err := sink.MovePartition(ctx, sink.MoveOptions{Partition: p, Source: source.URL, Target: targetURL, TargetName: targetName, Resume: *resume})
+	if err != nil {
+		a.errorf("shards move: %v", err)
+		return exitFailed
+	}
+	if err := sink.WriteFileAtomic(*mapPath, edited); err != nil {
+		a.errorf("shards move: partition %d is on shard %s now, but writing the shard map failed: %v; write this map to %s:\n%s",
+			p, targetName, err, *mapPath, edited)
+		return exitFailed
+	}
+	var total int64
+	tables := make([]string, 0, len(res.Rows))
+	for t, n := range res.Rows {
+		total += n
+		tables = append(tables, t)
+	}
+	slices.Sort(tables)
+	fmt.Fprintf(a.stdout, "partition %d moved from shard %s to shard %s: %d rows in %s, epoch %d on %s\n",
+		p, res.SourceShard, targetName, total, res.Took.Round(time.Millisecond), res.Epoch, targetName)
+	for _, t := range tables {
+		fmt.Fprintf(a.stdout, "  %-20s %d\n", t, res.Rows[t])
+	}
+	fmt.Fprintf(a.stdout, "shard map %s updated; processors claim partition %d on %s when refused on %s (or at SIGHUP)\n", *mapPath, p, targetName, res.SourceShard)
+	fmt.Fprintf(a.stdout, "the copy on %s is read-only; delete it with: mandatectl shards drop-moved %d --shard %s --shard-map %s\n", res.SourceShard, p, res.SourceShard, *mapPath)
+	return exitOK
+}
+
+// shardURL finds a shard's URL in the map; a shard the map no longer lists
+// (all its partitions moved away and it was removed) is not found.
+func shardURL(m *sink.ShardMap, name string) (string, bool) {
+	for _, s := range m.Shards {
+		if s.Name == name {
+			return s.URL, true
+		}
+	}
+	return "", false
+}
+
+func runShardsDropMoved(a *app, args []string) int {
+	f := a.newFlagSet("shards drop-moved", "P --shard SHARD --shard-map FILE",
+		`Delete the read-only copy of partition P that a move left on shard SHARD
+(every table's rows of P there), once the move is done. P stays recorded as
+moved away, so it is never claimed there again, whatever map a process runs
+with. Refused while the move is not finished, or where P did not move away.`,
+		"mandatectl shards drop-moved 3 --shard a --shard-map /etc/mandated/shards.yaml")
+	mapPath := shardMapFlag(f)
+	shard := f.String("shard", "", "the shard P moved away from (required)")
+	timeout := f.Duration("timeout", 10*time.Minute, "bound on the whole drop")
+	pos, code, ok := f.parse(args)
+	if !ok {
+		return code
+	}
+	p, ok := partitionArg(f, pos)
+	if !ok {
+		return f.usageErr("want one partition number")
+	}
+	if *mapPath == "" || *shard == "" {
+		return f.usageErr("--shard-map and --shard are required")
+	}
+	m, err := sink.ReadShardMap(*mapPath)
+	if err != nil {
+		return f.usageErr("--shard-map: %v", err)
+	}
+	url, ok := shardURL(m, *shard)
+	if !ok {
+		return f.usageErr("the shard map names no shard %q", *shard)
+	}
+	ctx, cancel := withTimeout(a.ctx, *timeout)
+	defer cancel()
+	deleted, err := sink.DropMoved(ctx, url, p)
+	if err != nil {
+		a.errorf("shards drop-moved: %v", err)
+		return exitFailed
+	}
+	var total int64
+	for _, n := range deleted {
+		total += n
+	}
+	fmt.Fprintf(a.stdout, "partition %d: %d rows of its old copy deleted on shard %s\n", p, total, *shard)
+	return exitOK
+}
+
+func runShardsMoves(a *app, args []string) int {
+	f := a.newFlagSet("shards moves", "--shard-map FILE", `List the partition moves every shard of the map records.`,
+		"mandatectl shards moves --shard-map /etc/mandated/shards.yaml")
+	mapPath := shardMapFlag(f)
+	timeout := f.Duration("timeout", 30*time.Second, "bound on the queries")
+	if _, code, ok := f.parse(args); !ok {
+		return code
+	}
+	if *mapPath == "" {
+		return f.usageErr("--shard-map is required")
+	}
+	m, err := sink.ReadShardMap(*mapPath)
+	if err != nil {
+		return f.usageErr("--shard-map: %v", err)
+	}
+	ctx, cancel := withTimeout(a.ctx, *timeout)
+	defer cancel()
+	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SHARD\tPARTITION\tSTATE\tPEER\tEPOCH\tROWS\tUPDATED")
+	failed := false
+	for _, s := range m.Shards {
+		moves, err := sink.Moves(ctx, s.URL)
+		if err != nil {
+			a.errorf("shards moves: shard %s: %v", s.Name, err)
+			failed = true
+			continue
+		}
+		for _, mv := range moves {
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%d\t%s\n", s.Name, mv.Partition, mv.State, mv.Peer, mv.Epoch, mv.Rows, mv.UpdatedAt.UTC().Format(time.RFC3339))
+		}
+	}
+	tw.Flush()
+	if failed {
+		return exitFailed
+	}
+	return exitOK
+}

@@ -1,0 +1,700 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Moving a partition to another shard (README, "Scaling out PostgreSQL";
+// docs/operations.md, "Moving a partition to another shard"). A move is
+// fenced like a takeover:
+//
+//  1. on the source, in one transaction, the partition's epoch is bumped and
+//     the partition is marked moving (mandated_moves): from then on its
+//     claims, batch advances and relay marks raise ErrMoved there, and the
+//     owner's next commit fails its fence;
+//  2. every row of the partition is copied from ONE repeatable-read snapshot
+//     of the source into the target in one transaction, in which the target
+//     also records that it owns the partition, with a higher epoch;
+//  3. the source records the partition moved out: its rows stay, read-only,
+//     until DropMoved deletes them.
+//
+// The outbox is copied with the rest, published or not, and so is the
+// relay's mark: the relay on the target resumes where the relay on the
+// source stopped, because a relay resumes from the higher of its mark and
+// the decisions topic's tail (outbox.Relay), never from the mark alone. Not
+// waiting for the source's relay to drain keeps the move short and keeps
+// the relay out of it: once fenced, that relay cannot mark anything anyway.
+
+// Move states (mandated_moves.state).
+const (
+	MoveOut     = "moving_out" // fenced on the source, copy under way
+	MovedOut    = "moved_out"  // the target owns it; a read-only copy remains here
+	MoveDropped = "dropped"    // the read-only copy is deleted
+	MoveIn      = "moved_in"   // owned here by a move
+)
+
+// Move is a partition's move as one database records it.
+type Move struct {
+	Partition int32
+	State     string
+	Peer      string // out: the shard it moved to; in: the shard it came from
+	Epoch     int64
+	Rows      int64
+	StartedAt time.Time
+	UpdatedAt time.Time
+}
+
+// ErrMoved says a partition was moved to another shard: this database
+// refuses its claims, commits and relay marks. It is also an ErrFenced (the
+// epoch moved on); a processor that meets it reloads its shard map and
+// claims the partition where it lives now.
+var ErrMoved = errors.New("sink: the partition moved to another shard")
+
+// movedError is an ErrMoved naming the shard the partition moved to.
+type movedError struct {
+	To  string
+	msg string
+}
+
+func (e *movedError) Error() string { return "sink: " + e.msg }
+
+func (e *movedError) Is(target error) bool { return target == ErrMoved || target == ErrFenced }
+
+// MovedTo returns the shard a partition moved to, from an ErrMoved.
+func MovedTo(err error) (string, bool) {
+	var m *movedError
+	if errors.As(err, &m) {
+		return m.To, true
+	}
+	return "", false
+}
+
+// movedCode is the SQLSTATE mandated_owns raises for a moved partition
+// (migration 0014); its HINT is the shard the partition moved to.
+const movedCode = "MD001"
+
+func interpretMoved(pgErr *pgconn.PgError) error {
+	return &movedError{To: pgErr.Hint, msg: pgErr.Message}
+}
+
+func readMoves(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}) (map[int32]Move, error) {
+	rows, err := q.Query(ctx, `SELECT partition, state, peer, epoch, rows, started_at, updated_at FROM mandated_moves`)
+	if err != nil {
+		return nil, fmt.Errorf("sink: read the partition moves: %w", interpretError(err))
+	}
+	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Move, error) {
+		var m Move
+		err := r.Scan(&m.Partition, &m.State, &m.Peer, &m.Epoch, &m.Rows, &m.StartedAt, &m.UpdatedAt)
+		return m, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("sink: read the partition moves: %w", interpretError(err))
+	}
+	out := make(map[int32]Move, len(list))
+	for _, m := range list {
+		out[m.Partition] = m
+	}
+	return out, nil
+}
+
+// movedTables are the tables holding a partition's rows, in the order a
+// copy inserts them (a mandate before its authorizations; the chain's
+// anchor before the partition row, whose insert would otherwise write one).
+// Every table of the schema with a partition column is here, except
+// mandated_moves itself (TestTheMoveCopiesEveryTableWithAPartitionColumn).
+var movedTables = []string{
+	"chain_anchors", "mandated_partitions", "mandates", "authorizations", "idempotency_keys",
+	"intents", "outbox", "outbox_parked", "relay_progress",
+}
+
+// MoveOptions says which partition moves where.
+type MoveOptions struct {
+	Partition int32
+	// Source and Target are the two databases' connection strings.
+	Source, Target string
+	// TargetName is the target shard's name: checked against its
+	// mandated_meta, or recorded there when the target has none yet (a
+	// database migrated for a new shard).
+	TargetName string
+	// Resume completes a move that died after fencing the source (the
+	// partition is moving to TargetName already). Without it such a
+	// partition is refused as already moving.
+	Resume bool
+	// LockTimeout bounds the wait for a batch in flight on the source
+	// holding the partition row. Defaults to 30s.
+	LockTimeout time.Duration
+}
+
+// MoveResult reports a finished move.
+type MoveResult struct {
+	SourceShard string
+	Epoch       int64            // the target's epoch after the move
+	Rows        map[string]int64 // rows copied per table
+	Took        time.Duration
+}
+
+// MovePartition moves a partition's rows from the source database to the
+// target (the database steps of a move; mandatectl writes the shard map
+// after it). It refuses, and changes nothing, when the source does not own
+// the partition, the partition is already moving, or the target is not
+// migrated, counts another number of partitions, is another shard, already
+// holds rows of the partition or idempotency keys of it for another
+// partition, or does not answer. A copy that fails is undone when the
+// target did not commit it (undoFence).
+func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
+	start := time.Now()
+	o.LockTimeout = cmpOr(o.LockTimeout, 30*time.Second)
+	res := MoveResult{Rows: map[string]int64{}}
+	src, err := pgx.Connect(ctx, o.Source)
+	if err != nil {
+		return res, fmt.Errorf("sink: move: the source does not answer: %w", interpretError(err))
+	}
+	defer src.Close(context.WithoutCancel(ctx))
+	dst, err := pgx.Connect(ctx, o.Target)
+	if err != nil {
+		return res, fmt.Errorf("sink: move: target shard %s does not answer: %w", o.TargetName, interpretError(err))
+	}
+	defer dst.Close(context.WithoutCancel(ctx))
+	p := o.Partition
+
+	srcMeta, err := readMeta(ctx, src)
+	if err != nil {
+		return res, fmt.Errorf("sink: move: the source: %w", err)
+	}
+	if srcMeta == nil {
+		return res, errors.New("sink: move: the source has no recorded layout (no processor ever started on it)")
+	}
+	res.SourceShard = srcMeta.name
+	if srcMeta.name == o.TargetName {
+		return res, fmt.Errorf("sink: move: partition %d is on shard %s already", p, o.TargetName)
+	}
+	if p < 0 || p >= srcMeta.count {
+		return res, fmt.Errorf("sink: move: partition %d does not exist (0-%d)", p, srcMeta.count-1)
+	}
+	srcMoves, err := readMoves(ctx, src)
+	if err != nil {
+		return res, err
+	}
+	if _, err := sourceOwns(srcMeta, srcMoves, o); err != nil {
+		return res, err
+	}
+	if err := checkMigrated(ctx, src, dst, o.TargetName); err != nil {
+		return res, err
+	}
+	dstMeta, err := readMeta(ctx, dst)
+	if err != nil {
+		return res, fmt.Errorf("sink: move: target shard %s: %w", o.TargetName, err)
+	}
+	if dstMeta != nil && dstMeta.count != srcMeta.count {
+		return res, fmt.Errorf("sink: move: target shard %s counts %d partitions, the source %d: a partition moves only between shards of one partition count",
+			o.TargetName, dstMeta.count, srcMeta.count)
+	}
+	if dstMeta != nil && dstMeta.name != o.TargetName {
+		return res, fmt.Errorf("sink: move: the target database is shard %s, not %s", dstMeta.name, o.TargetName)
+	}
+	// A resumed move whose copy had committed (it died before recording
+	// the source moved out) only has step 3 left.
+	copied := false
+	if o.Resume {
+		var state, peer string
+		err := dst.QueryRow(ctx, `SELECT state, peer FROM mandated_moves WHERE partition = $1`, p).Scan(&state, &peer)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return res, fmt.Errorf("sink: move: target shard %s: %w", o.TargetName, interpretError(err))
+		}
+		copied = state == MoveIn && peer == srcMeta.name
+	}
+	if !copied {
+		if err := checkTargetFree(ctx, dst, p, o.TargetName); err != nil {
+			return res, err
+		}
+		if err := checkKeyCollisions(ctx, src, dst, p, o.TargetName); err != nil {
+			return res, err
+		}
+	}
+
+	// 1. Fence on the source.
+	var epoch int64
+	err = pgx.BeginFunc(ctx, src, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, o.LockTimeout.Milliseconds())); err != nil {
+			return err
+		}
+		m, err := readMetaTx(ctx, tx, true)
+		if err != nil {
+			return err
+		}
+		moves, err := readMoves(ctx, tx)
+		if err != nil {
+			return err
+		}
+		resumed, err := sourceOwns(m, moves, o)
+		if err != nil || resumed > 0 {
+			epoch = resumed
+			return err
+		}
+		err = tx.QueryRow(ctx, `UPDATE mandated_partitions SET epoch = epoch + 1, owner = $2, updated_at = now()
+			WHERE partition = $1 RETURNING epoch`, p, "mandatectl shards move to "+o.TargetName).Scan(&epoch)
+		if errors.Is(err, pgx.ErrNoRows) {
+			err = nil // never claimed: nothing to fence, no rows to copy
+		}
+		if err != nil {
+			return fmt.Errorf("sink: move: fence partition %d: %w", p, interpretError(err))
+		}
+		if _, err = tx.Exec(ctx, `INSERT INTO mandated_moves (partition, state, peer, epoch) VALUES ($1, $2, $3, $4)
+			ON CONFLICT (partition) DO UPDATE SET state = EXCLUDED.state, peer = EXCLUDED.peer, epoch = EXCLUDED.epoch,
+			  rows = 0, started_at = now(), updated_at = now()`, p, MoveOut, o.TargetName, epoch); err != nil {
+			return interpretError(err)
+		}
+		return setOwned(ctx, tx, m, p, false)
+	})
+	if err != nil {
+		return res, err
+	}
+
+	// 2. Copy from one snapshot, into the target in one transaction.
+	var total int64
+	if copied {
+		if err := dst.QueryRow(ctx, `SELECT coalesce((SELECT epoch FROM mandated_partitions WHERE partition = $1), 0),
+			(SELECT rows FROM mandated_moves WHERE partition = $1)`, p).Scan(&res.Epoch, &total); err != nil {
+			return res, fmt.Errorf("sink: move: target shard %s: %w", o.TargetName, interpretError(err))
+		}
+	} else if err := copyPartition(ctx, src, dst, srcMeta, dstMeta, o, epoch, &res); err != nil {
+		return res, undoFence(ctx, o, srcMeta.name, err)
+	}
+
+	// 3. The source's copy is read-only from now on, until dropped.
+	for _, n := range res.Rows {
+		total += n
+	}
+	if _, err := src.Exec(ctx, `UPDATE mandated_moves SET state = $2, rows = $3, updated_at = now() WHERE partition = $1`,
+		p, MovedOut, total); err != nil {
+		return res, fmt.Errorf("sink: move: partition %d is on shard %s now, but recording it moved out on shard %s failed (run the move again with --resume): %w",
+			p, o.TargetName, srcMeta.name, interpretError(err))
+	}
+	res.Took = time.Since(start)
+	return res, nil
+}
+
+// copyPartition copies every row of the partition from one repeatable-read
+// snapshot of the source into the target in one transaction, in which the
+// target records that it owns the partition, with a higher epoch.
+func copyPartition(ctx context.Context, src, dst *pgx.Conn, srcMeta, dstMeta *meta, o MoveOptions, epoch int64, res *MoveResult) error {
+	p := o.Partition
+	snap, err := src.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return fmt.Errorf("sink: move: snapshot the source: %w", interpretError(err))
+	}
+	defer snap.Rollback(context.WithoutCancel(ctx))
+	err = pgx.BeginFunc(ctx, dst, func(tx pgx.Tx) error {
+		if dstMeta == nil {
+			if _, err := tx.Exec(ctx, `INSERT INTO mandated_meta (partition_count, shard, first_partition, control, partitions)
+				VALUES ($1, $2, 0, false, '{}') ON CONFLICT (singleton) DO NOTHING`, srcMeta.count, o.TargetName); err != nil {
+				return fmt.Errorf("record the target's layout: %w", interpretError(err))
+			}
+		}
+		m, err := readMetaTx(ctx, tx, true)
+		if err != nil {
+			return err
+		}
+		if m.count != srcMeta.count || m.name != o.TargetName {
+			return fmt.Errorf("target shard %s changed under the move (now shard %s of %d partitions)", o.TargetName, m.name, m.count)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO mandated_moves (partition, state, peer, epoch) VALUES ($1, $2, $3, $4)
+			ON CONFLICT (partition) DO UPDATE SET state = EXCLUDED.state, peer = EXCLUDED.peer, epoch = EXCLUDED.epoch,
+			  rows = 0, started_at = now(), updated_at = now()`, p, MoveIn, srcMeta.name, epoch); err != nil {
+			return interpretError(err)
+		}
+		if err := setOwned(ctx, tx, m, p, true); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `SELECT set_config('mandated.partition', $1, true)`, fmt.Sprint(p)); err != nil {
+			return interpretError(err)
+		}
+		var total int64
+		for _, table := range movedTables {
+			n, err := copyTable(ctx, snap.Conn().PgConn(), tx.Conn().PgConn(), table, p)
+			if table == "idempotency_keys" && RetryCause(err) == "unique" {
+				return fmt.Errorf("copy %s: %w (%s)", table, err, keyCollisionHint)
+			}
+			if err != nil {
+				return fmt.Errorf("copy %s: %w", table, err)
+			}
+			res.Rows[table] = n
+			total += n
+		}
+		err = tx.QueryRow(ctx, `UPDATE mandated_partitions SET epoch = epoch + 1, owner = $2, updated_at = now()
+			WHERE partition = $1 RETURNING epoch`, p, "mandatectl shards move from "+srcMeta.name).Scan(&res.Epoch)
+		if errors.Is(err, pgx.ErrNoRows) {
+			err = nil
+		}
+		if err != nil {
+			return interpretError(err)
+		}
+		_, err = tx.Exec(ctx, `UPDATE mandated_moves SET rows = $2 WHERE partition = $1`, p, total)
+		return interpretError(err)
+	})
+	if err != nil {
+		return err
+	}
+	_ = snap.Rollback(ctx)
+	return nil
+}
+
+// sourceOwns checks that the source (meta m, moves) owns the partition, or
+// that o resumes a move of it to the same target: then it returns the
+// epoch that move fenced.
+func sourceOwns(m *meta, moves map[int32]Move, o MoveOptions) (int64, error) {
+	p := o.Partition
+	mv, moved := moves[p]
+	switch {
+	case moved && mv.State == MoveOut && o.Resume && mv.Peer == o.TargetName:
+		return max(mv.Epoch, 1), nil
+	case moved && mv.State == MoveOut:
+		return 0, fmt.Errorf("sink: move: partition %d is already moving to shard %s (since %s); if that move died, run it again with --resume",
+			p, mv.Peer, mv.StartedAt.UTC().Format(time.RFC3339))
+	case moved && mv.State != MoveIn:
+		return 0, fmt.Errorf("sink: move: partition %d is not on shard %s: it moved to shard %s (%s)", p, m.name, mv.Peer, mv.State)
+	case !moved && !m.owns(p):
+		return 0, fmt.Errorf("sink: move: partition %d is not on shard %s (partitions %s)", p, m.name, m.describe())
+	}
+	return 0, nil
+}
+
+// undoFence gives the partition back to the source after a copy that
+// failed, when the target is known not to own it (its copy transaction did
+// not commit): the source's owner, refused as moved meanwhile, claims it
+// again there. When the target cannot tell (it does not answer), the
+// partition stays fenced and the move must be run again with --resume.
+func undoFence(ctx context.Context, o MoveOptions, source string, cause error) error {
+	ctx = context.WithoutCancel(ctx)
+	stuck := fmt.Errorf("sink: move: copy partition %d into shard %s: %w; the partition stays fenced on shard %s: run the move again with --resume", o.Partition, o.TargetName, cause, source)
+	dst, err := pgx.Connect(ctx, o.Target)
+	if err != nil {
+		return stuck
+	}
+	defer dst.Close(ctx)
+	var owned bool
+	if err := dst.QueryRow(ctx, `SELECT EXISTS (SELECT FROM mandated_moves WHERE partition = $1 AND state = $2)`, o.Partition, MoveIn).Scan(&owned); err != nil || owned {
+		return stuck
+	}
+	src, err := pgx.Connect(ctx, o.Source)
+	if err != nil {
+		return stuck
+	}
+	defer src.Close(ctx)
+	err = pgx.BeginFunc(ctx, src, func(tx pgx.Tx) error {
+		m, err := readMetaTx(ctx, tx, true)
+		if err != nil {
+			return err
+		}
+		tag, err := tx.Exec(ctx, `DELETE FROM mandated_moves WHERE partition = $1 AND state = $2 AND peer = $3`, o.Partition, MoveOut, o.TargetName)
+		if err != nil {
+			return interpretError(err)
+		}
+		if tag.RowsAffected() != 1 {
+			return errors.New("the move's record changed")
+		}
+		return setOwned(ctx, tx, m, o.Partition, true)
+	})
+	if err != nil {
+		return stuck
+	}
+	return fmt.Errorf("sink: move: copy partition %d into shard %s: %w; the move was undone: partition %d stays on shard %s", o.Partition, o.TargetName, cause, o.Partition, source)
+}
+
+// setOwned records in mandated_meta that the shard owns p (or no longer
+// does): the recorded set is what a map is checked against at start.
+func setOwned(ctx context.Context, tx pgx.Tx, m *meta, p int32, own bool) error {
+	var set []int32
+	if m.set != nil {
+		set = slices.Clone(m.set)
+	} else {
+		for q := m.first; q <= coalesce(m.last, m.count-1); q++ {
+			set = append(set, q)
+		}
+	}
+	set = slices.DeleteFunc(set, func(q int32) bool { return q == p })
+	if own {
+		set = append(set, p)
+	}
+	slices.Sort(set)
+	first, last := int32(0), (*int32)(nil)
+	if len(set) > 0 {
+		first, last = set[0], &set[len(set)-1]
+	}
+	if set == nil {
+		set = []int32{}
+	}
+	_, err := tx.Exec(ctx, `UPDATE mandated_meta SET partitions = $1, first_partition = $2, last_partition = $3`, set, first, last)
+	if err != nil {
+		return fmt.Errorf("record the shard's partitions: %w", interpretError(err))
+	}
+	return nil
+}
+
+// copyTable streams one table's rows of partition p from the snapshot into
+// the target (COPY, binary: both databases run the same migrations).
+func copyTable(ctx context.Context, from, to *pgconn.PgConn, table string, p int32) (int64, error) {
+	cols, err := copyColumns(ctx, from, table)
+	if err != nil {
+		return 0, err
+	}
+	list := strings.Join(cols, ", ")
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		_, err := from.CopyTo(ctx, pw, fmt.Sprintf(`COPY (SELECT %s FROM %s WHERE partition = %d) TO STDOUT (FORMAT binary)`, list, table, p))
+		pw.CloseWithError(err)
+		done <- err
+	}()
+	tag, err := to.CopyFrom(ctx, pr, fmt.Sprintf(`COPY %s (%s) FROM STDIN (FORMAT binary)`, table, list))
+	pr.CloseWithError(io.ErrClosedPipe)
+	if rerr := <-done; rerr != nil && err == nil {
+		err = rerr
+	}
+	if err != nil {
+		return 0, interpretError(err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// copyColumns lists a table's stored columns, in order.
+func copyColumns(ctx context.Context, conn *pgconn.PgConn, table string) ([]string, error) {
+	rr := conn.ExecParams(ctx, `SELECT quote_ident(attname) FROM pg_attribute
+		WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped AND attgenerated = '' ORDER BY attnum`,
+		[][]byte{[]byte(table)}, nil, nil, nil)
+	var cols []string
+	for rr.NextRow() {
+		cols = append(cols, string(rr.Values()[0]))
+	}
+	if _, err := rr.Close(); err != nil {
+		return nil, interpretError(err)
+	}
+	if len(cols) == 0 {
+		return nil, fmt.Errorf("table %s has no columns", table)
+	}
+	return cols, nil
+}
+
+// DropMoved deletes the read-only copy of a partition that moved away from
+// the database at url, and records it dropped: the partition never comes
+// back there except by a move in. It returns the rows deleted per table.
+func DropMoved(ctx context.Context, url string, p int32) (map[string]int64, error) {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("sink: drop-moved: the shard does not answer: %w", interpretError(err))
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	out := map[string]int64{}
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		m, err := readMetaTx(ctx, tx, true)
+		if err != nil {
+			return err
+		}
+		moves, err := readMoves(ctx, tx)
+		if err != nil {
+			return err
+		}
+		mv, ok := moves[p]
+		switch {
+		case !ok || mv.State == MoveIn:
+			return fmt.Errorf("sink: drop-moved: partition %d did not move away from shard %s: its rows are live", p, m.name)
+		case mv.State == MoveOut:
+			return fmt.Errorf("sink: drop-moved: partition %d is still moving to shard %s: finish the move first (--resume)", p, mv.Peer)
+		case mv.State == MoveDropped:
+			return nil
+		}
+		if _, err := tx.Exec(ctx, `SELECT set_config('mandated.drop_moved', $1, true)`, fmt.Sprint(p)); err != nil {
+			return interpretError(err)
+		}
+		for _, table := range slices.Backward(movedTables) {
+			tag, err := tx.Exec(ctx, fmt.Sprintf(`DELETE FROM %s WHERE partition = $1`, table), p)
+			if err != nil {
+				return fmt.Errorf("delete %s: %w", table, interpretError(err))
+			}
+			out[table] = tag.RowsAffected()
+		}
+		_, err = tx.Exec(ctx, `UPDATE mandated_moves SET state = $2, updated_at = now() WHERE partition = $1`, p, MoveDropped)
+		return interpretError(err)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Moves lists the partition moves the database at url records.
+func Moves(ctx context.Context, url string) ([]Move, error) {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	m, err := readMoves(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Move, 0, len(m))
+	for _, mv := range m {
+		out = append(out, mv)
+	}
+	slices.SortFunc(out, func(a, b Move) int { return int(a.Partition - b.Partition) })
+	return out, nil
+}
+
+// meta is a database's recorded layout.
+type meta struct {
+	count, first int32
+	last         *int32
+	set          []int32
+	name         string
+}
+
+func (m *meta) owns(p int32) bool {
+	if m.set != nil {
+		return slices.Contains(m.set, p)
+	}
+	return p >= m.first && p <= coalesce(m.last, m.count-1)
+}
+
+func (m *meta) describe() string {
+	if m.set != nil {
+		return FormatPartitions(m.set)
+	}
+	return fmt.Sprintf("%d-%d", m.first, coalesce(m.last, m.count-1))
+}
+
+func readMeta(ctx context.Context, conn *pgx.Conn) (*meta, error) {
+	var m *meta
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		var err error
+		m, err = readMetaTx(ctx, tx, false)
+		if errors.Is(err, ErrNotFound) {
+			m, err = nil, nil
+		}
+		return err
+	})
+	return m, err
+}
+
+func readMetaTx(ctx context.Context, tx pgx.Tx, lock bool) (*meta, error) {
+	q := `SELECT partition_count, shard, first_partition, last_partition, partitions FROM mandated_meta`
+	if lock {
+		q += ` FOR UPDATE`
+	}
+	var m meta
+	if err := tx.QueryRow(ctx, q).Scan(&m.count, &m.name, &m.first, &m.last, &m.set); err != nil {
+		return nil, fmt.Errorf("read mandated_meta: %w", interpretError(err))
+	}
+	return &m, nil
+}
+
+// checkMigrated refuses a target whose schema is not the source's.
+func checkMigrated(ctx context.Context, src, dst *pgx.Conn, target string) error {
+	version := func(c *pgx.Conn) (int, error) {
+		var v int
+		err := c.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM mandated_schema_migrations`).Scan(&v)
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+			return 0, nil
+		}
+		return v, interpretError(err)
+	}
+	sv, err := version(src)
+	if err != nil {
+		return fmt.Errorf("sink: move: read the source's schema version: %w", err)
+	}
+	dv, err := version(dst)
+	if err != nil {
+		return fmt.Errorf("sink: move: read target shard %s's schema version: %w", target, err)
+	}
+	if dv != sv {
+		return fmt.Errorf("sink: move: target shard %s is not migrated (schema version %d, the source's is %d): run mandatectl migrate on it first", target, dv, sv)
+	}
+	return nil
+}
+
+const keyCollisionHint = "an idempotency key is unique per org and operation in one database, " +
+	"and two shards accepted the same key for mandates of different partitions; retire one of them first"
+
+// checkKeyCollisions refuses a move when the target holds, for another
+// partition, an idempotency key (org, operation, key) the partition also
+// holds: one database cannot hold both, and neither decision may change.
+func checkKeyCollisions(ctx context.Context, src, dst *pgx.Conn, p int32, target string) error {
+	rows, err := src.Query(ctx, `SELECT org, operation, idempotency_key FROM idempotency_keys WHERE partition = $1`, p)
+	if err != nil {
+		return fmt.Errorf("sink: move: read the partition's idempotency keys: %w", interpretError(err))
+	}
+	var orgs, ops, keys []string
+	for rows.Next() {
+		var org, op, key string
+		if err := rows.Scan(&org, &op, &key); err != nil {
+			rows.Close()
+			return fmt.Errorf("sink: move: read the partition's idempotency keys: %w", interpretError(err))
+		}
+		orgs, ops, keys = append(orgs, org), append(ops, op), append(keys, key)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("sink: move: read the partition's idempotency keys: %w", interpretError(err))
+	}
+	const chunk = 5000
+	for i := 0; i < len(keys); i += chunk {
+		j := min(i+chunk, len(keys))
+		rows, err := dst.Query(ctx, `SELECT k.org || '/' || k.operation || '/' || k.idempotency_key || ' (partition ' || k.partition || ')'
+			FROM unnest($1::text[], $2::text[], $3::text[]) AS u(org, operation, key)
+			JOIN idempotency_keys k ON k.org = u.org AND k.operation = u.operation AND k.idempotency_key = u.key
+			LIMIT 5`, orgs[i:j], ops[i:j], keys[i:j])
+		var found []string
+		if err == nil {
+			found, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		}
+		if err != nil {
+			return fmt.Errorf("sink: move: target shard %s: compare idempotency keys: %w", target, interpretError(err))
+		}
+		if len(found) > 0 {
+			return fmt.Errorf("sink: move: target shard %s already holds idempotency keys of partition %d for other partitions: %s; %s",
+				target, p, strings.Join(found, ", "), keyCollisionHint)
+		}
+	}
+	return nil
+}
+
+// checkTargetFree refuses a target that holds rows of the partition, or
+// still keeps an old copy of it that was never dropped.
+func checkTargetFree(ctx context.Context, dst *pgx.Conn, p int32, target string) error {
+	var mv *string
+	if err := dst.QueryRow(ctx, `SELECT state FROM mandated_moves WHERE partition = $1`, p).Scan(&mv); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("sink: move: target shard %s: %w", target, interpretError(err))
+	}
+	if mv != nil && (*mv == MoveOut || *mv == MovedOut) {
+		return fmt.Errorf("sink: move: target shard %s still keeps an old copy of partition %d (%s): mandatectl shards drop-moved %d --shard %s first", target, p, *mv, p, target)
+	}
+	for _, table := range movedTables {
+		var has bool
+		if err := dst.QueryRow(ctx, fmt.Sprintf(`SELECT EXISTS (SELECT FROM %s WHERE partition = $1)`, table), p).Scan(&has); err != nil {
+			return fmt.Errorf("sink: move: target shard %s: %w", target, interpretError(err))
+		}
+		if has {
+			return fmt.Errorf("sink: move: target shard %s already holds rows of partition %d (%s)", target, p, table)
+		}
+	}
+	return nil
+}
+
+func cmpOr[T comparable](v, d T) T {
+	var zero T
+	if v == zero {
+		return d
+	}
+	return v
+}
