@@ -33,7 +33,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		TxnSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "mandated_outbox_transaction_seconds",
-			Help:    "Time to produce and commit one relay Kafka transaction.",
+			Help:    "Time to produce and commit one relay Kafka transaction (all partitions of the process together).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
 		}),
 		PublishErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -62,11 +62,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		Resumes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mandated_outbox_resumes_total",
-			Help: "Relay sessions started (each resumes after the last sequence found on Kafka or in PostgreSQL).",
+			Help: "Partitions resumed by the relay (after the last sequence found on Kafka or in PostgreSQL), at assignment and after every session restart.",
 		}),
 		Fenced: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mandated_outbox_fenced_total",
-			Help: "Relay sessions ended because a newer owner's producer fenced this one.",
+			Help: "Relay sessions ended because their producer was fenced, and partitions dropped because a newer owner took them.",
 		}),
 		Deleted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mandated_outbox_rows_deleted_total",

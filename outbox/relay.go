@@ -2,10 +2,14 @@ package outbox
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -17,13 +21,64 @@ import (
 	"github.com/mandated/mandated/processor/wire"
 )
 
-// Relay publishes each owned partition's outbox rows to the same partition
-// of the decisions (or dead-letter) topic, in sequence order, one Kafka
-// transaction per read. Each partition has its own transactional id, so
-// when ownership moves the new owner's producer fences the old one: a
-// relay that lost its partition cannot commit anything. It resumes after
-// the highest sequence committed on Kafka (or recorded in PostgreSQL, if
-// higher), so a crash between publishing and marking publishes nothing twice.
+// Relay publishes the outbox rows of every partition its process owns to
+// the same partition of the decisions (or dead-letter) topic, in sequence
+// order, exactly once: ONE Kafka transaction per cycle carries the rows of
+// all of them, produced by ONE transactional producer per Relay, whose
+// transactional id "<prefix>.<decisions topic>.proc.<random>" is new at
+// every start (Kafka Streams' exactly_once_v2 does the same per thread). A
+// partition resumes after the highest sequence committed on Kafka
+// (read_committed) or recorded in PostgreSQL, if higher, so a crash between
+// publishing and marking publishes nothing twice.
+//
+// Fencing. A transactional id no longer names a partition, so a new owner
+// cannot fence its predecessor by using the same id; PostgreSQL says whom
+// to fence instead:
+//
+//  1. A relay includes a partition p in its transactions only after it has
+//     recorded its own transactional id as p's publisher, under p's epoch
+//     (mandated_partitions.publisher, UPDATE ... WHERE epoch = its epoch).
+//  2. A relay taking p under epoch e (Assigned) reads p's epoch and recorded
+//     publisher; if the epoch is not e it drops p. If another id is recorded,
+//     it calls InitProducerID on that id with a throwaway client: the broker
+//     aborts that id's open transaction, waits for one being committed, and
+//     bumps the id's epoch, so every later produce or commit of its producer
+//     is refused. Only then does it record itself (which fails if e moved on)
+//     and read p's tails, read_committed, to resume: the predecessor's
+//     transactions are all complete by then, and it can commit no more.
+//  3. A relay whose producer is fenced (or fails in any way) ends the
+//     session: it re-initializes its own id (a new producer epoch), THEN
+//     re-reads every partition it holds from PostgreSQL, drops the ones whose
+//     epoch moved on (or whose recorded publisher is no longer its id), and
+//     re-reads the tails of the others before they go in a transaction again.
+//
+// Why a paused zombie cannot publish: its producer's last initialization
+// happened before its last check of p. A new owner claims p (bumps the
+// epoch) before it reads the recorded publisher, and fences that id before
+// it reads the tail. If the claim came before the zombie's check, the check
+// sees the new epoch and p is dropped. If it came after, the new owner's
+// fence comes after the zombie's initialization, so each of the zombie's
+// later produces and commits is refused, and the new owner resumes after
+// everything the zombie committed. Recording happens before the first
+// transaction and is fenced by the epoch, so the id a new owner reads is the
+// only one that could have published p since the previous claim; when the
+// recorded epoch is older than the previous one, an owner in between did not
+// record (a relay of an earlier version), and the per-partition id
+// "<prefix>.<decisions topic>.<partition>" it used is fenced too.
+//
+// A partition that comes back to the relay that published it last (its
+// process claimed it again) fences nobody: the id is the relay's own, and
+// its loop is sequential. No fence then waits for the relay's last
+// transaction to complete on the broker, so it resumes after the higher of
+// its tails and what it committed itself. For the same reason a relay does
+// not "release" a partition it drained: the next owner's fence is also what
+// waits for the predecessor's last commit markers, without which its tail
+// read could miss a committed transaction.
+//
+// A transaction spanning partitions aborts as a whole (a fence of one
+// partition's predecessor fences the producer for all of them); every
+// failure restarts the session from the tails, and rows are deterministic
+// by sequence in the outbox, so nothing doubles and nothing is lost.
 //
 // Relay implements processor.PartitionListener.
 type Relay struct {
@@ -31,12 +86,25 @@ type Relay struct {
 	st      store
 	log     zerolog.Logger
 	metrics *Metrics
+	txnID   string
+	// clientID names the producer's client ("mandated-relay-<random>", the
+	// random part of txnID): metrics hooks register one set per client id.
+	clientID string
 
 	mu      sync.Mutex
-	parts   map[int32]*partitionRelay
+	parts   map[int32]*part
 	closing bool
-	wg      sync.WaitGroup
-	stats   chan struct{}
+
+	// committed is, per partition, the highest sequence a transaction of
+	// this relay committed (owned by the loop; see admitOne).
+	committed map[int32]int64
+
+	wake   chan struct{}
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	stats  chan struct{}
+	done   chan struct{}
 }
 
 // New returns a relay; it publishes once partitions are Assigned.
@@ -55,11 +123,52 @@ func NewSharded(cfg Config, route func(partition int32) *pgxpool.Pool, all []*pg
 	if m == nil {
 		m = NewMetrics(nil)
 	}
-	r := &Relay{cfg: cfg, st: store{pool: route, all: all}, log: log.With().Str("component", "relay").Logger(), metrics: m,
-		parts: map[int32]*partitionRelay{}, stats: make(chan struct{})}
-	r.wg.Add(1)
+	var nonce [6]byte
+	if _, err := rand.Read(nonce[:]); err != nil {
+		return nil, fmt.Errorf("outbox: transactional id: %w", err)
+	}
+	txnID := fmt.Sprintf("%s.%s.proc.%s", cfg.TransactionalIDPrefix, cfg.DecisionsTopic, hex.EncodeToString(nonce[:]))
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &Relay{cfg: cfg, st: store{pool: route, all: all}, metrics: m, txnID: txnID,
+		clientID: "mandated-relay-" + hex.EncodeToString(nonce[:]),
+		log:      log.With().Str("component", "relay").Str("transactional_id", txnID).Logger(),
+		parts:    map[int32]*part{}, committed: map[int32]int64{}, wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel,
+		stats: make(chan struct{}), done: make(chan struct{})}
+	r.wg.Add(2)
 	go func() { defer r.wg.Done(); r.statsLoop() }()
+	go func() { defer r.wg.Done(); r.run() }()
 	return r, nil
+}
+
+// TransactionalID is the id of the relay's producer (new at every New).
+func (r *Relay) TransactionalID() string { return r.txnID }
+
+// part is one owned partition.
+type part struct {
+	partition int32
+	epoch     int64
+	log       zerolog.Logger
+
+	// Guarded by Relay.mu.
+	stopping bool
+	drainBy  time.Time
+
+	published atomic.Int64 // highest sequence known published (for the backlog gauge)
+
+	// Owned by the relay's loop.
+	admitted  bool // resumed under the current session's producer
+	recorded  bool // this relay recorded itself as the publisher under epoch
+	retry     time.Duration
+	retryAt   time.Time
+	last      int64 // highest sequence known published
+	housekept int64 // rows up to here are deleted
+}
+
+func (r *Relay) poke() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
 }
 
 // Assigned starts publishing a partition owned under epoch.
@@ -69,66 +178,63 @@ func (r *Relay) Assigned(partition int32, epoch int64) {
 	if r.closing {
 		return
 	}
-	if old := r.parts[partition]; old != nil {
-		old.stop(0)
-	}
-	pr := newPartitionRelay(r, partition, epoch)
-	r.parts[partition] = pr
-	r.wg.Add(1)
-	go func() { defer r.wg.Done(); pr.run() }()
+	r.parts[partition] = &part{partition: partition, epoch: epoch,
+		log: r.log.With().Int32("partition", partition).Int64("epoch", epoch).Logger()}
+	r.poke()
 }
 
-// Committed wakes a partition's relay: new rows are committed.
-func (r *Relay) Committed(partition int32, epoch int64, nextSeq int64) {
+// Committed wakes the relay: new rows of a partition are committed.
+func (r *Relay) Committed(partition int32, epoch int64, _ int64) {
 	r.mu.Lock()
-	pr := r.parts[partition]
+	ps := r.parts[partition]
 	r.mu.Unlock()
-	if pr != nil && pr.epoch == epoch {
-		pr.committedUpTo(nextSeq - 1)
+	if ps != nil && ps.epoch == epoch {
+		r.poke()
 	}
 }
 
-// Revoked stops a partition's relay after it publishes what is committed
-// (bounded by RevokeDrain). It does not wait.
+// Revoked stops publishing a partition after what is committed is
+// published (bounded by RevokeDrain). It does not wait.
 func (r *Relay) Revoked(partition int32) {
 	r.mu.Lock()
-	pr := r.parts[partition]
-	delete(r.parts, partition)
-	r.mu.Unlock()
-	if pr != nil {
-		pr.stop(r.cfg.RevokeDrain)
+	if ps := r.parts[partition]; ps != nil && !ps.stopping {
+		ps.stopping, ps.drainBy = true, time.Now().Add(r.cfg.RevokeDrain)
 	}
+	r.mu.Unlock()
+	r.poke()
 }
 
-// Stop drains every partition (bounded by ctx) and waits for the relays.
+// Stop drains every partition (bounded by ctx) and waits for the relay.
 func (r *Relay) Stop(ctx context.Context) error {
 	r.mu.Lock()
 	if r.closing {
 		r.mu.Unlock()
+		<-r.done
 		return nil
 	}
 	r.closing = true
-	parts := r.parts
-	r.parts = map[int32]*partitionRelay{}
-	r.mu.Unlock()
 	drain := r.cfg.RevokeDrain
 	if dl, ok := ctx.Deadline(); ok {
 		drain = max(time.Until(dl)-100*time.Millisecond, 0)
 	}
-	for _, pr := range parts {
-		pr.stop(drain)
+	for _, ps := range r.parts {
+		if !ps.stopping || ps.drainBy.After(time.Now().Add(drain)) {
+			ps.stopping, ps.drainBy = true, time.Now().Add(drain)
+		}
 	}
+	r.mu.Unlock()
+	r.poke()
 	close(r.stats)
-	done := make(chan struct{})
-	go func() { r.wg.Wait(); close(done) }()
+	stop := time.AfterFunc(drain+time.Second, r.cancel) // whatever happens, it ends
+	defer stop.Stop()
 	select {
-	case <-done:
+	case <-r.done:
+		r.cancel()
+		r.wg.Wait()
 		return nil
 	case <-ctx.Done():
-		for _, pr := range parts {
-			pr.cancel()
-		}
-		<-done
+		r.cancel()
+		r.wg.Wait()
 		return ctx.Err()
 	}
 }
@@ -144,18 +250,18 @@ func (r *Relay) statsLoop() {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.StatsInterval)
 		r.mu.Lock()
-		parts := make([]*partitionRelay, 0, len(r.parts))
-		for _, pr := range r.parts {
-			parts = append(parts, pr)
+		parts := make([]*part, 0, len(r.parts))
+		for _, ps := range r.parts {
+			parts = append(parts, ps)
 		}
 		r.mu.Unlock()
 		var oldest time.Duration
-		for _, pr := range parts {
-			n, age, err := r.st.backlog(ctx, pr.partition, pr.lastPublished(), time.Now())
+		for _, ps := range parts {
+			n, age, err := r.st.backlog(ctx, ps.partition, ps.published.Load(), time.Now())
 			if err != nil {
 				continue
 			}
-			r.metrics.Backlog.WithLabelValues(strconv.Itoa(int(pr.partition))).Set(float64(n))
+			r.metrics.Backlog.WithLabelValues(strconv.Itoa(int(ps.partition))).Set(float64(n))
 			oldest = max(oldest, age)
 		}
 		r.metrics.OldestAge.Set(oldest.Seconds())
@@ -172,102 +278,31 @@ func (r *Relay) statsLoop() {
 	}
 }
 
-// partitionRelay publishes one partition.
-type partitionRelay struct {
-	r         *Relay
-	partition int32
-	epoch     int64
-	txnID     string
-	log       zerolog.Logger
+var errFenced = errors.New("outbox: relay fenced by a newer producer of its transactional id")
 
-	mu        sync.Mutex
-	last      int64 // highest sequence known published
-	committed int64 // highest sequence known committed to the outbox
-	stopping  bool
-	drainBy   time.Time
-
-	wake   chan struct{}
-	ctx    context.Context
-	cancel context.CancelFunc
-}
-
-func newPartitionRelay(r *Relay, partition int32, epoch int64) *partitionRelay {
-	ctx, cancel := context.WithCancel(context.Background())
-	return &partitionRelay{
-		r: r, partition: partition, epoch: epoch,
-		txnID: fmt.Sprintf("%s.%s.%d", r.cfg.TransactionalIDPrefix, r.cfg.DecisionsTopic, partition),
-		log:   r.log.With().Int32("partition", partition).Int64("epoch", epoch).Logger(),
-		wake:  make(chan struct{}, 1), ctx: ctx, cancel: cancel,
-	}
-}
-
-func (pr *partitionRelay) poke() {
-	select {
-	case pr.wake <- struct{}{}:
-	default:
-	}
-}
-
-func (pr *partitionRelay) committedUpTo(seq int64) {
-	pr.mu.Lock()
-	pr.committed = max(pr.committed, seq)
-	pr.mu.Unlock()
-	pr.poke()
-}
-
-func (pr *partitionRelay) lastPublished() int64 {
-	pr.mu.Lock()
-	defer pr.mu.Unlock()
-	return pr.last
-}
-
-// stop asks the relay to publish what is committed for up to drain, then end.
-func (pr *partitionRelay) stop(drain time.Duration) {
-	pr.mu.Lock()
-	pr.stopping = true
-	pr.drainBy = time.Now().Add(drain)
-	pr.mu.Unlock()
-	if drain <= 0 {
-		pr.cancel()
-	}
-	pr.poke()
-	time.AfterFunc(drain+time.Second, pr.cancel) // whatever happens, it ends
-}
-
-// shouldEnd reports whether a stopping relay has drained or run out of time.
-func (pr *partitionRelay) shouldEnd(idle bool) bool {
-	pr.mu.Lock()
-	defer pr.mu.Unlock()
-	return pr.stopping && (idle || time.Now().After(pr.drainBy))
-}
-
-var errFenced = errors.New("outbox: relay fenced by a newer owner")
-
-func (pr *partitionRelay) run() {
-	defer pr.cancel()
+// run runs sessions until the relay is stopped and drained.
+func (r *Relay) run() {
+	defer close(r.done)
 	backoff := 50 * time.Millisecond
-	for pr.ctx.Err() == nil {
-		err := pr.session()
+	for {
+		if !r.waitForWork() {
+			return
+		}
+		progressed, err := r.session()
 		switch {
-		case err == nil, pr.ctx.Err() != nil:
+		case err == nil, r.ctx.Err() != nil:
 			return
 		case errors.Is(err, errFenced):
-			pr.r.metrics.Fenced.Inc()
-			if owner, oerr := pr.stillOwner(); oerr == nil && !owner {
-				pr.log.Warn().Err(err).Msg("relay fenced: this partition is published by its new owner")
-				return
-			}
-			// Still the owner: an older producer of this partition (a
-			// paused previous owner waking up) fenced us. Take it back; the
-			// next session resumes from Kafka's tail, so nothing doubles.
-			pr.log.Warn().Err(err).Msg("relay fenced while still the owner; resuming")
+			r.metrics.Fenced.Inc()
+			r.log.Warn().Err(err).Msg("relay producer fenced (a partition moved to a new owner, or an older producer woke): re-checking every partition it holds")
+		default:
+			r.log.Warn().Err(err).Dur("backoff", backoff).Msg("relay session failed; resuming from the tails")
 		}
-		if pr.shouldEnd(false) {
-			return
+		if progressed {
+			backoff = 50 * time.Millisecond
 		}
-		pr.log.Warn().Err(err).Dur("backoff", backoff).Msg("relay session failed; resuming")
 		select {
-		case <-pr.ctx.Done():
+		case <-r.ctx.Done():
 			return
 		case <-time.After(backoff):
 		}
@@ -275,22 +310,33 @@ func (pr *partitionRelay) run() {
 	}
 }
 
-// session runs one transactional producer: it fences older producers of
-// this partition, resumes after the last published sequence, and publishes
-// until stopped or an error ends the session.
-func (pr *partitionRelay) session() error {
-	cfg := pr.r.cfg
-	ctx := pr.ctx
-	if owner, err := pr.stillOwner(); err != nil {
-		pr.r.metrics.PublishErrors.WithLabelValues("database").Inc()
-		return fmt.Errorf("read the partition epoch: %w", err)
-	} else if !owner {
-		return fmt.Errorf("%w: the partition epoch moved on", errFenced)
+// waitForWork waits until there is a partition to publish; false when the
+// relay is closing with nothing left.
+func (r *Relay) waitForWork() bool {
+	for {
+		r.mu.Lock()
+		n, closing := len(r.parts), r.closing
+		r.mu.Unlock()
+		switch {
+		case n > 0:
+			return true
+		case closing:
+			return false
+		}
+		select {
+		case <-r.ctx.Done():
+			return false
+		case <-r.wake:
+		}
 	}
-	clientID := fmt.Sprintf("mandated-relay-p%d-e%d", pr.partition, pr.epoch)
+}
+
+// client returns a transactional client for id.
+func (r *Relay) client(id, clientID string) (*kgo.Client, error) {
+	cfg := r.cfg
 	opts := append([]kgo.Opt{
 		kgo.SeedBrokers(cfg.Brokers...),
-		kgo.TransactionalID(pr.txnID),
+		kgo.TransactionalID(id),
 		kgo.TransactionTimeout(cfg.TransactionTimeout),
 		kgo.RecordPartitioner(kgo.ManualPartitioner()),
 		kgo.ProducerLinger(cfg.Linger),
@@ -302,174 +348,525 @@ func (pr *partitionRelay) session() error {
 	if f := cfg.ClientHooks; f != nil {
 		opts = append(opts, kgo.WithHooks(f(clientID)...))
 	}
-	cl, err := kgo.NewClient(opts...)
+	return kgo.NewClient(opts...)
+}
+
+// session runs one producer: it initializes the relay's transactional id
+// (fencing the relay's own earlier producers), (re)admits every partition
+// it holds, and publishes until the relay is stopped or an error ends it.
+// progressed says whether a transaction committed.
+func (r *Relay) session() (progressed bool, err error) {
+	cfg := r.cfg
+	ctx := r.ctx
+	cl, err := r.client(r.txnID, r.clientID)
 	if err != nil {
-		return fmt.Errorf("relay client: %w", err)
+		return false, fmt.Errorf("relay client: %w", err)
 	}
 	defer cl.Close()
-	// Initializing the producer id bumps the transactional id's epoch: any
-	// older producer of this partition (a paused previous owner) is fenced
-	// and its open transaction aborted from here on.
 	if _, _, err := cl.ProducerID(ctx); err != nil {
-		pr.r.metrics.PublishErrors.WithLabelValues("resume").Inc()
-		return fmt.Errorf("init producer id: %w", classify(err))
+		r.metrics.PublishErrors.WithLabelValues("resume").Inc()
+		return false, fmt.Errorf("init producer id: %w", classify(err))
 	}
-	last, err := pr.resume(ctx)
-	if err != nil {
-		pr.r.metrics.PublishErrors.WithLabelValues("resume").Inc()
-		return err
+	// Initialization first, then the checks: a partition is re-read from
+	// PostgreSQL and from its tails under this producer before it goes in a
+	// transaction again.
+	r.mu.Lock()
+	for _, ps := range r.parts {
+		ps.admitted = false
+		ps.retryAt = time.Time{}
 	}
-	pr.mu.Lock()
-	pr.last = last
-	pr.mu.Unlock()
-	// What a predecessor published but could not record (it died between
-	// the Kafka commit and the mark) is recorded now, so the backlog and
-	// housekeeping see it.
-	if _, err := pr.r.st.mark(ctx, pr.partition, pr.epoch, last); err != nil {
-		pr.r.metrics.PublishErrors.WithLabelValues("database").Inc()
-		return fmt.Errorf("record the resumed sequence: %w", err)
-	}
-	pr.r.metrics.Resumes.Inc()
-	pr.log.Info().Int64("after_seq", last).Str("transactional_id", pr.txnID).Msg("relay resumed")
-	if f := cfg.Test.OnResumed; f != nil {
-		f(pr.partition, last)
-	}
+	r.mu.Unlock()
 
 	idle := time.NewTimer(cfg.IdlePoll)
 	defer idle.Stop()
-	var lastTxn time.Time                                            // when the last Kafka transaction started
-	housekept, err := pr.r.st.housekeptUpTo(ctx, pr.partition, last) // rows up to here are deleted
-	if err != nil {
-		pr.r.metrics.PublishErrors.WithLabelValues("database").Inc()
-		return fmt.Errorf("find the housekeeping position: %w", err)
-	}
+	var lastEnd time.Time // when the last Kafka transaction ended
+	rotate := 0
 	for {
-		rows, err := pr.r.st.load(ctx, pr.partition, last, cfg.MaxRows)
+		if ctx.Err() != nil {
+			return progressed, nil
+		}
+		r.admit(ctx)
+		held, pending, closing := r.held()
+		if closing && len(held) == 0 && pending == 0 {
+			return progressed, nil
+		}
+		batch, err := r.load(ctx, held, rotate)
 		if err != nil {
-			pr.r.metrics.PublishErrors.WithLabelValues("database").Inc()
-			return fmt.Errorf("load outbox rows: %w", err)
+			r.metrics.PublishErrors.WithLabelValues("database").Inc()
+			return progressed, fmt.Errorf("load outbox rows: %w", err)
 		}
-		if len(rows) > 0 && rows[0].Seq != last+1 {
-			skip, err := pr.gap(ctx, last, rows[0].Seq)
-			if err != nil {
-				return err
-			}
-			if !skip {
-				rows = nil
-			} else {
-				last = rows[0].Seq - 1
+		rotate++
+		if len(batch.rows) > 0 && batch.total() < cfg.MaxRows && !batch.draining {
+			if wait := cfg.MinTxnInterval - time.Since(lastEnd); wait > 0 {
+				// Let more committed rows join this transaction, and the
+				// broker complete the previous one (a produce that starts a
+				// transaction before the previous one's markers are written
+				// is refused with CONCURRENT_TRANSACTIONS).
+				select {
+				case <-ctx.Done():
+					return progressed, nil
+				case <-time.After(wait):
+				}
+				if batch, err = r.load(ctx, held, rotate); err != nil {
+					r.metrics.PublishErrors.WithLabelValues("database").Inc()
+					return progressed, fmt.Errorf("load outbox rows: %w", err)
+				}
 			}
 		}
-		if len(rows) == 0 {
-			housekept = pr.record(ctx, last, housekept, true)
-			if pr.shouldEnd(true) {
-				return nil
+		// A stopping partition with nothing left (or out of time) ends.
+		for _, ps := range held {
+			if r.stopping(ps) && (len(batch.rows[ps]) == 0 || r.drainedBy(ps)) {
+				delete(batch.rows, ps)
+				r.drop(ps, "drained")
 			}
-			idle.Reset(cfg.IdlePoll)
+		}
+		if len(batch.rows) == 0 {
+			r.recordAll(ctx, held, nil, true)
+			wait := cfg.IdlePoll
+			if pending > 0 {
+				wait = min(wait, 50*time.Millisecond)
+			}
+			idle.Reset(wait)
 			select {
 			case <-ctx.Done():
-				return nil
-			case <-pr.wake:
+				return progressed, nil
+			case <-r.wake:
 			case <-idle.C:
 			}
 			continue
 		}
-		if wait := cfg.MinTxnInterval - time.Since(lastTxn); wait > 0 && len(rows) < cfg.MaxRows && !pr.shouldEnd(false) {
-			// Let more committed rows join this transaction.
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-time.After(wait):
-			}
-			if more, err := pr.r.st.load(ctx, pr.partition, rows[len(rows)-1].Seq, cfg.MaxRows-len(rows)); err == nil {
-				rows = append(rows, more...)
-			}
-		}
-		lastTxn = time.Now()
 		if err := failpoint.Inject(ctx, failpoint.RelayBeforeProduce); err != nil {
-			return err
+			return progressed, err
 		}
+		order := batch.order()
 		if f := cfg.Test.BeforePublish; f != nil {
-			f(pr.partition, pr.epoch)
+			for _, ps := range order {
+				f(ps.partition, ps.epoch)
+			}
 		}
-		parked, err := pr.publish(ctx, cl, rows)
+		done, err := r.publish(ctx, cl, batch, order)
+		lastEnd = time.Now()
+		if err != nil {
+			return progressed, err
+		}
+		if len(done) == 0 {
+			continue // a refused row is parked; read again
+		}
+		progressed = true
+		for _, s := range done {
+			r.committed[s.ps.partition] = max(r.committed[s.ps.partition], s.last)
+		}
+		if err := failpoint.Inject(ctx, failpoint.RelayAfterProduceBeforeMark); err != nil {
+			return progressed, err
+		}
+		for _, s := range done {
+			s.ps.last = s.last
+			s.ps.published.Store(s.last)
+		}
+		r.recordAll(ctx, held, done, false)
+		if f := cfg.Test.OnPublished; f != nil {
+			for _, s := range done {
+				f(s.ps.partition, s.first, s.last)
+			}
+		}
+	}
+}
+
+// admit (re)admits every held partition that is not admitted in this
+// session, concurrently: see admitOne. A partition that fails stays
+// pending and is tried again after a backoff; one that is not this
+// relay's any more is dropped.
+func (r *Relay) admit(ctx context.Context) {
+	now := time.Now()
+	r.mu.Lock()
+	var todo []*part
+	for _, ps := range r.parts {
+		if ps.admitted || now.Before(ps.retryAt) {
+			continue
+		}
+		if ps.stopping && now.After(ps.drainBy) {
+			delete(r.parts, ps.partition)
+			continue
+		}
+		todo = append(todo, ps)
+	}
+	r.mu.Unlock()
+	if len(todo) == 0 {
+		return
+	}
+	type result struct {
+		ok  bool
+		err error
+	}
+	results := make([]result, len(todo))
+	floors := make([]int64, len(todo))
+	for i, ps := range todo {
+		floors[i] = r.committed[ps.partition]
+	}
+	sem := make(chan struct{}, 8)
+	var wg sync.WaitGroup
+	for i, ps := range todo {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			actx, cancel := context.WithTimeout(ctx, 45*time.Second)
+			defer cancel()
+			ok, err := r.admitOne(actx, ps, floors[i])
+			results[i] = result{ok, err}
+		}()
+	}
+	wg.Wait()
+	for i, ps := range todo {
+		switch res := results[i]; {
+		case res.err != nil:
+			ps.retry = min(max(2*ps.retry, 50*time.Millisecond), 5*time.Second)
+			ps.retryAt = time.Now().Add(ps.retry)
+			ps.log.Warn().Err(res.err).Dur("backoff", ps.retry).Msg("relay cannot resume the partition yet")
+		case !res.ok:
+			r.metrics.Fenced.Inc()
+			r.drop(ps, "the partition is published by its new owner")
+		default:
+			ps.retry = 0
+			r.mu.Lock()
+			ps.admitted = r.parts[ps.partition] == ps
+			r.mu.Unlock()
+		}
+	}
+}
+
+// admitOne checks that the partition is still this relay's, fences the
+// producer recorded as its publisher (when it is another), records this
+// relay as the publisher, and resumes after the last published sequence.
+// false means the partition is not this relay's any more.
+//
+// floor is the highest sequence of the partition this relay committed
+// itself. When the partition comes back to the relay that published it
+// last (the same process claimed it again), nobody's fence waits for that
+// relay's last transaction to complete on the broker, and a tail read in
+// the few milliseconds before its markers are written misses it; what the
+// relay committed itself is published, so it resumes after it at least.
+func (r *Relay) admitOne(ctx context.Context, ps *part, floor int64) (bool, error) {
+	cur, err := r.st.publisher(ctx, ps.partition)
+	if err != nil {
+		r.metrics.PublishErrors.WithLabelValues("database").Inc()
+		return false, fmt.Errorf("read the partition's epoch and publisher: %w", err)
+	}
+	if cur.epoch != ps.epoch {
+		return false, nil
+	}
+	own := cur.publisher == r.txnID && cur.publisherEpoch == ps.epoch
+	if ps.recorded && !own {
+		return false, nil // another relay took the publishing of this epoch over
+	}
+	if !own {
+		for i, id := range r.predecessors(ps, cur) {
+			// A client id of its own: metrics hooks (kprom) register one
+			// set per client id, and admissions run concurrently.
+			clientID := fmt.Sprintf("%s-fence-p%d-e%d-%d", r.clientID, ps.partition, ps.epoch, i)
+			if err := r.fence(ctx, id, clientID); err != nil {
+				r.metrics.PublishErrors.WithLabelValues("resume").Inc()
+				return false, fmt.Errorf("fence the previous publisher %s: %w", id, err)
+			}
+		}
+		ok, err := r.st.recordPublisher(ctx, ps.partition, ps.epoch, r.txnID)
+		if err != nil {
+			r.metrics.PublishErrors.WithLabelValues("database").Inc()
+			return false, fmt.Errorf("record the publisher: %w", err)
+		}
+		if !ok {
+			return false, nil
+		}
+		ps.recorded = true
+	}
+	last, err := r.resume(ctx, ps.partition)
+	if err != nil {
+		r.metrics.PublishErrors.WithLabelValues("resume").Inc()
+		return false, err
+	}
+	last = max(last, floor)
+	// What a predecessor published but could not record (it died between
+	// the Kafka commit and the mark) is recorded now, so the backlog and
+	// housekeeping see it.
+	if _, err := r.st.mark(ctx, ps.partition, ps.epoch, last); err != nil {
+		r.metrics.PublishErrors.WithLabelValues("database").Inc()
+		return false, fmt.Errorf("record the resumed sequence: %w", err)
+	}
+	housekept, err := r.st.housekeptUpTo(ctx, ps.partition, last)
+	if err != nil {
+		r.metrics.PublishErrors.WithLabelValues("database").Inc()
+		return false, fmt.Errorf("find the housekeeping position: %w", err)
+	}
+	ps.last, ps.housekept = last, housekept
+	ps.published.Store(last)
+	r.metrics.Resumes.Inc()
+	ps.log.Info().Int64("after_seq", last).Msg("relay resumed the partition")
+	if f := r.cfg.Test.OnResumed; f != nil {
+		f(ps.partition, last)
+	}
+	return true, nil
+}
+
+// predecessors lists the transactional ids that may have published the
+// partition since its previous claim and are not this relay's: the one
+// recorded, and the per-partition id of earlier versions when the record is
+// not from the previous epoch (an owner in between did not record one).
+func (r *Relay) predecessors(ps *part, cur publisherState) []string {
+	var ids []string
+	if cur.publisher != "" && cur.publisher != r.txnID {
+		ids = append(ids, cur.publisher)
+	}
+	if ps.epoch > 1 && cur.publisherEpoch < ps.epoch-1 {
+		ids = append(ids, fmt.Sprintf("%s.%s.%d", r.cfg.TransactionalIDPrefix, r.cfg.DecisionsTopic, ps.partition))
+	}
+	return ids
+}
+
+// fence initializes id's producer with a throwaway client: the broker
+// aborts id's open transaction (or waits for the one being committed) and
+// bumps its epoch, so its producer can commit nothing more.
+func (r *Relay) fence(ctx context.Context, id, clientID string) error {
+	cl, err := r.client(id, clientID)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	_, _, err = cl.ProducerID(ctx)
+	return err
+}
+
+// held returns the admitted partitions (in partition order), how many wait
+// for admission, and whether the relay is closing.
+func (r *Relay) held() (held []*part, pending int, closing bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, ps := range r.parts {
+		if ps.admitted {
+			held = append(held, ps)
+		} else {
+			pending++
+		}
+	}
+	slices.SortFunc(held, func(a, b *part) int { return int(a.partition - b.partition) })
+	return held, pending, r.closing
+}
+
+func (r *Relay) stopping(ps *part) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return ps.stopping
+}
+
+func (r *Relay) drainedBy(ps *part) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return ps.stopping && time.Now().After(ps.drainBy)
+}
+
+// drop forgets a partition (unless it was assigned again meanwhile).
+func (r *Relay) drop(ps *part, why string) {
+	r.mu.Lock()
+	if r.parts[ps.partition] == ps {
+		delete(r.parts, ps.partition)
+	}
+	r.mu.Unlock()
+	r.metrics.Backlog.DeleteLabelValues(strconv.Itoa(int(ps.partition)))
+	ps.log.Info().Int64("published_seq", ps.last).Str("why", why).Msg("relay stopped publishing the partition")
+}
+
+// batch is one transaction's rows, by partition.
+type batch struct {
+	rows     map[*part][]Row
+	draining bool // a stopping partition has rows: no waiting
+}
+
+func (b batch) total() int {
+	n := 0
+	for _, rows := range b.rows {
+		n += len(rows)
+	}
+	return n
+}
+
+// order returns the batch's partitions in partition order.
+func (b batch) order() []*part {
+	out := make([]*part, 0, len(b.rows))
+	for ps := range b.rows {
+		out = append(out, ps)
+	}
+	slices.SortFunc(out, func(a, b *part) int { return int(a.partition - b.partition) })
+	return out
+}
+
+// load reads the next rows of the held partitions, at most MaxRows in all:
+// each partition's fair share first (the order rotates, so with more
+// partitions than MaxRows each gets its turn), then what the quiet
+// partitions left to the busy ones. One query per shard and pass.
+func (r *Relay) load(ctx context.Context, held []*part, rotate int) (batch, error) {
+	b := batch{rows: map[*part][]Row{}}
+	if len(held) == 0 {
+		return b, nil
+	}
+	maxRows := r.cfg.MaxRows
+	k := min(len(held), maxRows)
+	share, extra := maxRows/k, maxRows%k
+	limits := map[*part]int{}
+	for i := range k {
+		limit := share
+		if i < extra {
+			limit++
+		}
+		limits[held[(rotate+i)%len(held)]] = limit
+	}
+	after := func(ps *part) int64 { return ps.last }
+	if err := r.loadPass(ctx, b, limits, after); err != nil {
+		return b, err
+	}
+	// Second pass: what the partitions with fewer rows than their share
+	// left goes to the ones that filled theirs.
+	if left := maxRows - b.total(); left > 0 {
+		var full []*part
+		for ps, limit := range limits {
+			if len(b.rows[ps]) == limit {
+				full = append(full, ps)
+			}
+		}
+		if len(full) > 0 {
+			more := map[*part]int{}
+			for _, ps := range full {
+				more[ps] = max(left/len(full), 1)
+			}
+			if left < len(full) {
+				slices.SortFunc(full, func(a, b *part) int { return int(a.partition - b.partition) })
+				clear(more)
+				for _, ps := range full[:left] {
+					more[ps] = 1
+				}
+			}
+			lastLoaded := func(ps *part) int64 { rows := b.rows[ps]; return rows[len(rows)-1].Seq }
+			if err := r.loadPass(ctx, b, more, lastLoaded); err != nil {
+				return b, err
+			}
+		}
+	}
+	for ps, rows := range b.rows {
+		if len(rows) > 0 && rows[0].Seq != ps.last+1 {
+			skip, err := r.gap(ctx, ps, rows[0].Seq)
+			if err != nil {
+				return b, err
+			}
+			if !skip {
+				delete(b.rows, ps)
+				continue
+			}
+			ps.last = rows[0].Seq - 1
+		}
+		if len(rows) > 0 && r.stopping(ps) {
+			b.draining = true
+		}
+	}
+	return b, nil
+}
+
+// loadPass loads limits[ps] rows after after(ps) for each partition,
+// appending to b.
+func (r *Relay) loadPass(ctx context.Context, b batch, limits map[*part]int, after func(*part) int64) error {
+	byPool := map[*pgxpool.Pool][]loadReq{}
+	parts := map[int32]*part{}
+	for ps, limit := range limits {
+		pool := r.st.pool(ps.partition)
+		byPool[pool] = append(byPool[pool], loadReq{partition: ps.partition, after: after(ps), limit: limit})
+		parts[ps.partition] = ps
+	}
+	for pool, reqs := range byPool {
+		rows, err := r.st.loadMany(ctx, pool, reqs)
 		if err != nil {
 			return err
 		}
-		if parked {
-			continue // the refused row is parked; read again from last
-		}
-		last = rows[len(rows)-1].Seq
-		if err := failpoint.Inject(ctx, failpoint.RelayAfterProduceBeforeMark); err != nil {
-			return err
-		}
-		pr.mu.Lock()
-		pr.last = last
-		pr.mu.Unlock()
-		housekept = pr.record(ctx, last, housekept, false)
-		if f := cfg.Test.OnPublished; f != nil {
-			f(pr.partition, rows[0].Seq, last)
-		}
-		if pr.shouldEnd(false) {
-			return nil
+		for _, row := range rows {
+			ps := parts[row.Partition]
+			b.rows[ps] = append(b.rows[ps], row)
 		}
 	}
+	return nil
+}
+
+// span is what one transaction did for a partition: rows first..last are
+// published (or, row by row, parked).
+type span struct {
+	ps          *part
+	first, last int64
 }
 
 // housekeepChunk is how many published rows accumulate before the relay
 // deletes them (deleting in chunks costs PostgreSQL less per row).
 const housekeepChunk = 256
 
-// record notes last as published and deletes published rows, a bounded
-// range at a time, once a chunk has accumulated or whenever the relay is
-// idle. It returns how far rows are deleted now.
-func (pr *partitionRelay) record(ctx context.Context, last, housekept int64, idle bool) int64 {
-	if last == 0 || idle && housekept >= last {
-		return housekept
+// recordAll notes each partition's last published sequence and deletes
+// published rows, a bounded range at a time, once a chunk has accumulated
+// or whenever the relay is idle: one round trip per shard. With idle, every
+// held partition is considered; otherwise the ones in done.
+func (r *Relay) recordAll(ctx context.Context, held []*part, done []span, idle bool) {
+	var parts []*part
+	if idle {
+		parts = held
+	} else {
+		for _, s := range done {
+			parts = append(parts, s.ps)
+		}
 	}
-	to := housekept
-	if idle || last-housekept >= housekeepChunk {
-		to = min(last, housekept+int64(pr.r.cfg.HousekeepBatch))
+	byPool := map[*pgxpool.Pool][]recordReq{}
+	for _, ps := range parts {
+		if ps.last == 0 || idle && ps.housekept >= ps.last {
+			continue
+		}
+		to := ps.housekept
+		if idle || ps.last-ps.housekept >= housekeepChunk {
+			to = min(ps.last, ps.housekept+int64(r.cfg.HousekeepBatch))
+		}
+		pool := r.st.pool(ps.partition)
+		byPool[pool] = append(byPool[pool], recordReq{partition: ps.partition, epoch: ps.epoch, seq: ps.last,
+			deleteAfter: ps.housekept, deleteTo: to})
 	}
-	marked, deleted, err := pr.r.st.record(ctx, pr.partition, pr.epoch, last, housekept, to)
-	if err != nil {
-		pr.r.metrics.PublishErrors.WithLabelValues("database").Inc()
-		pr.log.Warn().Err(err).Int64("seq", last).Msg("cannot record the published sequence; Kafka stays the authority")
-		return housekept
+	byPart := map[int32]*part{}
+	for _, ps := range parts {
+		byPart[ps.partition] = ps
 	}
-	pr.r.metrics.Deleted.Add(float64(deleted))
-	if marked {
-		return to
+	for pool, reqs := range byPool {
+		if err := r.st.recordMany(ctx, pool, reqs); err != nil {
+			r.metrics.PublishErrors.WithLabelValues("database").Inc()
+			r.log.Warn().Err(err).Msg("cannot record the published sequences; Kafka stays the authority")
+			continue
+		}
+		for _, q := range reqs {
+			r.metrics.Deleted.Add(float64(q.deleted))
+			if q.marked {
+				byPart[q.partition].housekept = q.deleteTo
+			}
+		}
 	}
-	return housekept
 }
 
-// stillOwner reports whether the partition's epoch in PostgreSQL is still
-// this relay's. A relay that is not never starts a producer session, so a
-// paused previous owner cannot take the transactional id back for long.
-func (pr *partitionRelay) stillOwner() (bool, error) {
-	e, err := pr.r.st.epoch(pr.ctx, pr.partition)
-	if err != nil {
-		return false, err
-	}
-	return e == pr.epoch, nil
-}
+// tailWindow is how many offsets resume reads back from a partition's end
+// first (a few transactions' worth; TailSequence widens it 4× at a time
+// until it finds a record).
+const tailWindow = 2048
 
 // resume finds the last published sequence: the higher of what PostgreSQL
 // recorded and what the decisions and dead-letter topics hold committed.
-func (pr *partitionRelay) resume(ctx context.Context) (int64, error) {
-	cfg := pr.r.cfg
-	last, err := pr.r.st.published(ctx, pr.partition)
+func (r *Relay) resume(ctx context.Context, partition int32) (int64, error) {
+	cfg := r.cfg
+	last, err := r.st.published(ctx, partition)
 	if err != nil {
 		return 0, fmt.Errorf("read published sequence: %w", err)
 	}
-	window := int64(4 * (cfg.MaxRows + 1))
 	for _, topic := range []string{cfg.DecisionsTopic, cfg.DeadLetterTopic} {
 		tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		seq, found, err := TailSequence(tctx, cfg.Brokers, cfg.KafkaOpts, topic, pr.partition, window)
+		seq, found, err := TailSequence(tctx, cfg.Brokers, cfg.KafkaOpts, topic, partition, tailWindow)
 		cancel()
 		if err != nil {
-			return 0, fmt.Errorf("read the tail of %s/%d: %w", topic, pr.partition, err)
+			return 0, fmt.Errorf("read the tail of %s/%d: %w", topic, partition, err)
 		}
 		if found && seq > last {
 			last = seq
@@ -480,51 +877,86 @@ func (pr *partitionRelay) resume(ctx context.Context) (int64, error) {
 
 // gap decides what to do when the next row is not last+1: skip it if every
 // missing sequence is parked, otherwise wait (and say so loudly).
-func (pr *partitionRelay) gap(ctx context.Context, last, next int64) (bool, error) {
-	n, err := pr.r.st.parkedBetween(ctx, pr.partition, last, next)
+func (r *Relay) gap(ctx context.Context, ps *part, next int64) (bool, error) {
+	n, err := r.st.parkedBetween(ctx, ps.partition, ps.last, next)
 	if err != nil {
 		return false, fmt.Errorf("check parked rows: %w", err)
 	}
-	if n == next-last-1 {
+	if n == next-ps.last-1 {
 		return true, nil
 	}
-	pr.r.metrics.Gaps.Inc()
-	pr.log.Error().Int64("after_seq", last).Int64("next_seq", next).Msg("outbox sequence gap that is not parked; waiting")
+	r.metrics.Gaps.Inc()
+	ps.log.Error().Int64("after_seq", ps.last).Int64("next_seq", next).Msg("outbox sequence gap that is not parked; waiting")
 	return false, nil
 }
 
-// publish produces rows in one Kafka transaction and commits it. The
-// broker refuses a record batch as a whole (one record over the topic's
-// max.message.bytes, or the batch itself over it, fails every record in
-// it), so a refused transaction is retried one row per transaction, and
-// only a row refused alone is parked. parked == true means rows was a
-// single row and it is parked (nothing published); any other failure
-// aborts the transaction and ends the session, which resumes from Kafka's
-// tail.
-func (pr *partitionRelay) publish(ctx context.Context, cl *kgo.Client, rows []Row) (parked bool, err error) {
-	refused, err := pr.produceTxn(ctx, cl, rows)
-	if err != nil || len(refused) == 0 {
-		return false, err
+// publish produces the batch's rows in one Kafka transaction and commits
+// it, and returns what it published per partition. The broker refuses a
+// record batch as a whole (one record over the topic's max.message.bytes,
+// or the batch itself over it, fails every record in it); a refused
+// transaction is aborted as a whole, the rows of each partition with a
+// refused row are then published one row per transaction, and only a row
+// refused alone is parked. The other partitions' rows go again in the next
+// transaction. An empty result means nothing was published (a single
+// refused row was parked). Any other failure aborts the transaction and
+// ends the session, which resumes from Kafka's tails.
+func (r *Relay) publish(ctx context.Context, cl *kgo.Client, b batch, order []*part) ([]span, error) {
+	var rows []Row
+	for _, ps := range order {
+		rows = append(rows, b.rows[ps]...)
 	}
-	if len(rows) == 1 {
-		return true, pr.park(ctx, rows[0].Seq, refused[rows[0].Seq])
+	refused, err := r.produceTxn(ctx, cl, rows)
+	if err != nil {
+		return nil, err
 	}
-	pr.r.metrics.RowByRow.Inc()
-	pr.log.Warn().Int("rows", len(rows)).Int64("first_seq", rows[0].Seq).Int64("last_seq", rows[len(rows)-1].Seq).
-		Msg("the broker refused a transaction's records; publishing them one row per transaction")
-	return false, pr.publishRowByRow(ctx, cl, rows)
+	if len(refused) == 0 {
+		done := make([]span, 0, len(order))
+		for _, ps := range order {
+			prow := b.rows[ps]
+			done = append(done, span{ps, prow[0].Seq, prow[len(prow)-1].Seq})
+		}
+		return done, nil
+	}
+	var done []span
+	for _, ps := range order {
+		prow := b.rows[ps]
+		hit := false
+		for _, row := range prow {
+			if _, ok := refused[rowKey{row.Partition, row.Seq}]; ok {
+				hit = true
+				break
+			}
+		}
+		switch {
+		case !hit:
+			continue
+		case len(prow) == 1:
+			if err := r.park(ctx, ps, prow[0].Seq, refused[rowKey{ps.partition, prow[0].Seq}]); err != nil {
+				return nil, err
+			}
+		default:
+			r.metrics.RowByRow.Inc()
+			ps.log.Warn().Int("rows", len(prow)).Int64("first_seq", prow[0].Seq).Int64("last_seq", prow[len(prow)-1].Seq).
+				Msg("the broker refused a transaction's records; publishing this partition's rows one per transaction")
+			if err := r.publishRowByRow(ctx, cl, ps, prow); err != nil {
+				return nil, err
+			}
+			done = append(done, span{ps, prow[0].Seq, prow[len(prow)-1].Seq})
+		}
+	}
+	return done, nil
 }
 
 // publishRowByRow publishes rows one per transaction, in order, parking
 // each row the broker refuses alone.
-func (pr *partitionRelay) publishRowByRow(ctx context.Context, cl *kgo.Client, rows []Row) error {
+func (r *Relay) publishRowByRow(ctx context.Context, cl *kgo.Client, ps *part, rows []Row) error {
 	for i := range rows {
-		refused, err := pr.produceTxn(ctx, cl, rows[i:i+1])
+		refused, err := r.produceTxn(ctx, cl, rows[i:i+1])
 		if err != nil {
 			return err
 		}
-		if why, ok := refused[rows[i].Seq]; ok {
-			if err := pr.park(ctx, rows[i].Seq, why); err != nil {
+		if why, ok := refused[rowKey{rows[i].Partition, rows[i].Seq}]; ok {
+			if err := r.park(ctx, ps, rows[i].Seq, why); err != nil {
 				return err
 			}
 		}
@@ -533,21 +965,26 @@ func (pr *partitionRelay) publishRowByRow(ctx context.Context, cl *kgo.Client, r
 }
 
 // park moves a row the broker refused alone to outbox_parked.
-func (pr *partitionRelay) park(ctx context.Context, seq int64, why error) error {
-	if err := pr.r.st.park(ctx, pr.partition, pr.epoch, seq, why.Error()); err != nil {
-		pr.r.metrics.PublishErrors.WithLabelValues("database").Inc()
-		return fmt.Errorf("park row %d: %w", seq, err)
+func (r *Relay) park(ctx context.Context, ps *part, seq int64, why error) error {
+	if err := r.st.park(ctx, ps.partition, ps.epoch, seq, why.Error()); err != nil {
+		r.metrics.PublishErrors.WithLabelValues("database").Inc()
+		return fmt.Errorf("park row %d/%d: %w", ps.partition, seq, err)
 	}
-	pr.r.metrics.Parked.Inc()
-	pr.log.Error().Int64("seq", seq).Err(why).Msg("the broker refused an outbox row for good; parked it (mandatectl parked lists it)")
+	r.metrics.Parked.Inc()
+	ps.log.Error().Int64("seq", seq).Err(why).Msg("the broker refused an outbox row for good; parked it (mandatectl parked lists it)")
 	return nil
+}
+
+type rowKey struct {
+	partition int32
+	seq       int64
 }
 
 // produceTxn produces rows in one Kafka transaction and commits it, or,
 // if the broker refused records for good, aborts it and returns them by
-// sequence. Any other failure is an error.
-func (pr *partitionRelay) produceTxn(ctx context.Context, cl *kgo.Client, rows []Row) (map[int64]error, error) {
-	cfg := pr.r.cfg
+// partition and sequence. Any other failure is an error.
+func (r *Relay) produceTxn(ctx context.Context, cl *kgo.Client, rows []Row) (map[rowKey]error, error) {
+	cfg := r.cfg
 	start := time.Now()
 	if err := cl.BeginTransaction(); err != nil {
 		return nil, fmt.Errorf("begin transaction: %w", classify(err))
@@ -555,13 +992,13 @@ func (pr *partitionRelay) produceTxn(ctx context.Context, cl *kgo.Client, rows [
 	var (
 		wg      sync.WaitGroup
 		mu      sync.Mutex
-		refused = map[int64]error{}
+		refused = map[rowKey]error{}
 		failed  error
 	)
 	for i := range rows {
 		row := &rows[i]
 		rec := &kgo.Record{
-			Topic: cfg.DecisionsTopic, Partition: pr.partition, Key: row.Key, Value: row.Payload,
+			Topic: cfg.DecisionsTopic, Partition: row.Partition, Key: row.Key, Value: row.Payload,
 			Headers: []kgo.RecordHeader{
 				{Key: wire.HeaderSequence, Value: []byte(strconv.FormatInt(row.Seq, 10))},
 				{Key: wire.HeaderEpoch, Value: []byte(strconv.FormatInt(row.Epoch, 10))},
@@ -595,7 +1032,7 @@ func (pr *partitionRelay) produceTxn(ctx context.Context, cl *kgo.Client, rows [
 			mu.Lock()
 			defer mu.Unlock()
 			if refusedForGood(err) {
-				refused[row.Seq] = err
+				refused[rowKey{row.Partition, row.Seq}] = err
 			} else if failed == nil {
 				failed = err
 			}
@@ -607,7 +1044,7 @@ func (pr *partitionRelay) produceTxn(ctx context.Context, cl *kgo.Client, rows [
 		failed = flushErr
 	}
 	if failed != nil || len(refused) > 0 {
-		pr.r.metrics.PublishErrors.WithLabelValues("produce").Inc()
+		r.metrics.PublishErrors.WithLabelValues("produce").Inc()
 		abortErr := abort(ctx, cl)
 		if failed != nil {
 			return nil, fmt.Errorf("produce: %w", classify(failed))
@@ -618,15 +1055,15 @@ func (pr *partitionRelay) produceTxn(ctx context.Context, cl *kgo.Client, rows [
 		return refused, nil
 	}
 	if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
-		pr.r.metrics.PublishErrors.WithLabelValues("commit").Inc()
+		r.metrics.PublishErrors.WithLabelValues("commit").Inc()
 		_ = abort(ctx, cl)
 		return nil, fmt.Errorf("commit transaction: %w", classify(err))
 	}
 	now := time.Now()
-	pr.r.metrics.TxnSeconds.Observe(now.Sub(start).Seconds())
+	r.metrics.TxnSeconds.Observe(now.Sub(start).Seconds())
 	for i := range rows {
-		pr.r.metrics.Published.WithLabelValues(rows[i].Kind.String()).Inc()
-		pr.r.metrics.PublishSeconds.Observe(now.Sub(rows[i].CreatedAt).Seconds())
+		r.metrics.Published.WithLabelValues(rows[i].Kind.String()).Inc()
+		r.metrics.PublishSeconds.Observe(now.Sub(rows[i].CreatedAt).Seconds())
 	}
 	return nil, nil
 }
@@ -646,7 +1083,8 @@ func refusedForGood(err error) bool {
 		errors.Is(err, kerr.InvalidRecord)
 }
 
-// classify marks the errors that mean a newer producer owns the partition.
+// classify marks the errors that mean a newer producer of the relay's
+// transactional id fenced it.
 func classify(err error) error {
 	if errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch) {
 		return fmt.Errorf("%w: %w", errFenced, err)

@@ -18,25 +18,119 @@ type store struct {
 	all  []*pgxpool.Pool
 }
 
-const loadRowsSQL = `SELECT partition, seq, epoch, kind, record_key, payload, reason, detail, source_topic,
-  source_partition, source_offset, created_at, prev_hash, hash
-FROM outbox WHERE partition = $1 AND seq > $2 ORDER BY seq LIMIT $3`
+// loadManySQL reads the next rows of several partitions at once (one
+// round trip per shard for a whole relay transaction): for each partition
+// w.p, at most w.lim rows after w.after, in sequence order.
+const loadManySQL = `SELECT o.partition, o.seq, o.epoch, o.kind, o.record_key, o.payload, o.reason, o.detail, o.source_topic,
+  o.source_partition, o.source_offset, o.created_at, o.prev_hash, o.hash
+FROM unnest($1::integer[], $2::bigint[], $3::integer[]) AS w(p, after, lim)
+CROSS JOIN LATERAL (SELECT * FROM outbox WHERE partition = w.p AND seq > w.after ORDER BY seq LIMIT w.lim) o
+ORDER BY o.partition, o.seq`
 
-func (s store) load(ctx context.Context, partition int32, after int64, limit int) ([]Row, error) {
-	rows, err := s.pool(partition).Query(ctx, loadRowsSQL, partition, after, limit)
+// loadReq asks for at most limit rows of partition after sequence after.
+type loadReq struct {
+	partition int32
+	after     int64
+	limit     int
+}
+
+// loadMany reads the rows reqs ask for from one shard's pool, in partition
+// and sequence order.
+func (s store) loadMany(ctx context.Context, pool *pgxpool.Pool, reqs []loadReq) ([]Row, error) {
+	parts, afters, limits := make([]int32, len(reqs)), make([]int64, len(reqs)), make([]int32, len(reqs))
+	for i, q := range reqs {
+		parts[i], afters[i], limits[i] = q.partition, q.after, int32(q.limit)
+	}
+	rows, err := pool.Query(ctx, loadManySQL, parts, afters, limits)
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Row, error) {
-		var row Row
-		var kind int16
-		var prev, hash []byte
-		err := r.Scan(&row.Partition, &row.Seq, &row.Epoch, &kind, &row.Key, &row.Payload, &row.Reason, &row.Detail,
-			&row.SourceTopic, &row.SourcePartition, &row.SourceOffset, &row.CreatedAt, &prev, &hash)
-		row.Kind = Kind(kind)
-		copy(row.PrevHash[:], prev)
-		copy(row.Hash[:], hash)
-		return row, err
+	return pgx.CollectRows(rows, scanRow)
+}
+
+func scanRow(r pgx.CollectableRow) (Row, error) {
+	var row Row
+	var kind int16
+	var prev, hash []byte
+	err := r.Scan(&row.Partition, &row.Seq, &row.Epoch, &kind, &row.Key, &row.Payload, &row.Reason, &row.Detail,
+		&row.SourceTopic, &row.SourcePartition, &row.SourceOffset, &row.CreatedAt, &prev, &hash)
+	row.Kind = Kind(kind)
+	copy(row.PrevHash[:], prev)
+	copy(row.Hash[:], hash)
+	return row, err
+}
+
+// publisherState is what PostgreSQL says about a partition's publishing:
+// its epoch, and the relay transactional id recorded as its publisher with
+// the epoch it was recorded under (empty and 0 when none was).
+type publisherState struct {
+	epoch          int64
+	publisher      string
+	publisherEpoch int64
+}
+
+// publisher reads a partition's epoch and recorded publisher.
+func (s store) publisher(ctx context.Context, partition int32) (publisherState, error) {
+	var st publisherState
+	err := s.pool(partition).QueryRow(ctx, `SELECT coalesce(max(epoch), 0), coalesce(max(publisher), ''), coalesce(max(publisher_epoch), 0)
+		FROM mandated_partitions WHERE partition = $1`, partition).Scan(&st.epoch, &st.publisher, &st.publisherEpoch)
+	return st, err
+}
+
+// recordPublisher records txnID as the partition's publisher under epoch;
+// false when the partition's epoch is no longer epoch (nothing recorded).
+func (s store) recordPublisher(ctx context.Context, partition int32, epoch int64, txnID string) (bool, error) {
+	tag, err := s.pool(partition).Exec(ctx, `UPDATE mandated_partitions SET publisher = $3, publisher_epoch = $2
+		WHERE partition = $1 AND epoch = $2`, partition, epoch, txnID)
+	if err != nil {
+		return false, err
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// recordReq notes seq as a partition's published sequence (under epoch)
+// and deletes its published rows in (deleteAfter, deleteTo].
+type recordReq struct {
+	partition             int32
+	epoch, seq            int64
+	deleteAfter, deleteTo int64
+	marked                bool  // out: the mark took (the epoch is current)
+	deleted               int64 // out: rows deleted
+}
+
+// recordMany is record for several partitions of one shard: one round
+// trip, one transaction with an asynchronous commit.
+func (s store) recordMany(ctx context.Context, pool *pgxpool.Pool, reqs []recordReq) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var b pgx.Batch
+		b.Queue(`SET LOCAL synchronous_commit = off`)
+		for _, q := range reqs {
+			b.Queue(markSQL, q.partition, q.epoch, q.seq)
+			if q.deleteTo > q.deleteAfter {
+				b.Queue(housekeepSQL, q.partition, q.deleteAfter, q.deleteTo)
+			}
+		}
+		br := tx.SendBatch(ctx, &b)
+		defer br.Close()
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
+		for i := range reqs {
+			q := &reqs[i]
+			tag, err := br.Exec()
+			if err != nil {
+				return err
+			}
+			q.marked = tag.RowsAffected() == 1
+			if q.deleteTo > q.deleteAfter {
+				tag, err := br.Exec()
+				if err != nil {
+					return err
+				}
+				q.deleted = tag.RowsAffected()
+			}
+		}
+		return nil
 	})
 }
 
@@ -73,41 +167,6 @@ func (s store) mark(ctx context.Context, partition int32, epoch, seq int64) (boo
 		return false, err
 	}
 	return tag.RowsAffected() == 1, nil
-}
-
-// record notes seq as published and, when deleteTo > deleteAfter, deletes
-// the published rows in (deleteAfter, deleteTo]: one round trip, one
-// transaction with an asynchronous commit. Losing it in a crash loses
-// nothing: a relay resumes from Kafka's tail (relay_progress is only its
-// lower bound) and the delete is repeated by the next one.
-func (s store) record(ctx context.Context, partition int32, epoch, seq, deleteAfter, deleteTo int64) (marked bool, deleted int64, err error) {
-	err = pgx.BeginFunc(ctx, s.pool(partition), func(tx pgx.Tx) error {
-		var b pgx.Batch
-		b.Queue(`SET LOCAL synchronous_commit = off`)
-		b.Queue(markSQL, partition, epoch, seq)
-		if deleteTo > deleteAfter {
-			b.Queue(housekeepSQL, partition, deleteAfter, deleteTo)
-		}
-		br := tx.SendBatch(ctx, &b)
-		defer br.Close()
-		if _, err := br.Exec(); err != nil {
-			return err
-		}
-		tag, err := br.Exec()
-		if err != nil {
-			return err
-		}
-		marked = tag.RowsAffected() == 1
-		if deleteTo > deleteAfter {
-			tag, err := br.Exec()
-			if err != nil {
-				return err
-			}
-			deleted = tag.RowsAffected()
-		}
-		return nil
-	})
-	return marked, deleted, err
 }
 
 // housekeptUpTo returns the lowest sequence still in a partition's outbox, minus
