@@ -230,27 +230,29 @@ func (h *shardHealth) watch(s *sink.Sink) (down bool, changed <-chan struct{}) {
 // check to its COMMIT, and the successor's claim bumps the epoch on that
 // row, so the batch either committed first (the claim returns the position
 // after it) or it fails its fence (sink/fence.go, sink/batch.go). It
-// returns when w has exited.
+// returns when w, and the successor it handed its partition to after a
+// fence (stopped with it by stop), have exited.
 func (p *Processor) abortIfShardDown(w *worker, reason string) {
-	for {
+	for w != nil {
 		down, changed := p.health.watch(w.store)
-		if down {
-			select {
-			case <-w.done:
-				return
-			default:
-			}
-			w.log.Warn().Str("reason", reason).
-				Msg("giving up a partition whose shard does not answer: aborting its batch in flight at once instead of waiting for it")
-			p.metrics.Rebalance.ShardDownAborts.WithLabelValues(reason).Inc()
-			w.cancel()
-			<-w.done
-			return
-		}
 		select {
 		case <-w.done:
-			return
-		case <-changed:
+			w = w.successor()
+			continue
+		default:
 		}
+		if !down {
+			select {
+			case <-w.done:
+			case <-changed:
+			}
+			continue
+		}
+		w.log.Warn().Str("reason", reason).
+			Msg("giving up a partition whose shard does not answer: aborting its batch in flight at once instead of waiting for it")
+		p.metrics.Rebalance.ShardDownAborts.WithLabelValues(reason).Inc()
+		w.cancel()
+		<-w.done
+		w = w.successor()
 	}
 }
