@@ -89,6 +89,9 @@ type RebalanceMetrics struct {
 	Handoffs      prometheus.Counter
 	HandedOff     prometheus.Gauge
 	PartitionsAll prometheus.Gauge
+	// ShardDownAborts counts workers given up while their shard did not
+	// answer, aborted at once instead of waited for.
+	ShardDownAborts *prometheus.CounterVec
 }
 
 func newRebalanceMetrics() *RebalanceMetrics {
@@ -118,9 +121,13 @@ func newRebalanceMetrics() *RebalanceMetrics {
 			Name: "mandated_partitions",
 			Help: "The input topics' partition count; sum(mandated_partitions_owned) below it means a partition nobody decides.",
 		}),
+		ShardDownAborts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mandated_rebalance_shard_down_aborts_total",
+			Help: "Partitions given up while their shard did not answer: their batch in flight was aborted at once instead of waited for (it cannot commit), by reason: revoked, lost, shutdown, db_unreachable.",
+		}, []string{"reason"}),
 	}
 }
 
 func (m *RebalanceMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.Assigned, m.Revoked, m.PauseSeconds, m.Handoffs, m.HandedOff, m.PartitionsAll}
+	return []prometheus.Collector{m.Assigned, m.Revoked, m.PauseSeconds, m.Handoffs, m.HandedOff, m.PartitionsAll, m.ShardDownAborts}
 }

@@ -67,6 +67,7 @@ func (p *Processor) handoffLoop(ctx context.Context) {
 			for s, j := range old {
 				probes[j].close()
 				p.metrics.ShardUp.DeleteLabelValues(s.Shard().Name, labels[j])
+				p.health.set(s, false)
 			}
 			shards, probes, labels, wasUp = cur, next, nextLabels, nextUp
 		}
@@ -105,6 +106,7 @@ func (p *Processor) handoffLoop(ctx context.Context) {
 				}
 			}
 			p.metrics.ShardUp.WithLabelValues(sh.Name, sh.Range()).Set(up)
+			p.health.set(shards[i], e != nil)
 		}
 		if down < len(probes) {
 			err = nil // some shard answers: this member is not cut off
@@ -177,4 +179,80 @@ func (d *dbProbe) close() {
 	defer cancel()
 	_ = d.conn.Close(ctx)
 	d.conn = nil
+}
+
+// shardHealth is what the hand-off loop's probes last found: which shards
+// do not answer. A worker given up while its shard does not answer is
+// aborted at once instead of waited for (abortIfShardDown).
+type shardHealth struct {
+	mu      sync.Mutex
+	down    map[*sink.Sink]bool
+	changed chan struct{} // closed and replaced at every change
+}
+
+func newShardHealth() *shardHealth {
+	return &shardHealth{down: map[*sink.Sink]bool{}, changed: make(chan struct{})}
+}
+
+// set records the last probe of s.
+func (h *shardHealth) set(s *sink.Sink, down bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.down[s] == down {
+		return
+	}
+	if down {
+		h.down[s] = true
+	} else {
+		delete(h.down, s)
+	}
+	close(h.changed)
+	h.changed = make(chan struct{})
+}
+
+// watch reports whether s is down and returns a channel closed at the
+// next change.
+func (h *shardHealth) watch(s *sink.Sink) (down bool, changed <-chan struct{}) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.down[s], h.changed
+}
+
+// abortIfShardDown aborts w's batch in flight as soon as its shard is
+// known not to answer (already, or before w exits), so that giving the
+// partition up does not wait for the grace: the batch cannot commit, and
+// the wait would hold the revocation callback and, with
+// BlockRebalanceOnPoll, the poll loop and every other partition of this
+// member. Nothing is lost: the batch's records are above the stored
+// position, which the partition's next owner resumes from. A COMMIT of
+// the aborted batch that did reach PostgreSQL is ordered by the partition
+// row lock: the batch holds the row (FOR NO KEY UPDATE) from its fence
+// check to its COMMIT, and the successor's claim bumps the epoch on that
+// row, so the batch either committed first (the claim returns the position
+// after it) or it fails its fence (sink/fence.go, sink/batch.go). It
+// returns when w, and the successor it handed its partition to after a
+// fence (stopped with it by stop), have exited.
+func (p *Processor) abortIfShardDown(w *worker, reason string) {
+	for w != nil {
+		down, changed := p.health.watch(w.store)
+		select {
+		case <-w.done:
+			w = w.successor()
+			continue
+		default:
+		}
+		if !down {
+			select {
+			case <-w.done:
+			case <-changed:
+			}
+			continue
+		}
+		w.log.Warn().Str("reason", reason).
+			Msg("giving up a partition whose shard does not answer: aborting its batch in flight at once instead of waiting for it")
+		p.metrics.Rebalance.ShardDownAborts.WithLabelValues(reason).Inc()
+		w.cancel()
+		<-w.done
+		w = w.successor()
+	}
 }

@@ -40,6 +40,8 @@ type Processor struct {
 	// because of it.
 	unreachableSince time.Time
 	handedOff        bool
+	// health is which shards the hand-off loop's probes last found down.
+	health *shardHealth
 
 	cancel     context.CancelFunc // ends the processor's loops
 	loops      sync.WaitGroup
@@ -64,7 +66,7 @@ func NewSharded(cfg Config, shards *sink.Shards, log zerolog.Logger, m *Metrics)
 		m = NewMetrics(nil)
 	}
 	p := &Processor{cfg: cfg, shards: shards, log: log.With().Str("component", "processor").Logger(), metrics: m,
-		workers: map[int32]*worker{}, pending: map[int32]*pendingClaim{}}
+		workers: map[int32]*worker{}, pending: map[int32]*pendingClaim{}, health: newShardHealth()}
 	if !cfg.NoGroupCommit {
 		p.groups = map[*sink.Sink]*sink.Group{}
 		for _, s := range shards.All() {
@@ -164,7 +166,7 @@ func (p *Processor) leave(ctx context.Context, grace time.Duration, reason strin
 	p.cancelPending(nil)
 	p.mu.Unlock()
 	owned := p.ownedPartitions()
-	p.stopWorkers(owned, grace)
+	p.stopWorkers(owned, grace, reason)
 	p.metrics.Rebalance.Revoked.WithLabelValues(reason).Add(float64(len(owned)))
 	p.commitOffsets(ctx)
 	cancel()
@@ -385,10 +387,13 @@ func (p *Processor) release(parts map[string][]int32, reason string) {
 		p.log.Info().Ints32("partitions", keys(nums)).Str("reason", reason).Msg("partitions revoked; the others keep deciding")
 	}
 	p.metrics.Rebalance.Revoked.WithLabelValues(reason).Add(float64(held))
-	p.stopWorkers(keys(nums), p.cfg.RebalanceTimeout/2)
+	p.stopWorkers(keys(nums), p.cfg.RebalanceTimeout/2, reason)
 }
 
-func (p *Processor) stopWorkers(nums []int32, grace time.Duration) {
+// stopWorkers stops the partitions' workers and waits for them: each
+// finishes its batch in flight within grace, or at once if its shard does
+// not answer (abortIfShardDown).
+func (p *Processor) stopWorkers(nums []int32, grace time.Duration, reason string) {
 	var wg sync.WaitGroup
 	for _, n := range nums {
 		p.mu.Lock()
@@ -397,7 +402,8 @@ func (p *Processor) stopWorkers(nums []int32, grace time.Duration) {
 		if w == nil {
 			continue
 		}
-		wg.Add(1)
+		wg.Add(2)
+		go func() { defer wg.Done(); p.abortIfShardDown(w, reason) }()
 		go func() { defer wg.Done(); w.stop(grace) }()
 	}
 	wg.Wait()
