@@ -79,6 +79,9 @@ func PlanShardedRepartition(ctx context.Context, m *ShardMap, to int32, app stri
 				slices.Sort(kept)
 				copies = append(copies, fmt.Sprintf("shard %s keeps copies of partitions %s", s.Name, FormatPartitions(kept)))
 			}
+			if mt.name != s.Name && mt.name != SingleShard {
+				return state{}, fmt.Errorf("%w: the shard map names this database %q but it is shard %q", ErrRepartitionRefused, s.Name, mt.name)
+			}
 			return state{shard: s, meta: mt, owned: mt.ownedSet(moves)}, nil
 		}()
 		if err != nil {
@@ -128,9 +131,9 @@ func PlanShardedRepartition(ctx context.Context, m *ShardMap, to int32, app stri
 		}
 		plan.Others = append(plan.Others, st.shard)
 	}
-	if ownsNone(own.shard) {
-		return plan, fmt.Errorf("%w: the shard map gives shard %s no partitions but its database owns them all: "+
-			"the map is older than a move; fix the map file first", ErrRepartitionRefused, own.shard.Name)
+	if mapped := own.shard.Range(); mapped != FormatPartitions(own.owned) && mapped != FormatPartitions(allPartitions(to)) {
+		return plan, fmt.Errorf("%w: the shard map gives shard %s partitions %s but its database owns %s: "+
+			"the map is older than a move; fix the map file first", ErrRepartitionRefused, own.shard.Name, mapped, FormatPartitions(own.owned))
 	}
 	for _, s := range plan.Others {
 		if err := othersIdle(ctx, s, app); err != nil {
@@ -138,6 +141,14 @@ func PlanShardedRepartition(ctx context.Context, m *ShardMap, to int32, app stri
 		}
 	}
 	return plan, nil
+}
+
+func allPartitions(n int32) []int32 {
+	out := make([]int32, n)
+	for p := range n {
+		out[p] = p
+	}
+	return out
 }
 
 func ownsNone(s Shard) bool { return s.set != nil && len(s.set) == 0 }

@@ -106,10 +106,7 @@ func RepartitionMapFile(b []byte, owner string, to int32) ([]byte, error) {
 	if list == nil || list.Kind != yaml.SequenceNode {
 		return nil, errors.New("sink: the shard map has no shards list")
 	}
-	all := make([]int32, to)
-	for p := range to {
-		all[p] = p
-	}
+	all := allPartitions(to)
 	found := false
 	for _, entry := range list.Content {
 		name := field(entry, "name")
