@@ -158,13 +158,35 @@ func TestAShardMapIsRepartitionedFrom6To12ByConsolidatingRepartitioningAndSpread
 	noDaemonSessions(t, poolA)
 	noDaemonSessions(t, poolB)
 
-	// 3. Repartition the map.
-	start = time.Now()
-	rep, err := processor.RepartitionShards(ctx, readMap(), cfg, log)
+	// 3. Repartition the map: first a run that crashes right after the
+	// owner's database step (shard b, the topics and the map file are
+	// still at 6: a processor refuses to start), then the run again.
+	mapBefore, err := os.ReadFile(mapPath)
 	require.NoError(t, err)
-	step("repartition 6 -> 12", start)
+	crashed := cfg
+	crashed.Test.StopAfterDatabase = true
+	start = time.Now()
+	rep, err := processor.RepartitionShards(ctx, readMap(), crashed, log)
+	require.NoError(t, err)
+	step("repartition 6 -> 12 (database step of shard a)", start)
 	require.Equal(t, int32(6), rep.From)
 	require.Positive(t, rep.Mandates)
+	mapNow, err := os.ReadFile(mapPath)
+	require.NoError(t, err)
+	require.Equal(t, string(mapBefore), string(mapNow), "the map file is rewritten last")
+	startCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	early := h.ServiceConfig("early")
+	early.Shards = readMap()
+	_, err = processor.StartService(startCtx, early, h.Log)
+	cancel()
+	require.ErrorContains(t, err, "the topics have 6 partitions but this database was set up for 12")
+	noDaemonSessions(t, poolA)
+	noDaemonSessions(t, poolB)
+	start = time.Now()
+	rep2, err := processor.RepartitionShards(ctx, readMap(), cfg, log)
+	require.NoError(t, err)
+	step("the run again (topics, shard b, map file)", start)
+	require.True(t, rep2.AlreadyDone)
 	m := readMap()
 	require.Equal(t, "0-11", m.Shards[m.For(0)].Partitions)
 	require.Equal(t, "a", m.Shards[m.For(11)].Name)
@@ -176,9 +198,10 @@ func TestAShardMapIsRepartitionedFrom6To12ByConsolidatingRepartitioningAndSpread
 	require.Equal(t, []int32{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, setA, "shard a records that it owns the new partitions")
 	require.Equal(t, int32(12), countA)
 	require.Equal(t, int32(12), countB, "shard b records the new count")
-	rep2, err := processor.RepartitionShards(ctx, readMap(), cfg, log)
+	rep2, err = processor.RepartitionShards(ctx, readMap(), cfg, log)
 	require.NoError(t, err, "a run again finds it done")
 	require.True(t, rep2.AlreadyDone)
+	require.Empty(t, rep2.Grown)
 
 	// 4. A processor of 12; spread partitions 6-11 to shard b under it.
 	in = h.Start("twelve", func(c *processor.ServiceConfig) { c.Shards = readMap() })
