@@ -1,10 +1,12 @@
 package processor
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sort"
 	"strings"
 	"time"
@@ -39,6 +41,10 @@ type RepartitionConfig struct {
 	// Operator is recorded with the change. Defaults to
 	// sink.RepartitionOperatorDefault.
 	Operator string
+	// Shard is the shard of a shard map the database is (set by
+	// RepartitionShards; see sink.RepartitionConfig.Shard). Defaults to
+	// none: a single database.
+	Shard string
 	// Test holds knobs for tests only.
 	Test struct {
 		// StopAfterDatabase returns right after the database transaction
@@ -130,7 +136,7 @@ func Repartition(ctx context.Context, conn *pgx.Conn, cfg RepartitionConfig, log
 	}
 
 	res, err := sink.Repartition(ctx, conn, sink.RepartitionConfig{
-		To: cfg.To, Operator: cfg.Operator, DaemonApplicationName: cfg.DaemonApplicationName,
+		To: cfg.To, Operator: cfg.Operator, DaemonApplicationName: cfg.DaemonApplicationName, Shard: cfg.Shard,
 		Drained: func(ctx context.Context, old []sink.RepartitionPosition) error {
 			rep.Parked = nil
 			return drained(ctx, adm, cfg, old, &rep.Parked)
@@ -323,4 +329,66 @@ func growTopics(ctx context.Context, adm *kadm.Client, cfg RepartitionConfig, co
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// RepartitionShards changes the partition count of a shard map m
+// (docs/operations.md, "Changing the partition count"). It runs only when
+// one shard owns every partition and the others none
+// (sink.PlanShardedRepartition, which refuses otherwise, naming the shards
+// that own partitions): it repartitions that shard as Repartition does one
+// database, recording in the same transaction that the shard owns
+// partitions 0..To-1; records the new count on the other shards; and, when
+// m was read from a file, rewrites the file atomically (a temporary file,
+// synced, renamed over it) with partitions 0..To-1 on that shard. The
+// partitions are spread again afterwards with mandatectl shards move.
+//
+// The map file is checked writable before anything changes. Any step that
+// fails is completed by running it again: a finished step is not repeated,
+// and until every step is done processors refuse to start (the topics',
+// the shards' and the map's counts differ).
+func RepartitionShards(ctx context.Context, m *sink.ShardMap, cfg RepartitionConfig, log zerolog.Logger) (RepartitionReport, error) {
+	var rep RepartitionReport
+	if m.Path() != "" {
+		if err := sink.CheckWritable(m.Path()); err != nil {
+			return rep, fmt.Errorf("%w: %w", sink.ErrRepartitionRefused, err)
+		}
+	}
+	plan, err := sink.PlanShardedRepartition(ctx, m, cfg.To, cfg.DaemonApplicationName)
+	if err != nil {
+		return rep, err
+	}
+	conn, err := pgx.Connect(ctx, plan.Owner.URL)
+	if err != nil {
+		return rep, fmt.Errorf("processor: shard %s: %w", plan.Owner.Name, err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	cfg.Shard = plan.Owner.Name
+	rep, err = Repartition(ctx, conn, cfg, log)
+	if err != nil {
+		return rep, err
+	}
+	if cfg.Test.StopAfterDatabase {
+		return rep, nil
+	}
+	if err := sink.FinishShardedRepartition(ctx, plan, cfg.To, cfg.Operator, cfg.DaemonApplicationName); err != nil {
+		return rep, err
+	}
+	if m.Path() != "" {
+		b, err := os.ReadFile(m.Path())
+		if err != nil {
+			return rep, fmt.Errorf("processor: read the shard map: %w", err)
+		}
+		edited, err := sink.RepartitionMapFile(b, plan.Owner.Name, cfg.To)
+		if err != nil {
+			return rep, err
+		}
+		if !bytes.Equal(edited, b) {
+			if err := sink.WriteFileAtomic(m.Path(), edited); err != nil {
+				return rep, fmt.Errorf("processor: write the shard map %s: %w", m.Path(), err)
+			}
+		}
+	}
+	log.Info().Str("shard", plan.Owner.Name).Int("other_shards", len(plan.Others)).Int32("partitions", cfg.To).
+		Msg("shard map repartitioned: every partition is on one shard; spread them with mandatectl shards move")
+	return rep, nil
 }

@@ -567,6 +567,20 @@ func (m *meta) owns(p int32) bool {
 	return p >= m.first && p <= coalesce(m.last, m.count-1)
 }
 
+// ownedSet is the partitions below the count the database owns, as
+// mandated_owns decides: a partition moved in is owned, one with any other
+// move record is not, the others as the recorded set or range says.
+func (m *meta) ownedSet(moves map[int32]Move) []int32 {
+	out := []int32{}
+	for p := range m.count {
+		mv, moved := moves[p]
+		if moved && mv.State == MoveIn || !moved && m.owns(p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 func (m *meta) describe() string {
 	if m.set != nil {
 		return FormatPartitions(m.set)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -82,6 +83,14 @@ type RepartitionConfig struct {
 	// BeforeCommit, if set, runs last inside the transaction (the caller
 	// checks the consumer group once more).
 	BeforeCommit func(ctx context.Context) error
+	// Shard is the name of the shard this database is in a shard map
+	// (RepartitionShards). A database that records a shard layout (a name
+	// other than SingleShard, or an explicit partition set or range) is
+	// refused unless Shard names it: the map's other shards and the map
+	// file must change with it. The shard must own every partition; it
+	// owns partitions 0..To-1 after, recorded in the same transaction.
+	// Defaults to none: a single database.
+	Shard string
 }
 
 // RepartitionPosition is an old partition's stored progress, read under
@@ -132,9 +141,10 @@ func RecordedPartitionCount(ctx context.Context, conn *pgx.Conn) (int32, error) 
 // sequences and chains, the new ones start at 1.
 //
 // Run with the database already at To (a re-run after the topics failed
-// to grow), it writes nothing and reports AlreadyDone. It refuses (an
-// error wrapping ErrRepartitionRefused) a database that is a shard of a
-// shard map: only a single database is supported.
+// to grow), it writes nothing and reports AlreadyDone. A shard of a shard
+// map (cfg.Shard) is repartitioned only when it owns every partition
+// (RepartitionShards composes the rest); otherwise it refuses (an error
+// wrapping ErrRepartitionRefused).
 func Repartition(ctx context.Context, conn *pgx.Conn, cfg RepartitionConfig) (RepartitionResult, error) {
 	cfg.Operator = cmp.Or(cfg.Operator, RepartitionOperatorDefault)
 	cfg.DaemonApplicationName = cmp.Or(cfg.DaemonApplicationName, ApplicationNameDefault)
@@ -151,25 +161,20 @@ func Repartition(ctx context.Context, conn *pgx.Conn, cfg RepartitionConfig) (Re
 		if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, cfg.LockTimeout.Milliseconds())); err != nil {
 			return err
 		}
-		var meta struct {
-			count, first int32
-			last         *int32
-			shard        string
-		}
-		err := tx.QueryRow(ctx, `SELECT partition_count, shard, first_partition, last_partition FROM mandated_meta FOR UPDATE`).
-			Scan(&meta.count, &meta.shard, &meta.first, &meta.last)
-		if errors.Is(err, pgx.ErrNoRows) {
+		meta, err := readMetaTx(ctx, tx, true)
+		if errors.Is(err, ErrNotFound) {
 			return fmt.Errorf("%w: no partition count is recorded (no processor ever started): create the topics with %d partitions instead",
 				ErrRepartitionRefused, cfg.To)
 		}
 		if err != nil {
-			return fmt.Errorf("read mandated_meta: %w", err)
+			return err
 		}
 		res.From = meta.count
-		if meta.shard != SingleShard || meta.first != 0 || meta.last != nil {
-			return fmt.Errorf("%w: this database is shard %q of a shard map; repartition supports a single database only "+
-				"(move every partition to one database first, or see docs/operations.md, \"Changing the partition count\")",
-				ErrRepartitionRefused, meta.shard)
+		sharded := meta.name != SingleShard || meta.first != 0 || meta.last != nil || meta.set != nil
+		if sharded && cfg.Shard != meta.name {
+			return fmt.Errorf("%w: this database is shard %q of a shard map: run the repartition with the shard map (--shard-map), "+
+				"which changes the other shards and the map file with it (docs/operations.md, \"Changing the partition count\")",
+				ErrRepartitionRefused, meta.name)
 		}
 		if meta.count == cfg.To {
 			var from int32
@@ -186,6 +191,9 @@ func Repartition(ctx context.Context, conn *pgx.Conn, cfg RepartitionConfig) (Re
 		if cfg.To <= meta.count {
 			return fmt.Errorf("%w: the database has %d partitions; --to must be greater (Kafka cannot remove partitions)",
 				ErrRepartitionRefused, meta.count)
+		}
+		if err := ownsEveryPartition(ctx, tx, meta); err != nil {
+			return err
 		}
 		if err := liveSessions(ctx, tx, cfg.DaemonApplicationName); err != nil {
 			return err
@@ -206,6 +214,15 @@ func Repartition(ctx context.Context, conn *pgx.Conn, cfg RepartitionConfig) (Re
 
 		if _, err := tx.Exec(ctx, `UPDATE mandated_meta SET partition_count = $1`, cfg.To); err != nil {
 			return fmt.Errorf("record the partition count: %w", err)
+		}
+		if sharded {
+			// The shard owns every partition of the new count: recorded
+			// before the new partitions' rows are created (the shard guard
+			// checks them against it).
+			if _, err := tx.Exec(ctx, `UPDATE mandated_meta SET partitions = ARRAY(SELECT generate_series(0, $1::int - 1)),
+				first_partition = 0, last_partition = $1::int - 1`, cfg.To); err != nil {
+				return fmt.Errorf("record the shard's partitions: %w", err)
+			}
 		}
 		if err := rehash(ctx, tx, cfg.To, &res); err != nil {
 			return err
@@ -231,6 +248,31 @@ func Repartition(ctx context.Context, conn *pgx.Conn, cfg RepartitionConfig) (Re
 		return res, fmt.Errorf("sink: repartition to %d: %w", cfg.To, interpretError(err))
 	}
 	return res, nil
+}
+
+// ownsEveryPartition refuses unless the database (meta, locked) owns every
+// partition of its count, as mandated_owns decides: its recorded set or
+// range, less the partitions moved away, plus those moved in. It also
+// refuses while it keeps a moving or moved-out copy of a partition (then
+// it does not own that one).
+func ownsEveryPartition(ctx context.Context, tx pgx.Tx, m *meta) error {
+	moves, err := readMoves(ctx, tx)
+	if err != nil {
+		return err
+	}
+	owned := m.ownedSet(moves)
+	if len(owned) == int(m.count) {
+		return nil
+	}
+	var missing []int32
+	for p := range m.count {
+		if !slices.Contains(owned, p) {
+			missing = append(missing, p)
+		}
+	}
+	return fmt.Errorf("%w: shard %s owns partitions %s, not all of 0-%d (partitions %s are elsewhere): repartition runs on one database; "+
+		"move every partition to one shard first (docs/operations.md, \"Changing the partition count\")",
+		ErrRepartitionRefused, m.name, FormatPartitions(owned), m.count-1, FormatPartitions(missing))
 }
 
 // liveSessions refuses while a session of mandated (a processor, its

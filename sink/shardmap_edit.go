@@ -85,6 +85,64 @@ func MoveInMapFile(b []byte, p int32, to, url string) ([]byte, error) {
 	return out.Bytes(), nil
 }
 
+// RepartitionMapFile returns the shard map file's content b after a
+// repartition to `to` partitions: shard owner owns 0..to-1, every other
+// shard none. Comments and the other fields are kept; the control shard is
+// marked explicitly, as MoveInMapFile does.
+func RepartitionMapFile(b []byte, owner string, to int32) ([]byte, error) {
+	before, err := ParseShardMap(b)
+	if err != nil {
+		return nil, err
+	}
+	control := before.Shards[before.Control()].Name
+	var doc yaml.Node
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		return nil, fmt.Errorf("sink: parse the shard map: %w", err)
+	}
+	if doc.Kind != yaml.DocumentNode || len(doc.Content) != 1 || doc.Content[0].Kind != yaml.MappingNode {
+		return nil, errors.New("sink: the shard map is not a mapping")
+	}
+	list := field(doc.Content[0], "shards")
+	if list == nil || list.Kind != yaml.SequenceNode {
+		return nil, errors.New("sink: the shard map has no shards list")
+	}
+	all := allPartitions(to)
+	found := false
+	for _, entry := range list.Content {
+		name := field(entry, "name")
+		parts := field(entry, "partitions")
+		if name == nil || parts == nil {
+			return nil, errors.New("sink: a shard of the map has no name or no partitions")
+		}
+		if name.Value == owner {
+			setScalar(parts, FormatPartitions(all))
+			found = true
+		} else {
+			setScalar(parts, FormatPartitions(nil))
+		}
+		if name.Value == control && field(entry, "control") == nil {
+			entry.Content = append(entry.Content, scalar("control"), &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: "true"})
+		}
+	}
+	if !found {
+		return nil, fmt.Errorf("sink: the shard map names no shard %q", owner)
+	}
+	var out bytes.Buffer
+	enc := yaml.NewEncoder(&out)
+	enc.SetIndent(2)
+	if err := enc.Encode(&doc); err != nil {
+		return nil, fmt.Errorf("sink: write the shard map: %w", err)
+	}
+	after, err := ParseShardMap(out.Bytes())
+	if err != nil {
+		return nil, fmt.Errorf("sink: the edited shard map does not check: %w", err)
+	}
+	if err := after.Cover(to); err != nil {
+		return nil, fmt.Errorf("sink: the edited shard map: %w", err)
+	}
+	return out.Bytes(), nil
+}
+
 func field(m *yaml.Node, key string) *yaml.Node {
 	if m.Kind != yaml.MappingNode {
 		return nil

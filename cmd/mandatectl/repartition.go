@@ -34,10 +34,20 @@ Stop intake first, let the processors drain, stop them.
 A run that crashed (or a broker that refused to grow a topic) is repaired by
 running it again: the database step is recorded and not repeated, topics
 already at M are skipped. Until then every processor refuses to start, since
-the topics' and the database's counts differ. One database only: with a
-shard map it refuses. The runbook is docs/operations.md, "Changing the
-partition count".`,
-		"mandatectl repartition --to 12 --database-url-file /run/secrets/db-url --brokers kafka:9092")
+the topics' and the database's counts differ.
+
+With --shard-map, it runs only when one shard of the map owns every
+partition and the others own none ("none"): that shard is repartitioned as
+above and owns partitions 0 to M-1 (recorded in its database in the same
+transaction), the other shards record M, and the map file is rewritten
+(temporary file, then rename) with 0-(M-1) on that shard. Otherwise it
+refuses, naming the shards that own partitions; it also refuses while a
+shard keeps a moved-out copy (mandatectl shards drop-moved first). On a map,
+consolidate with 'mandatectl shards move', drop the copies, repartition,
+spread the partitions again with 'shards move'. The runbook is
+docs/operations.md, "Changing the partition count".`,
+		"mandatectl repartition --to 12 --database-url-file /run/secrets/db-url --brokers kafka:9092",
+		"mandatectl repartition --to 12 --shard-map /etc/mandated/shards.yaml --brokers kafka:9092")
 	var kc kafkaConn
 	kc.register(f)
 	var topics topicNames
@@ -62,12 +72,14 @@ partition count".`,
 	if *to < 1 {
 		return f.usageErr("--to M is required (the new partition count)")
 	}
+	var shardMap *sink.ShardMap
 	if db.shardMap != "" {
-		a.errorf("repartition: refused: a shard map is not supported yet; repartition changes the count of a single " +
-			"database (--database-url): move every partition to one database first (docs/operations.md, \"Changing the partition count\")")
-		return exitFailed
-	}
-	if _, err := db.resolve(); err != nil {
+		m, err := db.readMap()
+		if err != nil {
+			return f.usageErr("%v", err)
+		}
+		shardMap = m
+	} else if _, err := db.resolve(); err != nil {
 		return f.usageErr("%v", err)
 	}
 	opts, err := kc.opts(a)
@@ -84,17 +96,23 @@ partition count".`,
 	}
 	ctx, cancel := withTimeout(a.ctx, *timeout)
 	defer cancel()
-	conn, err := db.conn(ctx)
-	if err != nil {
-		a.errorf("repartition: %v", err)
-		return exitFailed
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	rep, err := processor.Repartition(ctx, conn, processor.RepartitionConfig{
+	cfg := processor.RepartitionConfig{
 		To: int32(*to), Brokers: seeds, KafkaOpts: opts, Group: group,
 		ProposalsTopic: topics.proposals, GrantsTopic: topics.grants, DecisionsTopic: topics.decisions, DeadLetterTopic: topics.deadLetter,
 		DaemonApplicationName: appName,
-	}, log)
+	}
+	var rep processor.RepartitionReport
+	if shardMap != nil {
+		rep, err = processor.RepartitionShards(ctx, shardMap, cfg, log)
+	} else {
+		conn, cerr := db.conn(ctx)
+		if cerr != nil {
+			a.errorf("repartition: %v", cerr)
+			return exitFailed
+		}
+		defer conn.Close(context.WithoutCancel(ctx))
+		rep, err = processor.Repartition(ctx, conn, cfg, log)
+	}
 	for _, p := range rep.Parked {
 		fmt.Fprintf(a.stdout, "parked outbox row %s stays parked on its partition (mandatectl parked)\n", p)
 	}
@@ -116,6 +134,10 @@ partition count".`,
 		fmt.Fprintf(a.stdout, "grew %s to %d partitions\n", strings.Join(rep.Grown, ", "), rep.To)
 	} else {
 		fmt.Fprintf(a.stdout, "the topics already have %d partitions\n", rep.To)
+	}
+	if shardMap != nil {
+		fmt.Fprintf(a.stdout, "shard map %s: partitions 0-%d on one shard; spread them with mandatectl shards move once the processors run\n",
+			shardMap.Path(), rep.To-1)
 	}
 	fmt.Fprintf(a.stdout, "done in %s: start the processors (and restart clients and gateways, which list the decisions partitions at start)\n",
 		rep.Took.Round(time.Millisecond))

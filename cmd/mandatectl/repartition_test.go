@@ -7,10 +7,13 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/mandated/mandated/partitioner"
+	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/test/testenv"
 )
 
@@ -50,10 +53,10 @@ func TestRepartitionGrowsFrom3To6OnceAndARunAgainFindsItDone(t *testing.T) {
 	}, "the processor's sessions end")
 
 	shards := filepath.Join(t.TempDir(), "shards.yaml")
-	require.NoError(t, os.WriteFile(shards, []byte("shards:\n  - name: a\n    partitions: 0-2\n    url: "+b.h.DatabaseURL+"\n"), 0o600))
+	require.NoError(t, os.WriteFile(shards, []byte("shards:\n  - name: a\n    partitions: 0-1\n    url: "+b.h.DatabaseURL+"\n"), 0o600))
 	r = ctl(t, append([]string{"repartition", "--to", "6", "--shard-map", shards}, b.kafka...)...)
 	require.Equal(t, exitFailed, r.code, "%s", r)
-	require.Contains(t, r.stderr, "a shard map is not supported yet")
+	require.Contains(t, r.stderr, "the shard map gives shard a partitions 0-1 but its database owns 0-2")
 
 	r = ctl(t, args("--to", "6")...)
 	require.Equal(t, exitOK, r.code, "%s", r)
@@ -82,4 +85,51 @@ func TestRepartitionGrowsFrom3To6OnceAndARunAgainFindsItDone(t *testing.T) {
 	r = ctl(t, append(append([]string{"verify"}, b.kafka...), b.db...)...)
 	require.Equal(t, exitOK, r.code, "%s", r)
 	require.Contains(t, r.stdout, "verified: ")
+}
+
+// TestRepartitionOfAShardMapRefusesPartitionsOnTwoShards: a map whose two
+// shards both own partitions is refused, naming what each owns and the
+// runbook, with nothing changed; so is a shard of a map repartitioned on
+// its own (--database-url), and a shard that does not own every partition.
+func TestRepartitionOfAShardMapRefusesPartitionsOnTwoShards(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	urlA, urlB := testenv.Database(t), testenv.Database(t)
+	path := filepath.Join(t.TempDir(), "shards.yaml")
+	mapFile := fmt.Appendf(nil, "shards:\n  - name: a\n    partitions: 0-2\n    url: %q\n  - name: b\n    partitions: 3-5\n    url: %q\n", urlA, urlB)
+	require.NoError(t, os.WriteFile(path, mapFile, 0o644))
+	m, err := sink.ReadShardMap(path)
+	require.NoError(t, err)
+	sh, err := sink.OpenShards(ctx, sink.Config{}, m, zerolog.Nop())
+	require.NoError(t, err)
+	require.NoError(t, sh.EnsurePartitionCount(ctx, 6))
+	sh.Close()
+
+	r := ctl(t, "repartition", "--to", "12", "--shard-map", path, "--brokers", "127.0.0.1:1")
+	require.Equal(t, exitFailed, r.code, "%s", r)
+	require.Contains(t, r.stderr, "partitions are on more than one shard (a owns 0-2; b owns 3-5)")
+	require.Contains(t, r.stderr, "mandatectl shards move")
+	require.Contains(t, r.stderr, `docs/operations.md, "Changing the partition count"`)
+	after, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.Equal(t, string(mapFile), string(after), "the map file is unchanged")
+
+	conn, err := pgx.Connect(ctx, urlA)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	drained := func(context.Context, []sink.RepartitionPosition) error { return nil }
+	_, err = sink.Repartition(ctx, conn, sink.RepartitionConfig{To: 12, Drained: drained})
+	require.ErrorIs(t, err, sink.ErrRepartitionRefused)
+	require.ErrorContains(t, err, `this database is shard "a" of a shard map: run the repartition with the shard map (--shard-map)`)
+	_, err = sink.Repartition(ctx, conn, sink.RepartitionConfig{To: 12, Drained: drained, Shard: "a"})
+	require.ErrorIs(t, err, sink.ErrRepartitionRefused)
+	require.ErrorContains(t, err, "shard a owns partitions 0-2, not all of 0-5 (partitions 3-5 are elsewhere)")
+	for _, url := range []string{urlA, urlB} {
+		pool, err := pgxpool.New(ctx, url)
+		require.NoError(t, err)
+		var count int32
+		require.NoError(t, pool.QueryRow(ctx, `SELECT partition_count FROM mandated_meta`).Scan(&count))
+		pool.Close()
+		require.Equal(t, int32(6), count, "nothing changed on %s", url)
+	}
 }
