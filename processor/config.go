@@ -95,12 +95,14 @@ type Config struct {
 	// MaxBatch caps the records decided in one transaction. Defaults to
 	// MaxBatchDefault.
 	MaxBatch int
-	// NoGroupCommit commits each partition's batch in its own transaction.
-	// By default (false) the workers of one process hand their batches to
-	// a committer per shard, which commits the ready batches of every
-	// partition in one transaction, each under its own fence and savepoint
-	// (sink.Group). Defaults to false: group commit.
-	NoGroupCommit bool
+	// GroupCommit makes the workers of one process hand their batches to a
+	// committer per shard, which commits the ready batches of every
+	// partition in one transaction, each under its own fence (sink.Group):
+	// fewer PostgreSQL transactions and less PostgreSQL CPU per decision,
+	// at a latency cost under load (docs/performance.md, "Group commit
+	// across a process's partitions"). Defaults to false: each partition's
+	// batch commits in its own transaction.
+	GroupCommit bool
 	// GroupCommitsInFlight caps the group commits running at once per
 	// shard; batches handed over while that many are in flight wait and
 	// go together in the next. Defaults to sink.GroupMaxInFlightDefault.

@@ -8,7 +8,7 @@ import (
 
 // commitBatch commits a worker's batch: through its shard's group
 // committer (with the batches of the process's other partitions on that
-// shard, in one transaction), or in its own transaction with NoGroupCommit.
+// shard, in one transaction), or in its own transaction without GroupCommit.
 // Either way the result and its errors mean the same (sink.Group.Commit).
 func (p *Processor) commitBatch(ctx context.Context, store *sink.Sink, b *sink.Batch) (sink.Result, error) {
 	if g := p.groups[store]; g != nil {

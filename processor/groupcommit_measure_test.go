@@ -79,7 +79,7 @@ func measureGroupCommit(t *testing.T, group bool, inFlight, rate, seconds int) {
 	}
 
 	in := h.Start("a", func(c *processor.ServiceConfig) {
-		c.Processor.NoGroupCommit, c.Processor.GroupCommitsInFlight = !group, inFlight
+		c.Processor.GroupCommit, c.Processor.GroupCommitsInFlight = group, inFlight
 	})
 	var mandates []string
 	for i := range 8 {

@@ -26,6 +26,7 @@ type groupLog struct {
 }
 
 func (g *groupLog) hook(cfg *processor.ServiceConfig) {
+	cfg.Processor.GroupCommit = true
 	cfg.Processor.Test.OnGroupCommit = func(st sink.GroupStats) {
 		g.mu.Lock()
 		defer g.mu.Unlock()

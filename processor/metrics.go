@@ -118,7 +118,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		GroupPartitions: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "mandated_group_commit_partitions",
-			Help:    "Partition batches carried by one group commit (one PostgreSQL transaction per shard per cycle; see Config.NoGroupCommit).",
+			Help:    "Partition batches carried by one group commit (one PostgreSQL transaction per shard per cycle; see Config.GroupCommit).",
 			Buckets: []float64{1, 2, 3, 4, 6, 8, 12, 16, 24, 32},
 		}),
 		DecisionLatency: prometheus.NewHistogram(prometheus.HistogramOpts{

@@ -25,7 +25,7 @@ type Processor struct {
 	log     zerolog.Logger
 	metrics *Metrics
 	keys    *keyring
-	groups  map[*sink.Sink]*sink.Group // one committer per shard; nil with NoGroupCommit
+	groups  map[*sink.Sink]*sink.Group // one committer per shard; nil without GroupCommit
 
 	partitions int32 // the topics' partition count
 
@@ -67,7 +67,7 @@ func NewSharded(cfg Config, shards *sink.Shards, log zerolog.Logger, m *Metrics)
 	}
 	p := &Processor{cfg: cfg, shards: shards, log: log.With().Str("component", "processor").Logger(), metrics: m,
 		workers: map[int32]*worker{}, pending: map[int32]*pendingClaim{}, health: newShardHealth()}
-	if !cfg.NoGroupCommit {
+	if cfg.GroupCommit {
 		p.groups = map[*sink.Sink]*sink.Group{}
 		for _, s := range shards.All() {
 			p.groups[s] = s.NewGroup(sink.GroupConfig{MaxInFlight: cfg.GroupCommitsInFlight, Observe: p.observeGroup})

@@ -23,7 +23,7 @@ import (
 // it (up to MaxBatch, no lingering), adds the deadlines that are due, and
 // commits them under the partition's fence, again and again: as its part of
 // its shard's next group commit (groupcommit.go), or in a transaction of its
-// own with Config.NoGroupCommit.
+// own unless Config.GroupCommit.
 type worker struct {
 	p         *Processor
 	partition int32

@@ -99,7 +99,7 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.groupProtocol, "group-protocol", processor.GroupProtocolDefault, "consumer (KIP-848, Kafka 4.0+: incremental, only moved partitions pause) or classic (eager range: every rebalance pauses every partition)")
 	fs.DurationVar(&c.dbHandoff, "db-unreachable-handoff", processor.DBUnreachableHandoffDefault, "leave the group after PostgreSQL has not answered this long (Kafka still does) so that others decide the partitions; rejoin when it answers; negative: never")
 	fs.IntVar(&c.maxBatch, "max-batch", processor.MaxBatchDefault, "most records of one partition decided in one batch")
-	fs.BoolVar(&c.groupCommit, "group-commit", true, "commit the ready batches of every owned partition of a shard in one PostgreSQL transaction (each under its own fence); false: one transaction per partition batch")
+	fs.BoolVar(&c.groupCommit, "group-commit", false, "commit the ready batches of every owned partition of a shard in one PostgreSQL transaction (each under its own fence): less PostgreSQL CPU per decision, more latency under load; false: one transaction per partition batch")
 	fs.IntVar(&c.groupCommitsInFlight, "group-commits-in-flight", sink.GroupMaxInFlightDefault, "most group commits running at once per shard (batches handed over meanwhile wait and go together in the next)")
 	fs.IntVar(&c.maxRecordBytes, "max-record-bytes", wire.MaxRecordBytesDefault, "largest command record decoded")
 	fs.DurationVar(&c.sessionTimeout, "session-timeout", processor.SessionTimeoutDefault, "consumer group session timeout (classic protocol; with the consumer protocol the broker's group.consumer.session.timeout.ms applies)")
@@ -156,7 +156,7 @@ func (c *config) serviceConfig(log zerolog.Logger, reg prometheus.Registerer) (p
 		Processor: processor.Config{Brokers: brokers, KafkaOpts: kopts, ClientHooks: hooks, Group: c.group, Owner: c.owner,
 			InstanceID: c.instanceID, GroupProtocol: c.groupProtocol, DBUnreachableHandoff: c.dbHandoff,
 			ProposalsTopic: c.proposalsTopic, GrantsTopic: c.grantsTopic, DecisionsTopic: c.decisionsTopic,
-			DeadLetterTopic: c.deadLetterTopic, MaxBatch: c.maxBatch, NoGroupCommit: !c.groupCommit, GroupCommitsInFlight: c.groupCommitsInFlight, MaxRecordBytes: c.maxRecordBytes,
+			DeadLetterTopic: c.deadLetterTopic, MaxBatch: c.maxBatch, GroupCommit: c.groupCommit, GroupCommitsInFlight: c.groupCommitsInFlight, MaxRecordBytes: c.maxRecordBytes,
 			SessionTimeout: c.sessionTimeout, RebalanceTimeout: c.rebalanceTimeout, GrantorKeyRefresh: c.grantorKeyTTL},
 		Relay: outbox.Config{Brokers: brokers, KafkaOpts: kopts, ClientHooks: hooks, DecisionsTopic: c.decisionsTopic,
 			DeadLetterTopic: c.deadLetterTopic, TransactionalIDPrefix: c.relayTxnPrefix, MaxRows: c.relayMaxRows,

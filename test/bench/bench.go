@@ -60,10 +60,10 @@ type Config struct {
 	// third system with this outbox.Config.MetadataMinAge (negative:
 	// franz-go's 5 s); with RelayRetryBackoff both apply to it.
 	RelayMetadataMinAge time.Duration
-	// ExpGroupCommit (experiment), when "off" or "in-flight=N", likewise
-	// adds the third system with group commit off (one PostgreSQL
-	// transaction per partition batch, as before issue 15) or with N group
-	// commits in flight per shard.
+	// ExpGroupCommit (experiment), when "on" or "in-flight=N", likewise
+	// adds the third system with group commit on (one PostgreSQL
+	// transaction per shard per cycle for every partition's batch), with
+	// its default or N group commits in flight per shard.
 	ExpGroupCommit string
 	// RelayRetryLog (diagnosis) counts the relay producers' franz-go retry
 	// messages in every latency level (debug logging: costs CPU).
@@ -553,20 +553,20 @@ func (c Config) experiment() bool {
 	return c.RelayRetryBackoff != 0 || c.RelayMetadataMinAge != 0 || c.ExpGroupCommit != ""
 }
 
-// GroupCommitExperiment parses ExpGroupCommit: "off", or "in-flight=N".
-func (c Config) GroupCommitExperiment() (off bool, inFlight int, err error) {
+// GroupCommitExperiment parses ExpGroupCommit: "on", or "in-flight=N".
+func (c Config) GroupCommitExperiment() (on bool, inFlight int, err error) {
 	switch v := c.ExpGroupCommit; {
 	case v == "":
 		return false, 0, nil
-	case v == "off":
+	case v == "on":
 		return true, 0, nil
 	default:
 		n, ok := strings.CutPrefix(v, "in-flight=")
 		if ok {
 			if inFlight, err = strconv.Atoi(n); err == nil && inFlight > 0 {
-				return false, inFlight, nil
+				return true, inFlight, nil
 			}
 		}
-		return false, 0, fmt.Errorf("--exp-group-commit %q: want off or in-flight=N (N > 0)", v)
+		return false, 0, fmt.Errorf("--exp-group-commit %q: want on or in-flight=N (N > 0)", v)
 	}
 }

@@ -416,12 +416,12 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 	defer deleteTopics(b.cfg.Brokers, t("proposals"), t("grants"), out, t("deadletter"))
 	mandated := lv.system != "K2"
 	var relayBackoff, relayMetaAge time.Duration
-	var noGroupCommit bool
+	var groupCommit bool
 	var groupInFlight int
 	if lv.system == "mandated-experiment" {
 		relayBackoff, relayMetaAge = b.cfg.RelayRetryBackoff, b.cfg.RelayMetadataMinAge
 		var err error
-		if noGroupCommit, groupInFlight, err = b.cfg.GroupCommitExperiment(); err != nil {
+		if groupCommit, groupInFlight, err = b.cfg.GroupCommitExperiment(); err != nil {
 			return res, err
 		}
 	}
@@ -528,7 +528,7 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 			Brokers: b.cfg.Brokers, DatabaseURL: b.pg.dbURL(db), Proposals: t("proposals"), Grants: t("grants"),
 			Decisions: out, DeadLetter: t("deadletter"), Group: "bench-" + id, TxnPrefix: "bench-" + id,
 			LogPath: filepath.Join(b.work, "serve-"+id+".log"), RelayRetryBackoff: relayBackoff, RelayMetadataMinAge: relayMetaAge,
-			RelayRetryLog: b.cfg.RelayRetryLog, NoGroupCommit: noGroupCommit, GroupCommitsInFlight: groupInFlight,
+			RelayRetryLog: b.cfg.RelayRetryLog, GroupCommit: groupCommit, GroupCommitsInFlight: groupInFlight,
 		})
 	} else {
 		ch, err = startChild(b.work, "txpipe-"+id, "txpipe", TxPipeConfig{Brokers: b.cfg.Brokers, In: t("proposals"), Out: out,

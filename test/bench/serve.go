@@ -53,9 +53,9 @@ type ServeConfig struct {
 	// RelayRetryLog counts the relay producers' franz-go debug messages
 	// about retries (ServeStats.RelayRetries). Debug logging costs CPU.
 	RelayRetryLog bool `json:"relay_retry_log"`
-	// NoGroupCommit and GroupCommitsInFlight are processor.Config's (zero:
+	// GroupCommit and GroupCommitsInFlight are processor.Config's (zero:
 	// the defaults, as cmd/mandated runs).
-	NoGroupCommit        bool `json:"no_group_commit"`
+	GroupCommit          bool `json:"group_commit"`
 	GroupCommitsInFlight int  `json:"group_commits_in_flight"`
 	// Shards, when set, is the shard map the service runs over, as
 	// cmd/mandated --shard-map runs it (DatabaseURL is then ignored).
@@ -210,7 +210,7 @@ func Serve(cfg ServeConfig) error {
 			Brokers: cfg.Brokers, ClientHooks: hooks, Group: cfg.Group, Owner: "bench",
 			ProposalsTopic: cfg.Proposals, GrantsTopic: cfg.Grants,
 			DecisionsTopic: cfg.Decisions, DeadLetterTopic: cfg.DeadLetter,
-			NoGroupCommit: cfg.NoGroupCommit, GroupCommitsInFlight: cfg.GroupCommitsInFlight,
+			GroupCommit: cfg.GroupCommit, GroupCommitsInFlight: cfg.GroupCommitsInFlight,
 		},
 		Relay:      relay,
 		Registerer: reg,
