@@ -65,6 +65,11 @@ type Config struct {
 	// transaction per shard per cycle for every partition's batch), with
 	// its default or N group commits in flight per shard.
 	ExpGroupCommit string
+	// ExpDatabaseParams (experiment), when not empty, likewise adds the
+	// third system with these query parameters on its database URL
+	// ("plan_cache_mode=force_generic_plan": run-time settings of its
+	// sessions).
+	ExpDatabaseParams string
 	// RelayRetryLog (diagnosis) counts the relay producers' franz-go retry
 	// messages in every latency level (debug logging: costs CPU).
 	RelayRetryLog bool
@@ -550,7 +555,7 @@ func goTool(args ...string) (string, error) {
 // experiment reports whether the latency levels run a third system, mandated
 // with the experiment's settings.
 func (c Config) experiment() bool {
-	return c.RelayRetryBackoff != 0 || c.RelayMetadataMinAge != 0 || c.ExpGroupCommit != ""
+	return c.RelayRetryBackoff != 0 || c.RelayMetadataMinAge != 0 || c.ExpGroupCommit != "" || c.ExpDatabaseParams != ""
 }
 
 // GroupCommitExperiment parses ExpGroupCommit: "on", or "in-flight=N".

@@ -470,8 +470,8 @@ func (r *Result) summary(dirName string, plots []string) string {
 			}
 		}
 		if len(r.LatencyAlt) > 0 {
-			w("\nExperiment (`--relay-retry-backoff %s --relay-metadata-min-age %s --exp-group-commit %q`, zero or empty: as shipped): mandated as shipped (relay MetadataMinAge %s, franz-go's retry backoff, group commit off) vs mandated run with the flags' values (a fixed retry backoff; a MetadataMinAge, negative: franz-go's 5 s; group commit on, with N in flight); same levels, adjacent runs:\n\n| load | p50 (shipped / experiment) | p99 | relay txn p99 ≤ | row→published p99 ≤ | relay Produce requests per EndTxn | cold-start p99 |\n|---|---|---|---|---|---|---|\n",
-				r.Config.RelayRetryBackoff, r.Config.RelayMetadataMinAge, r.Config.ExpGroupCommit, outbox.MetadataMinAgeDefault)
+			w("\nExperiment (`--relay-retry-backoff %s --relay-metadata-min-age %s --exp-group-commit %q --exp-database-params %q`, zero or empty: as shipped): mandated as shipped (relay MetadataMinAge %s, franz-go's retry backoff, group commit off) vs mandated run with the flags' values (a fixed retry backoff; a MetadataMinAge, negative: franz-go's 5 s; group commit on, with N in flight); same levels, adjacent runs:\n\n| load | p50 (shipped / experiment) | p99 | relay txn p99 ≤ | row→published p99 ≤ | relay Produce requests per EndTxn | cold-start p99 |\n|---|---|---|---|---|---|---|\n",
+				r.Config.RelayRetryBackoff, r.Config.RelayMetadataMinAge, r.Config.ExpGroupCommit, r.Config.ExpDatabaseParams, outbox.MetadataMinAgeDefault)
 			perTxn := func(l LatencyResult) float64 {
 				return float64(l.Requests["Produce"].Count) / float64(max(l.Requests["EndTxn"].Count, 1))
 			}

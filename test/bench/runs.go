@@ -416,6 +416,7 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 	defer deleteTopics(b.cfg.Brokers, t("proposals"), t("grants"), out, t("deadletter"))
 	mandated := lv.system != "K2"
 	var relayBackoff, relayMetaAge time.Duration
+	dbURL := b.pg.dbURL(db)
 	var groupCommit bool
 	var groupInFlight int
 	if lv.system == "mandated-experiment" {
@@ -423,6 +424,9 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 		var err error
 		if groupCommit, groupInFlight, err = b.cfg.GroupCommitExperiment(); err != nil {
 			return res, err
+		}
+		if p := b.cfg.ExpDatabaseParams; p != "" {
+			dbURL += "&" + p
 		}
 	}
 	if mandated {
@@ -525,7 +529,7 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 	k2Stats := filepath.Join(b.work, "txpipe-"+id+".requests.json")
 	if mandated {
 		ch, err = startChild(b.work, "serve-"+id, "serve", ServeConfig{
-			Brokers: b.cfg.Brokers, DatabaseURL: b.pg.dbURL(db), Proposals: t("proposals"), Grants: t("grants"),
+			Brokers: b.cfg.Brokers, DatabaseURL: dbURL, Proposals: t("proposals"), Grants: t("grants"),
 			Decisions: out, DeadLetter: t("deadletter"), Group: "bench-" + id, TxnPrefix: "bench-" + id,
 			LogPath: filepath.Join(b.work, "serve-"+id+".log"), RelayRetryBackoff: relayBackoff, RelayMetadataMinAge: relayMetaAge,
 			RelayRetryLog: b.cfg.RelayRetryLog, GroupCommit: groupCommit, GroupCommitsInFlight: groupInFlight,

@@ -90,6 +90,7 @@ func run(args []string) int {
 	fs.StringVar(&over.StopAfter, "stop-after", "", "debugging: calibration ends the run after the calibration burn-down; shards runs only the 1 vs 2 shards pairs")
 	fs.BoolVar(&over.RelayRetryLog, "relay-retry-log", false, "diagnosis: count the relay producers' franz-go retry messages in every latency level (debug logging costs CPU)")
 	fs.DurationVar(&over.RelayMetadataMinAge, "relay-metadata-min-age", 0, "experiment: add a third system to every latency level, mandated whose relay runs with this outbox MetadataMinAge (negative: franz-go's 5 s)")
+	fs.StringVar(&over.ExpDatabaseParams, "exp-database-params", "", "experiment: add a third system to every latency level, mandated whose database URL carries these query parameters (e.g. plan_cache_mode=force_generic_plan)")
 	fs.StringVar(&over.ExpGroupCommit, "exp-group-commit", "", "experiment: add a third system to every latency level, mandated with group commit on (\"on\"), or on with N group commits in flight per shard (\"in-flight=N\")")
 	fs.DurationVar(&over.RelayRetryBackoff, "relay-retry-backoff", 0, "experiment: add a third system to every latency level, mandated whose relay producers retry after this fixed backoff")
 	fs.DurationVar(&over.RelayStall, "relay-stall", 0, "debugging: hold every burn-down's relay back this long after start (a broker outage)")
@@ -136,6 +137,7 @@ func run(args []string) int {
 	cfg.RelayRetryLog = over.RelayRetryLog
 	cfg.RelayMetadataMinAge = over.RelayMetadataMinAge
 	cfg.ExpGroupCommit = over.ExpGroupCommit
+	cfg.ExpDatabaseParams = over.ExpDatabaseParams
 	if _, _, err := cfg.GroupCommitExperiment(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
