@@ -19,21 +19,9 @@ import (
 // other fields are kept; the control shard is marked explicitly, so moving
 // partition 0 does not change which shard holds the org settings.
 func MoveInMapFile(b []byte, p int32, to, url string) ([]byte, error) {
-	before, err := ParseShardMap(b)
+	doc, list, control, err := editShardMap(b)
 	if err != nil {
 		return nil, err
-	}
-	control := before.Shards[before.Control()].Name
-	var doc yaml.Node
-	if err := yaml.Unmarshal(b, &doc); err != nil {
-		return nil, fmt.Errorf("sink: parse the shard map: %w", err)
-	}
-	if doc.Kind != yaml.DocumentNode || len(doc.Content) != 1 || doc.Content[0].Kind != yaml.MappingNode {
-		return nil, errors.New("sink: the shard map is not a mapping")
-	}
-	list := field(doc.Content[0], "shards")
-	if list == nil || list.Kind != yaml.SequenceNode {
-		return nil, errors.New("sink: the shard map has no shards list")
 	}
 	found := false
 	for _, entry := range list.Content {
@@ -55,8 +43,8 @@ func MoveInMapFile(b []byte, p int32, to, url string) ([]byte, error) {
 			found = true
 		}
 		setScalar(parts, FormatPartitions(set))
-		if name.Value == control && field(entry, "control") == nil {
-			entry.Content = append(entry.Content, scalar("control"), &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: "true"})
+		if name.Value == control {
+			markControl(entry)
 		}
 	}
 	if !found {
@@ -69,20 +57,14 @@ func MoveInMapFile(b []byte, p int32, to, url string) ([]byte, error) {
 		setScalar(entry.Content[3], FormatPartitions([]int32{p}))
 		list.Content = append(list.Content, entry)
 	}
-	var out bytes.Buffer
-	enc := yaml.NewEncoder(&out)
-	enc.SetIndent(2)
-	if err := enc.Encode(&doc); err != nil {
-		return nil, fmt.Errorf("sink: write the shard map: %w", err)
-	}
-	after, err := ParseShardMap(out.Bytes())
+	out, after, err := encodeShardMap(doc)
 	if err != nil {
-		return nil, fmt.Errorf("sink: the edited shard map does not check: %w", err)
+		return nil, err
 	}
 	if i := after.For(p); i < 0 || after.Shards[i].Name != to {
 		return nil, fmt.Errorf("sink: the edited shard map does not give partition %d to shard %s", p, to)
 	}
-	return out.Bytes(), nil
+	return out, nil
 }
 
 // RepartitionMapFile returns the shard map file's content b after a
@@ -90,21 +72,9 @@ func MoveInMapFile(b []byte, p int32, to, url string) ([]byte, error) {
 // shard none. Comments and the other fields are kept; the control shard is
 // marked explicitly, as MoveInMapFile does.
 func RepartitionMapFile(b []byte, owner string, to int32) ([]byte, error) {
-	before, err := ParseShardMap(b)
+	doc, list, control, err := editShardMap(b)
 	if err != nil {
 		return nil, err
-	}
-	control := before.Shards[before.Control()].Name
-	var doc yaml.Node
-	if err := yaml.Unmarshal(b, &doc); err != nil {
-		return nil, fmt.Errorf("sink: parse the shard map: %w", err)
-	}
-	if doc.Kind != yaml.DocumentNode || len(doc.Content) != 1 || doc.Content[0].Kind != yaml.MappingNode {
-		return nil, errors.New("sink: the shard map is not a mapping")
-	}
-	list := field(doc.Content[0], "shards")
-	if list == nil || list.Kind != yaml.SequenceNode {
-		return nil, errors.New("sink: the shard map has no shards list")
 	}
 	all := allPartitions(to)
 	found := false
@@ -120,27 +90,21 @@ func RepartitionMapFile(b []byte, owner string, to int32) ([]byte, error) {
 		} else {
 			setScalar(parts, FormatPartitions(nil))
 		}
-		if name.Value == control && field(entry, "control") == nil {
-			entry.Content = append(entry.Content, scalar("control"), &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: "true"})
+		if name.Value == control {
+			markControl(entry)
 		}
 	}
 	if !found {
 		return nil, fmt.Errorf("sink: the shard map names no shard %q", owner)
 	}
-	var out bytes.Buffer
-	enc := yaml.NewEncoder(&out)
-	enc.SetIndent(2)
-	if err := enc.Encode(&doc); err != nil {
-		return nil, fmt.Errorf("sink: write the shard map: %w", err)
-	}
-	after, err := ParseShardMap(out.Bytes())
+	out, after, err := encodeShardMap(doc)
 	if err != nil {
-		return nil, fmt.Errorf("sink: the edited shard map does not check: %w", err)
+		return nil, err
 	}
 	if err := after.Cover(to); err != nil {
 		return nil, fmt.Errorf("sink: the edited shard map: %w", err)
 	}
-	return out.Bytes(), nil
+	return out, nil
 }
 
 func field(m *yaml.Node, key string) *yaml.Node {
@@ -225,4 +189,49 @@ func WriteFileAtomic(path string, b []byte) error {
 		d.Close()
 	}
 	return nil
+}
+
+// editShardMap parses a shard map file's content for editing: the YAML
+// document (comments kept), its shards list and the control shard's name.
+func editShardMap(b []byte) (doc *yaml.Node, list *yaml.Node, control string, err error) {
+	before, err := ParseShardMap(b)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	doc = &yaml.Node{}
+	if err := yaml.Unmarshal(b, doc); err != nil {
+		return nil, nil, "", fmt.Errorf("sink: parse the shard map: %w", err)
+	}
+	if doc.Kind != yaml.DocumentNode || len(doc.Content) != 1 || doc.Content[0].Kind != yaml.MappingNode {
+		return nil, nil, "", errors.New("sink: the shard map is not a mapping")
+	}
+	list = field(doc.Content[0], "shards")
+	if list == nil || list.Kind != yaml.SequenceNode {
+		return nil, nil, "", errors.New("sink: the shard map has no shards list")
+	}
+	return doc, list, before.Shards[before.Control()].Name, nil
+}
+
+// encodeShardMap writes an edited document back and checks that it is
+// still a valid shard map.
+func encodeShardMap(doc *yaml.Node) ([]byte, *ShardMap, error) {
+	var out bytes.Buffer
+	enc := yaml.NewEncoder(&out)
+	enc.SetIndent(2)
+	if err := enc.Encode(doc); err != nil {
+		return nil, nil, fmt.Errorf("sink: write the shard map: %w", err)
+	}
+	after, err := ParseShardMap(out.Bytes())
+	if err != nil {
+		return nil, nil, fmt.Errorf("sink: the edited shard map does not check: %w", err)
+	}
+	return out.Bytes(), after, nil
+}
+
+// markControl marks a shard entry as the control shard explicitly, so that
+// an edit of the partitions never moves the org settings.
+func markControl(entry *yaml.Node) {
+	if field(entry, "control") == nil {
+		entry.Content = append(entry.Content, scalar("control"), &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: "true"})
+	}
 }
