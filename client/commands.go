@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/mandated/mandated/partitioner"
-	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/wire"
 )
 
 // Command is a command the client can send: one of the typed requests below,

@@ -1,7 +1,7 @@
 // Package processor is mandated's single writer: it consumes the proposals
 // and grants topics in one consumer group, claims each assigned partition's
 // epoch in PostgreSQL, and runs one worker per owned partition that decides
-// batches of commands (processor/lifecycle) and commits them through the
+// batches of commands (lifecycle) and commits them through the
 // sink in one fenced transaction. It wakes the outbox relay in memory after
 // every commit.
 //

@@ -6,5 +6,5 @@
 //
 // Driver errors are translated here and nowhere else: callers see
 // ErrFenced, ErrRetryable, ErrRecordFault or a wrapped connection error.
-// It must never decide: the decisions come from processor/lifecycle.
+// It must never decide: the decisions come from lifecycle.
 package sink
