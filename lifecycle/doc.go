@@ -19,4 +19,8 @@
 // command with another token is refused stale_execution_token and changes
 // nothing, as is the executor's own once reconciliation resolved its
 // execution.
+//
+// It stands on the ground floor with the contract (test/layout): it must
+// never import any package of mandated's but partitioner and wire — no
+// storage, no Kafka, no clock, no failpoint.
 package lifecycle

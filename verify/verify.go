@@ -4,6 +4,11 @@
 // mandate's counters and every authorization's state from the decisions
 // alone, and compares them with PostgreSQL's state at the same point of the
 // history. It only reads: it never writes to Kafka or PostgreSQL.
+//
+// The auditor stands above what it audits (test/layout): it imports sink and
+// outbox (and the floors below them), and neither may import it. It must
+// never import processor, client, gateway or cmd: 'mandatectl verify' wires
+// it.
 package verify
 
 import (

@@ -15,4 +15,9 @@
 // chain".
 //
 // This package must never do I/O or read the clock.
+//
+// The contract is the ground floor (test/layout): it must never import any
+// package of mandated's but partitioner, so whoever writes or reads the
+// contract (a caller through package client, the gateway, the processor,
+// the auditor) pulls in nothing that decides or stores.
 package wire

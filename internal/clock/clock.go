@@ -1,6 +1,9 @@
 // Package clock is the one clock the processor decides deadlines by. The
 // real clock reads the system time; the fake one moves only when a test
 // moves it, so a test can put a deadline exactly between two commands.
+//
+// It is a test seam, internal to the module: it must never import any
+// package of mandated's (test/layout).
 package clock
 
 import (

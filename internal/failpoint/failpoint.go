@@ -10,6 +10,10 @@
 // its next N hits; a prefix P% (P may be fractional, 0.5%) fires it with
 // probability P percent. Disabled points
 // cost one atomic load.
+//
+// It is a test seam, internal to the module: it must never import any
+// package of mandated's (test/layout), and the contract and the state
+// machine (wire, lifecycle) must never import it.
 package failpoint
 
 import (
