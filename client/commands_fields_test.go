@@ -2,6 +2,7 @@ package client
 
 import (
 	"encoding/json"
+	"reflect"
 	"testing"
 	"time"
 
@@ -79,5 +80,22 @@ func TestTypedCommandsWriteTheirMembers(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, tc.want, string(b))
 		})
+	}
+}
+
+// TestEveryTypedCommandFieldIsOnTheWire: a field of a typed command without
+// a wire tag would never be sent; each one but the embedded Ref has one.
+func TestEveryTypedCommandFieldIsOnTheWire(t *testing.T) {
+	t.Parallel()
+	for _, cmd := range []Command{Propose{}, Begin{}, Commit{}, Cancel{}, ReportUnknown{}, Resolve{}, Grant{}, Revoke{}} {
+		typ := reflect.TypeOf(cmd)
+		for i := range typ.NumField() {
+			f := typ.Field(i)
+			if f.Anonymous {
+				continue
+			}
+			_, ok := f.Tag.Lookup("wire")
+			require.True(t, ok, "%s.%s has no wire tag", typ.Name(), f.Name)
+		}
 	}
 }
