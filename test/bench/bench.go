@@ -78,6 +78,12 @@ type Config struct {
 	// system with this JSON merged into its ServeConfig
 	// ({"max_batch": 100}).
 	ExpServe string
+	// ExpBinary (experiment), when not empty, likewise adds the third
+	// system, run by this benchrun executable instead of the bench's own:
+	// a build of another commit, so that two versions of mandated run side
+	// by side at every level (`git worktree add /tmp/base <commit> && go
+	// build -o /tmp/benchrun-base ./test/bench/cmd/benchrun`).
+	ExpBinary string
 	// Levels are the latency levels ("light", "N/s", "N%"); empty:
 	// DefaultLevels.
 	Levels []string
@@ -547,7 +553,7 @@ func (c Config) shareLevels() bool {
 // with the experiment's settings.
 func (c Config) experiment() bool {
 	return c.RelayRetryBackoff != 0 || c.RelayMetadataMinAge != 0 || c.ExpGroupCommit != "" || c.ExpDatabaseParams != "" ||
-		c.ExpDatabaseSQL != "" || c.ExpServe != ""
+		c.ExpDatabaseSQL != "" || c.ExpServe != "" || c.ExpBinary != ""
 }
 
 // applyExperiment sets the experiment system's settings on its ServeConfig.

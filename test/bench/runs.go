@@ -565,6 +565,8 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 	case SysP3:
 		ch, err = startChild(b.work, "p3-"+id, "p3", P3Config{Brokers: b.cfg.Brokers, DatabaseURL: b.pg.dbURL(db), In: t("proposals"),
 			Out: out, Group: "bench-" + id, TransactionID: "bench-" + id, ValueBytes: lv.valueBytes, StatsPath: peerStats})
+	case SysExperiment:
+		ch, err = startChildOf(b.cfg.ExpBinary, b.work, "serve-"+id, "serve", scfg)
 	default:
 		ch, err = startChild(b.work, "serve-"+id, "serve", scfg)
 	}

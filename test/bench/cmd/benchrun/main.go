@@ -100,6 +100,7 @@ func run(args []string) int {
 	fs.StringVar(&over.ExpGroupCommit, "exp-group-commit", "", "experiment: add a third system to every latency level, mandated with group commit on (\"on\"), or on with N group commits in flight per shard (\"in-flight=N\")")
 	fs.StringVar(&over.ExpDatabaseSQL, "exp-database-sql", "", "experiment: add a third system to every latency level, mandated whose database runs this SQL first (e.g. 'ALTER TABLE authorizations DISABLE TRIGGER USER')")
 	fs.StringVar(&over.ExpServe, "exp-serve", "", "experiment: add a third system to every latency level, mandated with this JSON merged into its serve configuration (e.g. '{\"group_commit\": true}')")
+	fs.StringVar(&over.ExpBinary, "exp-binary", "", "experiment: add a third system to every latency level, mandated run by this benchrun executable (a build of another commit: two versions side by side)")
 	levels := fs.String("levels", strings.Join(bench.DefaultLevels, ","), "latency levels: light, N/s (a fixed rate), N% (a share of the measured capacity)")
 	diagnose := fs.String("diagnose", "25%", "levels run once more, mandated only, with PostgreSQL's statement CPU logging (empty: none)")
 	systems := fs.String("systems", strings.Join(bench.DefaultSystems, ","), "what each latency level runs: mandated, K2, P3")
@@ -149,7 +150,7 @@ func run(args []string) int {
 	cfg.RelayMetadataMinAge = over.RelayMetadataMinAge
 	cfg.ExpGroupCommit = over.ExpGroupCommit
 	cfg.ExpDatabaseParams = over.ExpDatabaseParams
-	cfg.ExpDatabaseSQL, cfg.ExpServe = over.ExpDatabaseSQL, over.ExpServe
+	cfg.ExpDatabaseSQL, cfg.ExpServe, cfg.ExpBinary = over.ExpDatabaseSQL, over.ExpServe, over.ExpBinary
 	cfg.Levels, cfg.Systems = strings.Split(*levels, ","), strings.Split(*systems, ",")
 	if *diagnose != "" {
 		cfg.Diagnose = strings.Split(*diagnose, ",")
