@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Defaults for GroupConfig.
@@ -265,6 +266,23 @@ func (s *Sink) commitParts(ctx context.Context, reqs []*groupReq) (outs []writte
 	}
 }
 
+// commitOutcome reads a COMMIT's answer: nil when it committed; a
+// retryable error when PostgreSQL refused it; commit_unknown when the
+// answer was lost (the connection broke), which the caller resolves by
+// reading the stored position back.
+func commitOutcome(tag pgconn.CommandTag, err error) error {
+	if err != nil {
+		if errors.Is(interpretError(err), ErrRetryable) {
+			return err
+		}
+		return retry("commit_unknown", "commit outcome unknown: %v", err)
+	}
+	if tag.String() != "COMMIT" {
+		return fmt.Errorf("commit: PostgreSQL rolled the transaction back (%s)", tag)
+	}
+	return nil
+}
+
 // attemptParts runs the live parts in one transaction. It reports again
 // when a part failed after writing (its errs entry set, the transaction
 // rolled back); outs is set only when the transaction committed.
@@ -285,9 +303,13 @@ func (s *Sink) attemptParts(ctx context.Context, reqs []*groupReq, live []int, o
 
 	parts := make([]*part, len(live))
 	var lb pgx.Batch
+	lb.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	for j, i := range live {
 		parts[j] = &part{b: reqs[i].b, retried: reqs[i].retried}
-		parts[j].queueLoad(&lb)
+		parts[j].queueLock(&lb)
+	}
+	for _, p := range parts {
+		p.queueLoads(&lb)
 	}
 	// active: the parts still going (not fenced, not already stored).
 	active := func(yield func(int, *part) bool) {
@@ -298,56 +320,32 @@ func (s *Sink) attemptParts(ctx context.Context, reqs []*groupReq, live []int, o
 		}
 	}
 
-	// Phase one: every part's fence and loads.
-	lb.QueuedQueries = append([]*pgx.QueuedQuery{{SQL: "BEGIN ISOLATION LEVEL READ COMMITTED"}}, lb.QueuedQueries...)
+	// Phase one, one round trip: BEGIN, every part's fence, every part's
+	// loads.
 	br := conn.SendBatch(ctx, &lb)
 	if _, err := br.Exec(); err != nil {
 		br.Close()
 		return false, fmt.Errorf("begin: %w", err)
 	}
 	for j, i := range live {
-		if err := s.readLoad(parts[j], br); err != nil {
+		if err := parts[j].readLock(br); err != nil {
+			br.Close()
 			errs[i] = interpretError(err)
-			if !errors.Is(err, ErrFenced) {
-				br.Close()
-				return true, nil // the database refused this part's statement: the transaction is lost
-			}
+			return true, nil // the database refused this part's statement: the transaction is lost
+		}
+	}
+	for j, i := range live {
+		if err := s.readLoads(parts[j], br); err != nil {
+			br.Close()
+			errs[i] = interpretError(err)
+			return true, nil
+		}
+		if parts[j].fence != nil {
+			errs[i] = parts[j].fence
 		}
 	}
 	if err := br.Close(); err != nil {
 		return false, fmt.Errorf("load: %w", err)
-	}
-
-	// Phase two: the authorizations.
-	var ab pgx.Batch
-	type queued struct{ auths, recent bool }
-	q := map[int]queued{}
-	for i, p := range active {
-		q[i] = queued{queueLoadAuths(&ab, p.st, p.b.Needs), queueLoadRecent(&ab, p.b.Needs)}
-	}
-	if ab.Len() > 0 {
-		br := conn.SendBatch(ctx, &ab)
-		for i, p := range active {
-			var err error
-			if q[i].auths {
-				if err = readAuths(br, p.st); err != nil {
-					err = fmt.Errorf("load authorizations: %w", err)
-				}
-			}
-			if err == nil && q[i].recent {
-				if err = readRecent(br, p.st); err != nil {
-					err = fmt.Errorf("load recent authorizations: %w", err)
-				}
-			}
-			if err != nil {
-				br.Close()
-				errs[i] = interpretError(err)
-				return true, nil
-			}
-		}
-		if err := br.Close(); err != nil {
-			return false, fmt.Errorf("load authorizations: %w", err)
-		}
 	}
 
 	// Decide: a refusal here has written nothing.
@@ -357,58 +355,74 @@ func (s *Sink) attemptParts(ctx context.Context, reqs []*groupReq, live []int, o
 		}
 	}
 
-	// Phase three: every part's writes, each after declaring its partition.
+	// Phase two: every part's writes, each after declaring its partition
+	// (a lone part was declared by its lock), and COMMIT in the same round
+	// trip unless a part has a hook to run before it.
+	hooks := false
+	for _, p := range active {
+		hooks = hooks || p.b.BeforeCommit != nil
+	}
 	var wb pgx.Batch
 	for _, p := range active {
-		wb.Queue(setPartitionSQL, p.b.Partition)
+		if len(live) > 1 {
+			wb.Queue(setPartitionSQL, p.b.Partition)
+		}
 		for _, qq := range p.w.batch.QueuedQueries {
 			wb.Queue(qq.SQL, qq.Arguments...)
 		}
 	}
-	if wb.Len() > 0 {
-		br := conn.SendBatch(ctx, &wb)
-		for i, p := range active {
-			_, err := br.Exec()
-			if err == nil {
-				err = p.readWrites(br)
-			}
-			if err != nil {
-				br.Close()
-				errs[i] = interpretError(err)
-				return true, nil
-			}
-		}
-		if err := br.Close(); err != nil {
-			return false, fmt.Errorf("write: %w", err)
-		}
+	if !hooks {
+		wb.Queue("COMMIT")
 	}
+	br = conn.SendBatch(ctx, &wb)
 	for i, p := range active {
-		if p.b.BeforeCommit == nil {
-			continue
+		var err error
+		if len(live) > 1 {
+			_, err = br.Exec()
 		}
-		// The hook ends with its batch's owner too, not only with the
-		// transaction: a paused failpoint must not hold the others.
-		hookCtx, hookCancel := context.WithCancel(ctx)
-		stop := context.AfterFunc(reqs[i].ctx, hookCancel)
-		err := p.b.BeforeCommit(hookCtx)
-		stop()
-		hookCancel()
+		if err == nil {
+			err = p.readWrites(br)
+		}
 		if err != nil {
+			br.Close()
 			errs[i] = interpretError(err)
 			return true, nil
 		}
 	}
-
-	done = true
-	tag, err := conn.Exec(ctx, "COMMIT")
-	if err != nil {
-		if errors.Is(interpretError(err), ErrRetryable) {
+	if !hooks {
+		done = true // the COMMIT was sent: nothing to roll back
+		tag, err := br.Exec()
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		if err := commitOutcome(tag, err); err != nil {
 			return false, err
 		}
-		return false, retry("commit_unknown", "commit outcome unknown: %v", err)
-	}
-	if tag.String() != "COMMIT" {
-		return false, fmt.Errorf("commit: PostgreSQL rolled the transaction back (%s)", tag)
+	} else {
+		if err := br.Close(); err != nil {
+			return false, fmt.Errorf("write: %w", err)
+		}
+		for i, p := range active {
+			// The hook ends with its batch's owner too, not only with the
+			// transaction: a paused failpoint must not hold the others.
+			hookCtx, hookCancel := context.WithCancel(ctx)
+			stop := context.AfterFunc(reqs[i].ctx, hookCancel)
+			var err error
+			if p.b.BeforeCommit != nil {
+				err = p.b.BeforeCommit(hookCtx)
+			}
+			stop()
+			hookCancel()
+			if err != nil {
+				errs[i] = interpretError(err)
+				return true, nil
+			}
+		}
+		done = true
+		tag, err := conn.Exec(ctx, "COMMIT")
+		if err := commitOutcome(tag, err); err != nil {
+			return false, err
+		}
 	}
 	for j, i := range live {
 		if errs[i] == nil {

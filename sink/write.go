@@ -12,12 +12,15 @@ import (
 )
 
 // Every write of a batch is one multi-row statement per table, sent in one
-// pipeline. Updates compare-and-set on the version loaded, so a write that
-// raced anything is caught rather than applied.
+// pipeline with the COMMIT. Updates compare-and-set on the version loaded,
+// so a write that raced anything is caught rather than applied: each write
+// counts the rows it touched in the database (mandated_expect_rows,
+// migration 0036), so that a count other than the batch's aborts the
+// transaction before the COMMIT behind it runs.
 
 const listSep = "\x1f" // cannot occur in an id (see partitioner's grammar)
 
-const insertMandatesSQL = `INSERT INTO mandates (org, mandate_id, partition, version, status, operations, targets, currency,
+const insertMandatesRows = `INSERT INTO mandates (org, mandate_id, partition, version, status, operations, targets, currency,
   max_amount, total_limit, uses_allowed, uses_held, uses_spent, uses_in_doubt, amount_held, amount_spent,
   valid_from, valid_until, release_on_cancel, hold_window_ms, execution_timeout_ms, last_authorization_id, created_at, updated_at,
   executions)
@@ -33,7 +36,17 @@ FROM unnest($1::text[], $2::text[], $3::int[], $4::bigint[], $5::text[], $6::tex
        uses_held, uses_spent, uses_in_doubt, amount_held, amount_spent, valid_from, valid_until, release_on_cancel,
        hold_window_ms, execution_timeout_ms, last_authorization_id, created_at, updated_at, executions)`
 
-const updateMandatesSQL = `UPDATE mandates m SET version = u.version, status = u.status,
+const insertMandatesSQL = `WITH w AS (` + insertMandatesRows + ` RETURNING 1)
+SELECT mandated_expect_rows(count(*), $26, 'insert mandates') FROM w`
+
+// updateMandatesRows names each row by its key and by the address (ctid)
+// the batch loaded it at: the planner may then find it with a TID scan, no
+// index descent, and the key keeps the statement right whatever plan it
+// takes. Nothing else moves a row while the transaction holds its
+// partition; a row another writer did update is no longer at that address,
+// and the count of rows written says so (mandated_expect_rows). The
+// authorizations and intents are updated the same way.
+const updateMandatesRows = `UPDATE mandates m SET version = u.version, status = u.status,
   operations = string_to_array(u.operations, E'\x1f'), targets = string_to_array(u.targets, E'\x1f'), currency = u.currency,
   max_amount = u.max_amount, total_limit = NULLIF(u.total_limit, 0), uses_allowed = u.uses_allowed, uses_held = u.uses_held,
   uses_spent = u.uses_spent, uses_in_doubt = u.uses_in_doubt, amount_held = u.amount_held, amount_spent = u.amount_spent,
@@ -43,41 +56,60 @@ const updateMandatesSQL = `UPDATE mandates m SET version = u.version, status = u
 FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[],
   $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bigint[], $16::bigint[],
   $17::timestamptz[], $18::timestamptz[], $19::bool[], $20::bigint[], $21::bigint[], $22::text[], $23::timestamptz[],
-  $24::bigint[])
+  $24::bigint[], $25::tid[])
   AS u(org, mandate_id, loaded_version, version, status, operations, targets, currency, max_amount, total_limit, uses_allowed,
        uses_held, uses_spent, uses_in_doubt, amount_held, amount_spent, valid_from, valid_until, release_on_cancel,
-       hold_window_ms, execution_timeout_ms, last_authorization_id, updated_at, executions)
-WHERE m.org = u.org AND m.mandate_id = u.mandate_id AND m.version = u.loaded_version`
+       hold_window_ms, execution_timeout_ms, last_authorization_id, updated_at, executions, tid)
+WHERE m.ctid = u.tid AND m.org = u.org AND m.mandate_id = u.mandate_id AND m.version = u.loaded_version`
 
-const insertAuthsSQL = `INSERT INTO authorizations (org, mandate_id, authorization_id, partition, state, version, operation, target,
+const updateMandatesSQL = `WITH w AS (` + updateMandatesRows + ` RETURNING 1)
+SELECT mandated_expect_rows(count(*), $26, 'update mandates') FROM w`
+
+const insertAuthsRows = `INSERT INTO authorizations (org, mandate_id, authorization_id, partition, state, version, operation, target,
   amount, currency, idempotency_key, mandate_version, deadline, execution_deadline, begin_key, external_ref, detail,
   decision_id, created_at, updated_at, execution_token, result, resolved, fork_of)
 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::text[], $6::bigint[], $7::text[], $8::text[],
   $9::bigint[], $10::text[], $11::text[], $12::bigint[], $13::timestamptz[], $14::timestamptz[], $15::text[], $16::text[],
   $17::text[], $18::text[], $19::timestamptz[], $20::timestamptz[], $21::bigint[], $22::text[], $23::bool[], $24::text[])`
 
-const updateAuthsSQL = `UPDATE authorizations a SET state = u.state, version = u.version, execution_deadline = u.execution_deadline,
+const insertAuthsSQL = `WITH w AS (` + insertAuthsRows + ` RETURNING 1)
+SELECT mandated_expect_rows(count(*), $25, 'insert authorizations') FROM w`
+
+const updateAuthsRows = `UPDATE authorizations a SET state = u.state, version = u.version, execution_deadline = u.execution_deadline,
   begin_key = u.begin_key, external_ref = u.external_ref, detail = u.detail, updated_at = u.updated_at,
   execution_token = u.execution_token, result = u.result, resolved = u.resolved
 FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::bigint[], $7::timestamptz[], $8::text[],
-  $9::text[], $10::text[], $11::timestamptz[], $12::bigint[], $13::text[], $14::bool[])
+  $9::text[], $10::text[], $11::timestamptz[], $12::bigint[], $13::text[], $14::bool[], $15::tid[])
   AS u(org, mandate_id, authorization_id, loaded_version, state, version, execution_deadline, begin_key, external_ref, detail, updated_at,
-       execution_token, result, resolved)
-WHERE a.org = u.org AND a.mandate_id = u.mandate_id AND a.authorization_id = u.authorization_id AND a.version = u.loaded_version`
+       execution_token, result, resolved, tid)
+WHERE a.ctid = u.tid AND a.org = u.org AND a.mandate_id = u.mandate_id AND a.authorization_id = u.authorization_id
+  AND a.version = u.loaded_version`
 
-const insertIdemSQL = `INSERT INTO idempotency_keys (org, operation, idempotency_key, fingerprint, mandate_id, partition,
+const updateAuthsSQL = `WITH w AS (` + updateAuthsRows + ` RETURNING 1)
+SELECT mandated_expect_rows(count(*), $16, 'update authorizations') FROM w`
+
+const insertIdemRows = `INSERT INTO idempotency_keys (org, operation, idempotency_key, fingerprint, mandate_id, partition,
   authorization_id, decision_id, outcome, reason, created_at, expires_at)
 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::int[], $7::text[], $8::text[],
   $9::text[], $10::text[], $11::timestamptz[], $12::timestamptz[])
 ON CONFLICT DO NOTHING`
 
-const insertOutboxSQL = `INSERT INTO outbox (partition, seq, epoch, kind, record_key, payload, reason, detail, source_topic,
+const insertIdemSQL = `WITH w AS (` + insertIdemRows + ` RETURNING 1)
+SELECT mandated_expect_rows(count(*), $13, 'insert idempotency keys') FROM w`
+
+const insertOutboxRows = `INSERT INTO outbox (partition, seq, epoch, kind, record_key, payload, reason, detail, source_topic,
   source_partition, source_offset, created_at, prev_hash, hash)
 SELECT * FROM unnest($1::int[], $2::bigint[], $3::bigint[], $4::smallint[], $5::bytea[], $6::bytea[], $7::text[], $8::text[],
   $9::text[], $10::int[], $11::bigint[], $12::timestamptz[], $13::bytea[], $14::bytea[])`
 
-const advancePartitionSQL = `UPDATE mandated_partitions SET proposals_offset = $3, grants_offset = $4, next_seq = $5, head_hash = $9, updated_at = now()
+const insertOutboxSQL = `WITH w AS (` + insertOutboxRows + ` RETURNING 1)
+SELECT mandated_expect_rows(count(*), $15, 'insert outbox') FROM w`
+
+const advancePartitionRows = `UPDATE mandated_partitions SET proposals_offset = $3, grants_offset = $4, next_seq = $5, head_hash = $9, updated_at = now()
 WHERE partition = $1 AND epoch = $2 AND proposals_offset = $6 AND grants_offset = $7 AND next_seq = $8`
+
+const advancePartitionSQL = `WITH w AS (` + advancePartitionRows + ` RETURNING 1)
+SELECT mandated_expect_rows(count(*), 1, 'advance partition') FROM w`
 
 // tstz maps the zero time to NULL.
 func tstz(t time.Time) pgtype.Timestamptz {
@@ -93,31 +125,22 @@ type writeSet struct {
 	checks []func(pgx.BatchResults) error
 }
 
-func (w *writeSet) queue(sql string, args []any, check func(tag int64) error) {
+// queue queues a write that must touch want rows (its statement checks it
+// in the database: the last parameter).
+func (w *writeSet) queue(sql string, args []any, want int) {
+	if want >= 0 {
+		args = append(args, int64(want))
+	}
 	w.batch.Queue(sql, args...)
 	w.checks = append(w.checks, func(br pgx.BatchResults) error {
-		tag, err := br.Exec()
-		if err != nil {
-			return err
-		}
-		if check != nil {
-			return check(tag.RowsAffected())
-		}
-		return nil
+		_, err := br.Exec()
+		return err
 	})
 }
 
-func expectRows(what string, want int) func(int64) error {
-	return func(got int64) error {
-		if got != int64(want) {
-			return retry("version", "%s wrote %d of %d rows (a concurrent write moved a version or took a key)", what, got, want)
-		}
-		return nil
-	}
-}
-
-func (w *writeSet) mandates(st *lifecycle.State) {
+func (w *writeSet) mandates(st *lifecycle.State, tids rowTIDs) {
 	type cols struct {
+		tid                                               []pgtype.TID
 		org, id, status, ops, targets, cur, last          []string
 		part                                              []int32
 		loaded, version, max, total, allowed, held, spent []int64
@@ -133,6 +156,8 @@ func (w *writeSet) mandates(st *lifecycle.State) {
 		c := &upd
 		if m.LoadedVersion == 0 {
 			c = &ins
+		} else {
+			c.tid = append(c.tid, tids.mandates[m.Key])
 		}
 		c.org, c.id, c.part = append(c.org, m.Key.Org), append(c.id, m.Key.MandateID), append(c.part, m.Partition)
 		c.loaded, c.version = append(c.loaded, m.LoadedVersion), append(c.version, m.Version)
@@ -150,16 +175,16 @@ func (w *writeSet) mandates(st *lifecycle.State) {
 	if n := len(ins.org); n > 0 {
 		w.queue(insertMandatesSQL, []any{ins.org, ins.id, ins.part, ins.version, ins.status, ins.ops, ins.targets, ins.cur,
 			ins.max, ins.total, ins.allowed, ins.held, ins.spent, ins.doubt, ins.amtHeld, ins.amtSpent, ins.from, ins.until,
-			ins.release, ins.holdMS, ins.execMS, ins.last, ins.created, ins.updated, ins.execs}, expectRows("insert mandates", n))
+			ins.release, ins.holdMS, ins.execMS, ins.last, ins.created, ins.updated, ins.execs}, n)
 	}
 	if n := len(upd.org); n > 0 {
 		w.queue(updateMandatesSQL, []any{upd.org, upd.id, upd.loaded, upd.version, upd.status, upd.ops, upd.targets, upd.cur,
 			upd.max, upd.total, upd.allowed, upd.held, upd.spent, upd.doubt, upd.amtHeld, upd.amtSpent, upd.from, upd.until,
-			upd.release, upd.holdMS, upd.execMS, upd.last, upd.updated, upd.execs}, expectRows("update mandates", n))
+			upd.release, upd.holdMS, upd.execMS, upd.last, upd.updated, upd.execs, upd.tid}, n)
 	}
 }
 
-func (w *writeSet) auths(st *lifecycle.State) {
+func (w *writeSet) auths(st *lifecycle.State, tids rowTIDs) {
 	var (
 		iOrg, iMid, iID, iState, iOp, iTarget, iCur, iKey, iBegin, iRef, iDetail, iDec []string
 		iFork                                                                          []string
@@ -172,6 +197,7 @@ func (w *writeSet) auths(st *lifecycle.State) {
 		uOrg, uMid, uID, uState, uBegin, uRef, uDetail []string
 		uLoaded, uVer, uTok                            []int64
 		uExec, uUpdated                                []pgtype.Timestamptz
+		uTID                                           []pgtype.TID
 		uResult                                        []pgtype.Text
 		uResolved                                      []bool
 	)
@@ -194,6 +220,7 @@ func (w *writeSet) auths(st *lifecycle.State) {
 			continue
 		}
 		uOrg, uMid, uID = append(uOrg, a.Key.Mandate.Org), append(uMid, a.Key.Mandate.MandateID), append(uID, a.Key.ID)
+		uTID = append(uTID, tids.auths[a.Key])
 		uLoaded, uState, uVer = append(uLoaded, a.LoadedVersion), append(uState, string(a.State)), append(uVer, a.Version)
 		uExec, uBegin, uRef, uDetail = append(uExec, tstz(a.ExecutionDeadline)), append(uBegin, a.Executor), append(uRef, a.ExternalRef), append(uDetail, a.Detail)
 		uUpdated = append(uUpdated, tstz(a.UpdatedAt))
@@ -201,11 +228,10 @@ func (w *writeSet) auths(st *lifecycle.State) {
 	}
 	if n := len(iOrg); n > 0 {
 		w.queue(insertAuthsSQL, []any{iOrg, iMid, iID, iPart, iState, iVer, iOp, iTarget, iAmt, iCur, iKey, iMver,
-			iDeadline, iExec, iBegin, iRef, iDetail, iDec, iCreated, iUpdated, iTok, iResult, iResolved, iFork}, expectRows("insert authorizations", n))
+			iDeadline, iExec, iBegin, iRef, iDetail, iDec, iCreated, iUpdated, iTok, iResult, iResolved, iFork}, n)
 	}
 	if n := len(uOrg); n > 0 {
-		w.queue(updateAuthsSQL, []any{uOrg, uMid, uID, uLoaded, uState, uVer, uExec, uBegin, uRef, uDetail, uUpdated, uTok, uResult, uResolved},
-			expectRows("update authorizations", n))
+		w.queue(updateAuthsSQL, []any{uOrg, uMid, uID, uLoaded, uState, uVer, uExec, uBegin, uRef, uDetail, uUpdated, uTok, uResult, uResolved, uTID}, n)
 	}
 }
 
@@ -228,8 +254,7 @@ func (w *writeSet) idem(st *lifecycle.State) {
 		// ON CONFLICT DO NOTHING + a count: a key that another partition
 		// bound since we loaded (the same key used for two mandates at
 		// once) makes the batch decide again, now seeing that binding.
-		w.queue(insertIdemSQL, []any{org, op, key, fp, mid, part, aid, dec, outcome, reason, created, expires},
-			expectRows("insert idempotency keys", n))
+		w.queue(insertIdemSQL, []any{org, op, key, fp, mid, part, aid, dec, outcome, reason, created, expires}, n)
 	}
 }
 
@@ -254,33 +279,39 @@ func (w *writeSet) outbox(rows []outbox.Row) {
 		reason[i], detail[i], srcTopic[i], srcPart[i], srcOff[i] = r.Reason, r.Detail, r.SourceTopic, r.SourcePartition, r.SourceOffset
 		created[i] = tstz(r.CreatedAt)
 	}
-	w.queue(insertOutboxSQL, []any{part, seq, epoch, kind, key, payload, reason, detail, srcTopic, srcPart, srcOff, created, prev, hash},
-		expectRows("insert outbox", n))
+	w.queue(insertOutboxSQL, []any{part, seq, epoch, kind, key, payload, reason, detail, srcTopic, srcPart, srcOff, created, prev, hash}, n)
 }
 
-const insertIntentsSQL = `INSERT INTO intents (org, operation, run_id, step, action, mandate_id, authorization_id, decision_id,
+const insertIntentsRows = `INSERT INTO intents (org, operation, run_id, step, action, mandate_id, authorization_id, decision_id,
   head_mandate_id, head_authorization_id, partition, created_at, updated_at, expires_at)
 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
   $9::text[], $10::text[], $11::int[], $12::timestamptz[], $13::timestamptz[], $14::timestamptz[])
 ON CONFLICT DO NOTHING`
 
+const insertIntentsSQL = `WITH w AS (` + insertIntentsRows + ` RETURNING 1)
+SELECT mandated_expect_rows(count(*), $15, 'insert intents') FROM w`
+
 // updateIntentsSQL moves a lineage's head to its fork, compare-and-set on
 // the head loaded.
-const updateIntentsSQL = `UPDATE intents i SET head_mandate_id = u.head_mandate_id, head_authorization_id = u.head_authorization_id,
+const updateIntentsRows = `UPDATE intents i SET head_mandate_id = u.head_mandate_id, head_authorization_id = u.head_authorization_id,
   updated_at = u.updated_at, expires_at = u.expires_at
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[],
-  $10::timestamptz[], $11::timestamptz[])
+  $10::timestamptz[], $11::timestamptz[], $12::tid[])
   AS u(org, operation, run_id, step, action, loaded_mandate_id, loaded_authorization_id, head_mandate_id, head_authorization_id,
-       updated_at, expires_at)
-WHERE i.org = u.org AND i.operation = u.operation AND i.run_id = u.run_id AND i.step = u.step AND i.action = u.action
+       updated_at, expires_at, tid)
+WHERE i.ctid = u.tid AND i.org = u.org AND i.operation = u.operation AND i.run_id = u.run_id AND i.step = u.step AND i.action = u.action
   AND i.head_mandate_id = u.loaded_mandate_id AND i.head_authorization_id = u.loaded_authorization_id`
 
-func (w *writeSet) intents(st *lifecycle.State) {
+const updateIntentsSQL = `WITH w AS (` + updateIntentsRows + ` RETURNING 1)
+SELECT mandated_expect_rows(count(*), $13, 'update intents') FROM w`
+
+func (w *writeSet) intents(st *lifecycle.State, tids rowTIDs) {
 	var iOrg, iOp, iRun, iStep, iAct, iMid, iAid, iDec, iHmid, iHaid []string
 	var iPart []int32
 	var iCreated, iUpdated, iExpires []pgtype.Timestamptz
 	var uOrg, uOp, uRun, uStep, uAct, uLmid, uLaid, uHmid, uHaid []string
 	var uUpdated, uExpires []pgtype.Timestamptz
+	var uTID []pgtype.TID
 	for _, r := range st.Intents {
 		switch {
 		case r.New:
@@ -295,6 +326,7 @@ func (w *writeSet) intents(st *lifecycle.State) {
 			uLmid, uLaid = append(uLmid, r.LoadedHead.Mandate.MandateID), append(uLaid, r.LoadedHead.ID)
 			uHmid, uHaid = append(uHmid, r.Head.Mandate.MandateID), append(uHaid, r.Head.ID)
 			uUpdated, uExpires = append(uUpdated, tstz(r.UpdatedAt)), append(uExpires, tstz(r.ExpiresAt))
+			uTID = append(uTID, tids.intents[r.Scope])
 		}
 	}
 	if n := len(iOrg); n > 0 {
@@ -302,10 +334,9 @@ func (w *writeSet) intents(st *lifecycle.State) {
 		// (one intent proposed on two mandates at once) makes the batch
 		// decide again, now seeing that binding.
 		w.queue(insertIntentsSQL, []any{iOrg, iOp, iRun, iStep, iAct, iMid, iAid, iDec, iHmid, iHaid, iPart,
-			iCreated, iUpdated, iExpires}, expectRows("insert intents", n))
+			iCreated, iUpdated, iExpires}, n)
 	}
 	if n := len(uOrg); n > 0 {
-		w.queue(updateIntentsSQL, []any{uOrg, uOp, uRun, uStep, uAct, uLmid, uLaid, uHmid, uHaid, uUpdated, uExpires},
-			expectRows("update intents", n))
+		w.queue(updateIntentsSQL, []any{uOrg, uOp, uRun, uStep, uAct, uLmid, uLaid, uHmid, uHaid, uUpdated, uExpires, uTID}, n)
 	}
 }
