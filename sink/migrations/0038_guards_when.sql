@@ -1,0 +1,54 @@
+-- The row guards run their PL/pgSQL only for a row that breaks their rule
+-- (issue 26). A WHEN condition is evaluated by the executor itself, without
+-- calling the function; before this, every authorization a batch inserted
+-- and every mandate it updated called mandated_guard_partition (and each
+-- update mandated_guard_execution, each authorization update
+-- mandated_guard_terminal), a PL/pgSQL call per row per guard, to find
+-- nothing wrong. The functions are unchanged and decide as before: they
+-- now run exactly when a row would be refused, or needs their repartition
+-- rules (a row whose partition changes). What each guard refuses is what it
+-- refused.
+
+-- The partition guard: a row for a partition the transaction did not
+-- declare (mandated.partition), or whose partition changes. A new mandate
+-- is always checked: its home partition is murmur2(key) % the count (a
+-- grant that creates a mandate is rare; the hash is worth its cost there).
+DROP TRIGGER mandates_guard_partition ON mandates;
+DROP TRIGGER authorizations_guard_partition ON authorizations;
+CREATE TRIGGER mandates_guard_partition BEFORE INSERT ON mandates
+    FOR EACH ROW EXECUTE FUNCTION mandated_guard_partition();
+CREATE TRIGGER mandates_guard_partition_update BEFORE UPDATE ON mandates
+    FOR EACH ROW WHEN (NEW.partition IS DISTINCT FROM OLD.partition
+        OR NEW.partition::text IS DISTINCT FROM current_setting('mandated.partition', true))
+    EXECUTE FUNCTION mandated_guard_partition();
+CREATE TRIGGER authorizations_guard_partition BEFORE INSERT ON authorizations
+    FOR EACH ROW WHEN (NEW.partition::text IS DISTINCT FROM current_setting('mandated.partition', true))
+    EXECUTE FUNCTION mandated_guard_partition();
+CREATE TRIGGER authorizations_guard_partition_update BEFORE UPDATE ON authorizations
+    FOR EACH ROW WHEN (NEW.partition IS DISTINCT FROM OLD.partition
+        OR NEW.partition::text IS DISTINCT FROM current_setting('mandated.partition', true))
+    EXECUTE FUNCTION mandated_guard_partition();
+
+-- The execution guard: a mandate's counter going back, a token or its
+-- executor changing once set.
+DROP TRIGGER mandates_guard_execution ON mandates;
+DROP TRIGGER authorizations_guard_execution ON authorizations;
+CREATE TRIGGER mandates_guard_execution BEFORE UPDATE ON mandates
+    FOR EACH ROW WHEN (NEW.executions < OLD.executions)
+    EXECUTE FUNCTION mandated_guard_execution();
+CREATE TRIGGER authorizations_guard_execution BEFORE UPDATE ON authorizations
+    FOR EACH ROW WHEN (OLD.execution_token <> 0
+        AND (NEW.execution_token <> OLD.execution_token OR NEW.begin_key <> OLD.begin_key))
+    EXECUTE FUNCTION mandated_guard_execution();
+
+-- The terminal guard: an update of a terminal authorization, any delete
+-- (both except the rows of a partition `shards drop-moved` drops, as
+-- migration 0014 made it).
+DROP TRIGGER authorizations_guard_terminal ON authorizations;
+CREATE TRIGGER authorizations_guard_terminal BEFORE UPDATE ON authorizations
+    FOR EACH ROW WHEN (OLD.state IN ('committed', 'cancelled', 'expired', 'revoked')
+        AND current_setting('mandated.drop_moved', true) IS DISTINCT FROM OLD.partition::text)
+    EXECUTE FUNCTION mandated_guard_terminal();
+CREATE TRIGGER authorizations_guard_terminal_delete BEFORE DELETE ON authorizations
+    FOR EACH ROW WHEN (current_setting('mandated.drop_moved', true) IS DISTINCT FROM OLD.partition::text)
+    EXECUTE FUNCTION mandated_guard_terminal();
