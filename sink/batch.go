@@ -122,7 +122,8 @@ type part struct {
 	tids    rowTIDs // the loaded rows' addresses, for the updates
 	out     []outbox.Row
 	to      Position
-	w       writeSet // phase two
+	newHead []byte   // the chain head after out
+	w       writeSet // phase two, unmerged
 
 	// What phase one queued besides the mandates and the keys.
 	intents, auths, recent bool
@@ -172,21 +173,10 @@ func (p *part) readLock(br pgx.BatchResults) error {
 	var epoch int64
 	var setting, planning string
 	err := br.QueryRow().Scan(&epoch, &p.stored.ProposalsOffset, &p.stored.GrantsOffset, &p.stored.NextSeq, &p.head, &setting, &planning)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		p.fence = fmt.Errorf("%w: partition %d has never been claimed", ErrFenced, b.Partition)
-	case err != nil:
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("lock partition %d: %w", b.Partition, err)
-	case epoch != b.Epoch:
-		p.fence = fmt.Errorf("%w: partition %d is at epoch %d, this owner holds %d", ErrFenced, b.Partition, epoch, b.Epoch)
-	case p.stored != b.From:
-		if p.stored.ProposalsOffset == b.To.ProposalsOffset && p.stored.GrantsOffset == b.To.GrantsOffset && p.retried {
-			// An earlier attempt committed; its acknowledgement was lost.
-			p.already = true
-		} else {
-			p.fence = fmt.Errorf("%w: partition %d stores position %+v, this owner expected %+v", ErrFenced, b.Partition, p.stored, b.From)
-		}
 	}
+	p.checkFence(err == nil, epoch)
 	return nil
 }
 
@@ -257,9 +247,9 @@ func (s *Sink) readLoads(p *part, br pgx.BatchResults) error {
 	return nil
 }
 
-// decide decides the batch against the loaded state and queues phase
-// two: every write and the new position. ErrRecordFault: a mandate the
-// decisions leave invalid. Nothing is written yet either way.
+// decide decides the batch against the loaded state, for addTo.
+// ErrRecordFault: a mandate the decisions leave invalid. Nothing is
+// written yet either way.
 func (p *part) decide() error {
 	b, st := p.b, p.st
 	out, err := b.Decide(st)
@@ -282,26 +272,41 @@ func (p *part) decide() error {
 	}
 	newHead := outbox.Chain(out, prev)
 
-	p.out = out
-	p.w.mandates(st, p.tids)
-	p.w.auths(st, p.tids)
-	p.w.idem(st)
-	p.w.intents(st, p.tids)
-	p.w.outbox(out)
+	p.out, p.newHead = out, newHead[:]
 	p.to = Position{ProposalsOffset: b.To.ProposalsOffset, GrantsOffset: b.To.GrantsOffset, NextSeq: st.NextSeq}
-	p.w.queue(advancePartitionSQL, []any{b.Partition, b.Epoch, p.to.ProposalsOffset, p.to.GrantsOffset, p.to.NextSeq,
-		p.stored.ProposalsOffset, p.stored.GrantsOffset, p.stored.NextSeq, newHead[:]}, -1) // its count is fixed in the statement
 	return nil
 }
 
-// readWrites checks phase two's results.
-func (p *part) readWrites(br pgx.BatchResults) error {
-	for _, check := range p.w.checks {
-		if err := check(br); err != nil {
-			return err
+// addTo adds what the part decided to w: its writes and the advance of
+// its position.
+func (p *part) addTo(w *writeSet) {
+	w.add(p.st, p.tids, p.out, advance{partition: p.b.Partition, epoch: p.b.Epoch, from: p.stored, to: p.to, head: p.newHead})
+}
+
+// bindsTwice reports an idempotency key or intent scope the part binds
+// that bound (the scopes earlier parts of its group bind) already holds,
+// and adds the part's scopes to bound otherwise.
+func (p *part) bindsTwice(bound map[any]bool) (any, bool) {
+	var mine []any
+	for _, r := range p.st.Idem {
+		if r.New {
+			mine = append(mine, r.Scope)
 		}
 	}
-	return nil
+	for _, r := range p.st.Intents {
+		if r.New {
+			mine = append(mine, r.Scope)
+		}
+	}
+	for _, k := range mine {
+		if bound[k] {
+			return k, true
+		}
+	}
+	for _, k := range mine {
+		bound[k] = true
+	}
+	return nil, false
 }
 
 // written is what the part wrote, once committed.

@@ -1,14 +1,9 @@
 package sink
 
 import (
-	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
-
-	"github.com/mandated/mandated/lifecycle"
-	"github.com/mandated/mandated/outbox"
 )
 
 // Every write of a batch is one multi-row statement per table, sent in one
@@ -119,169 +114,6 @@ func tstz(t time.Time) pgtype.Timestamptz {
 	return pgtype.Timestamptz{Time: t.UTC(), Valid: true}
 }
 
-// writeSet collects a batch's changes as column arrays.
-type writeSet struct {
-	batch  pgx.Batch
-	checks []func(pgx.BatchResults) error
-}
-
-// queue queues a write that must touch want rows (its statement checks it
-// in the database: the last parameter).
-func (w *writeSet) queue(sql string, args []any, want int) {
-	if want >= 0 {
-		args = append(args, int64(want))
-	}
-	w.batch.Queue(sql, args...)
-	w.checks = append(w.checks, func(br pgx.BatchResults) error {
-		_, err := br.Exec()
-		return err
-	})
-}
-
-func (w *writeSet) mandates(st *lifecycle.State, tids rowTIDs) {
-	type cols struct {
-		tid                                               []pgtype.TID
-		org, id, status, ops, targets, cur, last          []string
-		part                                              []int32
-		loaded, version, max, total, allowed, held, spent []int64
-		doubt, amtHeld, amtSpent, holdMS, execMS, execs   []int64
-		from, until, created, updated                     []pgtype.Timestamptz
-		release                                           []bool
-	}
-	var ins, upd cols
-	for _, m := range st.Mandates {
-		if !m.Dirty {
-			continue
-		}
-		c := &upd
-		if m.LoadedVersion == 0 {
-			c = &ins
-		} else {
-			c.tid = append(c.tid, tids.mandates[m.Key])
-		}
-		c.org, c.id, c.part = append(c.org, m.Key.Org), append(c.id, m.Key.MandateID), append(c.part, m.Partition)
-		c.loaded, c.version = append(c.loaded, m.LoadedVersion), append(c.version, m.Version)
-		c.status = append(c.status, string(m.Status))
-		c.ops, c.targets = append(c.ops, strings.Join(m.Operations, listSep)), append(c.targets, strings.Join(m.Targets, listSep))
-		c.cur, c.max, c.total = append(c.cur, m.Currency), append(c.max, m.MaxAmount), append(c.total, m.TotalLimit)
-		c.allowed, c.held, c.spent = append(c.allowed, m.UsesAllowed), append(c.held, m.UsesHeld), append(c.spent, m.UsesSpent)
-		c.doubt, c.amtHeld, c.amtSpent = append(c.doubt, m.UsesInDoubt), append(c.amtHeld, m.AmountHeld), append(c.amtSpent, m.AmountSpent)
-		c.from, c.until = append(c.from, tstz(m.ValidFrom)), append(c.until, tstz(m.ValidUntil))
-		c.release = append(c.release, m.ReleaseOnCancel)
-		c.holdMS, c.execMS = append(c.holdMS, m.HoldWindow.Milliseconds()), append(c.execMS, m.ExecutionTimeout.Milliseconds())
-		c.last, c.execs = append(c.last, m.LastAuthID), append(c.execs, m.Executions)
-		c.created, c.updated = append(c.created, tstz(m.CreatedAt)), append(c.updated, tstz(m.UpdatedAt))
-	}
-	if n := len(ins.org); n > 0 {
-		w.queue(insertMandatesSQL, []any{ins.org, ins.id, ins.part, ins.version, ins.status, ins.ops, ins.targets, ins.cur,
-			ins.max, ins.total, ins.allowed, ins.held, ins.spent, ins.doubt, ins.amtHeld, ins.amtSpent, ins.from, ins.until,
-			ins.release, ins.holdMS, ins.execMS, ins.last, ins.created, ins.updated, ins.execs}, n)
-	}
-	if n := len(upd.org); n > 0 {
-		w.queue(updateMandatesSQL, []any{upd.org, upd.id, upd.loaded, upd.version, upd.status, upd.ops, upd.targets, upd.cur,
-			upd.max, upd.total, upd.allowed, upd.held, upd.spent, upd.doubt, upd.amtHeld, upd.amtSpent, upd.from, upd.until,
-			upd.release, upd.holdMS, upd.execMS, upd.last, upd.updated, upd.execs, upd.tid}, n)
-	}
-}
-
-func (w *writeSet) auths(st *lifecycle.State, tids rowTIDs) {
-	var (
-		iOrg, iMid, iID, iState, iOp, iTarget, iCur, iKey, iBegin, iRef, iDetail, iDec []string
-		iFork                                                                          []string
-		iPart                                                                          []int32
-		iVer, iAmt, iMver, iTok                                                        []int64
-		iDeadline, iExec, iCreated, iUpdated                                           []pgtype.Timestamptz
-		iResult                                                                        []pgtype.Text
-		iResolved                                                                      []bool
-
-		uOrg, uMid, uID, uState, uBegin, uRef, uDetail []string
-		uLoaded, uVer, uTok                            []int64
-		uExec, uUpdated                                []pgtype.Timestamptz
-		uTID                                           []pgtype.TID
-		uResult                                        []pgtype.Text
-		uResolved                                      []bool
-	)
-	result := func(b []byte) pgtype.Text { return pgtype.Text{String: string(b), Valid: b != nil} }
-	for _, a := range st.Auths {
-		if !a.Dirty {
-			continue
-		}
-		if a.LoadedVersion == 0 {
-			iOrg, iMid, iID = append(iOrg, a.Key.Mandate.Org), append(iMid, a.Key.Mandate.MandateID), append(iID, a.Key.ID)
-			iPart = append(iPart, st.Partition)
-			iState, iVer = append(iState, string(a.State)), append(iVer, a.Version)
-			iOp, iTarget, iAmt, iCur = append(iOp, a.Operation), append(iTarget, a.Target), append(iAmt, a.Amount), append(iCur, a.Currency)
-			iKey, iMver = append(iKey, a.IdempotencyKey), append(iMver, a.MandateVersion)
-			iDeadline, iExec = append(iDeadline, tstz(a.Deadline)), append(iExec, tstz(a.ExecutionDeadline))
-			iBegin, iRef, iDetail, iDec = append(iBegin, a.Executor), append(iRef, a.ExternalRef), append(iDetail, a.Detail), append(iDec, a.DecisionID)
-			iCreated, iUpdated = append(iCreated, tstz(a.CreatedAt)), append(iUpdated, tstz(a.UpdatedAt))
-			iTok, iResult, iResolved = append(iTok, a.ExecutionToken), append(iResult, result(a.Result)), append(iResolved, a.Resolved)
-			iFork = append(iFork, a.ForkOf)
-			continue
-		}
-		uOrg, uMid, uID = append(uOrg, a.Key.Mandate.Org), append(uMid, a.Key.Mandate.MandateID), append(uID, a.Key.ID)
-		uTID = append(uTID, tids.auths[a.Key])
-		uLoaded, uState, uVer = append(uLoaded, a.LoadedVersion), append(uState, string(a.State)), append(uVer, a.Version)
-		uExec, uBegin, uRef, uDetail = append(uExec, tstz(a.ExecutionDeadline)), append(uBegin, a.Executor), append(uRef, a.ExternalRef), append(uDetail, a.Detail)
-		uUpdated = append(uUpdated, tstz(a.UpdatedAt))
-		uTok, uResult, uResolved = append(uTok, a.ExecutionToken), append(uResult, result(a.Result)), append(uResolved, a.Resolved)
-	}
-	if n := len(iOrg); n > 0 {
-		w.queue(insertAuthsSQL, []any{iOrg, iMid, iID, iPart, iState, iVer, iOp, iTarget, iAmt, iCur, iKey, iMver,
-			iDeadline, iExec, iBegin, iRef, iDetail, iDec, iCreated, iUpdated, iTok, iResult, iResolved, iFork}, n)
-	}
-	if n := len(uOrg); n > 0 {
-		w.queue(updateAuthsSQL, []any{uOrg, uMid, uID, uLoaded, uState, uVer, uExec, uBegin, uRef, uDetail, uUpdated, uTok, uResult, uResolved, uTID}, n)
-	}
-}
-
-func (w *writeSet) idem(st *lifecycle.State) {
-	var org, op, key, mid, aid, dec, outcome, reason []string
-	var fp [][]byte
-	var part []int32
-	var created, expires []pgtype.Timestamptz
-	for _, r := range st.Idem {
-		if !r.New {
-			continue
-		}
-		org, op, key = append(org, r.Scope.Org), append(op, r.Scope.Operation), append(key, r.Scope.Key)
-		fp, mid, part = append(fp, r.Fingerprint), append(mid, r.Mandate.MandateID), append(part, st.Partition)
-		aid, dec = append(aid, r.AuthorizationID), append(dec, r.DecisionID)
-		outcome, reason = append(outcome, string(r.Outcome)), append(reason, string(r.Reason))
-		created, expires = append(created, tstz(r.CreatedAt)), append(expires, tstz(r.ExpiresAt))
-	}
-	if n := len(org); n > 0 {
-		// ON CONFLICT DO NOTHING + a count: a key that another partition
-		// bound since we loaded (the same key used for two mandates at
-		// once) makes the batch decide again, now seeing that binding.
-		w.queue(insertIdemSQL, []any{org, op, key, fp, mid, part, aid, dec, outcome, reason, created, expires}, n)
-	}
-}
-
-func (w *writeSet) outbox(rows []outbox.Row) {
-	n := len(rows)
-	if n == 0 {
-		return
-	}
-	part, srcPart := make([]int32, n), make([]int32, n)
-	seq, epoch, srcOff := make([]int64, n), make([]int64, n), make([]int64, n)
-	kind := make([]int16, n)
-	key, payload := make([][]byte, n), make([][]byte, n)
-	reason, detail, srcTopic := make([]string, n), make([]string, n), make([]string, n)
-	created := make([]pgtype.Timestamptz, n)
-	prev, hash := make([][]byte, n), make([][]byte, n)
-	for i, r := range rows {
-		if r.Chained() {
-			prev[i], hash[i] = rows[i].PrevHash[:], rows[i].Hash[:]
-		}
-		part[i], seq[i], epoch[i], kind[i] = r.Partition, r.Seq, r.Epoch, int16(r.Kind)
-		key[i], payload[i] = r.Key, r.Payload
-		reason[i], detail[i], srcTopic[i], srcPart[i], srcOff[i] = r.Reason, r.Detail, r.SourceTopic, r.SourcePartition, r.SourceOffset
-		created[i] = tstz(r.CreatedAt)
-	}
-	w.queue(insertOutboxSQL, []any{part, seq, epoch, kind, key, payload, reason, detail, srcTopic, srcPart, srcOff, created, prev, hash}, n)
-}
-
 const insertIntentsRows = `INSERT INTO intents (org, operation, run_id, step, action, mandate_id, authorization_id, decision_id,
   head_mandate_id, head_authorization_id, partition, created_at, updated_at, expires_at)
 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
@@ -305,38 +137,14 @@ WHERE i.ctid = u.tid AND i.org = u.org AND i.operation = u.operation AND i.run_i
 const updateIntentsSQL = `WITH w AS (` + updateIntentsRows + ` RETURNING 1)
 SELECT mandated_expect_rows(count(*), $13, 'update intents') FROM w`
 
-func (w *writeSet) intents(st *lifecycle.State, tids rowTIDs) {
-	var iOrg, iOp, iRun, iStep, iAct, iMid, iAid, iDec, iHmid, iHaid []string
-	var iPart []int32
-	var iCreated, iUpdated, iExpires []pgtype.Timestamptz
-	var uOrg, uOp, uRun, uStep, uAct, uLmid, uLaid, uHmid, uHaid []string
-	var uUpdated, uExpires []pgtype.Timestamptz
-	var uTID []pgtype.TID
-	for _, r := range st.Intents {
-		switch {
-		case r.New:
-			iOrg, iOp, iRun = append(iOrg, r.Scope.Org), append(iOp, r.Scope.Operation), append(iRun, r.Scope.RunID)
-			iStep, iAct = append(iStep, r.Scope.Step), append(iAct, r.Scope.Action)
-			iMid, iAid, iDec = append(iMid, r.Root.Mandate.MandateID), append(iAid, r.Root.ID), append(iDec, r.DecisionID)
-			iHmid, iHaid, iPart = append(iHmid, r.Head.Mandate.MandateID), append(iHaid, r.Head.ID), append(iPart, r.Partition)
-			iCreated, iUpdated, iExpires = append(iCreated, tstz(r.CreatedAt)), append(iUpdated, tstz(r.UpdatedAt)), append(iExpires, tstz(r.ExpiresAt))
-		case r.Dirty:
-			uOrg, uOp, uRun = append(uOrg, r.Scope.Org), append(uOp, r.Scope.Operation), append(uRun, r.Scope.RunID)
-			uStep, uAct = append(uStep, r.Scope.Step), append(uAct, r.Scope.Action)
-			uLmid, uLaid = append(uLmid, r.LoadedHead.Mandate.MandateID), append(uLaid, r.LoadedHead.ID)
-			uHmid, uHaid = append(uHmid, r.Head.Mandate.MandateID), append(uHaid, r.Head.ID)
-			uUpdated, uExpires = append(uUpdated, tstz(r.UpdatedAt)), append(uExpires, tstz(r.ExpiresAt))
-			uTID = append(uTID, tids.intents[r.Scope])
-		}
-	}
-	if n := len(iOrg); n > 0 {
-		// Like keys: an intent another partition bound since we loaded
-		// (one intent proposed on two mandates at once) makes the batch
-		// decide again, now seeing that binding.
-		w.queue(insertIntentsSQL, []any{iOrg, iOp, iRun, iStep, iAct, iMid, iAid, iDec, iHmid, iHaid, iPart,
-			iCreated, iUpdated, iExpires}, n)
-	}
-	if n := len(uOrg); n > 0 {
-		w.queue(updateIntentsSQL, []any{uOrg, uOp, uRun, uStep, uAct, uLmid, uLaid, uHmid, uHaid, uUpdated, uExpires, uTID}, n)
-	}
-}
+// advancePartitionsRows is advancePartitionRows for the partitions of a
+// merged group commit, in one statement.
+const advancePartitionsRows = `UPDATE mandated_partitions p SET proposals_offset = u.to_proposals, grants_offset = u.to_grants,
+  next_seq = u.to_seq, head_hash = u.head_hash, updated_at = now()
+FROM unnest($1::int[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bytea[])
+  AS u(partition, epoch, to_proposals, to_grants, to_seq, from_proposals, from_grants, from_seq, head_hash)
+WHERE p.partition = u.partition AND p.epoch = u.epoch AND p.proposals_offset = u.from_proposals
+  AND p.grants_offset = u.from_grants AND p.next_seq = u.from_seq`
+
+const advancePartitionsSQL = `WITH w AS (` + advancePartitionsRows + ` RETURNING 1)
+SELECT mandated_expect_rows(count(*), $10, 'advance partitions') FROM w`

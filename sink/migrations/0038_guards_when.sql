@@ -13,20 +13,65 @@
 -- declare (mandated.partition), or whose partition changes. A new mandate
 -- is always checked: its home partition is murmur2(key) % the count (a
 -- grant that creates a mandate is rare; the hash is worth its cost there).
+--
+-- mandated.partition may now name several partitions, comma-separated: a
+-- merged group commit writes the rows of several partitions in one
+-- statement, each after its own partition's fence, and declares them all.
+CREATE OR REPLACE FUNCTION mandated_guard_partition() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    writer text := current_setting('mandated.partition', true);
+    n integer;
+BEGIN
+    IF TG_OP = 'UPDATE' AND current_setting('mandated.repartition', true) = 'on' THEN
+        SELECT partition_count INTO n FROM mandated_meta;
+        IF NEW.partition <> mandated_home_partition(NEW.org || '/' || NEW.mandate_id, n) THEN
+            RAISE EXCEPTION 'mandated: repartition may not move %/% to partition % (its home of % is %)', NEW.org, NEW.mandate_id,
+                NEW.partition, n, mandated_home_partition(NEW.org || '/' || NEW.mandate_id, n)
+                USING ERRCODE = 'check_violation';
+        END IF;
+        IF (to_jsonb(NEW) - 'partition') IS DISTINCT FROM (to_jsonb(OLD) - 'partition') THEN
+            RAISE EXCEPTION 'mandated: repartition may change only the partition of %/%', NEW.org, NEW.mandate_id
+                USING ERRCODE = 'check_violation';
+        END IF;
+        RETURN NEW;
+    END IF;
+    IF writer IS NULL OR writer = '' THEN
+        RAISE EXCEPTION 'mandated: % of %.% outside a partition batch (mandated.partition is not set)', TG_OP, NEW.org, NEW.mandate_id
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    IF NOT (NEW.partition::text = ANY (string_to_array(writer, ','))) THEN
+        RAISE EXCEPTION 'mandated: partition % may not write %/% (its partition is %)', writer, NEW.org, NEW.mandate_id, NEW.partition
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    IF TG_OP = 'UPDATE' AND NEW.partition <> OLD.partition THEN
+        RAISE EXCEPTION 'mandated: the partition of %/% cannot change', NEW.org, NEW.mandate_id
+            USING ERRCODE = 'check_violation';
+    END IF;
+    IF TG_TABLE_NAME = 'mandates' AND TG_OP = 'INSERT' THEN
+        SELECT partition_count INTO n FROM mandated_meta;
+        IF n IS NULL OR NEW.partition <> mandated_home_partition(NEW.org || '/' || NEW.mandate_id, n) THEN
+            RAISE EXCEPTION 'mandated: %/% is not at home on partition % of %', NEW.org, NEW.mandate_id, NEW.partition, n
+                USING ERRCODE = 'check_violation';
+        END IF;
+    END IF;
+    RETURN NEW;
+END $$;
+
 DROP TRIGGER mandates_guard_partition ON mandates;
 DROP TRIGGER authorizations_guard_partition ON authorizations;
 CREATE TRIGGER mandates_guard_partition BEFORE INSERT ON mandates
     FOR EACH ROW EXECUTE FUNCTION mandated_guard_partition();
 CREATE TRIGGER mandates_guard_partition_update BEFORE UPDATE ON mandates
     FOR EACH ROW WHEN (NEW.partition IS DISTINCT FROM OLD.partition
-        OR NEW.partition::text IS DISTINCT FROM current_setting('mandated.partition', true))
+        OR NOT coalesce(NEW.partition::text = ANY (string_to_array(current_setting('mandated.partition', true), ',')), false))
     EXECUTE FUNCTION mandated_guard_partition();
 CREATE TRIGGER authorizations_guard_partition BEFORE INSERT ON authorizations
-    FOR EACH ROW WHEN (NEW.partition::text IS DISTINCT FROM current_setting('mandated.partition', true))
+    FOR EACH ROW WHEN (NOT coalesce(NEW.partition::text = ANY (string_to_array(current_setting('mandated.partition', true), ',')), false))
     EXECUTE FUNCTION mandated_guard_partition();
 CREATE TRIGGER authorizations_guard_partition_update BEFORE UPDATE ON authorizations
     FOR EACH ROW WHEN (NEW.partition IS DISTINCT FROM OLD.partition
-        OR NEW.partition::text IS DISTINCT FROM current_setting('mandated.partition', true))
+        OR NOT coalesce(NEW.partition::text = ANY (string_to_array(current_setting('mandated.partition', true), ',')), false))
     EXECUTE FUNCTION mandated_guard_partition();
 
 -- The execution guard: a mandate's counter going back, a token or its
