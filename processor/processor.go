@@ -537,7 +537,9 @@ func (p *Processor) statsLoop(ctx context.Context) {
 			p.metrics.InDoubtOldest.Set(0)
 			continue
 		}
-		n, oldest, err := p.shards.InDoubtStats(ctx, owned, p.cfg.Test.Clock.Now())
+		sctx, cancel := context.WithTimeout(ctx, p.cfg.StatsInterval)
+		n, oldest, err := p.shards.InDoubtStats(sctx, owned, p.cfg.Test.Clock.Now())
+		cancel()
 		if err != nil && ctx.Err() == nil {
 			p.log.Warn().Err(err).Msg("cannot read in-doubt statistics")
 		}

@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # postgres.sh: a throwaway PostgreSQL cluster for tests (initdb + pg_ctl).
 #
-#   postgres.sh up|down|stop-immediate|start|status|url|psql [psql args...]
+#   postgres.sh up|down|stop-immediate|start|pause|resume|status|url|psql [psql args...]
+#
+# pause SIGSTOPs the postmaster and every process it started (backends, checkpointer,
+# walwriter...): the server is stopped, not killed, so a client's open connections and
+# new ones hang instead of being refused, as with a frozen VM or a network blackhole.
+# resume SIGCONTs them all.
 #
 # Defaults: 127.0.0.1:55432, user postgres, trust auth, state in .infra/pg/ (data/,
 # postgres.log, the Unix socket). PG_PORT and PG_DIR override both; another port
@@ -162,11 +167,33 @@ stop() {
 	pid=$(server_pid)
 	[ -n "$pid" ] || return 0
 	d=$(real_dir)
-	kill -CONT "$pid" 2>/dev/null || true
+	local p
+	for p in $(server_tree "$pid"); do kill -CONT "$p" 2>/dev/null || true; done
 	if ! as_pg "$(bindir)/pg_ctl" -D "$d/data" -m "$1" -w -t 30 stop >/dev/null; then
 		log "pg_ctl stop -m $1 failed; sending SIGKILL to pid $pid"
 		kill9_pid "$pid"
 	fi
+}
+
+# server_tree PID: PID and every process it started (children of the postmaster).
+server_tree() {
+	local pid=$1 d ppid
+	echo "$pid"
+	for d in /proc/[0-9]*; do
+		ppid=$(awk '/^PPid:/ {print $2}' "$d/status" 2>/dev/null || true)
+		[ "$ppid" = "$pid" ] && echo "${d#/proc/}"
+	done
+	return 0
+}
+
+# signal_tree SIG: the postmaster first (so it starts no new backend), then its children.
+signal_tree() {
+	local pid p
+	pid=$(server_pid)
+	[ -n "$pid" ] || die "not running"
+	for p in $(server_tree "$pid"); do
+		kill -"$1" "$p" 2>/dev/null || true
+	done
 }
 
 status_word() {
@@ -205,6 +232,14 @@ stop-immediate)
 	stop immediate
 	log "stopped (immediate, crash-like); data kept in $PG_DIR"
 	;;
+pause)
+	signal_tree STOP
+	log "paused (SIGSTOP): connections hang until resume"
+	;;
+resume)
+	signal_tree CONT
+	log "resumed (SIGCONT)"
+	;;
 status)
 	s=$(status_word)
 	echo "$s"
@@ -216,7 +251,7 @@ psql)
 	psql_cmd "$@"
 	;;
 *)
-	echo "usage: $(basename "$0") up|down|stop-immediate|start|status|url|psql [args]" >&2
+	echo "usage: $(basename "$0") up|down|stop-immediate|start|pause|resume|status|url|psql [args]" >&2
 	exit 2
 	;;
 esac
