@@ -71,6 +71,7 @@ type config struct {
 	relayLinger          time.Duration
 	relayMinInterval     time.Duration
 	relayTxnPrefix       string
+	relayDBTimeout       time.Duration
 	httpAddr             string
 	shutdownTimeout      time.Duration
 	logFormat            string
@@ -109,6 +110,7 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.relayTxnTimeout, "relay-transaction-timeout", outbox.TransactionTimeoutDefault, "Kafka transaction timeout of the relay")
 	fs.DurationVar(&c.relayLinger, "relay-linger", 0, "relay producer linger (the relay batches per transaction itself)")
 	fs.DurationVar(&c.relayMinInterval, "relay-min-transaction-interval", outbox.MinTxnIntervalDefault, "least time from the end of the relay's Kafka transaction to the start of the next (rows committed meanwhile join it); negative: none")
+	fs.DurationVar(&c.relayDBTimeout, "relay-database-timeout", outbox.DatabaseTimeoutDefault, "bound of every PostgreSQL call of the relay; a shard that misses it is skipped (its partitions' rows wait, the other shards' are published) and probed until it answers")
 	fs.StringVar(&c.relayTxnPrefix, "relay-transactional-id-prefix", outbox.TransactionalIDDefault, "prefix of the relay's transactional id (one per process: <prefix>.<decisions topic>.proc.<random>)")
 	fs.StringVar(&c.httpAddr, "http-addr", ":8080", "address of the /metrics, /healthz and /readyz server")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 30*time.Second, "bound on a graceful shutdown")
@@ -161,7 +163,7 @@ func (c *config) serviceConfig(log zerolog.Logger, reg prometheus.Registerer) (p
 		Relay: outbox.Config{Brokers: brokers, KafkaOpts: kopts, ClientHooks: hooks, DecisionsTopic: c.decisionsTopic,
 			DeadLetterTopic: c.deadLetterTopic, TransactionalIDPrefix: c.relayTxnPrefix, MaxRows: c.relayMaxRows,
 			IdlePoll: c.relayIdlePoll, TransactionTimeout: c.relayTxnTimeout, Linger: c.relayLinger,
-			MinTxnInterval: c.relayMinInterval},
+			MinTxnInterval: c.relayMinInterval, DatabaseTimeout: c.relayDBTimeout},
 		Registerer: reg,
 	}
 	// Validate every component now, so a bad flag is named before anything connects.
