@@ -655,7 +655,11 @@ func (r *Relay) admitOne(ctx context.Context, ps *part, floor int64) (bool, erro
 	// What a predecessor published but could not record (it died between
 	// the Kafka commit and the mark) is recorded now, so the backlog and
 	// housekeeping see it.
-	if _, err := r.st.mark(ctx, ps.partition, ps.epoch, last); err != nil {
+	if _, err := r.st.mark(ctx, ps.partition, ps.epoch, last); locked(err) {
+		// A predecessor paused inside its mark transaction holds the row
+		// until PostgreSQL ends its session: the next pass records it.
+		ps.log.Info().Err(err).Msg("the published sequence is locked by a predecessor's mark; recording it later")
+	} else if err != nil {
 		r.metrics.PublishErrors.WithLabelValues("database").Inc()
 		return false, fmt.Errorf("record the resumed sequence: %w", err)
 	}
@@ -986,6 +990,11 @@ func (r *Relay) recordAll(ctx context.Context, held []*part, done []span, idle b
 	}
 	wg.Wait()
 	for _, rec := range byPool {
+		if locked(rec.err) {
+			r.log.Info().Err(rec.err).Str("shard", rec.sh.Name).
+				Msg("published sequences locked by another relay's mark (a predecessor paused inside its transaction); recording them on a later pass")
+			continue
+		}
 		if rec.err != nil {
 			r.metrics.PublishErrors.WithLabelValues("database").Inc()
 			r.gate.failed(rec.sh, "mark", rec.err)

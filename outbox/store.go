@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -138,6 +139,7 @@ func (s store) recordTx(ctx context.Context, pool *pgxpool.Pool, reqs []recordRe
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		var b pgx.Batch
 		b.Queue(`SET LOCAL synchronous_commit = off`)
+		b.Queue(s.lockTimeoutSQL())
 		for _, q := range reqs {
 			b.Queue(markSQL, q.partition, q.epoch, q.seq)
 			if q.deleteTo > q.deleteAfter {
@@ -146,8 +148,10 @@ func (s store) recordTx(ctx context.Context, pool *pgxpool.Pool, reqs []recordRe
 		}
 		br := tx.SendBatch(ctx, &b)
 		defer br.Close()
-		if _, err := br.Exec(); err != nil {
-			return err
+		for range 2 {
+			if _, err := br.Exec(); err != nil {
+				return err
+			}
 		}
 		for i := range reqs {
 			q := &reqs[i]
@@ -176,6 +180,25 @@ SELECT $1, $3, now() WHERE (SELECT epoch FROM mandated_partitions WHERE partitio
 ON CONFLICT (partition) DO UPDATE SET published_seq = GREATEST(relay_progress.published_seq, EXCLUDED.published_seq),
   updated_at = now()`
 
+// markLockTimeout bounds how long a mark waits for a row lock. A mark
+// waits only for another mark of the same partition: a predecessor's,
+// which takes milliseconds unless it is paused inside its transaction (then
+// until PostgreSQL's idle_in_transaction_session_timeout ends its
+// session). That is no reason to skip the shard, nor to hold the relay's
+// loop: the mark gives up with lock_not_available (locked) and is written
+// on a later pass.
+const markLockTimeout = 100 * time.Millisecond
+
+func (s store) lockTimeoutSQL() string {
+	return fmt.Sprintf(`SET LOCAL lock_timeout = %d`, min(markLockTimeout, s.timeout/4).Milliseconds())
+}
+
+// locked reports a statement that gave up waiting for a row lock.
+func locked(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
+
 // housekeepSQL deletes a range of published rows. A range predicate keeps
 // the plan an index range scan whatever the statistics: the earlier
 // "seq IN (SELECT ... LIMIT n)" form, once its generic plan was cached on an
@@ -193,10 +216,18 @@ func (s store) published(ctx context.Context, partition int32) (int64, error) {
 
 // mark records seq as published. It never moves backwards, and a relay
 // whose partition epoch is no longer current marks nothing.
+// A row locked by another mark gives up after lockTimeoutSQL (locked).
 func (s store) mark(ctx context.Context, partition int32, epoch, seq int64) (bool, error) {
-	return call(ctx, s, s.shard(partition), func(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
-		tag, err := pool.Exec(ctx, markSQL, partition, epoch, seq)
-		return tag.RowsAffected() == 1, err
+	return call(ctx, s, s.shard(partition), func(ctx context.Context, pool *pgxpool.Pool) (marked bool, err error) {
+		err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, s.lockTimeoutSQL()); err != nil {
+				return err
+			}
+			tag, err := tx.Exec(ctx, markSQL, partition, epoch, seq)
+			marked = tag.RowsAffected() == 1
+			return err
+		})
+		return marked, err
 	})
 }
 
