@@ -23,7 +23,7 @@ func (p *Processor) purgeLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		for _, n := range p.ownedPartitions() {
+		for _, n := range p.decidingPartitions() {
 			p.purgePartition(ctx, n)
 		}
 	}
