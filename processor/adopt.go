@@ -17,25 +17,29 @@ import (
 // Adopting the partitions of a processor cut from one shard.
 //
 // Every processor's probe writes, on every shard it reaches, that it is
-// seen and which of the shard's partitions it holds (mandated_members,
-// sink.Heartbeat), and reads every processor's row back. A processor that
-// has reached a shard for ShardHandoffAfter (ShardTakeBackProbes probes in
-// a row at least) adopts a partition of it whose holder the shard has not
-// seen for ShardHandoffAfter while another shard saw that holder within
-// half of it: a holder alive but cut from this shard. A holder seen
-// nowhere is gone or restarting (a static member's partitions wait for it
-// by design), which is the consumer group's business, not an adopter's.
+// seen, which partitions it decides, which ones the consumer group assigns
+// it, and which shards it handed off (mandated_members, sink.Heartbeat);
+// and it reads every processor's row back. A processor that has reached a
+// shard for ShardHandoffAfter (ShardTakeBackProbes probes in a row at
+// least) adopts the partitions of that shard that a processor seen within
+// half of that bound, on any shard, says are assigned to it on a shard it
+// handed off, unless a processor the shard saw within as long decides them.
+// The holder's own hysteresis decides the hand-off (release.go); an
+// adopter only acts on what the holder declared, so a holder that is gone
+// or restarting (seen nowhere: a static member's partitions wait for it by
+// design) is the consumer group's business, not an adopter's.
 //
 // Adoption is a claim (sink.Adopt): a new epoch fences the holder's
-// batches, and the check that nobody the shard sees holds the partition
+// batches, and the check that nobody the shard sees decides the partition
 // is made under the partition row's lock in the claim's transaction, which
-// also records the adopter as its holder, so two adopters never both take
+// also records the adopter as deciding it, so two adopters never both take
 // it. The adopted partition is fetched by an adoption client of the
 // processor's own (direct consumption from the claimed offsets: the group
 // still assigns the partition to its holder), decided and published like
 // any other. It goes back when its holder takes it back (a claim that
-// fences the adopter) or the group assigns it elsewhere; the adopter's
-// worker then stops at its next commit.
+// fences the adopter) or the group assigns it elsewhere: the adopter stops
+// its worker as soon as another processor the shard sees decides the
+// partition, or at its next commit, which is refused.
 
 // adopter is the processor's adoption client and what it consumes.
 type adopter struct {
@@ -46,28 +50,33 @@ type adopter struct {
 	owner  map[int32]*worker // whose fetch each consumed partition is
 }
 
-// orphans returns the partitions of parts whose holder the shard (here,
-// its members' rows) has not seen for stale while another shard saw it
-// within fresh (elsewhere: each holder's youngest age on the other shards),
-// and that nobody the shard saw within stale holds.
-func orphans(parts []int32, here []sink.Member, elsewhere map[string]time.Duration, stale, fresh time.Duration) []int32 {
-	held, cut := map[int32]bool{}, map[int32]bool{}
+// orphans returns the partitions of parts (shard shard's) that a
+// processor seen within fresh on a shard that answered (answered: every
+// such shard's rows) says it handed off, and that no other processor the
+// shard (here: its rows) saw within fresh decides. me's own rows are
+// ignored.
+func orphans(parts []int32, shard string, here []sink.Member, answered [][]sink.Member, me string, fresh time.Duration) []int32 {
+	deciding, handedOff := map[int32]bool{}, map[int32]bool{}
 	for _, m := range here {
-		if m.Age < stale {
-			for _, n := range m.Holding {
-				held[n] = true
+		if m.Owner != me && m.Age < fresh {
+			for _, n := range m.Deciding {
+				deciding[n] = true
 			}
-			continue
 		}
-		if age, ok := elsewhere[m.Owner]; ok && age < fresh {
-			for _, n := range m.Holding {
-				cut[n] = true
+	}
+	for _, rows := range answered {
+		for _, m := range rows {
+			if m.Owner == me || m.Age >= fresh || !slices.Contains(m.Cut, shard) {
+				continue
+			}
+			for _, n := range m.Assigned {
+				handedOff[n] = true
 			}
 		}
 	}
 	var out []int32
 	for _, n := range parts {
-		if cut[n] && !held[n] {
+		if handedOff[n] && !deciding[n] {
 			out = append(out, n)
 		}
 	}
@@ -75,10 +84,10 @@ func orphans(parts []int32, here []sink.Member, elsewhere map[string]time.Durati
 }
 
 // adoptOrphans adopts this processor's share of shard s's orphans.
-func (p *Processor) adoptOrphans(ctx context.Context, s *sink.Sink, here []sink.Member, elsewhere map[string]time.Duration) {
-	stale := p.cfg.ShardHandoffAfter
-	parts := p.shards.Partitions(s).Set(p.partitions)
-	found := orphans(parts, here, elsewhere, stale, stale/2)
+func (p *Processor) adoptOrphans(ctx context.Context, s *sink.Sink, here []sink.Member, answered [][]sink.Member) {
+	fresh := p.cfg.ShardHandoffAfter / 2
+	sh := p.shards.Partitions(s)
+	found := orphans(sh.Set(p.partitions), sh.Name, here, answered, p.cfg.Owner, fresh)
 	if len(found) == 0 {
 		return
 	}
@@ -89,12 +98,15 @@ func (p *Processor) adoptOrphans(ctx context.Context, s *sink.Sink, here []sink.
 	}
 	found = slices.DeleteFunc(found, func(n int32) bool { return p.workers[n] != nil || p.pending[n] != nil })
 	p.mu.Unlock()
+	if len(found) == 0 {
+		return
+	}
 	// This processor's share: the orphans spread over the processors the
 	// shard sees, each starting at a place of its own in the list; what is
 	// left is adopted at the next probes.
 	seen := 0
 	for _, m := range here {
-		if m.Age < stale/2 {
+		if m.Age < fresh && !slices.Contains(m.Cut, sh.Name) {
 			seen++
 		}
 	}
@@ -115,7 +127,7 @@ func (p *Processor) adoptOrphans(ctx context.Context, s *sink.Sink, here []sink.
 
 // adopt claims partition n of shard s and starts its worker.
 func (p *Processor) adopt(ctx context.Context, s *sink.Sink, n int32) bool {
-	c, err := s.Adopt(ctx, n, p.cfg.Owner, p.cfg.ShardHandoffAfter)
+	c, err := s.Adopt(ctx, n, p.cfg.Owner, p.cfg.ShardHandoffAfter/2)
 	switch {
 	case errors.Is(err, sink.ErrHeld):
 		p.log.Debug().Int32("partition", n).Msg("not adopting: its holder is back, or another processor adopted it")
@@ -158,29 +170,30 @@ func (p *Processor) adopt(ctx context.Context, s *sink.Sink, n int32) bool {
 }
 
 // returnTakenBack stops the workers of partitions adopted here that
-// another processor the shard sees (within the bound) holds now: their
-// holder took them back, or the group assigned them to another member,
-// whose claim fenced this adopter. Without this, an adopted partition with
-// no new records would linger here until its next commit is refused.
+// another processor the shard sees (within half the bound) decides now:
+// their holder took them back, or the group assigned them to another
+// member, whose claim fenced this adopter. Without this, an adopted
+// partition with no new records would linger here until its next commit
+// is refused.
 func (p *Processor) returnTakenBack(s *sink.Sink, members []sink.Member) {
-	held := map[int32]bool{}
+	deciding := map[int32]bool{}
 	for _, m := range members {
-		if m.Owner != p.cfg.Owner && m.Age < p.cfg.ShardHandoffAfter {
-			for _, n := range m.Holding {
-				held[n] = true
+		if m.Owner != p.cfg.Owner && m.Age < p.cfg.ShardHandoffAfter/2 {
+			for _, n := range m.Deciding {
+				deciding[n] = true
 			}
 		}
 	}
 	var back []*worker
 	p.mu.Lock()
 	for n, w := range p.workers {
-		if w.adopted && w.store == s && held[n] {
+		if w.adopted && w.store == s && deciding[n] {
 			back = append(back, w)
 		}
 	}
 	p.mu.Unlock()
 	for _, w := range back {
-		w.log.Info().Msg("adopted partition held again by another processor (its holder took it back, or the group assigned it): stopping")
+		w.log.Info().Msg("adopted partition decided by another processor again (its holder took it back, or the group assigned it): stopping")
 		w.cancel()
 	}
 }

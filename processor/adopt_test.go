@@ -9,53 +9,51 @@ import (
 	"github.com/mandated/mandated/sink"
 )
 
-func TestOrphansAreThePartitionsOfAHolderCutFromTheShardAlone(t *testing.T) {
+func TestOrphansAreThePartitionsALiveHolderSaysItHandedOffAndNobodyDecides(t *testing.T) {
 	t.Parallel()
-	const stale, fresh = 10 * time.Second, 5 * time.Second
-	parts := []int32{2, 3, 4, 5, 6, 7}
+	const fresh = 5 * time.Second
+	parts := []int32{2, 3, 4, 5, 6, 7} // shard b's
+	cut := sink.Member{Owner: "cut", Age: time.Second, Deciding: []int32{0, 1}, Assigned: []int32{0, 1, 2, 3}, Cut: []string{"b"}}
 	for _, tc := range []struct {
-		name      string
-		here      []sink.Member
-		elsewhere map[string]time.Duration
-		want      []int32
+		name     string
+		here     []sink.Member   // shard b's rows
+		answered [][]sink.Member // every answering shard's rows
+		want     []int32
 	}{
 		{
-			name:      "a holder not seen here for the bound but seen on another shard is cut from this one: its partitions are orphans",
-			here:      []sink.Member{{Owner: "cut", Age: 11 * time.Second, Holding: []int32{2, 3}}, {Owner: "me", Age: 0, Holding: []int32{4, 5, 6, 7}}},
-			elsewhere: map[string]time.Duration{"cut": time.Second, "me": 0},
-			want:      []int32{2, 3},
+			name:     "a holder seen on shard a that says it handed shard b off: its partitions of b are orphans",
+			here:     []sink.Member{{Owner: "cut", Age: 11 * time.Second, Deciding: []int32{0, 1, 2, 3}}, {Owner: "me", Deciding: []int32{4, 5, 6, 7}}},
+			answered: [][]sink.Member{{cut}},
+			want:     []int32{2, 3},
 		},
 		{
-			name:      "a holder seen nowhere is gone or restarting: the consumer group's business",
-			here:      []sink.Member{{Owner: "gone", Age: 11 * time.Second, Holding: []int32{2, 3}}},
-			elsewhere: map[string]time.Duration{"gone": 11 * time.Second},
+			name:     "a holder that says nothing is cut keeps its partitions, however long it has not been seen here",
+			here:     []sink.Member{{Owner: "slow", Age: time.Minute, Deciding: []int32{2, 3}}},
+			answered: [][]sink.Member{{{Owner: "slow", Age: time.Second, Deciding: []int32{0, 2, 3}, Assigned: []int32{0, 2, 3}}}},
 		},
 		{
-			name:      "a holder seen here within the bound keeps its partitions, however slow its probes",
-			here:      []sink.Member{{Owner: "slow", Age: 9 * time.Second, Holding: []int32{2, 3}}},
-			elsewhere: map[string]time.Duration{"slow": 0},
+			name:     "a holder seen nowhere lately is gone or restarting: the consumer group's business",
+			answered: [][]sink.Member{{{Owner: "gone", Age: 6 * time.Second, Assigned: []int32{2, 3}, Cut: []string{"b"}}}},
 		},
 		{
-			name: "a partition someone seen here holds (an adopter, or the holder back) is no orphan",
-			here: []sink.Member{{Owner: "cut", Age: 30 * time.Second, Holding: []int32{2, 3}},
-				{Owner: "adopter", Age: time.Second, Holding: []int32{2}}},
-			elsewhere: map[string]time.Duration{"cut": time.Second},
-			want:      []int32{3},
+			name: "a partition another processor the shard sees decides (an adopter, or the holder back) is no orphan",
+			here: []sink.Member{{Owner: "adopter", Age: time.Second, Deciding: []int32{2}},
+				{Owner: "old-adopter", Age: 6 * time.Second, Deciding: []int32{3}}},
+			answered: [][]sink.Member{{cut}},
+			want:     []int32{3},
 		},
 		{
-			name:      "a holder's row lists only partitions of this shard that the map gives it now",
-			here:      []sink.Member{{Owner: "cut", Age: 11 * time.Second, Holding: []int32{0, 3, 9}}},
-			elsewhere: map[string]time.Duration{"cut": 0},
-			want:      []int32{3},
+			name:     "only the shard's partitions, and only a cut of this shard",
+			answered: [][]sink.Member{{{Owner: "x", Age: time.Second, Assigned: []int32{0, 1, 5, 9}, Cut: []string{"a", "b"}}, {Owner: "y", Age: time.Second, Assigned: []int32{6}, Cut: []string{"a"}}}},
+			want:     []int32{5},
 		},
 		{
-			name:      "seen elsewhere, but not recently enough: dying, not cut",
-			here:      []sink.Member{{Owner: "dying", Age: 11 * time.Second, Holding: []int32{2}}},
-			elsewhere: map[string]time.Duration{"dying": 6 * time.Second},
+			name:     "what this processor itself says is never an orphan to it",
+			answered: [][]sink.Member{{{Owner: "me", Age: 0, Assigned: []int32{2}, Cut: []string{"b"}}}},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			require.Equal(t, tc.want, orphans(parts, tc.here, tc.elsewhere, stale, fresh))
+			require.Equal(t, tc.want, orphans(parts, "b", tc.here, tc.answered, "me", fresh))
 		})
 	}
 }

@@ -79,7 +79,13 @@ func (p *Processor) handoffLoop(ctx context.Context) {
 			shards, probes = cur, next
 		}
 		perShard := len(probes) > 1 && p.cfg.ShardHandoffAfter >= 0
-		holding := p.holding()
+		deciding, assigned := p.holding()
+		var cut []string
+		for _, pr := range probes {
+			if pr.cut {
+				cut = append(cut, pr.s.Shard().Name)
+			}
+		}
 		pctx, cancel := context.WithTimeout(ctx, max(every, 500*time.Millisecond))
 		var wg sync.WaitGroup
 		for _, pr := range probes {
@@ -97,7 +103,7 @@ func (p *Processor) handoffLoop(ctx context.Context) {
 					pr.err = pr.db.ping(pctx)
 					return
 				}
-				pr.members, pr.err = pr.db.heartbeat(pctx, p.cfg.Owner, holding[pr.s], ticks%forgetEvery == 0)
+				pr.members, pr.err = pr.db.heartbeat(pctx, p.cfg.Owner, deciding, assigned, cut, ticks%forgetEvery == 0)
 				if pr.err != nil && !sink.Unreachable(pr.err) {
 					// It answered, with an error: reachable, but nothing
 					// to adopt from it.
@@ -251,37 +257,16 @@ func (p *Processor) handOffShards(ctx context.Context, probes []*shardProbe, dow
 	if handedOff || stopping {
 		return
 	}
-	// Each holder's youngest age on the shards that answered this tick.
-	seen := map[*shardProbe]map[string]time.Duration{}
-	for _, pr := range probes {
-		if pr.err != nil {
-			continue
-		}
-		ages := map[string]time.Duration{}
-		for _, m := range pr.members {
-			ages[m.Owner] = m.Age
-		}
-		seen[pr] = ages
-	}
+	var answered [][]sink.Member
 	for _, pr := range probes {
 		if pr.err == nil {
+			answered = append(answered, pr.members)
 			p.returnTakenBack(pr.s, pr.members)
 		}
 	}
 	for _, pr := range probes {
 		if pr.err != nil || pr.cut || pr.oks < p.cfg.ShardTakeBackProbes || now.Sub(pr.okSince) < after || len(pr.members) == 0 {
 			continue // adopt only on a shard this processor has reached for the whole bound
-		}
-		elsewhere := map[string]time.Duration{}
-		for other, ages := range seen {
-			if other == pr {
-				continue
-			}
-			for owner, age := range ages {
-				if cur, ok := elsewhere[owner]; !ok || age < cur {
-					elsewhere[owner] = age
-				}
-			}
 		}
 		if !pr.adopting.CompareAndSwap(false, true) {
 			continue
@@ -291,31 +276,29 @@ func (p *Processor) handOffShards(ctx context.Context, probes []*shardProbe, dow
 		go func() {
 			defer p.loops.Done()
 			defer pr.adopting.Store(false)
-			p.adoptOrphans(ctx, pr.s, here, elsewhere)
+			p.adoptOrphans(ctx, pr.s, here, answered)
 		}()
 	}
 }
 
-// holding returns, per shard, the partitions this processor holds there:
-// assigned by the group (claimed, fenced or waiting for their shard) or
-// adopted, not the ones it handed off.
-func (p *Processor) holding() map[*sink.Sink][]int32 {
-	out := map[*sink.Sink][]int32{}
+// holding returns the partitions this processor decides (claimed, fenced
+// or adopted: not the ones whose shard it handed off) and the ones it is
+// assigned or adopted, whatever their state (its heartbeat on every shard).
+func (p *Processor) holding() (deciding, assigned []int32) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for n, w := range p.workers {
+		assigned = append(assigned, n)
 		if !w.isReleased() {
-			out[w.store] = append(out[w.store], n)
+			deciding = append(deciding, n)
 		}
 	}
 	for n := range p.pending {
-		s := p.shards.For(n)
-		out[s] = append(out[s], n)
+		assigned = append(assigned, n)
 	}
-	for _, ns := range out {
-		slices.Sort(ns)
-	}
-	return out
+	slices.Sort(deciding)
+	slices.Sort(assigned)
+	return deciding, assigned
 }
 
 // dbProbe probes PostgreSQL on a connection of its own: a pool busy with
@@ -344,7 +327,7 @@ func (d *dbProbe) ping(ctx context.Context) error {
 // heartbeat records this processor on the shard (sink.Heartbeat) and
 // returns every processor's row. An error for which sink.Unreachable is
 // false came from the shard: it answers.
-func (d *dbProbe) heartbeat(ctx context.Context, owner string, holding []int32, forget bool) ([]sink.Member, error) {
+func (d *dbProbe) heartbeat(ctx context.Context, owner string, deciding, assigned []int32, cut []string, forget bool) ([]sink.Member, error) {
 	if d.conn == nil {
 		c, err := pgx.ConnectConfig(ctx, d.cfg.Copy())
 		if err != nil {
@@ -352,7 +335,7 @@ func (d *dbProbe) heartbeat(ctx context.Context, owner string, holding []int32, 
 		}
 		d.conn = c
 	}
-	members, err := sink.Heartbeat(ctx, d.conn, owner, holding, forget)
+	members, err := sink.Heartbeat(ctx, d.conn, owner, deciding, assigned, cut, forget)
 	if err != nil && (sink.Unreachable(err) || d.conn.IsClosed()) {
 		d.close()
 	}
