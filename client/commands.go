@@ -188,6 +188,10 @@ type Grant struct {
 	HoldSeconds             int64
 	ExecutionTimeoutSeconds int64
 	IdempotencyKey          string
+	// BasedOnVersion, when set, is the mandate version these terms replace
+	// (0: the grant creates the mandate): the grant is refused stale_grant
+	// if the terms changed since. A signed grant always carries one.
+	BasedOnVersion *int64
 }
 
 func (g Grant) fields() (map[string]any, error) {
@@ -209,6 +213,9 @@ func (g Grant) fields() (map[string]any, error) {
 	putIf(m, "hold_seconds", g.HoldSeconds)
 	putIf(m, "execution_timeout_seconds", g.ExecutionTimeoutSeconds)
 	putIf(m, "idempotency_key", g.IdempotencyKey)
+	if g.BasedOnVersion != nil {
+		m["based_on_version"] = *g.BasedOnVersion
+	}
 	return m, nil
 }
 

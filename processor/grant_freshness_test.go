@@ -11,6 +11,7 @@ import (
 
 	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/test/harness"
 )
 
 // signedBytes returns cmd as a signed record value (the bytes a grantor
@@ -110,4 +111,53 @@ func TestAnOlderSignedGrantReplayedAfterItsKeyExpiredCannotWidenTheMandateAgain(
 	d = h.Await(h.ProduceRaw(h.Spec.Grants, key, next, -1))
 	require.Equal(t, wire.OutcomeGranted, d.Outcome, "%+v", d)
 	require.Equal(t, int64(2), d.Mandate.UsesAllowed)
+}
+
+// TestAReplayedSignedRevokeOrResolveChangesNothing: revoke and resolve are
+// not bound to a version, because their replays cannot widen anything: a
+// revoked mandate is never granted again, and an authorization is in doubt
+// once in its life (terminal states never change). Replayed byte for byte,
+// a signed resolve and a signed revoke are answered and change nothing.
+func TestAReplayedSignedRevokeOrResolveChangesNothing(t *testing.T) {
+	t.Parallel()
+	h := harness.New(t, harness.Options{Partitions: 1})
+	in := h.Start("a")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool := in.Service.Sink.Pool()
+	_, priv, err := ed25519.GenerateKey(nil)
+	require.NoError(t, err)
+	require.NoError(t, sink.AddGrantorKey(ctx, pool, sink.GrantorKey{Org: "acme", KeyID: "k1",
+		PublicKey: priv.Public().(ed25519.PublicKey), ValidFrom: time.Now().Add(-time.Hour)}))
+	require.NoError(t, sink.SetSigningMode(ctx, pool, "acme", sink.SigningRequired))
+
+	key, g := signedBytes(t, grant("acme", "m", 2, nil), "k1", priv)
+	require.Equal(t, wire.OutcomeGranted, h.Await(h.ProduceRaw(h.Spec.Grants, key, g, -1)).Outcome)
+	r := h.SendAwait(propose("acme", "m", "p-1", 100, nil))
+	b := h.SendAwait(authCmd("begin", "acme", "m", r.AuthorizationID, nil))
+	require.Equal(t, wire.OutcomeInDoubt, h.SendAwait(authCmd("report_unknown", "acme", "m", r.AuthorizationID,
+		map[string]any{"execution_token": b.ExecutionToken})).Outcome)
+
+	_, resolve := signedBytes(t, authCmd("resolve", "acme", "m", r.AuthorizationID,
+		map[string]any{"outcome": "cancelled", "execution_token": b.ExecutionToken}), "k1", priv)
+	d := h.Await(h.ProduceRaw(h.Spec.Grants, key, resolve, -1))
+	require.Equal(t, wire.OutcomeCancelled, d.Outcome, "%+v", d)
+	settled := *d.Mandate
+	r2 := h.SendAwait(propose("acme", "m", "p-2", 100, nil))
+	require.Equal(t, wire.OutcomeReserved, r2.Outcome)
+
+	d = h.Await(h.ProduceRaw(h.Spec.Grants, key, resolve, -1))
+	require.Equal(t, wire.OutcomeReplayed, d.Outcome, "%+v", d)
+	require.Equal(t, wire.StateCancelled, d.Authorization.State)
+	require.Equal(t, r2.Mandate.Version, d.Mandate.Version, "the replayed resolve changed nothing")
+	require.Equal(t, settled.UsesSpent, d.Mandate.UsesSpent)
+
+	_, revoke := signedBytes(t, map[string]any{"type": "revoke", "org": "acme", "mandate_id": "m"}, "k1", priv)
+	d = h.Await(h.ProduceRaw(h.Spec.Grants, key, revoke, -1))
+	require.Equal(t, wire.OutcomeRevoked, d.Outcome, "%+v", d)
+	d = h.Await(h.ProduceRaw(h.Spec.Grants, key, revoke, -1))
+	require.Equal(t, wire.OutcomeReplayed, d.Outcome, "%+v", d)
+	d = h.Await(h.ProduceRaw(h.Spec.Grants, key, g, -1))
+	require.Equal(t, wire.OutcomeRefused, d.Outcome, "the first grant replayed on its revoked mandate")
+	require.Equal(t, wire.ReasonStaleGrant, d.Reason, d.Detail)
 }
