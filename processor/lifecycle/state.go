@@ -40,8 +40,10 @@ type Mandate struct {
 	ExecutionTimeout time.Duration
 	LastAuthID       string // the authorization that most recently took a use
 	// Executions counts the begins that won on this mandate: the last
-	// execution token handed out. Tokens are monotonic per mandate, so a
-	// store downstream can refuse a write carrying an older one.
+	// execution token handed out. Tokens are monotonic per mandate, but
+	// executions of a mandate of several uses overlap, so a store
+	// downstream fences per authorization (per mandate only where the
+	// mandate has one use): see the README, "The executor boundary".
 	Executions int64
 	CreatedAt  time.Time
 	UpdatedAt  time.Time
