@@ -148,7 +148,9 @@ func FuzzGrantorSignatureVerification(f *testing.F) {
 	livePub := fx.live.Public().(ed25519.PublicKey)
 
 	f.Fuzz(func(t *testing.T, k, v []byte) {
-		st := lifecycle.NewState(0, 1, 10, func(string) time.Duration { return time.Hour })
+		// The default retention: a grant with the default windows (hold 5 min,
+		// execution 1 h) is within it, so accepted grants reach the state.
+		st := lifecycle.NewState(0, 1, 10, func(string) time.Duration { return 30 * 24 * time.Hour })
 		before := snapshot(st)
 		it := p.classify(&kgo.Record{Topic: "grants", Partition: 0, Offset: 7, Key: k, Value: v})
 		if it.kind != itemCommand || !it.cmd.Type.Signable() {
