@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/wire"
 )
 
 // Invariants every run checks; each gets a violation count in the result.
