@@ -186,6 +186,10 @@ type Grant struct {
 	HoldSeconds             int64       `wire:"hold_seconds,omitempty"`
 	ExecutionTimeoutSeconds int64       `wire:"execution_timeout_seconds,omitempty"`
 	IdempotencyKey          string      `wire:"idempotency_key,omitempty"`
+	// BasedOnVersion, when set, is the mandate version these terms replace
+	// (0: the grant creates the mandate): the grant is refused stale_grant
+	// if the terms changed since. A signed grant always carries one.
+	BasedOnVersion *int64 `wire:"based_on_version,omitempty"`
 }
 
 func (g Grant) fields() (map[string]any, error) {

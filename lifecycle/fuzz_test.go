@@ -617,6 +617,8 @@ func (w *fuzzWorld) checkAfter(cmd *wire.Command, before snapshot, ds []wire.Dec
 		if err := m.Check(); err != nil {
 			require.NoError(t, err)
 		}
+		// The terms are those of a version the mandate reached: its last grant's.
+		holds(t, m.TermsVersion >= 1 && m.TermsVersion <= m.Version, "%s: terms of version %d at version %d", key, m.TermsVersion, m.Version)
 		c := tallies[key]
 		if c == nil {
 			c = &tally{}

@@ -293,7 +293,7 @@ func TestGrant(t *testing.T) {
 		require.Equal(t, b.st.Partition, m.Partition)
 		require.Equal(t, t0, m.CreatedAt)
 		require.True(t, m.Dirty)
-		require.Equal(t, &wire.MandateView{Version: 1, Status: wire.MandateActive, UsesAllowed: 2, Currency: "EUR",
+		require.Equal(t, &wire.MandateView{Version: 1, TermsVersion: 1, Status: wire.MandateActive, UsesAllowed: 2, Currency: "EUR",
 			MaxAmount: 10_000, TotalLimit: ptr(int64(15_000)), ValidUntil: &until}, a.Mandate)
 	})
 

@@ -14,9 +14,13 @@ import (
 
 // Mandate is one grant of authority and its running counters.
 type Mandate struct {
-	Key              partitioner.MandateKey
-	Partition        int32
-	Version          int64
+	Key       partitioner.MandateKey
+	Partition int32
+	Version   int64
+	// TermsVersion is the version the mandate's last grant made (0 when
+	// that grant was decided before migration 0020). A grant bound to a
+	// version (every signed grant is) must be based on it or later.
+	TermsVersion     int64
 	Status           wire.MandateStatus
 	Operations       []string
 	Targets          []string // empty: any target
@@ -36,8 +40,10 @@ type Mandate struct {
 	ExecutionTimeout time.Duration
 	LastAuthID       string // the authorization that most recently took a use
 	// Executions counts the begins that won on this mandate: the last
-	// execution token handed out. Tokens are monotonic per mandate, so a
-	// store downstream can refuse a write carrying an older one.
+	// execution token handed out. Tokens are monotonic per mandate, but
+	// executions of a mandate of several uses overlap, so a store
+	// downstream fences per authorization (per mandate only where the
+	// mandate has one use): see the README, "The executor boundary".
 	Executions int64
 	CreatedAt  time.Time
 	UpdatedAt  time.Time
@@ -241,7 +247,7 @@ func mandateView(m *Mandate) *wire.MandateView {
 		return nil
 	}
 	v := &wire.MandateView{
-		Version: m.Version, Status: m.Status, UsesAllowed: m.UsesAllowed, UsesHeld: m.UsesHeld,
+		Version: m.Version, TermsVersion: m.TermsVersion, Status: m.Status, UsesAllowed: m.UsesAllowed, UsesHeld: m.UsesHeld,
 		UsesSpent: m.UsesSpent, UsesInDoubt: m.UsesInDoubt, Currency: m.Currency, MaxAmount: m.MaxAmount,
 		AmountHeld: m.AmountHeld, AmountSpent: m.AmountSpent, ReleaseCancel: m.ReleaseOnCancel,
 	}
