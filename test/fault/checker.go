@@ -331,7 +331,7 @@ func (s *System) check(ctx context.Context, t *testing.T, o Options, drained boo
 	}
 	r.StaleRejections = int(s.Cluster.Metric("mandated_fenced_commits_total")) + int(s.Cluster.Metric("mandated_outbox_fenced_total"))
 	r.FencedByMember = s.Cluster.MetricByMember("mandated_fenced_commits_total")
-	if logged := s.Cluster.LogCount("batch fenced") + s.Cluster.LogCount("relay fenced"); logged > r.StaleRejections {
+	if logged := s.Cluster.LogCount("batch fenced") + s.Cluster.LogCount("relay producer fenced"); logged > r.StaleRejections {
 		r.StaleRejections = logged
 	}
 	r.Retries = int(s.Cluster.Metric("mandated_batch_retries_total"))
