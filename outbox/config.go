@@ -23,6 +23,7 @@ const (
 	StatsIntervalDefault      = 5 * time.Second
 	MetadataMinAgeDefault     = 100 * time.Millisecond
 	DatabaseTimeoutDefault    = 2 * time.Second
+	TailCheckIntervalDefault  = time.Minute
 )
 
 // Config configures the relay.
@@ -103,6 +104,12 @@ type Config struct {
 	// answering costs the others one DatabaseTimeout, once. Defaults to
 	// DatabaseTimeoutDefault.
 	DatabaseTimeout time.Duration
+	// TailCheckInterval is how often the relay reads back the tail of every
+	// partition it publishes, to report records another producer wrote
+	// there since it resumed (it always reads the tail when it resumes a
+	// partition). Defaults to TailCheckIntervalDefault; negative turns the
+	// periodic check off.
+	TailCheckInterval time.Duration
 
 	// Test holds knobs for tests only.
 	Test TestConfig
@@ -145,6 +152,7 @@ func (c Config) WithDefaults() Config {
 	c.MinTxnInterval = cmp.Or(c.MinTxnInterval, MinTxnIntervalDefault)
 	c.MetadataMinAge = cmp.Or(c.MetadataMinAge, MetadataMinAgeDefault)
 	c.DatabaseTimeout = cmp.Or(c.DatabaseTimeout, DatabaseTimeoutDefault)
+	c.TailCheckInterval = cmp.Or(c.TailCheckInterval, TailCheckIntervalDefault)
 	return c
 }
 

@@ -17,6 +17,7 @@ type Metrics struct {
 	Fenced         prometheus.Counter
 	Deleted        prometheus.Counter
 	Gaps           prometheus.Counter
+	ForeignRecords *prometheus.CounterVec
 	// ShardErrors counts the relay's PostgreSQL calls (and probes) to a
 	// shard that failed or missed their deadline.
 	ShardErrors *prometheus.CounterVec
@@ -81,6 +82,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "mandated_outbox_sequence_gaps_total",
 			Help: "Times the relay found a missing outbox sequence that is not parked (it waits; this should never happen).",
 		}),
+		ForeignRecords: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mandated_relay_foreign_records_total",
+			Help: "Records on a decisions or dead-letter partition that are not on the partition's chain as PostgreSQL holds it (another producer wrote them), found by the relay's tail reads; each counted once per process, never believed.",
+		}, []string{"partition"}),
 		ShardErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mandated_outbox_shard_errors_total",
 			Help: "Relay calls to a shard's PostgreSQL (and probes of a skipped shard) that failed or missed the relay's database deadline, by shard.",
@@ -92,7 +97,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.Published, m.PublishSeconds, m.TxnSeconds, m.PublishErrors, m.Parked, m.RowByRow, m.ParkedRows,
-			m.Backlog, m.OldestAge, m.Resumes, m.Fenced, m.Deleted, m.Gaps, m.ShardErrors, m.ShardSkipped)
+			m.Backlog, m.OldestAge, m.Resumes, m.Fenced, m.Deleted, m.Gaps, m.ForeignRecords, m.ShardErrors, m.ShardSkipped)
 	}
 	return m
 }

@@ -7,9 +7,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/partitioner"
-	"github.com/mandated/mandated/processor/lifecycle"
-	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/wire"
 )
 
 // Needs says what a batch must load before it decides.
@@ -49,7 +49,7 @@ FROM mandated_partitions WHERE partition = $1::int FOR NO KEY UPDATE`
 const mandateColumns = `m.org, m.mandate_id, m.partition, m.version, m.status, m.operations, m.targets, m.currency,
 m.max_amount, coalesce(m.total_limit, 0), m.uses_allowed, m.uses_held, m.uses_spent, m.uses_in_doubt,
 m.amount_held, m.amount_spent, m.valid_from, m.valid_until, m.release_on_cancel, m.hold_window_ms,
-m.execution_timeout_ms, coalesce(m.last_authorization_id, ''), m.created_at, m.updated_at, m.executions`
+m.execution_timeout_ms, coalesce(m.last_authorization_id, ''), m.created_at, m.updated_at, m.executions, m.terms_version`
 
 const loadMandatesSQL = `SELECT ` + mandateColumns + `
 FROM unnest($1::text[], $2::text[]) AS k(org, mandate_id) JOIN mandates m USING (org, mandate_id)`
@@ -87,7 +87,7 @@ func scanMandate(row pgx.Row) (*lifecycle.Mandate, error) {
 	err := row.Scan(&m.Key.Org, &m.Key.MandateID, &m.Partition, &m.Version, &status, &m.Operations, &m.Targets,
 		&m.Currency, &m.MaxAmount, &m.TotalLimit, &m.UsesAllowed, &m.UsesHeld, &m.UsesSpent, &m.UsesInDoubt,
 		&m.AmountHeld, &m.AmountSpent, &validFrom, &validUntil, &m.ReleaseOnCancel, &holdMS, &execMS,
-		&m.LastAuthID, &m.CreatedAt, &m.UpdatedAt, &m.Executions)
+		&m.LastAuthID, &m.CreatedAt, &m.UpdatedAt, &m.Executions, &m.TermsVersion)
 	if err != nil {
 		return nil, err
 	}

@@ -7,8 +7,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/outbox"
-	"github.com/mandated/mandated/processor/lifecycle"
 )
 
 // Every write of a batch is one multi-row statement per table, sent in one
@@ -20,18 +20,18 @@ const listSep = "\x1f" // cannot occur in an id (see partitioner's grammar)
 const insertMandatesSQL = `INSERT INTO mandates (org, mandate_id, partition, version, status, operations, targets, currency,
   max_amount, total_limit, uses_allowed, uses_held, uses_spent, uses_in_doubt, amount_held, amount_spent,
   valid_from, valid_until, release_on_cancel, hold_window_ms, execution_timeout_ms, last_authorization_id, created_at, updated_at,
-  executions)
+  executions, terms_version)
 SELECT org, mandate_id, partition, version, status, string_to_array(operations, E'\x1f'), string_to_array(targets, E'\x1f'),
   currency, max_amount, NULLIF(total_limit, 0), uses_allowed, uses_held, uses_spent, uses_in_doubt, amount_held, amount_spent,
   valid_from, valid_until, release_on_cancel, hold_window_ms, execution_timeout_ms, NULLIF(last_authorization_id, ''), created_at, updated_at,
-  executions
+  executions, terms_version
 FROM unnest($1::text[], $2::text[], $3::int[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[],
   $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bigint[], $16::bigint[],
   $17::timestamptz[], $18::timestamptz[], $19::bool[], $20::bigint[], $21::bigint[], $22::text[], $23::timestamptz[], $24::timestamptz[],
-  $25::bigint[])
+  $25::bigint[], $26::bigint[])
   AS u(org, mandate_id, partition, version, status, operations, targets, currency, max_amount, total_limit, uses_allowed,
        uses_held, uses_spent, uses_in_doubt, amount_held, amount_spent, valid_from, valid_until, release_on_cancel,
-       hold_window_ms, execution_timeout_ms, last_authorization_id, created_at, updated_at, executions)`
+       hold_window_ms, execution_timeout_ms, last_authorization_id, created_at, updated_at, executions, terms_version)`
 
 const updateMandatesSQL = `UPDATE mandates m SET version = u.version, status = u.status,
   operations = string_to_array(u.operations, E'\x1f'), targets = string_to_array(u.targets, E'\x1f'), currency = u.currency,
@@ -39,14 +39,15 @@ const updateMandatesSQL = `UPDATE mandates m SET version = u.version, status = u
   uses_spent = u.uses_spent, uses_in_doubt = u.uses_in_doubt, amount_held = u.amount_held, amount_spent = u.amount_spent,
   valid_from = u.valid_from, valid_until = u.valid_until, release_on_cancel = u.release_on_cancel,
   hold_window_ms = u.hold_window_ms, execution_timeout_ms = u.execution_timeout_ms,
-  last_authorization_id = NULLIF(u.last_authorization_id, ''), updated_at = u.updated_at, executions = u.executions
+  last_authorization_id = NULLIF(u.last_authorization_id, ''), updated_at = u.updated_at, executions = u.executions,
+  terms_version = u.terms_version
 FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[],
   $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bigint[], $16::bigint[],
   $17::timestamptz[], $18::timestamptz[], $19::bool[], $20::bigint[], $21::bigint[], $22::text[], $23::timestamptz[],
-  $24::bigint[])
+  $24::bigint[], $25::bigint[])
   AS u(org, mandate_id, loaded_version, version, status, operations, targets, currency, max_amount, total_limit, uses_allowed,
        uses_held, uses_spent, uses_in_doubt, amount_held, amount_spent, valid_from, valid_until, release_on_cancel,
-       hold_window_ms, execution_timeout_ms, last_authorization_id, updated_at, executions)
+       hold_window_ms, execution_timeout_ms, last_authorization_id, updated_at, executions, terms_version)
 WHERE m.org = u.org AND m.mandate_id = u.mandate_id AND m.version = u.loaded_version`
 
 const insertAuthsSQL = `INSERT INTO authorizations (org, mandate_id, authorization_id, partition, state, version, operation, target,
@@ -122,6 +123,7 @@ func (w *writeSet) mandates(st *lifecycle.State) {
 		part                                              []int32
 		loaded, version, max, total, allowed, held, spent []int64
 		doubt, amtHeld, amtSpent, holdMS, execMS, execs   []int64
+		terms                                             []int64
 		from, until, created, updated                     []pgtype.Timestamptz
 		release                                           []bool
 	}
@@ -144,18 +146,18 @@ func (w *writeSet) mandates(st *lifecycle.State) {
 		c.from, c.until = append(c.from, tstz(m.ValidFrom)), append(c.until, tstz(m.ValidUntil))
 		c.release = append(c.release, m.ReleaseOnCancel)
 		c.holdMS, c.execMS = append(c.holdMS, m.HoldWindow.Milliseconds()), append(c.execMS, m.ExecutionTimeout.Milliseconds())
-		c.last, c.execs = append(c.last, m.LastAuthID), append(c.execs, m.Executions)
+		c.last, c.execs, c.terms = append(c.last, m.LastAuthID), append(c.execs, m.Executions), append(c.terms, m.TermsVersion)
 		c.created, c.updated = append(c.created, tstz(m.CreatedAt)), append(c.updated, tstz(m.UpdatedAt))
 	}
 	if n := len(ins.org); n > 0 {
 		w.queue(insertMandatesSQL, []any{ins.org, ins.id, ins.part, ins.version, ins.status, ins.ops, ins.targets, ins.cur,
 			ins.max, ins.total, ins.allowed, ins.held, ins.spent, ins.doubt, ins.amtHeld, ins.amtSpent, ins.from, ins.until,
-			ins.release, ins.holdMS, ins.execMS, ins.last, ins.created, ins.updated, ins.execs}, expectRows("insert mandates", n))
+			ins.release, ins.holdMS, ins.execMS, ins.last, ins.created, ins.updated, ins.execs, ins.terms}, expectRows("insert mandates", n))
 	}
 	if n := len(upd.org); n > 0 {
 		w.queue(updateMandatesSQL, []any{upd.org, upd.id, upd.loaded, upd.version, upd.status, upd.ops, upd.targets, upd.cur,
 			upd.max, upd.total, upd.allowed, upd.held, upd.spent, upd.doubt, upd.amtHeld, upd.amtSpent, upd.from, upd.until,
-			upd.release, upd.holdMS, upd.execMS, upd.last, upd.updated, upd.execs}, expectRows("update mandates", n))
+			upd.release, upd.holdMS, upd.execMS, upd.last, upd.updated, upd.execs, upd.terms}, expectRows("update mandates", n))
 	}
 }
 

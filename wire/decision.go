@@ -1,0 +1,183 @@
+package wire
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// Outcome is what a decision says happened.
+type Outcome string
+
+const (
+	OutcomeGranted     Outcome = "granted"  // a grant created or updated the mandate
+	OutcomeRevoked     Outcome = "revoked"  // the mandate (or a reservation of it) was revoked
+	OutcomeReserved    Outcome = "reserved" // a use is reserved for this authorization
+	OutcomeDenied      Outcome = "denied"   // the mandate does not allow this proposal
+	OutcomeReplayed    Outcome = "replayed" // the same intent again: the original answer, current state
+	OutcomeConflict    Outcome = "conflict" // the idempotency key was used for a different intent
+	OutcomeStale       Outcome = "stale_version"
+	OutcomeExecuting   Outcome = "executing"
+	OutcomeCommitted   Outcome = "committed"
+	OutcomeCancelled   Outcome = "cancelled"
+	OutcomeExpired     Outcome = "expired"
+	OutcomeInDoubt     Outcome = "in_doubt"
+	OutcomeRefused     Outcome = "refused"  // the command does not fit the authorization's current state
+	OutcomeRejected    Outcome = "rejected" // the record is not a valid command
+	CommandTimer               = "timer"    // Decision.Command of a deadline transition
+	CommandUndecodable         = "unknown"  // Decision.Command when the type could not be read
+)
+
+// AuthState is an authorization's lifecycle state.
+type AuthState string
+
+const (
+	StateReserved  AuthState = "reserved"
+	StateExecuting AuthState = "executing"
+	StateCommitted AuthState = "committed"
+	StateCancelled AuthState = "cancelled"
+	StateExpired   AuthState = "expired"
+	StateRevoked   AuthState = "revoked"
+	StateInDoubt   AuthState = "in_doubt"
+)
+
+// Terminal reports whether s can never change again.
+func (s AuthState) Terminal() bool {
+	switch s {
+	case StateCommitted, StateCancelled, StateExpired, StateRevoked:
+		return true
+	}
+	return false
+}
+
+// HoldsUse reports whether an authorization in state s holds one of its
+// mandate's uses (reserved, executing or in doubt).
+func (s AuthState) HoldsUse() bool {
+	return s == StateReserved || s == StateExecuting || s == StateInDoubt
+}
+
+// MandateStatus is a mandate's status.
+type MandateStatus string
+
+const (
+	MandateActive  MandateStatus = "active"
+	MandateRevoked MandateStatus = "revoked"
+)
+
+// Decision is one answer on the decisions topic, schema version 1.
+// PossibleReplay is a committed or executing authorization with the same
+// operation, amount and target, under another key, within the org's replay
+// window (reason possible_replay under policy deny).
+type Decision struct {
+	V               int                `json:"v"`
+	DecisionID      string             `json:"decision_id"` // "<partition>-<sequence>"
+	Sequence        int64              `json:"sequence"`    // outbox sequence, gapless per partition
+	Partition       int32              `json:"partition"`
+	Epoch           int64              `json:"epoch"` // the partition epoch that decided it
+	MandateKey      string             `json:"mandate_key"`
+	Org             string             `json:"org"`
+	MandateID       string             `json:"mandate_id"`
+	Command         string             `json:"command"`
+	IdempotencyKey  string             `json:"idempotency_key,omitempty"`
+	AuthorizationID string             `json:"authorization_id,omitempty"`
+	Outcome         Outcome            `json:"outcome"`
+	Reason          Reason             `json:"reason,omitempty"`
+	Detail          string             `json:"detail,omitempty"`
+	ReplayOf        string             `json:"replay_of,omitempty"`        // the decision that first answered this intent
+	OriginalOutcome Outcome            `json:"original_outcome,omitempty"` // on a replay: what that first answer was
+	ExecutionToken  int64              `json:"execution_token,omitempty"`  // the token of the authorization's execution, once begun
+	ForkOf          string             `json:"fork_of,omitempty"`          // on a fork: the authorization it supersedes
+	PossibleReplay  string             `json:"possible_replay_of,omitempty"`
+	Authorization   *AuthorizationView `json:"authorization,omitempty"`
+	HeldBy          *AuthorizationView `json:"held_by,omitempty"` // on a denial: the authorization holding the authority
+	Mandate         *MandateView       `json:"mandate,omitempty"`
+	HomePartition   *int32             `json:"home_partition,omitempty"` // on a misrouted rejection
+	Source          *Source            `json:"source,omitempty"`
+	DecidedAt       time.Time          `json:"decided_at"`
+	SentAt          *time.Time         `json:"sent_at,omitempty"`   // the command's sent_at, echoed for latency
+	SignedBy        string             `json:"signed_by,omitempty"` // the grantor key whose signature was verified
+	// PrevHash and Hash chain the partition's decisions (see chain.go):
+	// set by the sink when it writes the outbox row, always the last two
+	// members of the published JSON. Fields added to Decision go above.
+	PrevHash string `json:"prev_hash,omitempty"`
+	Hash     string `json:"hash,omitempty"`
+}
+
+// AuthorizationView is an authorization as a decision shows it.
+type AuthorizationView struct {
+	ID                string     `json:"id"`
+	State             AuthState  `json:"state"`
+	Version           int64      `json:"version"`
+	Operation         string     `json:"operation"`
+	Target            string     `json:"target"`
+	Amount            Money      `json:"amount"`
+	IdempotencyKey    string     `json:"idempotency_key"`
+	MandateVersion    int64      `json:"mandate_version"` // the mandate version it was reserved at
+	Deadline          time.Time  `json:"deadline"`
+	ExecutionDeadline *time.Time `json:"execution_deadline,omitempty"`
+	ExternalRef       string     `json:"external_ref,omitempty"`
+	Executor          string     `json:"executor,omitempty"`        // the begin that won
+	ExecutionToken    int64      `json:"execution_token,omitempty"` // its fencing token
+	// Result is the provider's answer the winning commit recorded (a JSON object).
+	Result    json.RawMessage `json:"result,omitempty"`
+	ForkOf    string          `json:"fork_of,omitempty"` // the authorization of the same intent it superseded
+	CreatedAt time.Time       `json:"created_at"`
+	UpdatedAt time.Time       `json:"updated_at"`
+}
+
+// MandateView is a mandate as a decision shows it.
+type MandateView struct {
+	Version int64 `json:"version"`
+	// TermsVersion is the version the mandate's last grant made (0 for a
+	// mandate last granted before migration 0020): a grant bound to a
+	// version older than it is refused stale_grant.
+	TermsVersion  int64         `json:"terms_version,omitempty"`
+	Status        MandateStatus `json:"status"`
+	UsesAllowed   int64         `json:"uses_allowed"`
+	UsesHeld      int64         `json:"uses_held"`
+	UsesSpent     int64         `json:"uses_spent"`
+	UsesInDoubt   int64         `json:"uses_in_doubt"`
+	Currency      string        `json:"currency"`
+	MaxAmount     int64         `json:"max_amount_minor_units"`
+	TotalLimit    *int64        `json:"total_limit_minor_units,omitempty"`
+	AmountHeld    int64         `json:"amount_held_minor_units"`
+	AmountSpent   int64         `json:"amount_spent_minor_units"`
+	ValidUntil    *time.Time    `json:"valid_until,omitempty"`
+	ReleaseCancel bool          `json:"release_on_cancel"`
+}
+
+// Source is the Kafka record a decision answers.
+type Source struct {
+	Topic     string `json:"topic"`
+	Partition int32  `json:"partition"`
+	Offset    int64  `json:"offset"`
+}
+
+// DecisionID formats a decision id.
+func DecisionID(partition int32, seq int64) string { return fmt.Sprintf("%d-%d", partition, seq) }
+
+// ParseDecision decodes a decision published by mandated.
+func ParseDecision(b []byte) (*Decision, error) {
+	var d Decision
+	if err := json.Unmarshal(b, &d); err != nil {
+		return nil, fmt.Errorf("parse decision: %w", err)
+	}
+	if d.V != SchemaVersion {
+		return nil, fmt.Errorf("parse decision: schema version %d is not %d", d.V, SchemaVersion)
+	}
+	return &d, nil
+}
+
+// Dead-letter record headers. The value is the original record value, capped
+// at DeadLetterMaxBytes; the key is the original key, capped likewise.
+const (
+	HeaderReason      = "mandated-reason"
+	HeaderDetail      = "mandated-detail"
+	HeaderSourceTopic = "mandated-source-topic"
+	HeaderSourcePart  = "mandated-source-partition"
+	HeaderSourceOff   = "mandated-source-offset"
+	HeaderTruncated   = "mandated-truncated"
+	HeaderSequence    = "mandated-sequence" // on every record mandated publishes
+	HeaderEpoch       = "mandated-epoch"
+	DeadLetterMaxByte = 16 << 10
+)
