@@ -321,9 +321,12 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 	g.SetLimit(8)
 	sharded := len(p.shards.All()) > 1
 	for n := range nums {
-		if cut, _ := p.health.watchCut(p.shards.For(n)); cut {
-			// This processor handed the shard off: the partition waits
-			// until the shard answers here again (adopted meanwhile).
+		s := p.shards.For(n)
+		cut, _ := p.health.watchCut(s)
+		down, _ := p.health.watch(s)
+		if sharded && (cut || down || s.SetUpLate()) {
+			// Its shard does not answer (or this processor handed it off:
+			// adopted meanwhile): the partition waits, the others start.
 			mu.Lock()
 			deferred = append(deferred, n)
 			mu.Unlock()
@@ -331,7 +334,17 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 		}
 		g.Go(func() error {
 			start := time.Now()
-			c, err := p.shards.For(n).Claim(gctx, n, p.cfg.Owner)
+			cctx := gctx
+			if sharded {
+				// A shard that stops answering now (a stopped server: its
+				// claim would wait ClaimTimeout) must not hold the others'
+				// partitions: past the bound the claim goes on in the
+				// background.
+				var cancel context.CancelFunc
+				cctx, cancel = context.WithTimeout(gctx, max(assignClaimWait, 2*s.Config().TakeoverGrace))
+				defer cancel()
+			}
+			c, err := s.Claim(cctx, n, p.cfg.Owner)
 			if err != nil && (sharded || isMoved(err)) && ctx.Err() == nil {
 				// Its shard does not answer, or it moved to another shard
 				// (moved.go): the others need not wait for it.
@@ -391,6 +404,12 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 	p.startDeferredClaims(deferred, out)
 	return out, nil
 }
+
+// assignClaimWait bounds, with several shards, how long an assignment
+// waits for one partition's claim (at least twice the takeover grace, so
+// that a takeover of a stuck predecessor fits) before claiming it in the
+// background.
+const assignClaimWait = 5 * time.Second
 
 // onRevoked stops the workers of revoked or lost partitions and waits for
 // them: a partition is never decided by two workers of one process.
