@@ -611,8 +611,16 @@ func (p *Processor) statsLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		p.refreshReplaySettings(ctx)
-		owned := p.decidingPartitions()
+		rctx, rcancel := context.WithTimeout(ctx, p.cfg.StatsInterval)
+		p.refreshReplaySettings(rctx)
+		rcancel()
+		// The gauges sum the shards that answer: a shard the probes find
+		// down is left out (as when its query fails) without a warning
+		// every interval.
+		owned := slices.DeleteFunc(p.decidingPartitions(), func(n int32) bool {
+			down, _ := p.health.watch(p.shards.For(n))
+			return down
+		})
 		if len(owned) == 0 {
 			p.metrics.InDoubt.Set(0)
 			p.metrics.InDoubtOldest.Set(0)

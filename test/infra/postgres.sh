@@ -168,32 +168,48 @@ stop() {
 	[ -n "$pid" ] || return 0
 	d=$(real_dir)
 	local p
-	for p in $(server_tree "$pid"); do kill -CONT "$p" 2>/dev/null || true; done
+	kill -CONT "$pid" 2>/dev/null || true
+	for p in $(PARENT=$pid children); do kill -CONT "$p" 2>/dev/null || true; done
 	if ! as_pg "$(bindir)/pg_ctl" -D "$d/data" -m "$1" -w -t 30 stop >/dev/null; then
 		log "pg_ctl stop -m $1 failed; sending SIGKILL to pid $pid"
 		kill9_pid "$pid"
 	fi
 }
 
-# server_tree PID: PID and every process it started (children of the postmaster).
-server_tree() {
-	local pid=$1 d ppid
-	echo "$pid"
-	for d in /proc/[0-9]*; do
-		ppid=$(awk '/^PPid:/ {print $2}' "$d/status" 2>/dev/null || true)
-		[ "$ppid" = "$pid" ] && echo "${d#/proc/}"
+# children PID: the processes PID started (parsed from /proc/*/stat with builtins only:
+# a pause must be quick, or backends forked meanwhile would escape it).
+children() {
+	local f line rest
+	for f in /proc/[0-9]*/stat; do
+		read -r line 2>/dev/null <"$f" || continue
+		rest=${line##*) }
+		# shellcheck disable=SC2086 # the fields after the command name: state, ppid, ...
+		set -- $rest
+		[ "${2:-}" = "$PARENT" ] || continue
+		f=${f#/proc/}
+		echo "${f%/stat}"
 	done
 	return 0
 }
 
-# signal_tree SIG: the postmaster first (so it starts no new backend), then its children.
+# signal_tree SIG: the postmaster first (so it starts no new backend), then its
+# children; with STOP, again until every child is stopped (one being forked as
+# the postmaster stopped shows up on the next pass).
 signal_tree() {
-	local pid p
+	local pid p pass left
 	pid=$(server_pid)
 	[ -n "$pid" ] || die "not running"
-	for p in $(server_tree "$pid"); do
-		kill -"$1" "$p" 2>/dev/null || true
+	kill -"$1" "$pid" 2>/dev/null || true
+	for pass in 1 2 3 4 5; do
+		left=0
+		for p in $(PARENT=$pid children); do
+			if [ "$1" = STOP ] && [ "$(proc_state "$p")" = T ]; then continue; fi
+			kill -"$1" "$p" 2>/dev/null || true
+			left=1
+		done
+		[ "$1" = STOP ] && [ "$left" = 1 ] || break
 	done
+	return 0
 }
 
 status_word() {
