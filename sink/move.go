@@ -149,8 +149,11 @@ type MoveResult struct {
 // after it). It refuses, and changes nothing, when the source does not own
 // the partition, the partition is already moving, or the target is not
 // migrated, counts another number of partitions, is another shard, already
-// holds rows of the partition or idempotency keys of it for another
-// partition, or does not answer. A copy that fails is undone when the
+// holds rows of the partition, or does not answer. Idempotency keys and
+// intents are scoped by their mandate (migration 0016), whose rows are all
+// in the partition: the target can hold no key or intent of the partition's
+// mandates, so no binding ever collides and a consolidation is never
+// refused for one. A copy that fails is undone when the
 // target did not commit it (undoFence).
 func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 	start := time.Now()
@@ -216,9 +219,6 @@ func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 	}
 	if !copied {
 		if err := checkTargetFree(ctx, dst, p, o.TargetName); err != nil {
-			return res, err
-		}
-		if err := checkKeyCollisions(ctx, src, dst, p, o.TargetName); err != nil {
 			return res, err
 		}
 	}
@@ -323,9 +323,6 @@ func copyPartition(ctx context.Context, src, dst *pgx.Conn, srcMeta, dstMeta *me
 		var total int64
 		for _, table := range movedTables {
 			n, err := copyTable(ctx, snap.Conn().PgConn(), tx.Conn().PgConn(), table, p)
-			if table == "idempotency_keys" && RetryCause(err) == "unique" {
-				return fmt.Errorf("copy %s: %w (%s)", table, err, keyCollisionHint)
-			}
 			if err != nil {
 				return fmt.Errorf("copy %s: %w", table, err)
 			}
@@ -634,51 +631,6 @@ func checkMigrated(ctx context.Context, src, dst *pgx.Conn, target string) error
 	}
 	if dv != sv {
 		return fmt.Errorf("sink: move: target shard %s is not migrated (schema version %d, the source's is %d): run mandatectl migrate on it first", target, dv, sv)
-	}
-	return nil
-}
-
-const keyCollisionHint = "an idempotency key is unique per org and operation in one database, " +
-	"and two shards accepted the same key for mandates of different partitions; retire one of them first"
-
-// checkKeyCollisions refuses a move when the target holds, for another
-// partition, an idempotency key (org, operation, key) the partition also
-// holds: one database cannot hold both, and neither decision may change.
-func checkKeyCollisions(ctx context.Context, src, dst *pgx.Conn, p int32, target string) error {
-	rows, err := src.Query(ctx, `SELECT org, operation, idempotency_key FROM idempotency_keys WHERE partition = $1`, p)
-	if err != nil {
-		return fmt.Errorf("sink: move: read the partition's idempotency keys: %w", interpretError(err))
-	}
-	var orgs, ops, keys []string
-	for rows.Next() {
-		var org, op, key string
-		if err := rows.Scan(&org, &op, &key); err != nil {
-			rows.Close()
-			return fmt.Errorf("sink: move: read the partition's idempotency keys: %w", interpretError(err))
-		}
-		orgs, ops, keys = append(orgs, org), append(ops, op), append(keys, key)
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("sink: move: read the partition's idempotency keys: %w", interpretError(err))
-	}
-	const chunk = 5000
-	for i := 0; i < len(keys); i += chunk {
-		j := min(i+chunk, len(keys))
-		rows, err := dst.Query(ctx, `SELECT k.org || '/' || k.operation || '/' || k.idempotency_key || ' (partition ' || k.partition || ')'
-			FROM unnest($1::text[], $2::text[], $3::text[]) AS u(org, operation, key)
-			JOIN idempotency_keys k ON k.org = u.org AND k.operation = u.operation AND k.idempotency_key = u.key
-			LIMIT 5`, orgs[i:j], ops[i:j], keys[i:j])
-		var found []string
-		if err == nil {
-			found, err = pgx.CollectRows(rows, pgx.RowTo[string])
-		}
-		if err != nil {
-			return fmt.Errorf("sink: move: target shard %s: compare idempotency keys: %w", target, interpretError(err))
-		}
-		if len(found) > 0 {
-			return fmt.Errorf("sink: move: target shard %s already holds idempotency keys of partition %d for other partitions: %s; %s",
-				target, p, strings.Join(found, ", "), keyCollisionHint)
-		}
 	}
 	return nil
 }
