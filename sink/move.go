@@ -11,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/mandated/mandated/processor/failpoint"
 )
 
 // Moving a partition to another shard (README, "Scaling out PostgreSQL";
@@ -260,6 +262,9 @@ func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 	if err != nil {
 		return res, err
 	}
+	if err := failpoint.Inject(ctx, failpoint.MoveAfterFence); err != nil {
+		return res, err
+	}
 
 	// 2. Copy from one snapshot, into the target in one transaction.
 	var total int64
@@ -271,6 +276,9 @@ func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 	} else if err := copyPartition(ctx, src, dst, srcMeta, dstMeta, o, epoch, &res); err != nil {
 		return res, undoFence(ctx, o, srcMeta.name, err)
 	}
+	if err := failpoint.Inject(ctx, failpoint.MoveAfterCopy); err != nil {
+		return res, err
+	}
 
 	// 3. The source's copy is read-only from now on, until dropped.
 	for _, n := range res.Rows {
@@ -280,6 +288,9 @@ func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 		p, MovedOut, total); err != nil {
 		return res, fmt.Errorf("sink: move: partition %d is on shard %s now, but recording it moved out on shard %s failed (run the move again with --resume): %w",
 			p, o.TargetName, srcMeta.name, interpretError(err))
+	}
+	if err := failpoint.Inject(ctx, failpoint.MoveAfterRecord); err != nil {
+		return res, err
 	}
 	res.Took = time.Since(start)
 	return res, nil

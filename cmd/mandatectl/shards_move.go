@@ -118,6 +118,7 @@ everywhere: run the same command with --resume.`,
 	if err != nil {
 		return f.usageErr("--shard-map: %v", err)
 	}
+	call(a.hooks.mapRead)
 	si := m.For(p)
 	if si < 0 {
 		return f.usageErr("the shard map gives partition %d to no shard", p)
@@ -169,6 +170,7 @@ everywhere: run the same command with --resume.`,
 		a.errorf("shards move: %v", err)
 		return exitFailed
 	}
+	call(a.hooks.beforeMapWrite)
 	if err := sink.WriteFileAtomic(*mapPath, edited); err != nil {
 		a.errorf("shards move: partition %d is on shard %s now, but writing the shard map failed: %v; write this map to %s:\n%s",
 			p, targetName, err, *mapPath, edited)
