@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
@@ -280,29 +281,62 @@ func TestAMoveIsRefusedWithNothingChanged(t *testing.T) {
 	_, err = poolB.Exec(ctx, `DELETE FROM mandated_partitions WHERE partition = 1; DELETE FROM chain_anchors WHERE partition = 1; DELETE FROM mandated_moves`)
 	require.NoError(t, err)
 
-	// Already moving: a move fenced the partition and died before copying.
+	// A move of partition 1 running: its mover holds the lock on the
+	// source, and a second move of it is refused while that session lives.
 	poolA := openPool(t, urlA)
+	mover, err := pgx.Connect(ctx, urlA)
+	require.NoError(t, err)
+	_, err = mover.Exec(ctx, `SELECT pg_advisory_lock($1::int, 1)`, 0x6d6f7665)
+	require.NoError(t, err)
+	_, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b"})
+	require.ErrorContains(t, err, "another move of partition 1 is running (PostgreSQL session")
+	require.NoError(t, mover.Close(ctx)) // the mover's process died: its session ends
+
+	// A move that fenced the partition and died before copying: the same
+	// move again completes it; one to another shard is refused.
 	_, err = poolA.Exec(ctx, `UPDATE mandated_partitions SET epoch = epoch + 1 WHERE partition = 1`)
 	require.NoError(t, err)
 	_, err = poolA.Exec(ctx, `INSERT INTO mandated_moves (partition, state, peer, epoch) VALUES (1, 'moving_out', 'b', $1)`, e0+1)
 	require.NoError(t, err)
-	_, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b"})
-	require.ErrorContains(t, err, "partition 1 is already moving to shard b")
-	_, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b", Resume: true})
-	require.NoError(t, err, "--resume completes it")
-	_, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b"})
+	_, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: counted, TargetName: "c"})
+	require.ErrorContains(t, err, "partition 1 is moving to shard b")
+	res, err := sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b"})
+	require.NoError(t, err, "the same move again completes it")
+	require.Equal(t, sink.ResumedCopy, res.Resumed)
+	require.Positive(t, res.Total)
+	copied := res.Total
+	_, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: counted, TargetName: "c"})
 	require.ErrorContains(t, err, "partition 1 is not on shard a: it moved to shard b (moved_out)")
 
+	// A move whose databases both recorded it (it died before writing the
+	// map): the same move again has nothing left to do in them.
+	res, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b"})
+	require.NoError(t, err)
+	require.Equal(t, sink.ResumedDone, res.Resumed)
+	require.Empty(t, res.Rows, "nothing copied twice")
+	require.Equal(t, copied, res.Total)
+
 	// A move that died after its copy committed, before the source
-	// recorded the partition moved out: --resume only records it.
+	// recorded the partition moved out: the same move again only records it.
 	_, err = poolA.Exec(ctx, `UPDATE mandated_moves SET state = 'moving_out' WHERE partition = 1`)
 	require.NoError(t, err)
-	res, err := sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b", Resume: true})
-	require.NoError(t, err, "--resume after the copy committed")
+	res, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b", Resume: true})
+	require.NoError(t, err, "after the copy committed")
+	require.Equal(t, sink.ResumedRecord, res.Resumed)
 	require.Empty(t, res.Rows, "nothing copied twice")
+	require.Equal(t, copied, res.Total)
 	var state string
 	require.NoError(t, poolA.QueryRow(ctx, `SELECT state FROM mandated_moves WHERE partition = 1`).Scan(&state))
 	require.Equal(t, sink.MovedOut, state)
+
+	// The source records the move, the target does not (its record was
+	// lost, or the partition moved on): refused, naming both.
+	_, err = poolB.Exec(ctx, `UPDATE mandated_moves SET epoch = epoch + 100 WHERE partition = 1`)
+	require.NoError(t, err)
+	_, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b"})
+	require.ErrorContains(t, err, "shard a records partition 1 moved to shard b")
+	_, err = poolB.Exec(ctx, `UPDATE mandated_moves SET epoch = epoch - 100 WHERE partition = 1`)
+	require.NoError(t, err)
 	var bound []string
 	require.NoError(t, poolB.QueryRow(ctx, `SELECT array_agg(mandate_id || '@' || partition ORDER BY mandate_id) FROM idempotency_keys
 		WHERE org = 'acme' AND operation = 'refund' AND idempotency_key = 'k1'`).Scan(&bound))

@@ -28,6 +28,7 @@ import (
 	"syscall"
 
 	"github.com/mandated/mandated/processor/failpoint"
+	"github.com/mandated/mandated/sink"
 )
 
 // Exit codes.
@@ -105,8 +106,10 @@ func call(f func()) {
 	}
 }
 
+// errorf prints an error. A password in it (a connection URL or string an
+// error quotes, a shard map's url:) is replaced by "***".
 func (a *app) errorf(format string, args ...any) {
-	fmt.Fprintf(a.stderr, "mandatectl: "+format+"\n", args...)
+	fmt.Fprint(a.stderr, "mandatectl: "+sink.RedactSecrets(fmt.Sprintf(format, args...))+"\n")
 }
 
 type command struct {

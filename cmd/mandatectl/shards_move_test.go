@@ -273,9 +273,10 @@ func TestAShardsMoveKilledAtAnyPointIsCompletedByRunningItAgain(t *testing.T) {
 }
 
 // TestTwoConcurrentShardsMovesBothLandInTheMap runs two moves of one map
-// file at once (partition 1 a -> b, partition 2 b -> a), the first holding
-// its map write until the second has read the map or waits for it: both
-// moves end in the map file.
+// file at once (partition 1 a -> b, partition 2 b -> a): the second starts
+// once the first has read the map, and the first holds its map write until
+// the second has read the map too or waits for it. Both moves end in the
+// map file; the second says it waited for the map's lock.
 func TestTwoConcurrentShardsMovesBothLandInTheMap(t *testing.T) {
 	t.Parallel()
 	f := newMoveFixture(t, testenv.Database(t), testenv.Database(t))
@@ -287,7 +288,8 @@ func TestTwoConcurrentShardsMovesBothLandInTheMap(t *testing.T) {
 		out bytes.Buffer
 	}
 	first, second := &run{}, &run{}
-	first.a = &app{ctx: context.Background(), stdout: &first.out, stderr: &first.out, hooks: hooks{beforeMapWrite: func() {
+	firstRead := make(chan struct{})
+	first.a = &app{ctx: context.Background(), stdout: &first.out, stderr: &first.out, hooks: hooks{mapRead: func() { close(firstRead) }, beforeMapWrite: func() {
 		select {
 		case <-secondReady:
 		case <-time.After(2 * time.Minute): // the second never came: go on, and let the checks below say why
@@ -300,6 +302,9 @@ func TestTwoConcurrentShardsMovesBothLandInTheMap(t *testing.T) {
 		r    *run
 		args []string
 	}{{first, []string{"move", "1", "--to", "b", "--shard-map", f.path}}, {second, []string{"move", "2", "--to", "a", "--shard-map", f.path}}} {
+		if i == 1 {
+			<-firstRead
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -310,6 +315,7 @@ func TestTwoConcurrentShardsMovesBothLandInTheMap(t *testing.T) {
 	require.Equal(t, []int{exitOK, exitOK}, codes, "first:\n%s\nsecond:\n%s", first.out.String(), second.out.String())
 	require.Equal(t, "b", f.shardOf(t, 1), "the first move is in the map")
 	require.Equal(t, "a", f.shardOf(t, 2), "the second move is in the map")
+	require.Contains(t, second.out.String(), "waiting for the shard map's lock")
 	f.requireMoved(t, 1, f.poolA, f.poolB, "a", "b")
 	f.requireMoved(t, 2, f.poolB, f.poolA, "b", "a")
 }
@@ -348,7 +354,8 @@ func TestShardsMoveNeverPrintsTheSecretsOfAMap(t *testing.T) {
 
 	r, _ := ctlProcess(t, []string{"MANDATED_FAILPOINTS=" + failpoint.MapBeforeRename + "=error"}, "shards", "move", "1", "--to", "b", "--shard-map", f.path)
 	require.Equal(t, exitFailed, r.code, "%s", r)
-	require.Contains(t, r.stderr, "writing the shard map failed")
+	require.Contains(t, r.stderr, "partition 1 is on shard b now")
+	require.Contains(t, r.stderr, "run the same command again")
 	noSecret(r)
 	require.Equal(t, "a", f.shardOf(t, 1))
 	r = ctl(t, "shards", "move", "1", "--to", "b", "--shard-map", f.path)
