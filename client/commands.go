@@ -65,7 +65,9 @@ func putTime(m map[string]any, name string, t time.Time) {
 type Propose struct {
 	Ref
 	// IdempotencyKey names the business intent, the same on every retry:
-	// IntentKey(run, step, action), never a call-time UUID. Required.
+	// IntentKey(run, step, action), never a call-time UUID. Required. Its
+	// scope is the mandate (and the operation): the same key on another
+	// mandate is another intent, decided on its own.
 	IdempotencyKey string
 	Operation      string
 	Amount         wire.Money
