@@ -85,23 +85,21 @@ func (l *MapLock) Unlock() error {
 	return err
 }
 
-// removeStaleTemps removes ".<map>.*" files beside the map: the temporary
-// files of WriteFileAtomic and CheckWritable, left only by an editor that
-// died holding the lock (a copy of the map, secrets included).
+// removeStaleTemps removes the ".<map>.<digits>" files beside the map: the
+// temporary files of WriteFileAtomic and CheckWritable (os.CreateTemp puts
+// digits for its "*"), left only by an editor that died holding the lock
+// (a copy of the map, secrets included).
 func (l *MapLock) removeStaleTemps() {
-	matches, _ := filepath.Glob(filepath.Join(filepath.Dir(l.path), "."+globEscape(filepath.Base(l.path))+".*"))
-	for _, m := range matches {
-		_ = os.Remove(m)
+	dir, prefix := filepath.Dir(l.path), "."+filepath.Base(l.path)+"."
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
 	}
-}
-
-func globEscape(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		if strings.ContainsRune(`*?[\`, r) {
-			b.WriteByte('\\')
+	for _, e := range entries {
+		suffix, ok := strings.CutPrefix(e.Name(), prefix)
+		if !ok || suffix == "" || e.IsDir() || strings.Trim(suffix, "0123456789") != "" {
+			continue
 		}
-		b.WriteRune(r)
+		_ = os.Remove(filepath.Join(dir, e.Name()))
 	}
-	return b.String()
 }

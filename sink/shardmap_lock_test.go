@@ -23,10 +23,13 @@ func TestTheShardMapLockExcludesASecondEditorUntilReleased(t *testing.T) {
 	require.NoError(t, os.WriteFile(path, []byte("shards: []\n"), 0o644))
 	stale := filepath.Join(dir, ".shards.yaml.12345")
 	require.NoError(t, os.WriteFile(stale, []byte("url: postgres://u:secret@h/db\n"), 0o600))
+	other := filepath.Join(dir, ".shards.yaml.bak.1") // another file's, not ours
+	require.NoError(t, os.WriteFile(other, nil, 0o600))
 
 	first, err := sink.LockShardMap(context.Background(), path, nil)
 	require.NoError(t, err)
 	require.NoFileExists(t, stale, "a dead editor's temporary map is removed")
+	require.FileExists(t, other)
 	require.FileExists(t, sink.LockPath(path))
 
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
