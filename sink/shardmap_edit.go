@@ -12,7 +12,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/mandated/mandated/processor/failpoint"
+	"github.com/mandated/mandated/internal/failpoint"
 )
 
 // MoveInMapFile returns the shard map file's content b with partition p

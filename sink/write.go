@@ -7,8 +7,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/outbox"
-	"github.com/mandated/mandated/processor/lifecycle"
 )
 
 // Every write of a batch is one multi-row statement per table, sent in one

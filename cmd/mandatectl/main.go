@@ -27,7 +27,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/mandated/mandated/processor/failpoint"
+	"github.com/mandated/mandated/internal/failpoint"
 	"github.com/mandated/mandated/sink"
 )
 

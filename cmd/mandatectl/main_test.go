@@ -23,9 +23,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/mandated/mandated/partitioner"
-	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/test/harness"
 	"github.com/mandated/mandated/test/testenv"
+	"github.com/mandated/mandated/wire"
 )
 
 // asMandatectl makes the test binary run as mandatectl (main), so a test

@@ -20,7 +20,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
-	"github.com/mandated/mandated/processor/failpoint"
+	"github.com/mandated/mandated/internal/failpoint"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/test/testenv"
 )
