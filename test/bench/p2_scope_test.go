@@ -8,10 +8,10 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// P2 replays sink's batch SQL verbatim: its parameters must follow every
-// change of those statements (a parameter added to one fails here, not in
-// the middle of a bench run).
-func TestP2ReplaysTodaysBatchStatementsWithTheirParameters(t *testing.T) {
+// P2 replays sink's batch SQL verbatim: the key load binds its scope, the
+// mandate (migration 0016), as sink's does; a parameter P2 does not bind
+// fails here, not in the middle of a bench run.
+func TestP2LoadsIdempotencyKeysByTheirMandateAsSinkDoes(t *testing.T) {
 	stmts, err := sinkStatements("../..")
 	require.NoError(t, err)
 	path := filepath.Join(t.TempDir(), "p2.sql")
