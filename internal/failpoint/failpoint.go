@@ -39,6 +39,13 @@ const (
 	BeforeClaim                 = "before_claim"                    // processor: a partition assigned, epoch not yet bumped
 	RelayAfterProduceBeforeMark = "relay_after_produce_before_mark" // relay: Kafka transaction committed, PostgreSQL not marked
 	RelayBeforeProduce          = "relay_before_produce"            // relay: rows read, nothing produced
+
+	// mandatectl shards move (sink.MovePartition and the map file write):
+	// each is a point where an operator's tool can die.
+	MoveAfterFence  = "shards_move_after_fence"  // the source fenced the partition (moving_out); nothing copied
+	MoveAfterCopy   = "shards_move_after_copy"   // the target committed the copy (moved_in); the source still says moving_out
+	MoveAfterRecord = "shards_move_after_record" // the source recorded the partition moved_out; the map not written
+	MapBeforeRename = "shard_map_before_rename"  // the new map is in a temporary file beside the map, not renamed over it
 )
 
 // EnvVar is read once at start by cmd/mandated.
