@@ -94,7 +94,9 @@ func isEmpty(v reflect.Value) bool {
 type Propose struct {
 	Ref
 	// IdempotencyKey names the business intent, the same on every retry:
-	// IntentKey(run, step, action), never a call-time UUID. Required.
+	// IntentKey(run, step, action), never a call-time UUID. Required. Its
+	// scope is the mandate (and the operation): the same key on another
+	// mandate is another intent, decided on its own.
 	IdempotencyKey string     `wire:"idempotency_key"`
 	Operation      string     `wire:"operation"`
 	Amount         wire.Money `wire:"amount"`

@@ -224,10 +224,10 @@ func (d *decider) idempotency(scope IdemScope, fp []byte) bool {
 			fmt.Sprintf("idempotency key %q was first used for a different intent (decision %s); nothing was changed", scope.Key, rec.DecisionID))
 		dec.ReplayOf = rec.DecisionID
 		dec.OriginalOutcome = rec.Outcome
-		if rec.Mandate == d.cmd.Key {
-			withAuth(dec, d.st.Auths[AuthKey{rec.Mandate, rec.AuthorizationID}])
-			dec.IdempotencyKey = scope.Key
-		}
+		// The scope is the mandate: the key's authorization is this
+		// mandate's, and the caller may see it.
+		withAuth(dec, d.st.Auths[AuthKey{rec.Mandate, rec.AuthorizationID}])
+		dec.IdempotencyKey = scope.Key
 		return true
 	}
 	var a *Authorization
@@ -415,6 +415,8 @@ func (d *decider) intent(scope IntentScope) (bool, *Authorization) {
 	}
 	forkOf := d.cmd.Propose.ForkOf
 	head := d.st.Auths[rec.Head]
+	// The scope is the mandate, so the head is this mandate's, except for
+	// an intent forked onto another mandate before migration 0016.
 	local := rec.Head.Mandate == d.cmd.Key
 	if head != nil && local {
 		d.applyDeadline(head)

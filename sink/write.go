@@ -227,9 +227,10 @@ func (w *writeSet) idem(st *lifecycle.State) {
 		created, expires = append(created, tstz(r.CreatedAt)), append(expires, tstz(r.ExpiresAt))
 	}
 	if n := len(org); n > 0 {
-		// ON CONFLICT DO NOTHING + a count: a key that another partition
-		// bound since we loaded (the same key used for two mandates at
-		// once) makes the batch decide again, now seeing that binding.
+		// ON CONFLICT DO NOTHING + a count: a key's scope is its mandate,
+		// which only this partition's writer binds, under the fence; a
+		// binding that appeared since the load anyway (a writer that
+		// ignored the fence) makes the batch decide again, seeing it.
 		w.queue(insertIdemSQL, []any{org, op, key, fp, mid, part, aid, dec, outcome, reason, created, expires},
 			expectRows("insert idempotency keys", n))
 	}
@@ -271,17 +272,17 @@ ON CONFLICT DO NOTHING`
 const updateIntentsSQL = `UPDATE intents i SET head_mandate_id = u.head_mandate_id, head_authorization_id = u.head_authorization_id,
   updated_at = u.updated_at, expires_at = u.expires_at
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[],
-  $10::timestamptz[], $11::timestamptz[])
+  $10::timestamptz[], $11::timestamptz[], $12::text[])
   AS u(org, operation, run_id, step, action, loaded_mandate_id, loaded_authorization_id, head_mandate_id, head_authorization_id,
-       updated_at, expires_at)
-WHERE i.org = u.org AND i.operation = u.operation AND i.run_id = u.run_id AND i.step = u.step AND i.action = u.action
-  AND i.head_mandate_id = u.loaded_mandate_id AND i.head_authorization_id = u.loaded_authorization_id`
+       updated_at, expires_at, mandate_id)
+WHERE i.org = u.org AND i.mandate_id = u.mandate_id AND i.operation = u.operation AND i.run_id = u.run_id AND i.step = u.step
+  AND i.action = u.action AND i.head_mandate_id = u.loaded_mandate_id AND i.head_authorization_id = u.loaded_authorization_id`
 
 func (w *writeSet) intents(st *lifecycle.State) {
 	var iOrg, iOp, iRun, iStep, iAct, iMid, iAid, iDec, iHmid, iHaid []string
 	var iPart []int32
 	var iCreated, iUpdated, iExpires []pgtype.Timestamptz
-	var uOrg, uOp, uRun, uStep, uAct, uLmid, uLaid, uHmid, uHaid []string
+	var uOrg, uMid, uOp, uRun, uStep, uAct, uLmid, uLaid, uHmid, uHaid []string
 	var uUpdated, uExpires []pgtype.Timestamptz
 	for _, r := range st.Intents {
 		switch {
@@ -293,6 +294,7 @@ func (w *writeSet) intents(st *lifecycle.State) {
 			iCreated, iUpdated, iExpires = append(iCreated, tstz(r.CreatedAt)), append(iUpdated, tstz(r.UpdatedAt)), append(iExpires, tstz(r.ExpiresAt))
 		case r.Dirty:
 			uOrg, uOp, uRun = append(uOrg, r.Scope.Org), append(uOp, r.Scope.Operation), append(uRun, r.Scope.RunID)
+			uMid = append(uMid, r.Scope.MandateID)
 			uStep, uAct = append(uStep, r.Scope.Step), append(uAct, r.Scope.Action)
 			uLmid, uLaid = append(uLmid, r.LoadedHead.Mandate.MandateID), append(uLaid, r.LoadedHead.ID)
 			uHmid, uHaid = append(uHmid, r.Head.Mandate.MandateID), append(uHaid, r.Head.ID)
@@ -300,14 +302,13 @@ func (w *writeSet) intents(st *lifecycle.State) {
 		}
 	}
 	if n := len(iOrg); n > 0 {
-		// Like keys: an intent another partition bound since we loaded
-		// (one intent proposed on two mandates at once) makes the batch
-		// decide again, now seeing that binding.
+		// Like keys: an intent is scoped by its mandate; a binding that
+		// appeared since the load makes the batch decide again.
 		w.queue(insertIntentsSQL, []any{iOrg, iOp, iRun, iStep, iAct, iMid, iAid, iDec, iHmid, iHaid, iPart,
 			iCreated, iUpdated, iExpires}, expectRows("insert intents", n))
 	}
 	if n := len(uOrg); n > 0 {
-		w.queue(updateIntentsSQL, []any{uOrg, uOp, uRun, uStep, uAct, uLmid, uLaid, uHmid, uHaid, uUpdated, uExpires},
+		w.queue(updateIntentsSQL, []any{uOrg, uOp, uRun, uStep, uAct, uLmid, uLaid, uHmid, uHaid, uUpdated, uExpires, uMid},
 			expectRows("update intents", n))
 	}
 }

@@ -117,8 +117,9 @@ type Propose struct {
 }
 
 // Intent identifies one action of one workflow run: the same intent
-// proposed again (an agent restored from a checkpoint, under a regenerated
-// idempotency key) is a replay, not a new use. Each part is an id.
+// proposed again on the same mandate (an agent restored from a checkpoint,
+// under a regenerated idempotency key) is a replay, not a new use; on
+// another mandate it is another action. Each part is an id.
 type Intent struct {
 	RunID  string `json:"run_id"`
 	Step   string `json:"step"`

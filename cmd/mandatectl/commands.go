@@ -152,10 +152,13 @@ var specPropose = commandSpec{
 	description: `Ask for one use of a mandate. The decision is reserved (with the new
 authorization's id, needed by begin, commit and cancel) or says why not.
 --key is the idempotency key of the business intent: sending the same intent
-again is answered with the original authorization (replayed).
+again on this mandate is answered with the original authorization
+(replayed). A key is scoped by the mandate and the operation: on another
+mandate it is another intent.
 --run-id, --step and --action name the intent by the workflow's facts: the
-same intent is answered replayed (intent_replayed) whatever the key, and a
-new use for it takes --fork-of naming its terminal latest authorization.
+same intent on this mandate is answered replayed (intent_replayed) whatever
+the key, and a new use for it takes --fork-of naming its terminal latest
+authorization.
 The amount is in integer minor units (15000 EUR is 150.00 EUR).`,
 	examples: []string{
 		"mandatectl propose --org acme --mandate case-1842 --key refund-1 --operation refund \\\n    --amount 15000 --currency EUR --target customer-991",

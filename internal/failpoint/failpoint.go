@@ -41,6 +41,13 @@ const (
 	RelayBeforeProduce          = "relay_before_produce"            // relay: rows read, nothing produced
 	RelayInTransaction          = "relay_in_transaction"            // relay: every record of the Kafka transaction produced, not committed
 	RelayInMark                 = "relay_in_mark"                   // relay: published sequences written in PostgreSQL, not committed
+
+	// mandatectl shards move (sink.MovePartition and the map file write):
+	// each is a point where an operator's tool can die.
+	MoveAfterFence  = "shards_move_after_fence"  // the source fenced the partition (moving_out); nothing copied
+	MoveAfterCopy   = "shards_move_after_copy"   // the target committed the copy (moved_in); the source still says moving_out
+	MoveAfterRecord = "shards_move_after_record" // the source recorded the partition moved_out; the map not written
+	MapBeforeRename = "shard_map_before_rename"  // the new map is in a temporary file beside the map, not renamed over it
 )
 
 // EnvVar is read once at start by cmd/mandated.

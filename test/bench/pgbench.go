@@ -229,7 +229,7 @@ func buildP2Script(stmts map[string]string, prm p2Params, path string) error {
 		args := map[string][]string{
 			"lockPartitionSQL": {ps},
 			"loadMandatesSQL":  {txt(repeat("bench", D)), txt(mids(distinct))},
-			"loadIdemSQL":      {txt(repeat("bench", B)), txt(repeat(benchOperation, B)), txt(keys)},
+			"loadIdemSQL":      {txt(repeat("bench", B)), txt(mids(picks)), txt(repeat(benchOperation, B)), txt(keys)},
 			"loadAuthsSQL": {txt(repeat("bench", D)), txt(mids(distinct)), txt(repeat("au-seed", D)),
 				"'{}'::text[]", "'{}'::text[]", "'{}'::text[]", "'{}'::text[]"},
 			"updateMandatesSQL": {txt(repeat("bench", D)), txt(mids(distinct)), arrayLit(repeat("1", D), "bigint[]"),

@@ -157,7 +157,11 @@ func TestS03TheSameKeyWithAnotherPayloadIsAConflictAndCanonicalEqualsReplay(t *t
 			require.Equal(t, wire.OutcomeReplayed, same.Outcome)
 			require.Equal(t, first.AuthorizationID, same.AuthorizationID)
 			require.Equal(t, wire.OutcomeConflict, must(t, ctx, s, proposeCmd("s03", id, key, 1001)).Outcome, "a changed amount")
-			require.Equal(t, wire.OutcomeConflict, must(t, ctx, s, proposeCmd("s03", other, key, 1000)).Outcome, "a changed mandate")
+			// A key's scope is its mandate: on another mandate it is
+			// another intent, decided there on its own.
+			elsewhere := must(t, ctx, s, proposeCmd("s03", other, key, 1000))
+			require.Equal(t, wire.OutcomeReserved, elsewhere.Outcome, "the same key on another mandate")
+			require.NotEqual(t, first.AuthorizationID, elsewhere.AuthorizationID)
 			cv := raw(id, fmt.Sprintf(`{"v":1,"type":"propose","org":"s03","mandate_id":%q,"idempotency_key":%q,"operation":"refund",
 				"target":"t-1","amount":{"minor_units":1000,"currency":"EUR"},"Amount":{"minor_units":9000,"currency":"EUR"}}`, id, key))
 			require.Equal(t, wire.ReasonAmbiguousField, cv.Reason, "case-variant field names")
@@ -503,7 +507,8 @@ func TestS11RetriedBatchesApplyOnceUnderInjectedFailuresAndKeyRaces(t *testing.T
 		ProcessEnv: []string{"MANDATED_FAILPOINTS=before_commit=20%error"},
 		Schedule: func(ctx context.Context, s *System, rng *rand.Rand) {
 			// One key, two mandates of one org on different partitions, at
-			// once: the second writer meets the first's idempotency row.
+			// once: a key's scope is its mandate (migration 0016), so each
+			// partition binds its own, and a retry replays its own.
 			for i := range 30 {
 				must(t, ctx, s, grantCmd("s11", fmt.Sprint("a", i), 1, nil))
 				must(t, ctx, s, grantCmd("s11", fmt.Sprint("b", i), 1, nil))
@@ -517,8 +522,13 @@ func TestS11RetriedBatchesApplyOnceUnderInjectedFailuresAndKeyRaces(t *testing.T
 					}()
 				}
 				wg.Wait()
-				outcomes := []wire.Outcome{ds[0].Outcome, ds[1].Outcome}
-				require.ElementsMatch(t, []wire.Outcome{wire.OutcomeReserved, wire.OutcomeConflict}, outcomes, "%+v", ds)
+				for j, m := range []string{"a", "b"} {
+					require.Equal(t, wire.OutcomeReserved, ds[j].Outcome, "%+v", ds[j])
+					again := must(t, ctx, s, proposeCmd("s11", fmt.Sprint(m, i), fmt.Sprint("shared-", i), 10))
+					require.Equal(t, wire.OutcomeReplayed, again.Outcome, "%+v", again)
+					require.Equal(t, ds[j].AuthorizationID, again.AuthorizationID, "each mandate replays its own binding")
+				}
+				require.NotEqual(t, ds[0].AuthorizationID, ds[1].AuthorizationID)
 			}
 		}}))
 	require.Positive(t, res.Retries, "the retry path was exercised")
