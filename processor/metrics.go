@@ -45,7 +45,7 @@ type Metrics struct {
 	// RequestAnswersPurged, those deleted past the org's retention.
 	RequestAnswers       prometheus.Counter
 	RequestAnswersPurged prometheus.Counter
-	Rebalance       *RebalanceMetrics
+	Rebalance            *RebalanceMetrics
 	// ShardUp is 1 per shard while its database answers this instance's
 	// probe, else 0 (labelled with the shard's partitions).
 	ShardUp *prometheus.GaugeVec
