@@ -12,6 +12,7 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -44,6 +45,7 @@ type Server struct {
 	mux     *http.ServeMux
 
 	partitions atomic.Int32 // mandated's partition count, once read
+	routes     []string     // the patterns served, "METHOD /path/{param}"
 
 	mu       sync.Mutex
 	inFlight map[string]int // per org
@@ -80,13 +82,17 @@ func New(cfg Config, cl *client.Client, db *pgxpool.Pool, reg prometheus.Registe
 	s.route("POST "+base+"/authorizations/{authorization}/resolve", "resolve", s.controlPlane)
 	s.route("POST "+base+"/grants", "grant", s.controlPlane)
 	s.route("POST "+base+"/revoke", "revoke", s.controlPlane)
-	s.mux.HandleFunc("GET /v1/openapi.yaml", func(w http.ResponseWriter, _ *http.Request) {
+	s.route("GET /v1/openapi.yaml", "openapi", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/yaml")
 		_, _ = w.Write(OpenAPI)
 	})
 	s.mux.HandleFunc("/", s.notFound)
 	return s, nil
 }
+
+// Routes are the patterns the API serves ("POST /v1/orgs/{org}/..."): the
+// OpenAPI document has an operation for each (a test checks both ways).
+func (s *Server) Routes() []string { return slices.Clone(s.routes) }
 
 // methods are the methods a route may be registered for.
 var methods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete}
@@ -164,6 +170,7 @@ func (r *statusRecorder) Write(b []byte) (int, error) {
 }
 
 func (s *Server) route(pattern, name string, h http.HandlerFunc) {
+	s.routes = append(s.routes, pattern)
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		rec := &statusRecorder{ResponseWriter: w}
