@@ -21,6 +21,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"sort"
 	"strconv"
 	"strings"
@@ -75,23 +76,25 @@ func startStack(t *testing.T, partitions int32) *stack {
 	require.NoError(t, err)
 	require.NoError(t, conn.Close(ctx))
 
-	port := procs.FreePort(t)
-	gw := procs.Start(t, "gateway", procs.Binary(t, "mandate-gateway"), []string{
+	port, ops := procs.FreePort(t), procs.FreePort(t)
+	bin := procs.Binary(t, "mandate-gateway")
+	args := []string{
 		"--database-url", h.DatabaseURL, "--brokers", joinComma(h.Brokers),
 		"--proposals-topic", h.Spec.Proposals, "--grants-topic", h.Spec.Grants,
 		"--decisions-topic", h.Spec.Decisions, "--http-addr", fmt.Sprintf("127.0.0.1:%d", port),
 		"--log-format", "json", "--log-level", "warn",
-	}, nil)
-	gw.HTTP = opsAddr(t, gw, port)
+	}
+	readyz := port
+	// /readyz is on a listener of its own where the binary has --ops-addr
+	// (the probe also measures builds from before it).
+	if help, _ := exec.Command(bin, "--help").CombinedOutput(); strings.Contains(string(help), "-ops-addr") {
+		args = append(args, "--ops-addr", fmt.Sprintf("127.0.0.1:%d", ops))
+		readyz = ops
+	}
+	gw := procs.Start(t, "gateway", bin, args, nil)
+	gw.HTTP = fmt.Sprintf("127.0.0.1:%d", readyz)
 	gw.WaitReady(time.Minute)
 	return &stack{h: h, base: fmt.Sprintf("http://127.0.0.1:%d", port), token: token, gw: gw}
-}
-
-// opsAddr is where the gateway serves /readyz: its own listener when the
-// binary has --ops-addr, else the API's.
-func opsAddr(t *testing.T, gw *procs.Process, apiPort int) string {
-	t.Helper()
-	return fmt.Sprintf("127.0.0.1:%d", apiPort)
 }
 
 // sample is one request's route and latency.
