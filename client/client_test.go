@@ -15,9 +15,9 @@ import (
 
 	"github.com/mandated/mandated/client"
 	"github.com/mandated/mandated/partitioner"
-	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/test/harness"
 	"github.com/mandated/mandated/test/testenv"
+	"github.com/mandated/mandated/wire"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

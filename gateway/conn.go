@@ -11,7 +11,7 @@ import (
 	"strings"
 	"sync/atomic"
 
-	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/wire"
 )
 
 // Serve serves hs on ln: over TLS when hs.TLSConfig is set (HTTP/1.1; a

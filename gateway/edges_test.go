@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mandated/mandated/gateway"
-	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/wire"
 )
 
 // bare serves a gateway without Kafka or PostgreSQL: enough for what is

@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/wire"
 )
 
 // member is one member the gateway puts in a record from the URL or a

@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mandated/mandated/gateway"
-	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/test/testenv"
+	"github.com/mandated/mandated/wire"
 )
 
 // accepted checks a 202 and returns its status URL.

@@ -17,8 +17,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/mandated/mandated/processor/failpoint"
-	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/internal/failpoint"
+	"github.com/mandated/mandated/wire"
 )
 
 // Relay publishes the outbox rows of every partition its process owns to

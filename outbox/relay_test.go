@@ -13,9 +13,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mandated/mandated/internal/failpoint"
 	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/processor"
-	"github.com/mandated/mandated/processor/failpoint"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/test/testenv"
 )

@@ -3,7 +3,7 @@ package outbox
 import (
 	"time"
 
-	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/wire"
 )
 
 // Kind says which topic an outbox row goes to.

@@ -8,9 +8,9 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/partitioner"
-	"github.com/mandated/mandated/processor/lifecycle"
-	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/wire"
 )
 
 // FuzzRecordThroughDecodeAndDecide feeds arbitrary record bytes through

@@ -9,12 +9,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/mandated/mandated/internal/clock"
+	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/processor"
-	"github.com/mandated/mandated/processor/clock"
-	"github.com/mandated/mandated/processor/lifecycle"
-	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/test/harness"
+	"github.com/mandated/mandated/wire"
 )
 
 // fakeClockInstance is fakeClockHarness returning its instance too.

@@ -11,11 +11,11 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mandated/mandated/internal/clock"
 	"github.com/mandated/mandated/processor"
-	"github.com/mandated/mandated/processor/clock"
-	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/test/harness"
 	"github.com/mandated/mandated/test/testenv"
+	"github.com/mandated/mandated/wire"
 )
 
 // sendAs produces a command with the gateway's request header (when

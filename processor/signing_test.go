@@ -12,9 +12,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/mandated/mandated/processor/lifecycle"
-	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/wire"
 )
 
 var signNow = time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)

@@ -11,12 +11,12 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mandated/mandated/internal/clock"
+	"github.com/mandated/mandated/internal/failpoint"
+	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/outbox"
-	"github.com/mandated/mandated/processor/clock"
-	"github.com/mandated/mandated/processor/failpoint"
-	"github.com/mandated/mandated/processor/lifecycle"
-	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/wire"
 )
 
 // worker decides one owned partition: it takes what the poll loop handed

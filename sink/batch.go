@@ -9,9 +9,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/outbox"
-	"github.com/mandated/mandated/processor/lifecycle"
-	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/wire"
 )
 
 // Position is where a partition's consumption and outbox stand.

@@ -7,7 +7,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/wire"
 )
 
 // commandSpec describes one wire command as mandatectl flags. flags

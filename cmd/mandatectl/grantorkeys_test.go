@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/wire"
 )
 
 // TestGrantorKeysRotateAndSignGrantsEndToEnd: an operator generates and

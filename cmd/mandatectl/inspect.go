@@ -10,10 +10,11 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mandated/mandated/gateway"
+	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/partitioner"
-	"github.com/mandated/mandated/processor/lifecycle"
-	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/wire"
 )
 
 type mandateJSON struct {
@@ -42,26 +43,16 @@ type mandateJSON struct {
 	UpdatedAt            time.Time  `json:"updated_at"`
 }
 
+// authorizationJSON is an authorization row as 'inspect --json' shows it:
+// the row's fields as a gateway status URL answers them, under its own
+// names for the identity ("id") and with the fork it superseded.
 type authorizationJSON struct {
-	ID                string          `json:"id"`
-	State             string          `json:"state"`
-	Version           int64           `json:"version"`
-	Operation         string          `json:"operation"`
-	Target            string          `json:"target"`
-	Amount            wire.Money      `json:"amount"`
-	IdempotencyKey    string          `json:"idempotency_key"`
-	MandateVersion    int64           `json:"mandate_version"`
-	Deadline          time.Time       `json:"deadline"`
-	ExecutionDeadline *time.Time      `json:"execution_deadline,omitempty"`
-	ExternalRef       string          `json:"external_ref,omitempty"`
-	Executor          string          `json:"executor,omitempty"`
-	ExecutionToken    int64           `json:"execution_token,omitempty"`
-	Result            json.RawMessage `json:"result,omitempty"`
-	Detail            string          `json:"detail,omitempty"`
-	DecisionID        string          `json:"decision_id"`
-	ForkOf            string          `json:"fork_of,omitempty"`
-	CreatedAt         time.Time       `json:"created_at"`
-	UpdatedAt         time.Time       `json:"updated_at"`
+	ID    string `json:"id"`
+	State string `json:"state"`
+	gateway.AuthorizationRow
+	ForkOf    string    `json:"fork_of,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
 type historyScan struct {
@@ -106,12 +97,11 @@ func toMandateJSON(m *lifecycle.Mandate) *mandateJSON {
 }
 
 func toAuthorizationJSON(a *lifecycle.Authorization) authorizationJSON {
-	v := authorizationJSON{ID: a.Key.ID, State: string(a.State), Version: a.Version, Operation: a.Operation, Target: a.Target,
-		Amount: wire.Money{MinorUnits: a.Amount, Currency: a.Currency}, IdempotencyKey: a.IdempotencyKey,
-		MandateVersion: a.MandateVersion, Deadline: a.Deadline, ExternalRef: a.ExternalRef, Detail: a.Detail,
-		DecisionID: a.DecisionID, CreatedAt: a.CreatedAt, UpdatedAt: a.UpdatedAt,
-		Executor: a.Executor, ExecutionToken: a.ExecutionToken, Result: a.Result}
-	v.ForkOf = a.ForkOf
+	v := authorizationJSON{ID: a.Key.ID, State: string(a.State), ForkOf: a.ForkOf, CreatedAt: a.CreatedAt, UpdatedAt: a.UpdatedAt,
+		AuthorizationRow: gateway.AuthorizationRow{Version: a.Version, Operation: a.Operation, Target: a.Target,
+			Amount: wire.Money{MinorUnits: a.Amount, Currency: a.Currency}, IdempotencyKey: a.IdempotencyKey,
+			MandateVersion: a.MandateVersion, Deadline: a.Deadline, ExternalRef: a.ExternalRef, Executor: a.Executor,
+			ExecutionToken: a.ExecutionToken, Result: a.Result, Detail: a.Detail, DecisionID: a.DecisionID}}
 	if !a.ExecutionDeadline.IsZero() {
 		t := a.ExecutionDeadline
 		v.ExecutionDeadline = &t

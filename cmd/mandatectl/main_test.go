@@ -23,9 +23,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/mandated/mandated/partitioner"
-	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/test/harness"
 	"github.com/mandated/mandated/test/testenv"
+	"github.com/mandated/mandated/wire"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/mandated/mandated/partitioner"
-	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/wire"
 )
 
 // reconcileView is one in-doubt authorization as reconcile lists it.

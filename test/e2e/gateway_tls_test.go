@@ -20,10 +20,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mandated/mandated/gateway"
-	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/test/harness"
 	"github.com/mandated/mandated/test/procs"
 	"github.com/mandated/mandated/test/testenv"
+	"github.com/mandated/mandated/wire"
 )
 
 // TestTheGatewayServesTLSAndItsOperationsOnAListenerOfTheirOwn runs the

@@ -13,7 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mandated/mandated/outbox"
-	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/wire"
 )
 
 // unboundReasons are denials that are not bound to an idempotency key.

@@ -163,11 +163,15 @@ func (c *Cluster) Pick(rng *rand.Rand) string {
 
 // Signal sends sig to a member.
 func (c *Cluster) Signal(name string, sig syscall.Signal) {
+	// m.p is replaced under the lock when the supervisor restarts a member.
 	c.mu.Lock()
-	m := c.members[name]
+	var p *procs.Process
+	if m := c.members[name]; m != nil {
+		p = m.p
+	}
 	c.mu.Unlock()
-	if m != nil && m.p != nil {
-		m.p.Signal(sig)
+	if p != nil {
+		p.Signal(sig)
 	}
 }
 

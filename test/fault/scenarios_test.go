@@ -15,9 +15,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/partitioner"
-	"github.com/mandated/mandated/processor/lifecycle"
-	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/wire"
 )
 
 // The seed scenarios S-01..S-12 of ../shared/notes/faults.md. Each runs

@@ -16,8 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/test/harness"
+	"github.com/mandated/mandated/wire"
 )
 
 // histogram returns the sum and count of a histogram in reg.
