@@ -236,12 +236,13 @@ func (s *Server) proposal(ctx context.Context, org, mandate, operation, key stri
 	return &p, nil
 }
 
-// requestQuery reads, in one statement (one snapshot), a request's answer
-// (request_answers, written by the processor in the batch that decided the
-// request's record) and how far the partition's proposals are consumed.
+// requestQuery reads, in one statement (one snapshot), the answer kept at
+// a request's position (request_answers, written by the processor in the
+// batch that decided the request's record) and how far the partition's
+// proposals are consumed.
 const requestQuery = `SELECT coalesce((SELECT proposals_offset FROM mandated_partitions WHERE partition = $1), 0),
-	ra.org, ra.mandate_id, ra.source_topic, ra.source_partition, ra.source_offset, ra.decision, ra.created_at
-	FROM (VALUES (1)) AS one (x) LEFT JOIN request_answers ra ON ra.request_id = $2`
+	ra.request_id, ra.org, ra.mandate_id, ra.decision, ra.created_at
+	FROM (VALUES (1)) AS one (x) LEFT JOIN request_answers ra ON ra.source_partition = $1 AND ra.source_offset = $2`
 
 // request reads a request's status on the database of its mandate's
 // partition. A request is decided when the processor recorded the decision
@@ -257,17 +258,15 @@ func (s *Server) request(ctx context.Context, org, mandate string, id requestID)
 	st := &RequestStatus{RequestID: id.String(), Source: wire.Source{Topic: s.client.ProposalsTopic(), Partition: id.partition, Offset: id.offset}}
 	err = s.readOn(ctx, home, func(tx pgx.Tx) error {
 		var consumed int64
-		var aOrg, aMandate, aTopic *string
-		var aPart *int32
-		var aOffset *int64
+		var aNonce, aOrg, aMandate *string
 		var decision []byte
 		var decidedAt *time.Time
-		if err := tx.QueryRow(ctx, requestQuery, id.partition, id.nonce).Scan(&consumed, &aOrg, &aMandate, &aTopic, &aPart, &aOffset, &decision, &decidedAt); err != nil {
+		if err := tx.QueryRow(ctx, requestQuery, id.partition, id.offset).Scan(&consumed, &aNonce, &aOrg, &aMandate, &decision, &decidedAt); err != nil {
 			return fmt.Errorf("gateway: read request %s: %w", id, err)
 		}
 		switch {
-		case aOrg != nil:
-			if *aOrg != org || *aMandate != mandate || *aPart != id.partition || *aOffset != id.offset {
+		case aNonce != nil:
+			if *aNonce != id.nonce || *aOrg != org || *aMandate != mandate {
 				return errNoRow
 			}
 			d, err := wire.ParseDecision(decision)
@@ -276,7 +275,6 @@ func (s *Server) request(ctx context.Context, org, mandate string, id requestID)
 			}
 			t := decidedAt.UTC()
 			st.Status, st.Decision, st.DecidedAt, st.HTTPStatus = RequestDecided, json.RawMessage(decision), &t, statusOf(d)
-			st.Source.Topic = *aTopic
 		case id.partition != home || consumed > id.offset:
 			// Consumed with no answer, or not this mandate's partition
 			// (a record of another mandate, or from before a repartition).

@@ -42,7 +42,10 @@ type item struct {
 // authority (grant, revoke) and reconciliation (resolve) are only accepted
 // from the grants topic, the privileged control plane.
 func (p *Processor) classify(r *kgo.Record) item {
-	it := item{home: -1, rec: r, src: wire.Source{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset}, request: requestOf(r)}
+	it := item{home: -1, rec: r, src: wire.Source{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset}}
+	if r.Topic == p.cfg.ProposalsTopic { // the gateway produces nothing else
+		it.request = requestOf(r)
+	}
 	cmd, rej := wire.Decode(r.Key, r.Value, wire.Limits{MaxRecordBytes: p.cfg.MaxRecordBytes})
 	var key *partitioner.MandateKey
 	if rej != nil {

@@ -9,7 +9,6 @@ import (
 
 	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/outbox"
-	"github.com/mandated/mandated/wire"
 )
 
 // Every write of a batch is one multi-row statement per table, sent in one
@@ -259,19 +258,18 @@ func (w *writeSet) outbox(rows []outbox.Row) {
 		expectRows("insert outbox", n))
 }
 
-// insertAnswersSQL keeps the decisions that answer gateway requests (migration
-// 0024). A request id already there (a forged header repeating another
-// request's nonce) keeps the first: the gateway checks the position too.
-const insertAnswersSQL = `INSERT INTO request_answers (request_id, partition, org, mandate_id, source_topic, source_partition,
-  source_offset, decision_id, decision, created_at, expires_at)
-SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::text[], $6::int[], $7::bigint[], $8::text[],
-  $9::bytea[], $10::timestamptz[], $11::timestamptz[])
+// insertAnswersSQL keeps the decisions that answer gateway requests
+// (migration 0024), keyed by the record's position.
+const insertAnswersSQL = `INSERT INTO request_answers (source_partition, source_offset, request_id, partition, org, mandate_id,
+  decision, created_at, expires_at)
+SELECT * FROM unnest($1::int[], $2::bigint[], $3::text[], $4::int[], $5::text[], $6::text[], $7::bytea[], $8::timestamptz[],
+  $9::timestamptz[])
 ON CONFLICT DO NOTHING`
 
 // answers writes the request records of the rows that answer gateway
 // requests: nothing at all for a batch without one.
 func (w *writeSet) answers(rows []outbox.Row) {
-	var id, org, mid, topic, dec []string
+	var id, org, mid []string
 	var part, srcPart []int32
 	var srcOff []int64
 	var payload [][]byte
@@ -281,13 +279,12 @@ func (w *writeSet) answers(rows []outbox.Row) {
 		if a == nil {
 			continue
 		}
-		id, part, org, mid = append(id, a.RequestID), append(part, r.Partition), append(org, a.Org), append(mid, a.MandateID)
-		topic, srcPart, srcOff = append(topic, a.Source.Topic), append(srcPart, a.Source.Partition), append(srcOff, a.Source.Offset)
-		dec, payload = append(dec, wire.DecisionID(r.Partition, r.Seq)), append(payload, r.Payload)
-		created, expires = append(created, tstz(r.CreatedAt)), append(expires, tstz(a.ExpiresAt))
+		srcPart, srcOff, id = append(srcPart, a.Source.Partition), append(srcOff, a.Source.Offset), append(id, a.RequestID)
+		part, org, mid = append(part, r.Partition), append(org, a.Org), append(mid, a.MandateID)
+		payload, created, expires = append(payload, r.Payload), append(created, tstz(r.CreatedAt)), append(expires, tstz(a.ExpiresAt))
 	}
 	if len(id) > 0 {
-		w.queue(insertAnswersSQL, []any{id, part, org, mid, topic, srcPart, srcOff, dec, payload, created, expires}, nil)
+		w.queue(insertAnswersSQL, []any{srcPart, srcOff, id, part, org, mid, payload, created, expires}, nil)
 	}
 }
 

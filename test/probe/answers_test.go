@@ -101,20 +101,61 @@ func TestRequestAnswerCost(t *testing.T) {
 	require.NoError(t, db.QueryRow(ctx, `SELECT decision FROM request_answers LIMIT 1`).Scan(&payload))
 	var stmt []float64
 	for rep := range 20 {
-		ids, parts, orgs, mids, topics, offs, decs, payloads, times, expires := []string{}, []int32{}, []string{}, []string{}, []string{}, []int64{}, []string{}, [][]byte{}, []time.Time{}, []time.Time{}
+		ids, parts, orgs, mids, offs, payloads, times, expires := []string{}, []int32{}, []string{}, []string{}, []int64{}, [][]byte{}, []time.Time{}, []time.Time{}
 		for i := range 500 {
 			ids, parts, orgs, mids = append(ids, fmt.Sprintf("s%02d%023d", rep, i)), append(parts, 0), append(orgs, "acme"), append(mids, "cost")
-			topics, offs, decs = append(topics, h.Spec.Proposals), append(offs, int64(1_000_000+rep*500+i)), append(decs, fmt.Sprintf("0-%d", 1_000_000+rep*500+i))
+			offs = append(offs, int64(1_000_000+rep*500+i))
 			payloads, times, expires = append(payloads, payload), append(times, time.Now()), append(expires, time.Now().Add(30*24*time.Hour))
 		}
 		start := time.Now()
-		_, err := db.Exec(ctx, `INSERT INTO request_answers (request_id, partition, org, mandate_id, source_topic, source_partition,
-			source_offset, decision_id, decision, created_at, expires_at)
-			SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::text[], $6::int[], $7::bigint[], $8::text[],
-			$9::bytea[], $10::timestamptz[], $11::timestamptz[])`,
-			ids, parts, orgs, mids, topics, parts, offs, decs, payloads, times, expires)
+		_, err := db.Exec(ctx, `INSERT INTO request_answers (source_partition, source_offset, request_id, partition, org, mandate_id,
+			decision, created_at, expires_at)
+			SELECT * FROM unnest($1::int[], $2::bigint[], $3::text[], $4::int[], $5::text[], $6::text[], $7::bytea[],
+			$8::timestamptz[], $9::timestamptz[])`,
+			parts, offs, ids, parts, orgs, mids, payloads, times, expires)
 		require.NoError(t, err)
 		stmt = append(stmt, float64(time.Since(start).Microseconds())/500)
+	}
+	// Server-side only (EXPLAIN ANALYZE, rolled back: no network, no
+	// commit): the same 500 rows into request_answers, and the same
+	// payloads as outbox rows, which every decision writes already.
+	explain := func(sql string, args ...any) float64 {
+		tx, err := db.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx) //nolint:errcheck
+		rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+sql, args...)
+		require.NoError(t, err)
+		var plan []map[string]any
+		for rows.Next() {
+			require.NoError(t, rows.Scan(&plan))
+		}
+		require.NoError(t, rows.Err())
+		total := plan[0]["Execution Time"].(float64)
+		if trig, ok := plan[0]["Triggers"].([]any); ok {
+			for _, tr := range trig {
+				total += tr.(map[string]any)["Time"].(float64)
+			}
+		}
+		return total * 1000 / 500 // µs per row
+	}
+	var answerRow, outboxRow []float64
+	for rep := range 20 {
+		ids, parts, offs, seqs, payloads, times, expires, texts := []string{}, []int32{}, []int64{}, []int64{}, [][]byte{}, []time.Time{}, []time.Time{}, []string{}
+		for i := range 500 {
+			ids, parts = append(ids, fmt.Sprintf("x%02d%023d", rep, i)), append(parts, 0)
+			offs, seqs = append(offs, int64(2_000_000+rep*500+i)), append(seqs, int64(2_000_000+rep*500+i))
+			payloads, times, expires, texts = append(payloads, payload), append(times, time.Now()), append(expires, time.Now().Add(30*24*time.Hour)), append(texts, "")
+		}
+		answerRow = append(answerRow, explain(`INSERT INTO request_answers (source_partition, source_offset, request_id, partition, org,
+			mandate_id, decision, created_at, expires_at)
+			SELECT u.p, u.o, u.id, u.p, 'acme', 'cost', u.payload, u.c, u.e
+			FROM unnest($1::text[], $2::int[], $3::bigint[], $4::bytea[], $5::timestamptz[], $6::timestamptz[]) AS u(id, p, o, payload, c, e)`,
+			ids, parts, offs, payloads, times, expires))
+		outboxRow = append(outboxRow, explain(`INSERT INTO outbox (partition, seq, epoch, kind, record_key, payload, reason, detail, source_topic,
+			source_partition, source_offset, created_at)
+			SELECT 0, u.s, 1, 0, 'acme/cost'::bytea, u.payload, u.t, u.t, u.t, -1, -1, u.c
+			FROM unnest($1::bigint[], $2::bytea[], $3::text[], $4::timestamptz[]) AS u(s, payload, t, c)`,
+			seqs, payloads, texts, times))
 	}
 	median := func(xs []float64) float64 {
 		ys := append([]float64(nil), xs...)
@@ -124,9 +165,10 @@ func TestRequestAnswerCost(t *testing.T) {
 	load, _ := os.ReadFile("/proc/loadavg")
 	report := fmt.Sprintf("\n### request records: what they cost the processor (%d proposals per round, burn-down in batches of 500; load %s)\n\n"+
 		"| | µs per decision, median | rounds |\n|---|---|---|\n| batch commit, records without the header | %.0f | %s |\n"+
-		"| batch commit, with the header (a request_answers row each) | %.0f | %s |\n| the INSERT alone, 500 rows of %d B, autocommit | %.1f | 20 runs |\n",
+		"| batch commit, with the header (a request_answers row each) | %.0f | %s |\n| the INSERT alone, 500 rows of %d B, autocommit | %.1f | 20 runs |\n"+
+		"| server side (EXPLAIN ANALYZE): a request_answers row | %.1f | 20 runs |\n| server side: an outbox row of the same decision (written anyway) | %.1f | 20 runs |\n",
 		n, strings.Fields(string(load))[0], median(perDecision[false]), fmtList(perDecision[false]), median(perDecision[true]), fmtList(perDecision[true]),
-		len(payload), median(stmt))
+		len(payload), median(stmt), median(answerRow), median(outboxRow))
 	t.Log(report)
 	if path := os.Getenv("MANDATED_GATEWAY_PROBE_REPORT"); path != "" {
 		f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
