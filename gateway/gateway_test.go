@@ -574,7 +574,7 @@ func TestGatewayBoundsSlowAndLargeHeaders(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	hs := srv.HTTPServer(ln.Addr().String(), srv.Handler())
-	go func() { _ = hs.Serve(ln) }()
+	go func() { _ = srv.Serve(hs, ln) }()
 	defer func() { // Shutdown waits for net/http's lingering close after the 431
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
