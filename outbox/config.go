@@ -21,6 +21,7 @@ const (
 	MinTxnIntervalDefault     = 10 * time.Millisecond
 	StatsIntervalDefault      = 5 * time.Second
 	MetadataMinAgeDefault     = 100 * time.Millisecond
+	TailCheckIntervalDefault  = time.Minute
 )
 
 // Config configures the relay.
@@ -91,6 +92,12 @@ type Config struct {
 	// StatsInterval is how often backlog gauges are refreshed. Defaults to
 	// StatsIntervalDefault.
 	StatsInterval time.Duration
+	// TailCheckInterval is how often the relay reads back the tail of every
+	// partition it publishes, to report records another producer wrote
+	// there since it resumed (it always reads the tail when it resumes a
+	// partition). Defaults to TailCheckIntervalDefault; negative turns the
+	// periodic check off.
+	TailCheckInterval time.Duration
 
 	// Test holds knobs for tests only.
 	Test TestConfig
@@ -123,6 +130,7 @@ func (c Config) WithDefaults() Config {
 	c.StatsInterval = cmp.Or(c.StatsInterval, StatsIntervalDefault)
 	c.MinTxnInterval = cmp.Or(c.MinTxnInterval, MinTxnIntervalDefault)
 	c.MetadataMinAge = cmp.Or(c.MetadataMinAge, MetadataMinAgeDefault)
+	c.TailCheckInterval = cmp.Or(c.TailCheckInterval, TailCheckIntervalDefault)
 	return c
 }
 

@@ -17,6 +17,7 @@ type Metrics struct {
 	Fenced         prometheus.Counter
 	Deleted        prometheus.Counter
 	Gaps           prometheus.Counter
+	ForeignRecords *prometheus.CounterVec
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: none).
@@ -76,10 +77,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "mandated_outbox_sequence_gaps_total",
 			Help: "Times the relay found a missing outbox sequence that is not parked (it waits; this should never happen).",
 		}),
+		ForeignRecords: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mandated_relay_foreign_records_total",
+			Help: "Records on a decisions or dead-letter partition that are not on the partition's chain as PostgreSQL holds it (another producer wrote them), found by the relay's tail reads; each counted once per process, never believed.",
+		}, []string{"partition"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Published, m.PublishSeconds, m.TxnSeconds, m.PublishErrors, m.Parked, m.RowByRow, m.ParkedRows,
-			m.Backlog, m.OldestAge, m.Resumes, m.Fenced, m.Deleted, m.Gaps)
+			m.Backlog, m.OldestAge, m.Resumes, m.Fenced, m.Deleted, m.Gaps, m.ForeignRecords)
 	}
 	return m
 }

@@ -2,6 +2,8 @@ package outbox_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"testing"
 	"time"
 
@@ -13,20 +15,17 @@ import (
 	"github.com/mandated/mandated/test/testenv"
 )
 
-// insertIncompressible writes n decision rows of size random hex bytes
-// (compression cannot bring a batch of them under a topic's limit).
+// insertIncompressible writes n decision rows of about size random hex
+// bytes (compression cannot bring a batch of them under a topic's limit).
 func (b *testBundle) insertIncompressible(p int32, epoch int64, n int, size int) (first, last int64) {
-	ctx := context.Background()
-	var next int64
-	require.NoError(b.t, b.pool.QueryRow(ctx, `SELECT next_seq FROM mandated_partitions WHERE partition = $1`, p).Scan(&next))
-	_, err := b.pool.Exec(ctx, `INSERT INTO outbox (partition, seq, epoch, kind, record_key, payload, created_at)
-		SELECT $1, s, $2, 0, convert_to('acme/m', 'UTF8'),
-			convert_to(left((SELECT string_agg(md5(random()::text || s::text || g::text), '') FROM generate_series(0, $5 / 32) AS g), $5), 'UTF8'), now()
-		FROM generate_series($3::bigint, $4::bigint) AS s`, p, epoch, next, next+int64(n)-1, size)
-	require.NoError(b.t, err)
-	_, err = b.pool.Exec(ctx, `UPDATE mandated_partitions SET next_seq = $2 WHERE partition = $1`, p, next+int64(n))
-	require.NoError(b.t, err)
-	return next, next + int64(n) - 1
+	b.t.Helper()
+	payloads := make([][]byte, n)
+	for i := range payloads {
+		random := make([]byte, (size+1)/2)
+		_, _ = rand.Read(random)
+		payloads[i] = []byte(`{"pad":"` + hex.EncodeToString(random)[:max(size-10, 1)] + `"}`)
+	}
+	return b.write(p, epoch, payloads)
 }
 
 func TestABatchTheBrokerRefusesIsRetriedRowByRowAndOnlyTheRowRefusedAloneIsParked(t *testing.T) {

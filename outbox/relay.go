@@ -18,7 +18,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mandated/mandated/internal/failpoint"
-	"github.com/mandated/mandated/wire"
 )
 
 // Relay publishes the outbox rows of every partition its process owns to
@@ -99,6 +98,11 @@ type Relay struct {
 	// this relay committed (owned by the loop; see admitOne).
 	committed map[int32]int64
 
+	// What tail reads found (foreign.go), guarded by mu: per partition,
+	// the records reported as foreign, and the last read's status.
+	foreignSeen map[int32]map[foreignKey]bool
+	tails       map[int32]tailStatus
+
 	wake   chan struct{}
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -133,9 +137,14 @@ func NewSharded(cfg Config, route func(partition int32) *pgxpool.Pool, all []*pg
 		clientID: "mandated-relay-" + hex.EncodeToString(nonce[:]),
 		log:      log.With().Str("component", "relay").Str("transactional_id", txnID).Logger(),
 		parts:    map[int32]*part{}, committed: map[int32]int64{}, wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel,
+		foreignSeen: map[int32]map[foreignKey]bool{}, tails: map[int32]tailStatus{},
 		stats: make(chan struct{}), done: make(chan struct{})}
 	r.wg.Add(2)
 	go func() { defer r.wg.Done(); r.statsLoop() }()
+	if cfg.TailCheckInterval > 0 {
+		r.wg.Add(1)
+		go func() { defer r.wg.Done(); r.checkLoop() }()
+	}
 	go func() { defer r.wg.Done(); r.run() }()
 	return r, nil
 }
@@ -580,12 +589,17 @@ func (r *Relay) admitOne(ctx context.Context, ps *part, floor int64) (bool, erro
 		}
 		ps.recorded = true
 	}
-	last, err := r.resume(ctx, ps.partition)
+	tail, err := r.readTail(ctx, ps.partition)
 	if err != nil {
 		r.metrics.PublishErrors.WithLabelValues("resume").Inc()
 		return false, err
 	}
-	last = max(last, floor)
+	if tail.Head.Epoch != ps.epoch {
+		return false, nil
+	}
+	// Only records on the partition's own chain, never past PostgreSQL's
+	// last sequence.
+	last := max(tail.ResumeAfter(), min(floor, tail.Head.LastSeq))
 	// What a predecessor published but could not record (it died between
 	// the Kafka commit and the mark) is recorded now, so the backlog and
 	// housekeeping see it.
@@ -601,7 +615,8 @@ func (r *Relay) admitOne(ctx context.Context, ps *part, floor int64) (bool, erro
 	ps.last, ps.housekept = last, housekept
 	ps.published.Store(last)
 	r.metrics.Resumes.Inc()
-	ps.log.Info().Int64("after_seq", last).Msg("relay resumed the partition")
+	ps.log.Info().Int64("after_seq", last).Int64("last_seq", tail.Head.LastSeq).Int64("recorded_seq", tail.Head.Published).
+		Int64("kafka_seq", tail.Published).Int("foreign_records", len(tail.Foreign)).Msg("relay resumed the partition")
 	if f := r.cfg.Test.OnResumed; f != nil {
 		f(ps.partition, last)
 	}
@@ -669,6 +684,7 @@ func (r *Relay) drop(ps *part, why string) {
 	r.mu.Lock()
 	if r.parts[ps.partition] == ps {
 		delete(r.parts, ps.partition)
+		delete(r.tails, ps.partition)
 	}
 	r.mu.Unlock()
 	r.metrics.Backlog.DeleteLabelValues(strconv.Itoa(int(ps.partition)))
@@ -848,31 +864,23 @@ func (r *Relay) recordAll(ctx context.Context, held []*part, done []span, idle b
 	}
 }
 
-// tailWindow is how many offsets resume reads back from a partition's end
-// first (a few transactions' worth; TailSequence widens it 4× at a time
-// until it finds a record).
-const tailWindow = 2048
-
-// resume finds the last published sequence: the higher of what PostgreSQL
-// recorded and what the decisions and dead-letter topics hold committed.
-func (r *Relay) resume(ctx context.Context, partition int32) (int64, error) {
+// readTail reads a partition's committed tail back from Kafka and
+// classifies it against PostgreSQL's head (ReadTail), and reports what it
+// found (observe).
+func (r *Relay) readTail(ctx context.Context, partition int32) (*Tail, error) {
 	cfg := r.cfg
-	last, err := r.st.published(ctx, partition)
+	tctx, cancel := context.WithTimeout(ctx, tailTimeout)
+	defer cancel()
+	tail, err := ReadTail(tctx, TailConfig{KafkaOpts: append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...)}, cfg.KafkaOpts...),
+		DecisionsTopic: cfg.DecisionsTopic, DeadLetterTopic: cfg.DeadLetterTopic}, partition,
+		func(ctx context.Context, partition int32, seqs []int64) (PostgresHead, map[int64]Row, error) {
+			return LoadHead(ctx, r.st.pool(partition), partition, seqs)
+		})
 	if err != nil {
-		return 0, fmt.Errorf("read published sequence: %w", err)
+		return nil, fmt.Errorf("read the tail of partition %d: %w", partition, err)
 	}
-	for _, topic := range []string{cfg.DecisionsTopic, cfg.DeadLetterTopic} {
-		tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		seq, found, err := TailSequence(tctx, cfg.Brokers, cfg.KafkaOpts, topic, partition, tailWindow)
-		cancel()
-		if err != nil {
-			return 0, fmt.Errorf("read the tail of %s/%d: %w", topic, partition, err)
-		}
-		if found && seq > last {
-			last = seq
-		}
-	}
-	return last, nil
+	r.observe(tail)
+	return tail, nil
 }
 
 // gap decides what to do when the next row is not last+1: skip it if every
@@ -997,32 +1005,7 @@ func (r *Relay) produceTxn(ctx context.Context, cl *kgo.Client, rows []Row) (map
 	)
 	for i := range rows {
 		row := &rows[i]
-		rec := &kgo.Record{
-			Topic: cfg.DecisionsTopic, Partition: row.Partition, Key: row.Key, Value: row.Payload,
-			Headers: []kgo.RecordHeader{
-				{Key: wire.HeaderSequence, Value: []byte(strconv.FormatInt(row.Seq, 10))},
-				{Key: wire.HeaderEpoch, Value: []byte(strconv.FormatInt(row.Epoch, 10))},
-			},
-		}
-		if row.Kind == KindDeadLetter {
-			rec.Topic = cfg.DeadLetterTopic
-			rec.Headers = append(rec.Headers,
-				kgo.RecordHeader{Key: wire.HeaderReason, Value: []byte(row.Reason)},
-				kgo.RecordHeader{Key: wire.HeaderDetail, Value: []byte(row.Detail)},
-				kgo.RecordHeader{Key: wire.HeaderSourceTopic, Value: []byte(row.SourceTopic)},
-				kgo.RecordHeader{Key: wire.HeaderSourcePart, Value: []byte(strconv.Itoa(int(row.SourcePartition)))},
-				kgo.RecordHeader{Key: wire.HeaderSourceOff, Value: []byte(strconv.FormatInt(row.SourceOffset, 10))},
-			)
-			if len(row.Payload) >= wire.DeadLetterMaxByte {
-				rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: wire.HeaderTruncated, Value: []byte("true")})
-			}
-			if row.Chained() {
-				rec.Headers = append(rec.Headers,
-					kgo.RecordHeader{Key: wire.HeaderPrevHash, Value: []byte(row.PrevHash.String())},
-					kgo.RecordHeader{Key: wire.HeaderHash, Value: []byte(row.Hash.String())},
-				)
-			}
-		}
+		rec := row.Record(cfg.DecisionsTopic, cfg.DeadLetterTopic)
 		wg.Add(1)
 		cl.Produce(ctx, rec, func(_ *kgo.Record, err error) {
 			defer wg.Done()

@@ -3,11 +3,14 @@ package outbox_test
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
@@ -18,6 +21,7 @@ import (
 	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/test/testenv"
+	"github.com/mandated/mandated/wire"
 )
 
 type testBundle struct {
@@ -61,18 +65,64 @@ func (b *testBundle) claim(p int32) int64 {
 }
 
 // insert writes n decision rows to partition p's outbox after its current
-// last sequence, with payloads of size bytes, as a batch commit would.
+// last sequence, with payloads of about size bytes, chained onto the
+// partition's head as a batch commit would.
 func (b *testBundle) insert(p int32, epoch int64, n int, size int) (first, last int64) {
+	b.t.Helper()
+	payloads := make([][]byte, n)
+	for i := range payloads {
+		payloads[i] = padded(size)
+	}
+	return b.write(p, epoch, payloads)
+}
+
+// padded is a decision-shaped payload of about size bytes.
+func padded(size int) []byte {
+	return []byte(`{"pad":"` + strings.Repeat("x", max(size-10, 1)) + `"}`)
+}
+
+// write appends rows with these payloads to partition p's outbox in one
+// transaction, as a batch commit would: the next sequences, chained onto
+// the partition's head (outbox.Chain), and the partition's next sequence
+// and head advanced with them.
+func (b *testBundle) write(p int32, epoch int64, payloads [][]byte) (first, last int64) {
+	b.t.Helper()
 	ctx := context.Background()
-	var next int64
-	require.NoError(b.t, b.pool.QueryRow(ctx, `SELECT next_seq FROM mandated_partitions WHERE partition = $1`, p).Scan(&next))
-	_, err := b.pool.Exec(ctx, `INSERT INTO outbox (partition, seq, epoch, kind, record_key, payload, created_at)
-		SELECT $1, s, $2, 0, convert_to('acme/m', 'UTF8'), convert_to(repeat('x', $5), 'UTF8'), now()
-		FROM generate_series($3::bigint, $4::bigint) AS s`, p, epoch, next, next+int64(n)-1, size)
-	require.NoError(b.t, err)
-	_, err = b.pool.Exec(ctx, `UPDATE mandated_partitions SET next_seq = $2 WHERE partition = $1`, p, next+int64(n))
-	require.NoError(b.t, err)
-	return next, next + int64(n) - 1
+	require.NoError(b.t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		var err error
+		first, last, err = writeRows(ctx, tx, p, epoch, payloads)
+		return err
+	}))
+	return first, last
+}
+
+// writeRows is write inside a transaction of the caller's.
+func writeRows(ctx context.Context, tx pgx.Tx, p int32, epoch int64, payloads [][]byte) (first, last int64, err error) {
+	var head []byte
+	if err := tx.QueryRow(ctx, `SELECT next_seq, head_hash FROM mandated_partitions WHERE partition = $1 FOR UPDATE`, p).Scan(&first, &head); err != nil {
+		return 0, 0, err
+	}
+	rows := make([]outbox.Row, len(payloads))
+	for i, pl := range payloads {
+		rows[i] = outbox.Row{Partition: p, Seq: first + int64(i), Epoch: epoch, Key: []byte("acme/m"), Payload: pl}
+	}
+	var prev wire.ChainHash
+	copy(prev[:], head)
+	newHead := outbox.Chain(rows, prev)
+	for chunk := range slices.Chunk(rows, 2000) {
+		seqs, data, prevs, hashes := make([]int64, len(chunk)), make([][]byte, len(chunk)), make([][]byte, len(chunk)), make([][]byte, len(chunk))
+		for i, r := range chunk {
+			seqs[i], data[i], prevs[i], hashes[i] = r.Seq, r.Payload, r.PrevHash[:], r.Hash[:]
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO outbox (partition, seq, epoch, kind, record_key, payload, created_at, prev_hash, hash)
+			SELECT $1, s, $2, 0, convert_to('acme/m', 'UTF8'), d, now(), ph, h FROM unnest($3::bigint[], $4::bytea[], $5::bytea[], $6::bytea[]) AS u(s, d, ph, h)`,
+			p, epoch, seqs, data, prevs, hashes); err != nil {
+			return 0, 0, err
+		}
+	}
+	last = first + int64(len(payloads)) - 1
+	_, err = tx.Exec(ctx, `UPDATE mandated_partitions SET next_seq = $2, head_hash = $3 WHERE partition = $1`, p, last+1, newHead[:])
+	return first, last, err
 }
 
 func (b *testBundle) relay(mods ...func(*outbox.Config)) *outbox.Relay {
@@ -91,10 +141,12 @@ func (b *testBundle) relay(mods ...func(*outbox.Config)) *outbox.Relay {
 	return r
 }
 
-// received collects the sequences on the decisions topic, read_committed.
+// received collects the sequences on the decisions topic, read_committed,
+// and the offsets they were read at.
 type received struct {
-	mu   sync.Mutex
-	seqs map[int32][]int64
+	mu      sync.Mutex
+	seqs    map[int32][]int64
+	offsets map[int32][]int64
 }
 
 func newReceived(t *testing.T, brokers []string, topic string) *received {
@@ -102,7 +154,7 @@ func newReceived(t *testing.T, brokers []string, topic string) *received {
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.FetchMaxWait(100*time.Millisecond), kgo.FetchMaxBytes(64<<20))
 	require.NoError(t, err)
-	r := &received{seqs: map[int32][]int64{}}
+	r := &received{seqs: map[int32][]int64{}, offsets: map[int32][]int64{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -119,6 +171,7 @@ func newReceived(t *testing.T, brokers []string, topic string) *received {
 				}
 				r.mu.Lock()
 				r.seqs[rec.Partition] = append(r.seqs[rec.Partition], seq)
+				r.offsets[rec.Partition] = append(r.offsets[rec.Partition], rec.Offset)
 				r.mu.Unlock()
 			})
 		}
@@ -137,6 +190,20 @@ func (r *received) get(p int32) []int64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]int64(nil), r.seqs[p]...)
+}
+
+// except returns partition p's sequences but those read at the offsets
+// skipped (records another producer wrote).
+func (r *received) except(p int32, skipped map[int64]bool) []int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []int64
+	for i, s := range r.seqs[p] {
+		if !skipped[r.offsets[p][i]] {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // requireExactlyOnceInOrder checks partition p holds first..last, each once, in order.

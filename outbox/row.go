@@ -1,7 +1,10 @@
 package outbox
 
 import (
+	"strconv"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mandated/mandated/wire"
 )
@@ -62,3 +65,38 @@ type Answer struct {
 
 // Chained reports whether the row carries chain members.
 func (r *Row) Chained() bool { return !r.Hash.IsZero() }
+
+// Record is the Kafka record the relay publishes for the row: on the
+// decisions topic, or for a dead letter on the dead-letter topic with its
+// reason, source and chain members in headers; the sequence and epoch in
+// headers either way.
+func (r *Row) Record(decisionsTopic, deadLetterTopic string) *kgo.Record {
+	rec := &kgo.Record{
+		Topic: decisionsTopic, Partition: r.Partition, Key: r.Key, Value: r.Payload,
+		Headers: []kgo.RecordHeader{
+			{Key: wire.HeaderSequence, Value: []byte(strconv.FormatInt(r.Seq, 10))},
+			{Key: wire.HeaderEpoch, Value: []byte(strconv.FormatInt(r.Epoch, 10))},
+		},
+	}
+	if r.Kind != KindDeadLetter {
+		return rec
+	}
+	rec.Topic = deadLetterTopic
+	rec.Headers = append(rec.Headers,
+		kgo.RecordHeader{Key: wire.HeaderReason, Value: []byte(r.Reason)},
+		kgo.RecordHeader{Key: wire.HeaderDetail, Value: []byte(r.Detail)},
+		kgo.RecordHeader{Key: wire.HeaderSourceTopic, Value: []byte(r.SourceTopic)},
+		kgo.RecordHeader{Key: wire.HeaderSourcePart, Value: []byte(strconv.Itoa(int(r.SourcePartition)))},
+		kgo.RecordHeader{Key: wire.HeaderSourceOff, Value: []byte(strconv.FormatInt(r.SourceOffset, 10))},
+	)
+	if len(r.Payload) >= wire.DeadLetterMaxByte {
+		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: wire.HeaderTruncated, Value: []byte("true")})
+	}
+	if r.Chained() {
+		rec.Headers = append(rec.Headers,
+			kgo.RecordHeader{Key: wire.HeaderPrevHash, Value: []byte(r.PrevHash.String())},
+			kgo.RecordHeader{Key: wire.HeaderHash, Value: []byte(r.Hash.String())},
+		)
+	}
+	return rec
+}

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -9,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/mandated/mandated/wire"
 )
 
 // store is the relay's SQL. Every query is here, named. Each partition's
@@ -134,23 +137,26 @@ func (s store) recordMany(ctx context.Context, pool *pgxpool.Pool, reqs []record
 	})
 }
 
+// markSQL records a partition's published sequence: only under the
+// partition's current epoch, never past PostgreSQL's last sequence (what a
+// relay publishes is what PostgreSQL wrote, nothing Kafka claims beyond
+// it), and never backwards — except below a mark past the last sequence,
+// which an earlier version could record from a forged sequence header.
 const markSQL = `INSERT INTO relay_progress (partition, published_seq, updated_at)
-SELECT $1, $3, now() WHERE (SELECT epoch FROM mandated_partitions WHERE partition = $1) = $2
-ON CONFLICT (partition) DO UPDATE SET published_seq = GREATEST(relay_progress.published_seq, EXCLUDED.published_seq),
+SELECT $1, $3, now() FROM mandated_partitions WHERE partition = $1 AND epoch = $2 AND $3 < next_seq
+ON CONFLICT (partition) DO UPDATE SET published_seq = GREATEST(
+    LEAST(relay_progress.published_seq, (SELECT next_seq - 1 FROM mandated_partitions WHERE partition = $1)),
+    EXCLUDED.published_seq),
   updated_at = now()`
 
-// housekeepSQL deletes a range of published rows. A range predicate keeps
-// the plan an index range scan whatever the statistics: the earlier
-// "seq IN (SELECT ... LIMIT n)" form, once its generic plan was cached on an
-// empty outbox, read every row of the partition on every call.
-const housekeepSQL = `DELETE FROM outbox WHERE partition = $1 AND seq > $2 AND seq <= $3`
-
-// published returns the sequence recorded as published (0 if none).
-func (s store) published(ctx context.Context, partition int32) (int64, error) {
-	var seq int64
-	err := s.pool(partition).QueryRow(ctx, `SELECT coalesce((SELECT published_seq FROM relay_progress WHERE partition = $1), 0)`, partition).Scan(&seq)
-	return seq, err
-}
+// housekeepSQL deletes a range of published rows, never past the
+// published sequence PostgreSQL recorded (the mark is written first, in
+// the same transaction). A range predicate keeps the plan an index range
+// scan whatever the statistics: the earlier "seq IN (SELECT ... LIMIT n)"
+// form, once its generic plan was cached on an empty outbox, read every
+// row of the partition on every call.
+const housekeepSQL = `DELETE FROM outbox WHERE partition = $1 AND seq > $2
+  AND seq <= LEAST($3, coalesce((SELECT published_seq FROM relay_progress WHERE partition = $1), 0))`
 
 // epoch returns the partition's current epoch.
 func (s store) epoch(ctx context.Context, partition int32) (int64, error) {
@@ -264,4 +270,84 @@ func countParked(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
 	var n int64
 	err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_parked`).Scan(&n)
 	return n, err
+}
+
+// headSQL reads a partition's head: its last sequence and head hash, where
+// its chain starts, what a relay recorded as published, its epoch and next
+// input offsets.
+const headSQL = `SELECT p.next_seq - 1, p.head_hash, coalesce(a.after_seq, 0), a.anchor_hash, coalesce(r.published_seq, 0),
+  p.epoch, p.proposals_offset, p.grants_offset
+FROM mandated_partitions p LEFT JOIN chain_anchors a USING (partition) LEFT JOIN relay_progress r USING (partition)
+WHERE p.partition = $1`
+
+// headRowsSQL reads the outbox and parked rows of a partition at some
+// sequences: their chain members, and the bytes of rows written without
+// them (before migration 0008), which only their bytes identify.
+const headRowsSQL = `SELECT seq, kind, record_key, CASE WHEN hash IS NULL THEN payload END, prev_hash, hash
+FROM outbox WHERE partition = $1 AND seq = ANY($2)
+UNION ALL
+SELECT seq, kind, record_key, CASE WHEN hash IS NULL THEN payload END, prev_hash, hash
+FROM outbox_parked WHERE partition = $1 AND seq = ANY($2)`
+
+// Querier is a pool, a connection or a transaction.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// LoadHead reads a partition's head and the outbox and parked rows at seqs
+// in one snapshot (a HeadSource over one database).
+func LoadHead(ctx context.Context, pool *pgxpool.Pool, partition int32, seqs []int64) (PostgresHead, map[int64]Row, error) {
+	var head PostgresHead
+	var rows map[int64]Row
+	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		var err error
+		head, rows, err = ReadHead(ctx, tx, partition, seqs)
+		return err
+	})
+	return head, rows, err
+}
+
+// ReadHead is LoadHead with the caller's querier (a transaction gives it
+// its snapshot). A partition never claimed has an empty head at its
+// anchor.
+func ReadHead(ctx context.Context, q Querier, partition int32, seqs []int64) (PostgresHead, map[int64]Row, error) {
+	head := PostgresHead{Partition: partition, Hash: wire.Anchor(partition, 0), Anchor: wire.Anchor(partition, 0)}
+	rows := map[int64]Row{}
+	var hash, anchor []byte
+	err := q.QueryRow(ctx, headSQL, partition).Scan(&head.LastSeq, &hash, &head.AnchorSeq, &anchor, &head.Published,
+		&head.Epoch, &head.ProposalsOffset, &head.GrantsOffset)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return head, rows, nil
+	}
+	if err != nil {
+		return head, nil, err
+	}
+	head.Claimed = true
+	copy(head.Hash[:], hash)
+	head.Anchor = wire.Anchor(partition, head.AnchorSeq)
+	if len(anchor) == len(head.Anchor) {
+		copy(head.Anchor[:], anchor)
+	}
+	if len(seqs) == 0 {
+		return head, rows, nil
+	}
+	res, err := q.Query(ctx, headRowsSQL, partition, seqs)
+	if err != nil {
+		return head, nil, err
+	}
+	defer res.Close()
+	for res.Next() {
+		row := Row{Partition: partition}
+		var kind int16
+		var prev, h []byte
+		if err := res.Scan(&row.Seq, &kind, &row.Key, &row.Payload, &prev, &h); err != nil {
+			return head, nil, err
+		}
+		row.Kind = Kind(kind)
+		copy(row.PrevHash[:], prev)
+		copy(row.Hash[:], h)
+		rows[row.Seq] = row
+	}
+	return head, rows, res.Err()
 }

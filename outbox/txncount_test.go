@@ -76,17 +76,15 @@ func (b *testBundle) insertAll(epochs map[int32]int64, n int) map[int32]int64 {
 	next := map[int32]int64{}
 	require.NoError(b.t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 		for p, e := range epochs {
-			var first int64
-			if err := tx.QueryRow(ctx, `UPDATE mandated_partitions SET next_seq = next_seq + $2 WHERE partition = $1
-				RETURNING next_seq - $2`, p, n).Scan(&first); err != nil {
+			payloads := make([][]byte, n)
+			for i := range payloads {
+				payloads[i] = padded(200)
+			}
+			_, last, err := writeRows(ctx, tx, p, e, payloads)
+			if err != nil {
 				return err
 			}
-			if _, err := tx.Exec(ctx, `INSERT INTO outbox (partition, seq, epoch, kind, record_key, payload, created_at)
-				SELECT $1, s, $2, 0, convert_to('acme/m', 'UTF8'), convert_to(repeat('x', 200), 'UTF8'), now()
-				FROM generate_series($3::bigint, $4::bigint) AS s`, p, e, first, first+int64(n)-1); err != nil {
-				return err
-			}
-			next[p] = first + int64(n)
+			next[p] = last + 1
 		}
 		return nil
 	}))

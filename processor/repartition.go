@@ -137,9 +137,9 @@ func Repartition(ctx context.Context, conn *pgx.Conn, cfg RepartitionConfig, log
 
 	res, err := sink.Repartition(ctx, conn, sink.RepartitionConfig{
 		To: cfg.To, Operator: cfg.Operator, DaemonApplicationName: cfg.DaemonApplicationName, Shard: cfg.Shard,
-		Drained: func(ctx context.Context, old []sink.RepartitionPosition) error {
+		Drained: func(ctx context.Context, tx pgx.Tx, old []sink.RepartitionPosition) error {
 			rep.Parked = nil
-			return drained(ctx, adm, cfg, old, &rep.Parked)
+			return drained(ctx, tx, adm, cfg, old, &rep.Parked)
 		},
 		BeforeCommit: func(ctx context.Context) error { return groupIsEmpty(ctx, adm, cfg.Group) },
 	})
@@ -231,7 +231,10 @@ func groupIsEmpty(ctx context.Context, adm *kadm.Client, group string) error {
 // drained refuses unless every old partition is decided up to the input
 // topics' end offsets and every outbox row is published or parked.
 // Parked rows do not block: they are listed in parked ("partition-seq").
-func drained(ctx context.Context, adm *kadm.Client, cfg RepartitionConfig, old []sink.RepartitionPosition, parked *[]string) error {
+// What the topics hold counts as published only where it is on the
+// partition's own chain (outbox.ReadTail), never past PostgreSQL's last
+// sequence; a chain past it (PostgreSQL went back in time) refuses.
+func drained(ctx context.Context, tx pgx.Tx, adm *kadm.Client, cfg RepartitionConfig, old []sink.RepartitionPosition, parked *[]string) error {
 	ends, err := adm.ListEndOffsets(ctx, cfg.ProposalsTopic, cfg.GrantsTopic)
 	if err != nil {
 		return fmt.Errorf("processor: list end offsets: %w", err)
@@ -256,19 +259,21 @@ func drained(ctx context.Context, adm *kadm.Client, cfg RepartitionConfig, old [
 		}
 		last := p.NextSeq - 1
 		published := p.PublishedSeq
-		if published < last {
-			// The relay records its progress after publishing: the topics
-			// are the authority.
-			for _, topic := range []string{cfg.DecisionsTopic, cfg.DeadLetterTopic} {
-				seq, found, err := outbox.TailSequence(ctx, cfg.Brokers, cfg.KafkaOpts, topic, p.Partition, 4*(outbox.MaxRowsDefault+1))
-				if err != nil {
-					return fmt.Errorf("processor: read the tail of %s/%d: %w", topic, p.Partition, err)
-				}
-				if found {
-					published = max(published, seq)
-				}
-			}
+		// The relay records its progress after publishing: the chain on
+		// the topics says what else is published.
+		tail, err := outbox.ReadTail(ctx, outbox.TailConfig{KafkaOpts: append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...)}, cfg.KafkaOpts...),
+			DecisionsTopic: cfg.DecisionsTopic, DeadLetterTopic: cfg.DeadLetterTopic}, p.Partition,
+			func(ctx context.Context, partition int32, seqs []int64) (outbox.PostgresHead, map[int64]outbox.Row, error) {
+				return outbox.ReadHead(ctx, tx, partition, seqs)
+			})
+		if err != nil {
+			return fmt.Errorf("processor: read the tail of partition %d: %w", p.Partition, err)
 		}
+		if tail.State() == outbox.KafkaAhead {
+			problems = append(problems, fmt.Sprintf("partition %d: Kafka holds %d decisions past PostgreSQL's last sequence %d that continue its chain: PostgreSQL went back in time (restored from a backup?)",
+				p.Partition, tail.Behind(), last))
+		}
+		published = max(published, tail.ResumeAfter())
 		unpublished := max(last-published, 0)
 		for _, s := range p.Parked {
 			if s > published && s <= last {
@@ -342,14 +347,27 @@ func growTopics(ctx context.Context, adm *kadm.Client, cfg RepartitionConfig, co
 // synced, renamed over it) with partitions 0..To-1 on that shard. The
 // partitions are spread again afterwards with mandatectl shards move.
 //
-// The map file is checked writable before anything changes. Any step that
+// The map file is locked (sink.LockShardMap) and read again for the whole
+// run, and checked writable before anything changes. Any step that
 // fails is completed by running it again: a finished step is not repeated,
 // and until every step is done processors refuse to start (the topics',
 // the shards' and the map's counts differ).
 func RepartitionShards(ctx context.Context, m *sink.ShardMap, cfg RepartitionConfig, log zerolog.Logger) (RepartitionReport, error) {
 	var rep RepartitionReport
-	if m.Path() != "" {
-		if err := sink.CheckWritable(m.Path()); err != nil {
+	if path := m.Path(); path != "" {
+		// The map's lock, from a fresh read to the write: a shards move of
+		// the same map waits, and is never lost or half-applied.
+		lock, err := sink.LockShardMap(ctx, path, func(holder string) {
+			log.Info().Str("lock", sink.LockPath(path)).Str("holder", holder).Msg("waiting for the shard map's lock, held by another edit")
+		})
+		if err != nil {
+			return rep, fmt.Errorf("%w: %w", sink.ErrRepartitionRefused, err)
+		}
+		defer lock.Unlock() //nolint:errcheck // released with the file anyway
+		if m, err = sink.ReadShardMap(path); err != nil {
+			return rep, fmt.Errorf("%w: %w", sink.ErrRepartitionRefused, err)
+		}
+		if err := sink.CheckWritable(path); err != nil {
 			return rep, fmt.Errorf("%w: %w", sink.ErrRepartitionRefused, err)
 		}
 	}

@@ -113,3 +113,10 @@ func (svc *Service) Stop(ctx context.Context) error {
 		Msg("service stopped")
 	return errors.Join(perr, rerr)
 }
+
+// Ready reports whether the instance is ready: the processor's Ready, and
+// the relay's (what its tail reads found that is not mandated's own chain:
+// records another producer wrote, a chain past PostgreSQL's head).
+func (svc *Service) Ready(ctx context.Context) error {
+	return errors.Join(svc.Processor.Ready(ctx), svc.Relay.Ready(ctx))
+}

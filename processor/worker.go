@@ -240,6 +240,9 @@ func (w *worker) step() (bool, error) {
 	if err := w.verifySignatures(items, now); err != nil {
 		return true, err
 	}
+	// A process stopped here holds a batch in memory that it will try to
+	// commit when it goes on, whatever happened meanwhile (S-08a).
+	_ = failpoint.Inject(w.ctx, failpoint.BeforeBatch)
 	err := w.commitIsolating(items, due, now)
 	if errors.Is(err, sink.ErrFenced) {
 		w.unshift(recs) // a successor re-claiming the partition decides them

@@ -78,8 +78,9 @@ type RepartitionConfig struct {
 	// commit any more), with each old partition's stored positions. It
 	// compares them with the topics (Kafka) and returns an error wrapping
 	// ErrRepartitionRefused when a partition has undecided records or
-	// unpublished decisions. Required.
-	Drained func(ctx context.Context, old []RepartitionPosition) error
+	// unpublished decisions; tx is the transaction (to read what else it
+	// needs of a partition). Required.
+	Drained func(ctx context.Context, tx pgx.Tx, old []RepartitionPosition) error
 	// BeforeCommit, if set, runs last inside the transaction (the caller
 	// checks the consumer group once more).
 	BeforeCommit func(ctx context.Context) error
@@ -211,7 +212,7 @@ func Repartition(ctx context.Context, conn *pgx.Conn, cfg RepartitionConfig) (Re
 		if err := liveSessions(ctx, tx, cfg.DaemonApplicationName); err != nil {
 			return err
 		}
-		if err := cfg.Drained(ctx, old); err != nil {
+		if err := cfg.Drained(ctx, tx, old); err != nil {
 			return err
 		}
 

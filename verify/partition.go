@@ -22,6 +22,8 @@ type partitionVerifier struct {
 	since *Checkpoint
 	snap  *snapshot
 
+	decs, dls *topicReader
+
 	pr       PartitionReport
 	started  bool // the chain position is known (head, expect)
 	head     wire.ChainHash
@@ -60,6 +62,9 @@ func (pv *partitionVerifier) run(ctx context.Context) error {
 		return err
 	}
 	pv.snap = snap
+	if f := pv.cfg.Test.AfterSnapshot; f != nil {
+		f(pv.p)
+	}
 	pv.rb = newRebuild()
 	pv.pr = PartitionReport{Partition: pv.p, Target: snap.LastSeq, From: -1}
 	pv.skipping = pv.cfg.SinceHash != nil && pv.since == nil
@@ -70,21 +75,40 @@ func (pv *partitionVerifier) run(ctx context.Context) error {
 		pv.pr.Head = *c
 	}
 
-	dls := &topicReader{adm: pv.adm, opts: pv.cfg.KafkaOpts, topic: pv.cfg.DeadLetterTopic, p: pv.p, next: dlFrom}
-	decs := &topicReader{adm: pv.adm, opts: pv.cfg.KafkaOpts, topic: pv.cfg.DecisionsTopic, p: pv.p, next: decFrom}
+	dls := &topicReader{adm: pv.adm, opts: pv.cfg.KafkaOpts, topic: pv.cfg.DeadLetterTopic, p: pv.p, next: dlFrom, start: -1}
+	decs := &topicReader{adm: pv.adm, opts: pv.cfg.KafkaOpts, topic: pv.cfg.DecisionsTopic, p: pv.p, next: decFrom, start: -1}
+	pv.decs, pv.dls = decs, dls
 	var dlq []entry
+	// Parked rows take their place in sequence order like dead letters;
+	// the relay may park a row while this run reads, so they are read
+	// again whenever the chain seems to miss a record.
+	parked := map[int64]bool{}
+	addParked := func(rows map[int64]entry) {
+		for seq, e := range rows {
+			if !parked[seq] {
+				parked[seq] = true
+				dlq = append(dlq, e)
+			}
+		}
+	}
+	addParked(snap.Parked)
 	refreshDL := func() error {
-		return dls.readToEnd(ctx, func(r *kgo.Record) error {
+		err := dls.readToEnd(ctx, func(r *kgo.Record) error {
 			dlq = append(dlq, readEntry(r, true))
 			return nil
 		})
+		if err != nil {
+			return err
+		}
+		rows, err := readParked(ctx, pool, pv.p)
+		if err != nil {
+			return err
+		}
+		addParked(rows)
+		return nil
 	}
 	if err := refreshDL(); err != nil {
 		return err
-	}
-	// Parked rows take their place in sequence order like dead letters.
-	for _, e := range snap.Parked {
-		dlq = append(dlq, e)
 	}
 	sortEntries := func() { slices.SortStableFunc(dlq, func(a, b entry) int { return cmp.Compare(a.Seq, b.Seq) }) }
 	sortEntries()
@@ -102,7 +126,8 @@ func (pv *partitionVerifier) run(ctx context.Context) error {
 			e := readEntry(r, false)
 			if e.HasSeq && pv.started && e.Seq > pv.expect && (len(dlq) == 0 || dlq[0].Seq > pv.expect) {
 				// A dead letter committed with it may not have been
-				// visible when the dead-letter topic was read.
+				// visible when the dead-letter topic was read, or the
+				// record before it was parked since.
 				if err := refreshDL(); err != nil {
 					return err
 				}
@@ -164,7 +189,7 @@ func (pv *partitionVerifier) check(e *entry) {
 	pv.rep.Records++
 	if e.Topic == "outbox_parked" {
 		pv.pr.Parked++
-	} else if e.deadLetter() {
+	} else if e.DeadLetter {
 		pv.pr.DeadLetters++
 	} else {
 		pv.pr.Decisions++
@@ -183,7 +208,12 @@ func (pv *partitionVerifier) check(e *entry) {
 	}
 	if pv.pr.From < 0 {
 		pv.pr.From = e.Seq
-		pv.pr.Complete = e.Seq == 1 && pv.since == nil
+		fromStart := pv.since == nil && pv.cfg.SinceHash == nil
+		pv.pr.Complete = e.Seq == 1 && fromStart
+		if fromStart && e.Seq != 1 && pv.decs.start == 0 && pv.dls.start == 0 {
+			pv.brk(e, BreakSequence, "the history starts at sequence %d, but retention deleted nothing (both topics' log start offsets are 0): sequences 1-%d are missing",
+				e.Seq, e.Seq-1)
+		}
 	}
 	preChain := pv.snap.Anchored && e.Seq <= pv.snap.AnchorSeq
 	if !e.Chained {
@@ -217,11 +247,11 @@ func (pv *partitionVerifier) check(e *entry) {
 		pv.accept(e)
 		return
 	}
-	if e.Seq == pv.expect && e.Link.Prev == pv.head {
+	if e.Follows(pv.expect-1, pv.head) {
 		pv.accept(e)
 		return
 	}
-	if e.Seq == pv.snap.AnchorSeq+1 && pv.snap.Anchored && e.Link.Prev == pv.snap.Anchor && e.Seq == pv.expect {
+	if pv.snap.Anchored && e.Seq == pv.expect && e.Follows(pv.snap.AnchorSeq, pv.snap.Anchor) {
 		pv.accept(e) // the first record after the anchor follows a pre-chain record
 		return
 	}
@@ -229,7 +259,7 @@ func (pv *partitionVerifier) check(e *entry) {
 	// accepted after that one are not on the chain.
 	for i := len(pv.recent) - 1; i >= 0; i-- {
 		r := pv.recent[i]
-		if r.e.Link.Claimed != e.Link.Prev || r.e.Seq+1 != e.Seq {
+		if !e.Follows(r.e.Seq, r.e.Link.Claimed) {
 			continue
 		}
 		for _, o := range pv.recent[i+1:] {
@@ -304,7 +334,7 @@ func (pv *partitionVerifier) applyPending() {
 			break
 		}
 	}
-	if e.Seq > pv.snap.LastSeq || e.deadLetter() || e.Value == nil {
+	if e.Seq > pv.snap.LastSeq || e.DeadLetter || e.Value == nil {
 		return // after PostgreSQL's snapshot, or no state in it
 	}
 	d, err := wire.ParseDecision(e.Value)
@@ -319,6 +349,9 @@ func (pv *partitionVerifier) applyPending() {
 func (pv *partitionVerifier) finish() {
 	s := pv.snap
 	pv.pr.HeadText = pv.pr.Head.String()
+	if pv.pr.From < 0 && s.LastSeq == 0 && pv.since == nil && pv.cfg.SinceHash == nil {
+		pv.pr.Complete = true // nothing written, nothing missing
+	}
 	if !s.Claimed {
 		return
 	}

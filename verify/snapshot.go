@@ -35,8 +35,8 @@ type snapshot struct {
 }
 
 type dbMandate struct {
-	Version, UsesAllowed, UsesHeld, UsesSpent, UsesInDoubt, AmountHeld, AmountSpent int64
-	Status                                                                          string
+	Version, TermsVersion, UsesAllowed, UsesHeld, UsesSpent, UsesInDoubt, AmountHeld, AmountSpent int64
+	Status                                                                                        string
 }
 
 type dbAuth struct {
@@ -49,7 +49,7 @@ func authKey(mandateKey, id string) string { return mandateKey + "#" + id }
 const (
 	snapPartitionSQL = `SELECT p.next_seq - 1, p.head_hash, a.after_seq, a.anchor_hash
 FROM mandated_partitions p LEFT JOIN chain_anchors a USING (partition) WHERE p.partition = $1`
-	snapMandatesSQL = `SELECT org || '/' || mandate_id, version, status, uses_allowed, uses_held, uses_spent, uses_in_doubt,
+	snapMandatesSQL = `SELECT org || '/' || mandate_id, version, terms_version, status, uses_allowed, uses_held, uses_spent, uses_in_doubt,
   amount_held, amount_spent FROM mandates WHERE partition = $1`
 	snapAuthsSQL = `SELECT org || '/' || mandate_id, authorization_id, state, version FROM authorizations WHERE partition = $1`
 	// snapCountsSQL lists the earlier partition counts (none before any
@@ -91,7 +91,7 @@ func readSnapshot(ctx context.Context, pool *pgxpool.Pool, partition int32) (*sn
 		for rows.Next() {
 			var k string
 			var m dbMandate
-			if err := rows.Scan(&k, &m.Version, &m.Status, &m.UsesAllowed, &m.UsesHeld, &m.UsesSpent, &m.UsesInDoubt,
+			if err := rows.Scan(&k, &m.Version, &m.TermsVersion, &m.Status, &m.UsesAllowed, &m.UsesHeld, &m.UsesSpent, &m.UsesInDoubt,
 				&m.AmountHeld, &m.AmountSpent); err != nil {
 				rows.Close()
 				return fmt.Errorf("read mandates: %w", err)
@@ -135,34 +135,49 @@ func readSnapshot(ctx context.Context, pool *pgxpool.Pool, partition int32) (*sn
 			}
 			rows.Close()
 		}
-		if rows, err = tx.Query(ctx, snapParkedSQL, partition); err != nil {
-			return fmt.Errorf("read parked rows: %w", err)
-		}
-		for rows.Next() {
-			var seq, epoch int64
-			var kind int16
-			var key, payload, prev, hash []byte
-			if err := rows.Scan(&seq, &epoch, &kind, &key, &payload, &prev, &hash); err != nil {
-				rows.Close()
-				return fmt.Errorf("read parked rows: %w", err)
-			}
-			e := entry{Topic: "outbox_parked", Seq: seq, HasSeq: true, Offset: -1, Chained: true, DL: kind == 1}
-			copy(e.Link.Prev[:], prev)
-			copy(e.Link.Claimed[:], hash)
-			e.Link.Computed = e.Link.Claimed // a parked dead letter's record was never built; its stored hash stands
-			if kind == 0 {
-				l, err := wire.DecisionLink(payload)
-				if err != nil {
-					e.Problem = fmt.Sprintf("parked decision: %v", err)
-				} else {
-					e.Link = l
-					e.Value = payload
-				}
-			}
-			s.Parked[seq] = e
-		}
-		rows.Close()
-		return rows.Err()
+		s.Parked, err = readParked(ctx, tx, partition)
+		return err
 	})
 	return s, err
+}
+
+// querier is a pool or a transaction.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// readParked reads a partition's parked rows as entries of its chain.
+func readParked(ctx context.Context, q querier, partition int32) (map[int64]entry, error) {
+	rows, err := q.Query(ctx, snapParkedSQL, partition)
+	if err != nil {
+		return nil, fmt.Errorf("read parked rows: %w", err)
+	}
+	defer rows.Close()
+	parked := map[int64]entry{}
+	for rows.Next() {
+		var seq, epoch int64
+		var kind int16
+		var key, payload, prev, hash []byte
+		if err := rows.Scan(&seq, &epoch, &kind, &key, &payload, &prev, &hash); err != nil {
+			return nil, fmt.Errorf("read parked rows: %w", err)
+		}
+		e := entry{Topic: "outbox_parked", Seq: seq, HasSeq: true, Offset: -1, Chained: true, DeadLetter: kind == 1, ProducerID: -1}
+		copy(e.Link.Prev[:], prev)
+		copy(e.Link.Claimed[:], hash)
+		e.Link.Computed = e.Link.Claimed // a parked dead letter's record was never built; its stored hash stands
+		if kind == 0 {
+			l, err := wire.DecisionLink(payload)
+			if err != nil {
+				e.Problem = fmt.Sprintf("parked decision: %v", err)
+			} else {
+				e.Link = l
+				e.Value = payload
+			}
+		}
+		parked[seq] = e
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read parked rows: %w", err)
+	}
+	return parked, nil
 }

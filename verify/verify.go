@@ -59,6 +59,17 @@ type Config struct {
 	CatchUpTimeout time.Duration
 	// Progress, when set, is called now and then on long runs.
 	Progress func(Progress)
+
+	// Test holds knobs for tests only.
+	Test TestConfig
+}
+
+// TestConfig holds test-only knobs.
+type TestConfig struct {
+	// AfterSnapshot is called once a partition's state is read from
+	// PostgreSQL, before its topics are read (a test can let the pipeline
+	// move on there, as it does while a long run reads).
+	AfterSnapshot func(partition int32)
 }
 
 // Progress is how far a run is.

@@ -114,7 +114,19 @@ func lifecycle(t *testing.T, h *harness.Harness, org, mandate string) {
 	})
 }
 
+// requireVerified asserts a clean verify of whole histories: no break, no
+// drift, and every partition's history read from sequence 1.
 func requireVerified(t *testing.T, rep *verify.Report) {
+	t.Helper()
+	requireVerifiedSince(t, rep)
+	for _, p := range rep.Partitions {
+		require.True(t, p.Complete, "partition %d's history is complete (from sequence %d)", p.Partition, p.From)
+	}
+}
+
+// requireVerifiedSince asserts a clean verify that started after
+// checkpoints: no break, no drift.
+func requireVerifiedSince(t *testing.T, rep *verify.Report) {
 	t.Helper()
 	require.Empty(t, rep.Breaks)
 	require.Empty(t, rep.Drifts)
@@ -182,7 +194,7 @@ func TestACleanHistoryVerifiesAndACheckpointProvesItsExtension(t *testing.T) {
 	}
 	lifecycle(t, b.h, "acme", mandateOn(0, 2, "after-")) // new history on partition 0 only
 	since := b.verify(t, func(c *verify.Config) { c.Since = cps })
-	requireVerified(t, since)
+	requireVerifiedSince(t, since)
 	require.Equal(t, cps[0].Sequence+1, since.Partitions[0].From)
 	require.Positive(t, since.Partitions[0].Decisions)
 	require.Zero(t, since.Partitions[1].Decisions)
@@ -234,9 +246,10 @@ func TestACounterChangedByHandInPostgresIsDriftAtItsMandate(t *testing.T) {
 	requireVerified(t, b.verify(t))
 
 	var part int32
-	var spent int64
-	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT partition, uses_spent FROM mandates WHERE org = 'acme' AND mandate_id = 'tampered'`).Scan(&part, &spent))
-	handEdit(t, b.pool, part, `UPDATE mandates SET uses_spent = uses_spent - 1, amount_held = amount_held + 5 WHERE org = 'acme' AND mandate_id = 'tampered'`)
+	var spent, terms int64
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT partition, uses_spent, terms_version FROM mandates WHERE org = 'acme' AND mandate_id = 'tampered'`).Scan(&part, &spent, &terms))
+	handEdit(t, b.pool, part, `UPDATE mandates SET uses_spent = uses_spent - 1, amount_held = amount_held + 5, terms_version = terms_version + 1
+		WHERE org = 'acme' AND mandate_id = 'tampered'`)
 	last := b.h.Decisions.Wait(b.h.Timeout, func(d wire.Decision) bool {
 		return d.MandateID == "tampered" && d.Command == "revoke" && d.Source != nil
 	})
@@ -246,6 +259,7 @@ func TestACounterChangedByHandInPostgresIsDriftAtItsMandate(t *testing.T) {
 	require.ElementsMatch(t, []verify.Drift{
 		{Kind: "database", Mandate: "acme/tampered", Field: "uses_spent", History: fmt.Sprint(spent), Database: fmt.Sprint(spent - 1), Decision: lastAbout(b.h, "tampered")},
 		{Kind: "database", Mandate: "acme/tampered", Field: "amount_held_minor_units", History: "0", Database: "5", Decision: lastAbout(b.h, "tampered")},
+		{Kind: "database", Mandate: "acme/tampered", Field: "terms_version", History: fmt.Sprint(terms), Database: fmt.Sprint(terms + 1), Decision: lastAbout(b.h, "tampered")},
 	}, rep.Drifts)
 	require.NotEmpty(t, last.DecisionID)
 }
@@ -264,7 +278,7 @@ func lastAbout(h *harness.Harness, mandate string) string {
 func TestAForgedRecordAppendedByAnotherProducerBreaksTheChainAtItsSequence(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
-	b.h.Start("a")
+	a := b.h.Start("a")
 	lifecycle(t, b.h, "acme", "m")
 	requireVerified(t, b.verify(t))
 
@@ -288,7 +302,11 @@ func TestAForgedRecordAppendedByAnotherProducerBreaksTheChainAtItsSequence(t *te
 	require.NotEqual(t, string(recs[2].Value), tampered)
 	tamperedAt := produceForged(t, b.h, []byte(tampered), head.Seq+1)
 
-	// mandated goes on deciding: its next record follows its own head.
+	// The partition moves to another process, whose relay reads the tail
+	// back to resume: the forgeries are the last records there. mandated
+	// goes on deciding and publishing: its next record follows its own head.
+	b.h.Stop(a)
+	b.h.Start("b")
 	lifecycle(t, b.h, "acme", "after")
 
 	rep := b.verify(t)
@@ -430,4 +448,99 @@ func setMaxMessageBytes(t *testing.T, h *harness.Harness, v string) {
 	for _, r := range resp {
 		require.NoError(t, r.Err)
 	}
+}
+
+// copyHistory copies the records of h's decisions partition 0 from
+// sequence from on into a new topic (log start offset 0), as a history that
+// lost its first records without retention deleting them would look, and
+// returns the topic.
+func copyHistory(t *testing.T, h *harness.Harness, from int64) string {
+	t.Helper()
+	topic := testenv.Name(t, "copy")
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(h.Brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner())}, h.KafkaOpts...)...)
+	require.NoError(t, err)
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	adm := kadm.NewClient(cl)
+	resp, err := adm.CreateTopic(ctx, 1, 1, nil, topic)
+	require.NoError(t, err)
+	require.NoError(t, resp.Err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		_, _ = adm.DeleteTopics(ctx, topic)
+	})
+	for _, r := range h.Decisions.Records() {
+		if r.Partition != 0 || r.Seq < from {
+			continue
+		}
+		var hdrs []kgo.RecordHeader
+		for k, v := range r.Headers {
+			hdrs = append(hdrs, kgo.RecordHeader{Key: k, Value: []byte(v)})
+		}
+		require.NoError(t, cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Partition: 0, Key: []byte(r.Key), Value: r.Value, Headers: hdrs}).FirstErr())
+	}
+	return topic
+}
+
+// A history that does not start at sequence 1 while retention deleted
+// nothing (both topics' log start offsets are 0) lost its first records:
+// that is a break at the first record read, not a complete history. Where
+// retention did delete them, it is an incomplete history that verifies.
+func TestAHistoryMissingItsFirstRecordsIsABreakUnlessRetentionDeletedThem(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	b.h.Start("a")
+	lifecycle(t, b.h, "acme", "m")
+	requireVerified(t, b.verify(t))
+
+	copied := copyHistory(t, b.h, 4)
+	rep := b.verify(t, func(c *verify.Config) { c.DecisionsTopic = copied })
+	require.Len(t, rep.Breaks, 1, "%+v", rep.Breaks)
+	require.Equal(t, verify.Break{Partition: 0, Sequence: 4, Topic: copied, Offset: 0, Kind: verify.BreakSequence,
+		Detail: rep.Breaks[0].Detail}, rep.Breaks[0])
+	require.False(t, rep.Partitions[0].Complete)
+
+	// Retention (here DeleteRecords) moved the log start: the history is
+	// incomplete, and what is left verifies.
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(b.h.Brokers...)}, b.h.KafkaOpts...)...)
+	require.NoError(t, err)
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	offsets := kadm.Offsets{}
+	offsets.Add(kadm.Offset{Topic: copied, Partition: 0, At: 1})
+	del, err := kadm.NewClient(cl).DeleteRecords(ctx, offsets)
+	require.NoError(t, err)
+	require.NoError(t, del.Error())
+	rep = b.verify(t, func(c *verify.Config) { c.DecisionsTopic = copied })
+	require.Empty(t, rep.Breaks)
+	require.Empty(t, rep.Drifts)
+	require.False(t, rep.Partitions[0].Complete)
+	require.Equal(t, int64(5), rep.Partitions[0].From)
+}
+
+// A row the relay parks while verify reads (after it read PostgreSQL's
+// state, before it reads the topics) is not a gap in the chain.
+func TestARowParkedDuringAVerifyRunIsNotABreak(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	b.h.Start("a")
+	require.Equal(t, wire.OutcomeGranted, b.h.SendAwait(grant("acme", "m", 3, nil)).Outcome)
+	rep := b.verify(t, func(c *verify.Config) {
+		c.Test.AfterSnapshot = func(int32) {
+			setMaxMessageBytes(t, b.h, "512")
+			b.h.Send(propose("acme", "m", "k1", 100))
+			testenv.WaitFor(t, time.Minute, func() bool {
+				var n int
+				require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox_parked`).Scan(&n))
+				return n == 1
+			}, "the reservation's decision parked")
+			setMaxMessageBytes(t, b.h, "1048588")
+			require.Equal(t, wire.OutcomeReserved, b.h.SendAwait(propose("acme", "m", "k2", 200)).Outcome)
+		}
+	})
+	requireVerified(t, rep)
+	require.Equal(t, int64(1), rep.Partitions[0].Parked)
 }

@@ -127,7 +127,11 @@ type AuthorizationView struct {
 
 // MandateView is a mandate as a decision shows it.
 type MandateView struct {
-	Version       int64         `json:"version"`
+	Version int64 `json:"version"`
+	// TermsVersion is the version the mandate's last grant made (0 for a
+	// mandate last granted before migration 0020): a grant bound to a
+	// version older than it is refused stale_grant.
+	TermsVersion  int64         `json:"terms_version,omitempty"`
 	Status        MandateStatus `json:"status"`
 	UsesAllowed   int64         `json:"uses_allowed"`
 	UsesHeld      int64         `json:"uses_held"`

@@ -28,7 +28,16 @@ import (
 	"github.com/mandated/mandated/wire"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// asMandatectl makes the test binary run as mandatectl (main), so a test
+// can run it as a process of its own and kill it (ctlProcess).
+const asMandatectl = "MANDATECTL_TEST_AS_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(asMandatectl) == "1" {
+		main() // exits
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // testBundle is one harness pipeline and the flags that point mandatectl at it.
 type testBundle struct {
@@ -653,6 +662,14 @@ func TestVerifyExitsZeroOnAVerifiedHistoryAndOneOnDrift(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(prom), "mandated_verify_success 1")
 	require.Contains(t, string(prom), "mandated_verify_last_completed_timestamp_seconds")
+	require.Regexp(t, fmt.Sprintf(`(?m)^%d\s+1\s+yes\s`, part), r.stdout, "the partition's history is complete")
+
+	// A history missing its first record while retention deleted nothing
+	// is a break: exit 1.
+	copied := copyDecisions(t, b.h, part, 2)
+	r = ctl(t, append(args("--partition", fmt.Sprint(part)), "--decisions-topic", copied)...)
+	require.Equal(t, exitFailed, r.code, "%s", r)
+	require.Contains(t, r.stdout, fmt.Sprintf("BREAK partition %d sequence 2 (%s offset 0) sequence: the history starts at sequence 2", part, copied))
 
 	// The checkpoints, one per partition with history, and a verify since them.
 	r = ctl(t, args("--checkpoint")...)
@@ -693,4 +710,37 @@ func TestVerifyExitsZeroOnAVerifiedHistoryAndOneOnDrift(t *testing.T) {
 		r = ctl(t, args(bad...)...)
 		require.Equal(t, exitUsage, r.code, "%v: %s", bad, r)
 	}
+}
+
+// copyDecisions copies the decisions of partition p from sequence from on
+// into a new topic of the same partition count (log start offset 0): a
+// history that lost its first records without retention deleting them.
+func copyDecisions(t *testing.T, h *harness.Harness, p int32, from int64) string {
+	t.Helper()
+	topic := testenv.Name(t, "copy")
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(h.Brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner())}, h.KafkaOpts...)...)
+	require.NoError(t, err)
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	adm := kadm.NewClient(cl)
+	resp, err := adm.CreateTopic(ctx, h.Spec.Partitions, 1, nil, topic)
+	require.NoError(t, err)
+	require.NoError(t, resp.Err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		_, _ = adm.DeleteTopics(ctx, topic)
+	})
+	for _, r := range h.Decisions.Records() {
+		if r.Partition != p || r.Seq < from {
+			continue
+		}
+		var hdrs []kgo.RecordHeader
+		for k, v := range r.Headers {
+			hdrs = append(hdrs, kgo.RecordHeader{Key: k, Value: []byte(v)})
+		}
+		require.NoError(t, cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Partition: p, Key: []byte(r.Key), Value: r.Value, Headers: hdrs}).FirstErr())
+	}
+	return topic
 }

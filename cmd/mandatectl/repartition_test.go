@@ -117,7 +117,7 @@ func TestRepartitionOfAShardMapRefusesPartitionsOnTwoShards(t *testing.T) {
 	conn, err := pgx.Connect(ctx, urlA)
 	require.NoError(t, err)
 	defer conn.Close(ctx)
-	drained := func(context.Context, []sink.RepartitionPosition) error { return nil }
+	drained := func(context.Context, pgx.Tx, []sink.RepartitionPosition) error { return nil }
 	_, err = sink.Repartition(ctx, conn, sink.RepartitionConfig{To: 12, Drained: drained})
 	require.ErrorIs(t, err, sink.ErrRepartitionRefused)
 	require.ErrorContains(t, err, `this database is shard "a" of a shard map: run the repartition with the shard map (--shard-map)`)

@@ -166,16 +166,26 @@ func driftText(d verify.Drift) string {
 
 func printVerifyReport(a *app, rep *verify.Report) {
 	tw := newTable(a.stdout)
-	fmt.Fprintln(tw, "PARTITION\tFROM\tHEAD\tDECISIONS\tDEAD LETTERS\tPARKED\tPRE-CHAIN\tMANDATES\tHEAD HASH")
+	fmt.Fprintln(tw, "PARTITION\tFROM\tCOMPLETE\tHEAD\tDECISIONS\tDEAD LETTERS\tPARKED\tPRE-CHAIN\tMANDATES\tHEAD HASH")
+	var incomplete []string
 	for _, p := range rep.Partitions {
 		from := "-"
 		if p.From >= 0 {
 			from = strconv.FormatInt(p.From, 10)
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", p.Partition, from, p.Head.Sequence, p.Decisions, p.DeadLetters,
+		complete := "yes"
+		if !p.Complete && p.From >= 0 {
+			complete = "no"
+			incomplete = append(incomplete, strconv.Itoa(int(p.Partition)))
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", p.Partition, from, complete, p.Head.Sequence, p.Decisions, p.DeadLetters,
 			p.Parked, p.PreChain, p.Mandates, p.Head.Hash)
 	}
 	_ = tw.Flush()
+	if len(incomplete) > 0 {
+		fmt.Fprintf(a.stdout, "partitions %s: the history read does not start at sequence 1 (retention deleted its first records, or --since): what came before is not proven\n",
+			strings.Join(incomplete, ", "))
+	}
 	for _, b := range rep.Breaks {
 		fmt.Fprintf(a.stdout, "BREAK partition %d sequence %d (%s offset %d) %s: %s\n", b.Partition, b.Sequence, b.Topic, b.Offset, b.Kind, b.Detail)
 	}

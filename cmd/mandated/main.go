@@ -324,7 +324,7 @@ func watchReady(svc *processor.Service, g prometheus.Gauge, stop <-chan struct{}
 	defer t.Stop()
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		if svc.Processor.Ready(ctx) == nil {
+		if svc.Ready(ctx) == nil {
 			g.Set(1)
 		} else {
 			g.Set(0)
@@ -357,7 +357,7 @@ func routes(state *serving, reg *prometheus.Registry) http.Handler {
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
 		defer cancel()
-		if err := svc.Processor.Ready(ctx); err != nil {
+		if err := svc.Ready(ctx); err != nil {
 			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}

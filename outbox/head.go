@@ -1,0 +1,397 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/mandated/mandated/wire"
+)
+
+// Trust only your own chain. What the decisions and dead-letter topics hold
+// is believed only where it continues the partition's hash chain from a
+// hash PostgreSQL recorded: the head (the hash of record next_seq - 1), the
+// hashes of the outbox rows not yet deleted and of parked rows, and what
+// those name as their predecessors. ReadTail reads a partition's committed
+// tail back from Kafka and Classify sorts every record it read:
+//
+//   - Ours: the record PostgreSQL wrote at its sequence (at or below
+//     PostgreSQL's last sequence).
+//   - Ahead: it continues the chain past PostgreSQL's last sequence from
+//     PostgreSQL's head hash, link by link: Kafka holds decisions PostgreSQL
+//     does not (a database restored from a backup, an asynchronous replica
+//     promoted), or another writer that knows the head.
+//   - Foreign: it contradicts PostgreSQL's chain (another record at a
+//     sequence PostgreSQL wrote, a sequence past the head that does not
+//     continue the chain, no sequence at all): another producer wrote it.
+//     It is reported, never acted on.
+//   - Unverified: below what PostgreSQL still holds and what the records
+//     read can link to it (published rows are deleted); neither believed nor
+//     reported.
+//
+// Nothing but Ours ever moves the relay's resume point, and nothing moves it
+// past PostgreSQL's last sequence.
+
+// PostgresHead is what PostgreSQL holds about a partition's chain, read in
+// one snapshot.
+type PostgresHead struct {
+	Partition int32
+	Claimed   bool           // the partition has a row (it was claimed at least once)
+	LastSeq   int64          // next_seq - 1: the last record written
+	Hash      wire.ChainHash // head_hash: the hash of record LastSeq, or the anchor when none is chained
+	AnchorSeq int64          // the chain starts after this sequence
+	Anchor    wire.ChainHash
+	Published int64 // relay_progress.published_seq: what a relay recorded as published
+	Epoch     int64
+	// The next input offsets, stored with the partition.
+	ProposalsOffset, GrantsOffset int64
+}
+
+// headKnown reports whether Hash says anything about record LastSeq: it
+// does unless it still names the anchor although sequences were written
+// after it (rows written without chain members, as tests of the relay
+// alone did).
+func (h *PostgresHead) headKnown() bool { return h.Hash != h.Anchor || h.LastSeq == h.AnchorSeq }
+
+// Verdict is what a record read back from Kafka is to the partition's chain.
+type Verdict int8
+
+const (
+	Unverified Verdict = iota // below what can be checked: neither believed nor reported
+	Ours                      // the record PostgreSQL wrote at its sequence
+	Ahead                     // continues PostgreSQL's chain past its last sequence
+	Foreign                   // contradicts PostgreSQL's chain: another producer wrote it
+)
+
+func (v Verdict) String() string {
+	return [...]string{"unverified", "ours", "ahead", "foreign"}[v]
+}
+
+// ForeignRecord is a record on a partition that mandated did not write.
+type ForeignRecord struct {
+	Topic         string `json:"topic"`
+	Partition     int32  `json:"partition"`
+	Offset        int64  `json:"offset"`
+	Seq           int64  `json:"sequence"` // its sequence header, -1 without one
+	ProducerID    int64  `json:"producer_id"`
+	ProducerEpoch int16  `json:"producer_epoch"`
+	Transactional bool   `json:"transactional"`
+	Why           string `json:"why"`
+}
+
+// HeadState is how a partition's published chain stands against PostgreSQL.
+type HeadState int8
+
+const (
+	InStep        HeadState = iota // Kafka's last record of the chain is PostgreSQL's last
+	PostgresAhead                  // PostgreSQL holds records not published yet (normal)
+	KafkaAhead                     // Kafka holds chained records past PostgreSQL's last sequence
+)
+
+func (s HeadState) String() string {
+	return [...]string{"in_step", "postgres_ahead", "kafka_ahead"}[s]
+}
+
+// Tail is a partition's committed tail read back and classified against
+// PostgreSQL.
+type Tail struct {
+	Head PostgresHead
+	// Published is the highest sequence (at most Head.LastSeq) whose record
+	// on Kafka is on the partition's chain; 0 when none was found.
+	Published int64
+	// AheadSeq and AheadHash are the last record of the chain past
+	// Head.LastSeq (Head.LastSeq and Head.Hash when Kafka holds none);
+	// AheadRecords are those records, in sequence order.
+	AheadSeq     int64
+	AheadHash    wire.ChainHash
+	AheadRecords []Entry
+	Foreign      []ForeignRecord
+	Unverified   int
+	Read         int // records read
+}
+
+// Behind is how many records Kafka holds past PostgreSQL's last sequence.
+func (t *Tail) Behind() int64 { return t.AheadSeq - t.Head.LastSeq }
+
+// ResumeAfter is the sequence a relay resumes after: what PostgreSQL
+// recorded as published or what Kafka holds of the chain, whichever is
+// higher, and never past PostgreSQL's last sequence.
+func (t *Tail) ResumeAfter() int64 {
+	return min(max(t.Head.Published, t.Published), t.Head.LastSeq)
+}
+
+// State says how the chain on Kafka stands against PostgreSQL.
+func (t *Tail) State() HeadState {
+	switch {
+	case t.AheadSeq > t.Head.LastSeq:
+		return KafkaAhead
+	case t.ResumeAfter() >= t.Head.LastSeq:
+		return InStep
+	}
+	return PostgresAhead
+}
+
+// Classify places every entry (records of both topics of one partition, in
+// any order) against what PostgreSQL holds: head, and rows, the outbox and
+// parked rows it holds at some of the entries' sequences (and the ones
+// after them). accept, when set, may refuse a record that continues the
+// chain past PostgreSQL's head (it returns why; the record is then
+// Foreign). The verdicts are in entries' order.
+func Classify(head PostgresHead, rows map[int64]Row, entries []Entry, accept func(*Entry) string) (*Tail, []Verdict) {
+	t := &Tail{Head: head, AheadSeq: head.LastSeq, AheadHash: head.Hash, Read: len(entries)}
+	verdicts := make([]Verdict, len(entries))
+	why := make([]string, len(entries))
+	last := head.LastSeq
+
+	// The hash PostgreSQL's chain has at a sequence, where it is known.
+	known := map[int64]wire.ChainHash{}
+	if head.headKnown() {
+		known[last] = head.Hash
+	}
+	for s, row := range rows {
+		if s <= last && row.Chained() {
+			known[s] = row.Hash
+			if _, ok := known[s-1]; !ok {
+				known[s-1] = row.PrevHash
+			}
+		}
+	}
+	bySeq := map[int64][]int{}
+	for i := range entries {
+		e := &entries[i]
+		if e.Problem != "" || !e.HasSeq {
+			verdicts[i], why[i] = Foreign, cmp.Or(e.Problem, "no sequence header")
+			continue
+		}
+		if e.Seq < 1 {
+			verdicts[i], why[i] = Foreign, fmt.Sprintf("sequence %d: sequences start at 1", e.Seq)
+			continue
+		}
+		bySeq[e.Seq] = append(bySeq[e.Seq], i)
+	}
+	seqs := make([]int64, 0, len(bySeq))
+	for s := range bySeq {
+		seqs = append(seqs, s)
+	}
+	slices.Sort(seqs)
+
+	// Down from PostgreSQL's last sequence: each record is PostgreSQL's
+	// row at its sequence, or the record the one after it names.
+	for i := len(seqs) - 1; i >= 0; i-- {
+		s := seqs[i]
+		if s > last {
+			continue
+		}
+		row, hasRow := rows[s]
+		h, hasHash := known[s]
+		for _, j := range bySeq[s] {
+			e := &entries[j]
+			switch {
+			case hasRow && !row.Chained():
+				if e.SameAs(&row) {
+					verdicts[j] = Ours
+				} else {
+					verdicts[j], why[j] = Foreign, fmt.Sprintf("sequence %d is not the record PostgreSQL wrote at it", s)
+				}
+			case s <= head.AnchorSeq:
+				if e.Chained {
+					verdicts[j], why[j] = Foreign, fmt.Sprintf("a chained record at sequence %d, before the partition's chain began (after %d)", s, head.AnchorSeq)
+				} else {
+					verdicts[j] = Unverified // written before the chain: nothing to check it against
+				}
+			case hasHash:
+				if e.Is(h) {
+					verdicts[j] = Ours
+					if _, ok := known[s-1]; !ok {
+						known[s-1] = e.Link.Prev
+					}
+				} else {
+					verdicts[j], why[j] = Foreign, fmt.Sprintf("sequence %d is not on the partition's chain (PostgreSQL's record there has hash %s)", s, h)
+				}
+			default:
+				verdicts[j] = Unverified
+			}
+		}
+	}
+
+	// Up from PostgreSQL's last sequence: records that continue its chain
+	// from its head hash, one sequence after the other.
+	if head.headKnown() {
+		s, prev := last, head.Hash
+		for {
+			var next []int
+			var hash wire.ChainHash
+			fork := false
+			for _, j := range bySeq[s+1] {
+				e := &entries[j]
+				if !e.Follows(s, prev) {
+					continue
+				}
+				if accept != nil {
+					if w := accept(e); w != "" {
+						verdicts[j], why[j] = Foreign, w
+						continue
+					}
+				}
+				if len(next) > 0 && e.Link.Claimed != hash {
+					fork = true
+				}
+				next, hash = append(next, j), e.Link.Claimed
+			}
+			if len(next) == 0 || fork {
+				for _, j := range next {
+					verdicts[j], why[j] = Foreign, fmt.Sprintf("two different records continue the chain at sequence %d, past PostgreSQL's last sequence %d", s+1, last)
+				}
+				break
+			}
+			for _, j := range next {
+				verdicts[j] = Ahead
+			}
+			t.AheadRecords = append(t.AheadRecords, entries[next[0]])
+			s, prev = s+1, hash
+		}
+		t.AheadSeq, t.AheadHash = s, prev
+	}
+	for i := range entries {
+		e := &entries[i]
+		if e.HasSeq && e.Problem == "" && e.Seq > last && verdicts[i] == Unverified {
+			verdicts[i], why[i] = Foreign, fmt.Sprintf("sequence %d is past PostgreSQL's last sequence %d and does not continue its chain", e.Seq, last)
+		}
+		switch verdicts[i] {
+		case Ours:
+			t.Published = max(t.Published, e.Seq)
+		case Unverified:
+			t.Unverified++
+		case Foreign:
+			t.Foreign = append(t.Foreign, ForeignRecord{Topic: e.Topic, Partition: head.Partition, Offset: e.Offset, Seq: e.Seq,
+				ProducerID: e.ProducerID, ProducerEpoch: e.ProducerEpoch, Transactional: e.Transactional, Why: why[i]})
+		}
+	}
+	slices.SortFunc(t.Foreign, func(a, b ForeignRecord) int {
+		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Offset, b.Offset))
+	})
+	return t, verdicts
+}
+
+// HeadSource reads a partition's head and the outbox and parked rows it
+// holds at some sequences, in one snapshot (LoadHead).
+type HeadSource func(ctx context.Context, partition int32, seqs []int64) (PostgresHead, map[int64]Row, error)
+
+// TailConfig says where to read a partition's tail.
+type TailConfig struct {
+	// KafkaOpts reach the brokers (seed brokers, TLS, SASL). Required.
+	KafkaOpts                       []kgo.Opt
+	DecisionsTopic, DeadLetterTopic string
+	// Window is how many offsets of each topic are read back first; each
+	// further read goes back four times as far. Defaults to TailWindowDefault.
+	Window int64
+	// Accept may refuse a record that continues the chain past PostgreSQL's
+	// head (see Classify). Defaults to accepting every one.
+	Accept func(*Entry) string
+}
+
+// TailWindowDefault is how far a tail read looks back first: the last
+// records of a partition in step (a few transactions' worth).
+const TailWindowDefault = 64
+
+// ReadTail reads partition's committed tail on both topics (read_committed)
+// back from their last stable offsets and classifies it against
+// PostgreSQL's head, read after the tail so that every record read was
+// committed in PostgreSQL first. Each topic is read back until its records
+// reach one that is on the chain (or one below what can be checked, or its
+// log start): mandated publishes a partition in sequence order, so its
+// records above that one are all in what was read, whatever another
+// producer appended after them.
+func ReadTail(ctx context.Context, cfg TailConfig, partition int32, load HeadSource) (*Tail, error) {
+	window := cmp.Or(cfg.Window, TailWindowDefault)
+	cl, err := kgo.NewClient(cfg.KafkaOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka client: %w", err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	type side struct {
+		topic      string
+		dl         bool
+		start, lso int64
+		from       int64 // read from here to lso
+		entries    []Entry
+		done       bool
+	}
+	sides := []*side{{topic: cfg.DecisionsTopic}, {topic: cfg.DeadLetterTopic, dl: true}}
+	for _, sd := range sides {
+		ends, err := adm.ListCommittedOffsets(ctx, sd.topic)
+		if err != nil {
+			return nil, fmt.Errorf("list the last stable offsets of %s: %w", sd.topic, err)
+		}
+		starts, err := adm.ListStartOffsets(ctx, sd.topic)
+		if err != nil {
+			return nil, fmt.Errorf("list the start offsets of %s: %w", sd.topic, err)
+		}
+		end, ok := ends.Lookup(sd.topic, partition)
+		if !ok || end.Err != nil {
+			return nil, fmt.Errorf("no last stable offset for %s/%d: %v", sd.topic, partition, end.Err)
+		}
+		start, _ := starts.Lookup(sd.topic, partition)
+		sd.start, sd.lso = max(start.Offset, 0), end.Offset
+		sd.from = max(sd.lso, sd.start)
+		sd.done = sd.lso <= sd.start
+	}
+	for {
+		for _, sd := range sides {
+			if sd.done {
+				continue
+			}
+			from := max(sd.lso-window, sd.start)
+			var read []Entry
+			err := ScanRange(ctx, cfg.KafkaOpts, sd.topic, partition, from, sd.from, func(r *kgo.Record) error {
+				read = append(read, ReadEntry(r, sd.dl))
+				return nil
+			}, nil)
+			if err != nil {
+				return nil, fmt.Errorf("read %s/%d back from %d: %w", sd.topic, partition, from, err)
+			}
+			sd.entries, sd.from = append(read, sd.entries...), from
+		}
+		var all []Entry
+		for _, sd := range sides {
+			all = append(all, sd.entries...)
+		}
+		seqs := make([]int64, 0, 2*len(all))
+		for _, e := range all {
+			if e.HasSeq {
+				seqs = append(seqs, e.Seq, e.Seq+1)
+			}
+		}
+		head, rows, err := load(ctx, partition, seqs)
+		if err != nil {
+			return nil, fmt.Errorf("read partition %d's head: %w", partition, err)
+		}
+		tail, verdicts := Classify(head, rows, all, cfg.Accept)
+		finished := true
+		i := 0
+		for _, sd := range sides {
+			v := verdicts[i : i+len(sd.entries)]
+			i += len(sd.entries)
+			if !sd.done {
+				sd.done = sd.from <= sd.start || slices.ContainsFunc(v, func(v Verdict) bool { return v != Foreign })
+			}
+			finished = finished && sd.done
+		}
+		if finished {
+			return tail, nil
+		}
+		window *= 4
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// tailTimeout bounds one tail read.
+const tailTimeout = 45 * time.Second
