@@ -94,7 +94,9 @@ func isEmpty(v reflect.Value) bool {
 type Propose struct {
 	Ref
 	// IdempotencyKey names the business intent, the same on every retry:
-	// IntentKey(run, step, action), never a call-time UUID. Required.
+	// IntentKey(run, step, action), never a call-time UUID. Required. Its
+	// scope is the mandate (and the operation): the same key on another
+	// mandate is another intent, decided on its own.
 	IdempotencyKey string     `wire:"idempotency_key"`
 	Operation      string     `wire:"operation"`
 	Amount         wire.Money `wire:"amount"`
@@ -186,6 +188,10 @@ type Grant struct {
 	HoldSeconds             int64       `wire:"hold_seconds,omitempty"`
 	ExecutionTimeoutSeconds int64       `wire:"execution_timeout_seconds,omitempty"`
 	IdempotencyKey          string      `wire:"idempotency_key,omitempty"`
+	// BasedOnVersion, when set, is the mandate version these terms replace
+	// (0: the grant creates the mandate): the grant is refused stale_grant
+	// if the terms changed since. A signed grant always carries one.
+	BasedOnVersion *int64 `wire:"based_on_version,omitempty"`
 }
 
 func (g Grant) fields() (map[string]any, error) {

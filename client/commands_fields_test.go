@@ -26,6 +26,7 @@ func TestTypedCommandsWriteTheirMembers(t *testing.T) {
 	f, tr := false, true
 	eur := func(n int64) wire.Money { return wire.Money{MinorUnits: n, Currency: "EUR"} }
 	limit := eur(90000)
+	zero := int64(0)
 
 	for _, tc := range []struct {
 		name string
@@ -67,6 +68,8 @@ func TestTypedCommandsWriteTheirMembers(t *testing.T) {
 		{"a full grant", Grant{Ref: ref, Uses: 2, MaxAmount: eur(5), Operations: []string{"a.b", "c.d"}, TotalLimit: &limit, Targets: []string{"t"},
 			ValidFrom: at, ValidUntil: at.Add(time.Hour), ReleaseOnCancel: &tr, HoldSeconds: 60, ExecutionTimeoutSeconds: 30, IdempotencyKey: "gk"},
 			`{"execution_timeout_seconds":30,"hold_seconds":60,"idempotency_key":"gk","mandate_id":"m-1","max_amount":{"minor_units":5,"currency":"EUR"},"operations":["a.b","c.d"],"org":"acme","release_on_cancel":true,"targets":["t"],"total_limit":{"minor_units":90000,"currency":"EUR"},"type":"grant","uses":2,"valid_from":"2026-11-30T12:00:00.0000005Z","valid_until":"2026-11-30T13:00:00.0000005Z"}`},
+		{"a grant based on version 0 writes it: it creates the mandate", Grant{Ref: ref, Uses: 1, MaxAmount: eur(5), Operations: []string{"a.b"}, BasedOnVersion: &zero},
+			`{"based_on_version":0,"mandate_id":"m-1","max_amount":{"minor_units":5,"currency":"EUR"},"operations":["a.b"],"org":"acme","type":"grant","uses":1}`},
 		{"a bare revoke", Revoke{Ref: ref},
 			`{"mandate_id":"m-1","org":"acme","type":"revoke"}`},
 		{"a full revoke", Revoke{Ref: ref, Reason: "case closed", IdempotencyKey: "vk"},

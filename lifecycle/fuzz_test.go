@@ -15,9 +15,10 @@ import (
 	"github.com/mandated/mandated/wire"
 )
 
-// The fuzzed world: two mandates of one org (which share idempotency
-// scopes) and one of another, small pools of keys, amounts and references,
-// so that collisions, replays and conflicts are common.
+// The fuzzed world: two mandates of one org (the same keys and intents on
+// both, each its own scope) and one of another, small pools of keys,
+// amounts and references, so that collisions, replays and conflicts are
+// common.
 var (
 	fuzzMandates = []partitioner.MandateKey{
 		{Org: "acme", MandateID: "m0"}, {Org: "acme", MandateID: "m1"}, {Org: "globex", MandateID: "m0"},
@@ -293,7 +294,7 @@ func (w *fuzzWorld) decide(cmd *wire.Command) {
 	var scope lifecycle.IdemScope
 	var wasBound bool
 	if cmd.Type == wire.CmdPropose {
-		scope = lifecycle.IdemScope{Org: cmd.Key.Org, Operation: cmd.Propose.Operation, Key: cmd.IdempotencyKey}
+		scope, _ = lifecycle.ScopeOf(cmd)
 		_, wasBound = w.st.Idem[scope]
 	}
 
@@ -329,6 +330,10 @@ func (w *fuzzWorld) decide(cmd *wire.Command) {
 		}
 	}
 
+	if cmd.Type == wire.CmdPropose && answer.AuthorizationID != "" {
+		_, own := w.st.Auths[lifecycle.AuthKey{Mandate: cmd.Key, ID: answer.AuthorizationID}]
+		holds(t, own, "a proposal's answer names an authorization of its own mandate (keys and intents are scoped by it)")
+	}
 	if cmd.Type == wire.CmdPropose {
 		w.checkIntent(cmd, before, answer)
 		w.checkPossibleReplay(cmd, answer)
@@ -617,6 +622,8 @@ func (w *fuzzWorld) checkAfter(cmd *wire.Command, before snapshot, ds []wire.Dec
 		if err := m.Check(); err != nil {
 			require.NoError(t, err)
 		}
+		// The terms are those of a version the mandate reached: its last grant's.
+		holds(t, m.TermsVersion >= 1 && m.TermsVersion <= m.Version, "%s: terms of version %d at version %d", key, m.TermsVersion, m.Version)
 		c := tallies[key]
 		if c == nil {
 			c = &tally{}

@@ -99,7 +99,7 @@ func TestAForkOfATerminalAuthorizationTakesANewUseAndRecordsItsLineage(t *testin
 	require.NotEqual(t, a, fork.AuthorizationID)
 	require.Equal(t, int64(1), fork.Mandate.UsesHeld)
 	require.Equal(t, int64(1), fork.Mandate.UsesSpent)
-	rec := b.st.Intents[lifecycle.IntentScope{Org: mandate.Org, Operation: op, Intent: *runStep}]
+	rec := b.st.Intents[lifecycle.IntentScope{Org: mandate.Org, MandateID: mandate.MandateID, Operation: op, Intent: *runStep}]
 	require.Equal(t, a, rec.Root.ID)
 	require.Equal(t, fork.AuthorizationID, rec.Head.ID)
 

@@ -224,10 +224,10 @@ func (d *decider) idempotency(scope IdemScope, fp []byte) bool {
 			fmt.Sprintf("idempotency key %q was first used for a different intent (decision %s); nothing was changed", scope.Key, rec.DecisionID))
 		dec.ReplayOf = rec.DecisionID
 		dec.OriginalOutcome = rec.Outcome
-		if rec.Mandate == d.cmd.Key {
-			withAuth(dec, d.st.Auths[AuthKey{rec.Mandate, rec.AuthorizationID}])
-			dec.IdempotencyKey = scope.Key
-		}
+		// The scope is the mandate: the key's authorization is this
+		// mandate's, and the caller may see it.
+		withAuth(dec, d.st.Auths[AuthKey{rec.Mandate, rec.AuthorizationID}])
+		dec.IdempotencyKey = scope.Key
 		return true
 	}
 	var a *Authorization
@@ -415,6 +415,8 @@ func (d *decider) intent(scope IntentScope) (bool, *Authorization) {
 	}
 	forkOf := d.cmd.Propose.ForkOf
 	head := d.st.Auths[rec.Head]
+	// The scope is the mandate, so the head is this mandate's, except for
+	// an intent forked onto another mandate before migration 0016.
 	local := rec.Head.Mandate == d.cmd.Key
 	if head != nil && local {
 		d.applyDeadline(head)
@@ -744,6 +746,9 @@ func (d *decider) grant() {
 		return
 	}
 	m := d.st.Mandates[d.cmd.Key]
+	if d.staleGrant(m, g) {
+		return
+	}
 	if m != nil && m.Status == wire.MandateRevoked {
 		d.answer(wire.OutcomeRefused, wire.ReasonMandateRevoked, "a revoked mandate cannot be granted again; grant a new mandate id")
 		return
@@ -784,8 +789,42 @@ func (d *decider) grant() {
 	m.ReleaseOnCancel = g.ReleaseOnCancel
 	m.HoldWindow, m.ExecutionTimeout = g.HoldWindow, g.ExecutionTimeout
 	d.touchMandate(m)
+	m.TermsVersion = m.Version
 	dec := d.answer(wire.OutcomeGranted, "", "")
 	d.bind(scope, fp, dec)
+}
+
+// staleGrant refuses a grant bound to a mandate version (every signed
+// grant is; see wire.Grant.BasedOnVersion) when the mandate's terms are not
+// those it was based on, and reports whether it did. A grant based on
+// version B is fresh when B is 0 and there is no mandate yet, or when the
+// terms have not changed since B: TermsVersion ≤ B ≤ Version. Every grant
+// accepted moves TermsVersion past its own B, so each signed grant takes
+// effect at most once, however long after its idempotency key expired its
+// bytes are replayed; proposals move Version but not the terms, so a
+// grantor re-granting a busy mandate does not race its agents.
+func (d *decider) staleGrant(m *Mandate, g *wire.Grant) bool {
+	if !g.BindsVersion {
+		return false
+	}
+	b := g.BasedOnVersion
+	var detail string
+	switch {
+	case m == nil && b == 0:
+		return false
+	case m == nil:
+		detail = fmt.Sprintf("the grant is based on mandate version %d, but there is no such mandate: a grant that creates one is based on version 0", b)
+	case b == 0:
+		detail = fmt.Sprintf("the grant creates the mandate (based on version 0), but it exists at version %d: a replay of its first grant changes nothing; re-read the mandate and sign terms based on its version", m.Version)
+	case b < m.TermsVersion:
+		detail = fmt.Sprintf("the grant is based on mandate version %d, but its terms changed at version %d: a replayed or superseded grant changes nothing; re-read the mandate and sign terms based on its version", b, m.TermsVersion)
+	case b > m.Version:
+		detail = fmt.Sprintf("the grant is based on mandate version %d, but the mandate is at version %d", b, m.Version)
+	default:
+		return false
+	}
+	d.answer(wire.OutcomeRefused, wire.ReasonStaleGrant, detail)
+	return true
 }
 
 func (d *decider) revoke() {

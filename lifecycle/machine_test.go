@@ -293,7 +293,7 @@ func TestGrant(t *testing.T) {
 		require.Equal(t, b.st.Partition, m.Partition)
 		require.Equal(t, t0, m.CreatedAt)
 		require.True(t, m.Dirty)
-		require.Equal(t, &wire.MandateView{Version: 1, Status: wire.MandateActive, UsesAllowed: 2, Currency: "EUR",
+		require.Equal(t, &wire.MandateView{Version: 1, TermsVersion: 1, Status: wire.MandateActive, UsesAllowed: 2, Currency: "EUR",
 			MaxAmount: 10_000, TotalLimit: ptr(int64(15_000)), ValidUntil: &until}, a.Mandate)
 	})
 
@@ -416,7 +416,7 @@ func TestProposeReserves(t *testing.T) {
 
 	require.Equal(t, counters{held: 1, amountHeld: 5_000}, b.counters())
 	require.Equal(t, id, b.mandate().LastAuthID)
-	rec := b.st.Idem[lifecycle.IdemScope{Org: "acme", Operation: op, Key: "intent-1"}]
+	rec := b.st.Idem[lifecycle.IdemScope{Org: "acme", MandateID: mandate.MandateID, Operation: op, Key: "intent-1"}]
 	require.NotNil(t, rec)
 	require.Equal(t, id, rec.AuthorizationID)
 	require.Equal(t, a.DecisionID, rec.DecisionID)
@@ -520,7 +520,7 @@ func TestProposeAnswers(t *testing.T) {
 			require.Equal(t, tc.outcome, a.Outcome, "%s: %s", a.Reason, a.Detail)
 			require.Equal(t, tc.reason, a.Reason)
 			require.Equal(t, "the-intent", a.IdempotencyKey)
-			_, bound := b.st.Idem[lifecycle.IdemScope{Org: "acme", Operation: cmd.Propose.Operation, Key: "the-intent"}]
+			_, bound := b.st.Idem[lifecycle.IdemScope{Org: "acme", MandateID: mandate.MandateID, Operation: cmd.Propose.Operation, Key: "the-intent"}]
 			require.Equal(t, tc.bound, bound, "bound to the idempotency key")
 			require.Equal(t, tc.heldBy, a.HeldBy != nil, "names the authorization holding the authority")
 			if tc.outcome != wire.OutcomeReserved {
@@ -664,7 +664,7 @@ func TestIdempotency(t *testing.T) {
 			}
 			a, _ := b.decide(t, proposeCmd(mandate, "intent-1", 5_000, mods...))
 			require.Equal(t, tc.reason, a.Reason)
-			require.NotContains(t, b.st.Idem, lifecycle.IdemScope{Org: "acme", Operation: op, Key: "intent-1"})
+			require.NotContains(t, b.st.Idem, lifecycle.IdemScope{Org: "acme", MandateID: mandate.MandateID, Operation: op, Key: "intent-1"})
 			retry(t, b)
 			// The same intent and key, now without the version pin the
 			// caller re-read: judged again, not replayed.
@@ -683,18 +683,22 @@ func TestIdempotency(t *testing.T) {
 		require.NotEqual(t, first.AuthorizationID, a.AuthorizationID)
 	})
 
-	t.Run("the same key on another mandate of the org is a conflict without its authorization", func(t *testing.T) {
+	t.Run("the same key on another mandate of the org is another intent, bound on each mandate", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		b.grant(t)
 		b.decide(t, grantCmd(other))
 		first, _ := b.decide(t, proposeCmd(mandate, "intent-1", 5_000))
 		a, _ := b.decide(t, proposeCmd(other, "intent-1", 5_000))
-		require.Equal(t, wire.OutcomeConflict, a.Outcome)
-		require.Equal(t, first.DecisionID, a.ReplayOf)
-		require.Nil(t, a.Authorization, "another mandate's authorization is not shown")
-		require.Empty(t, a.AuthorizationID)
-		require.Equal(t, int64(0), b.st.Mandates[other].UsesHeld)
+		require.Equal(t, wire.OutcomeReserved, a.Outcome, "the scope is the mandate: %s %s", a.Reason, a.Detail)
+		require.NotEqual(t, first.AuthorizationID, a.AuthorizationID)
+		require.Equal(t, int64(1), b.st.Mandates[other].UsesHeld)
+		again, _ := b.decide(t, proposeCmd(other, "intent-1", 5_000))
+		require.Equal(t, wire.OutcomeReplayed, again.Outcome)
+		require.Equal(t, a.AuthorizationID, again.AuthorizationID, "each mandate replays its own binding")
+		changed, _ := b.decide(t, proposeCmd(other, "intent-1", 6_000))
+		require.Equal(t, wire.OutcomeConflict, changed.Outcome)
+		require.Equal(t, a.AuthorizationID, changed.AuthorizationID, "a conflict names the mandate's own authorization")
 	})
 
 	t.Run("the same key in another org is independent", func(t *testing.T) {

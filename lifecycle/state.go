@@ -14,9 +14,13 @@ import (
 
 // Mandate is one grant of authority and its running counters.
 type Mandate struct {
-	Key              partitioner.MandateKey
-	Partition        int32
-	Version          int64
+	Key       partitioner.MandateKey
+	Partition int32
+	Version   int64
+	// TermsVersion is the version the mandate's last grant made (0 when
+	// that grant was decided before migration 0020). A grant bound to a
+	// version (every signed grant is) must be based on it or later.
+	TermsVersion     int64
 	Status           wire.MandateStatus
 	Operations       []string
 	Targets          []string // empty: any target
@@ -36,8 +40,10 @@ type Mandate struct {
 	ExecutionTimeout time.Duration
 	LastAuthID       string // the authorization that most recently took a use
 	// Executions counts the begins that won on this mandate: the last
-	// execution token handed out. Tokens are monotonic per mandate, so a
-	// store downstream can refuse a write carrying an older one.
+	// execution token handed out. Tokens are monotonic per mandate, but
+	// executions of a mandate of several uses overlap, so a store
+	// downstream fences per authorization (per mandate only where the
+	// mandate has one use): see the README, "The executor boundary".
 	Executions int64
 	CreatedAt  time.Time
 	UpdatedAt  time.Time
@@ -102,9 +108,15 @@ type Authorization struct {
 	Dirty         bool
 }
 
-// IdemScope is the scope of an idempotency key: one org, one operation.
+// IdemScope is the scope of an idempotency key: one mandate (org and
+// mandate id), one operation. The mandate bounds it because a mandate has
+// one home partition, so one partition's single writer decides every use
+// of a key in one database transaction, on one database or on a shard map
+// alike (README, "Idempotency"); the same key on two mandates is two
+// intents.
 type IdemScope struct {
 	Org       string
+	MandateID string
 	Operation string
 	Key       string
 }
@@ -122,11 +134,11 @@ const (
 func ScopeOf(c *wire.Command) (IdemScope, bool) {
 	switch {
 	case c.Type == wire.CmdPropose:
-		return IdemScope{Org: c.Key.Org, Operation: c.Propose.Operation, Key: c.IdempotencyKey}, true
+		return IdemScope{Org: c.Key.Org, MandateID: c.Key.MandateID, Operation: c.Propose.Operation, Key: c.IdempotencyKey}, true
 	case c.Type == wire.CmdGrant && c.IdempotencyKey != "":
-		return IdemScope{Org: c.Key.Org, Operation: GrantScope, Key: c.IdempotencyKey}, true
+		return IdemScope{Org: c.Key.Org, MandateID: c.Key.MandateID, Operation: GrantScope, Key: c.IdempotencyKey}, true
 	case c.Type == wire.CmdRevoke && c.IdempotencyKey != "":
-		return IdemScope{Org: c.Key.Org, Operation: RevokeScope, Key: c.IdempotencyKey}, true
+		return IdemScope{Org: c.Key.Org, MandateID: c.Key.MandateID, Operation: RevokeScope, Key: c.IdempotencyKey}, true
 	}
 	return IdemScope{}, false
 }
@@ -135,8 +147,8 @@ func ScopeOf(c *wire.Command) (IdemScope, bool) {
 type IdemRecord struct {
 	Scope           IdemScope
 	Fingerprint     []byte
-	Mandate         partitioner.MandateKey
-	AuthorizationID string // empty when the answer was a denial
+	Mandate         partitioner.MandateKey // the scope's mandate
+	AuthorizationID string                 // empty when the answer was a denial
 	DecisionID      string
 	Outcome         wire.Outcome
 	Reason          wire.Reason
@@ -241,7 +253,7 @@ func mandateView(m *Mandate) *wire.MandateView {
 		return nil
 	}
 	v := &wire.MandateView{
-		Version: m.Version, Status: m.Status, UsesAllowed: m.UsesAllowed, UsesHeld: m.UsesHeld,
+		Version: m.Version, TermsVersion: m.TermsVersion, Status: m.Status, UsesAllowed: m.UsesAllowed, UsesHeld: m.UsesHeld,
 		UsesSpent: m.UsesSpent, UsesInDoubt: m.UsesInDoubt, Currency: m.Currency, MaxAmount: m.MaxAmount,
 		AmountHeld: m.AmountHeld, AmountSpent: m.AmountSpent, ReleaseCancel: m.ReleaseOnCancel,
 	}
@@ -256,12 +268,19 @@ func mandateView(m *Mandate) *wire.MandateView {
 	return v
 }
 
-// IntentScope is the scope of an intent: like an idempotency key, one org
-// and one operation, then the workflow facts that name the action.
+// IntentScope is the scope of an intent: like an idempotency key, one
+// mandate (org and mandate id) and one operation, then the workflow facts
+// that name the action. The same intent on two mandates is two actions.
 type IntentScope struct {
 	Org       string
+	MandateID string
 	Operation string
 	wire.Intent
+}
+
+// Mandate is the scope's mandate.
+func (s IntentScope) Mandate() partitioner.MandateKey {
+	return partitioner.MandateKey{Org: s.Org, MandateID: s.MandateID}
 }
 
 // IntentScopeOf returns the intent scope of a propose that carries one.
@@ -269,12 +288,14 @@ func IntentScopeOf(c *wire.Command) (IntentScope, bool) {
 	if c.Type != wire.CmdPropose || c.Propose == nil || c.Propose.Intent == nil {
 		return IntentScope{}, false
 	}
-	return IntentScope{Org: c.Key.Org, Operation: c.Propose.Operation, Intent: *c.Propose.Intent}, true
+	return IntentScope{Org: c.Key.Org, MandateID: c.Key.MandateID, Operation: c.Propose.Operation, Intent: *c.Propose.Intent}, true
 }
 
 // IntentRecord binds an intent to the first authorization it produced
 // (Root) and follows its lineage: Head is that authorization or the latest
 // fork that superseded it. Every member of the lineage but Head is terminal.
+// Root and Head are authorizations of the scope's mandate (intents bound
+// before migration 0016 may have a Head on another mandate of the org).
 type IntentRecord struct {
 	Scope      IntentScope
 	Root       AuthKey

@@ -58,6 +58,20 @@ func (p *Processor) claimLater(ctx context.Context, n int32, pc *pendingClaim) {
 	backoff := 200 * time.Millisecond
 	movedWait := movedRetry
 	for {
+		// Not while this processor has the shard handed off: the
+		// partition is adopted meanwhile, and claimed here once the shard
+		// answers for ShardTakeBackProbes probes.
+		for {
+			cut, changed := p.health.watchCut(p.shards.For(n))
+			if !cut {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-changed:
+			}
+		}
 		c, err := p.shards.For(n).Claim(ctx, n, p.cfg.Owner)
 		if ctx.Err() != nil {
 			return
@@ -72,10 +86,9 @@ func (p *Processor) claimLater(ctx context.Context, n int32, pc *pendingClaim) {
 			w := newWorker(p, c)
 			p.workers[n] = w
 			client := p.client
-			owned := len(p.workers)
+			p.refreshOwned()
 			p.mu.Unlock()
 			p.metrics.PartitionEpoch.WithLabelValues(strconv.Itoa(int(n))).Set(float64(c.Epoch))
-			p.metrics.PartitionsOwned.Set(float64(owned))
 			p.metrics.Rebalance.Assigned.Inc()
 			w.log.Info().Int64("proposals_offset", c.ProposalsOffset).Int64("grants_offset", c.GrantsOffset).
 				Int64("next_seq", c.NextSeq).Msg("partition assigned: its shard answers again")

@@ -112,7 +112,7 @@ func snapshot(st *lifecycle.State) []byte {
 		c := *m
 		b.WriteString(c.Key.String())
 		b.WriteString(string(c.Status))
-		for _, x := range []int64{c.Version, c.UsesHeld, c.UsesSpent, c.UsesInDoubt, c.AmountHeld, c.AmountSpent} {
+		for _, x := range []int64{c.Version, c.TermsVersion, c.UsesAllowed, c.MaxAmount, c.UsesHeld, c.UsesSpent, c.UsesInDoubt, c.AmountHeld, c.AmountSpent} {
 			b.WriteByte(byte(x))
 		}
 	}

@@ -144,11 +144,12 @@ func (p *part) queueLoads(lb *pgx.Batch) {
 		orgs, ids = append(orgs, k.Org), append(ids, k.MandateID)
 	}
 	lb.Queue(loadMandatesSQL, orgs, ids)
-	var iOrgs, iOps, iKeys []string
+	var iOrgs, iMids, iOps, iKeys []string
 	for k := range b.Needs.Idem {
-		iOrgs, iOps, iKeys = append(iOrgs, k.Org), append(iOps, k.Operation), append(iKeys, k.Key)
+		iOrgs, iMids = append(iOrgs, k.Org), append(iMids, k.MandateID)
+		iOps, iKeys = append(iOps, k.Operation), append(iKeys, k.Key)
 	}
-	lb.Queue(loadIdemSQL, iOrgs, iOps, iKeys)
+	lb.Queue(loadIdemSQL, iOrgs, iMids, iOps, iKeys)
 	p.intents = queueLoadIntents(lb, b.Needs)
 	p.auths = queueLoadAuths(lb, b.Needs)
 	p.recent = queueLoadRecent(lb, b.Needs)

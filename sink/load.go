@@ -62,7 +62,7 @@ FROM mandated_partitions WHERE partition = $1::int FOR NO KEY UPDATE`
 const mandateColumns = `m.org, m.mandate_id, m.partition, m.version, m.status, m.operations, m.targets, m.currency,
 m.max_amount, coalesce(m.total_limit, 0), m.uses_allowed, m.uses_held, m.uses_spent, m.uses_in_doubt,
 m.amount_held, m.amount_spent, m.valid_from, m.valid_until, m.release_on_cancel, m.hold_window_ms,
-m.execution_timeout_ms, coalesce(m.last_authorization_id, ''), m.created_at, m.updated_at, m.executions`
+m.execution_timeout_ms, coalesce(m.last_authorization_id, ''), m.created_at, m.updated_at, m.executions, m.terms_version`
 
 // The loads look every key up by itself: a LATERAL subquery the planner
 // cannot flatten into a join (OFFSET 0) is a nested loop of index lookups,
@@ -76,11 +76,13 @@ const loadMandatesSQL = `SELECT ` + mandateColumns + `, m.row_tid
 FROM unnest($1::text[], $2::text[]) AS k(org, mandate_id)
 CROSS JOIN LATERAL (SELECT x.*, x.ctid AS row_tid FROM mandates x WHERE x.org = k.org AND x.mandate_id = k.mandate_id OFFSET 0) m`
 
+// loadIdemSQL loads keys by their scope, the mandate: rows of the batch's
+// own partition only (migration 0016).
 const loadIdemSQL = `SELECT i.org, i.operation, i.idempotency_key, i.fingerprint, i.mandate_id, i.authorization_id,
 i.decision_id, i.outcome, i.reason, i.created_at, i.expires_at
-FROM unnest($1::text[], $2::text[], $3::text[]) AS k(org, operation, idempotency_key)
-CROSS JOIN LATERAL (SELECT x.* FROM idempotency_keys x
-  WHERE x.org = k.org AND x.operation = k.operation AND x.idempotency_key = k.idempotency_key OFFSET 0) i`
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS k(org, mandate_id, operation, idempotency_key)
+CROSS JOIN LATERAL (SELECT x.* FROM idempotency_keys x WHERE x.org = k.org AND x.mandate_id = k.mandate_id
+  AND x.operation = k.operation AND x.idempotency_key = k.idempotency_key OFFSET 0) i`
 
 const authColumns = `a.org, a.mandate_id, a.authorization_id, a.state, a.version, a.operation, a.target, a.amount,
 a.currency, a.idempotency_key, a.mandate_version, a.deadline, a.execution_deadline, a.begin_key, a.external_ref,
@@ -93,7 +95,7 @@ a.detail, a.decision_id, a.created_at, a.updated_at, a.execution_token, a.result
 // each intent it looks up ($9-$13) — these three found by joining the
 // mandates, keys and intents in the same statement, so no second round
 // trip waits for them —; every reserved or in-doubt authorization of the
-// mandates it revokes ($14/$15); and the oldest in-doubt authorization of
+// mandates it revokes ($16/$17); and the oldest in-doubt authorization of
 // each mandate in $4/$5 that has one (to name it in a denial). A row may
 // come twice; the reader keeps one.
 const loadAuthsSQL = `SELECT ` + authColumns + `, a.row_tid
@@ -104,19 +106,22 @@ FROM (
   CROSS JOIN LATERAL (SELECT x.org, x.mandate_id, x.last_authorization_id FROM mandates x
     WHERE x.org = k.org AND x.mandate_id = k.mandate_id AND x.last_authorization_id IS NOT NULL OFFSET 0) m
   UNION ALL
-  SELECT i.org, i.mandate_id, i.authorization_id FROM unnest($6::text[], $7::text[], $8::text[]) AS k(org, operation, idempotency_key)
-  CROSS JOIN LATERAL (SELECT x.org, x.mandate_id, x.authorization_id FROM idempotency_keys x
-    WHERE x.org = k.org AND x.operation = k.operation AND x.idempotency_key = k.idempotency_key AND x.authorization_id <> '' OFFSET 0) i
+  SELECT i.org, i.mandate_id, i.authorization_id
+  FROM unnest($6::text[], $7::text[], $8::text[], $9::text[]) AS k(org, mandate_id, operation, idempotency_key)
+  CROSS JOIN LATERAL (SELECT x.org, x.mandate_id, x.authorization_id FROM idempotency_keys x WHERE x.org = k.org
+    AND x.mandate_id = k.mandate_id AND x.operation = k.operation AND x.idempotency_key = k.idempotency_key
+    AND x.authorization_id <> '' OFFSET 0) i
   UNION ALL
   SELECT i.org, i.head_mandate_id, i.head_authorization_id
-  FROM unnest($9::text[], $10::text[], $11::text[], $12::text[], $13::text[]) AS k(org, operation, run_id, step, action)
+  FROM unnest($10::text[], $11::text[], $12::text[], $13::text[], $14::text[], $15::text[]) AS k(org, mandate_id, operation, run_id, step, action)
   CROSS JOIN LATERAL (SELECT x.org, x.head_mandate_id, x.head_authorization_id FROM intents x WHERE x.org = k.org
-    AND x.operation = k.operation AND x.run_id = k.run_id AND x.step = k.step AND x.action = k.action OFFSET 0) i
+    AND x.mandate_id = k.mandate_id AND x.operation = k.operation AND x.run_id = k.run_id AND x.step = k.step
+    AND x.action = k.action OFFSET 0) i
 ) k
 CROSS JOIN LATERAL (SELECT x.*, x.ctid AS row_tid FROM authorizations x
   WHERE x.org = k.org AND x.mandate_id = k.mandate_id AND x.authorization_id = k.authorization_id OFFSET 0) a
 UNION ALL
-SELECT ` + authColumns + `, a.row_tid FROM unnest($14::text[], $15::text[]) AS k(org, mandate_id)
+SELECT ` + authColumns + `, a.row_tid FROM unnest($16::text[], $17::text[]) AS k(org, mandate_id)
 CROSS JOIN LATERAL (SELECT x.*, x.ctid AS row_tid FROM authorizations x
   WHERE x.org = k.org AND x.mandate_id = k.mandate_id AND x.state IN ('reserved', 'in_doubt') OFFSET 0) a
 UNION ALL
@@ -135,7 +140,7 @@ func scanMandate(row pgx.Row, extra ...any) (*lifecycle.Mandate, error) {
 	err := row.Scan(append([]any{&m.Key.Org, &m.Key.MandateID, &m.Partition, &m.Version, &status, &m.Operations, &m.Targets,
 		&m.Currency, &m.MaxAmount, &m.TotalLimit, &m.UsesAllowed, &m.UsesHeld, &m.UsesSpent, &m.UsesInDoubt,
 		&m.AmountHeld, &m.AmountSpent, &validFrom, &validUntil, &m.ReleaseOnCancel, &holdMS, &execMS,
-		&m.LastAuthID, &m.CreatedAt, &m.UpdatedAt, &m.Executions}, extra...)...)
+		&m.LastAuthID, &m.CreatedAt, &m.UpdatedAt, &m.Executions, &m.TermsVersion}, extra...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -161,6 +166,7 @@ func scanIdem(row pgx.Row) (*lifecycle.IdemRecord, error) {
 	if err != nil {
 		return nil, err
 	}
+	r.Scope.MandateID = mandateID
 	r.Mandate = partitioner.MandateKey{Org: r.Scope.Org, MandateID: mandateID}
 	r.Outcome, r.Reason = wire.Outcome(outcome), wire.Reason(reason)
 	r.CreatedAt, r.ExpiresAt = r.CreatedAt.UTC(), r.ExpiresAt.UTC()
@@ -207,20 +213,22 @@ func queueLoadAuths(lb *pgx.Batch, needs Needs) bool {
 	for k := range needs.Mandates {
 		mOrgs, mIDs = append(mOrgs, k.Org), append(mIDs, k.MandateID)
 	}
-	var iOrgs, iOps, iKeys []string
+	var iOrgs, iMids, iOps, iKeys []string
 	for k := range needs.Idem {
-		iOrgs, iOps, iKeys = append(iOrgs, k.Org), append(iOps, k.Operation), append(iKeys, k.Key)
+		iOrgs, iMids = append(iOrgs, k.Org), append(iMids, k.MandateID)
+		iOps, iKeys = append(iOps, k.Operation), append(iKeys, k.Key)
 	}
-	var nOrgs, nOps, nRuns, nSteps, nActions []string
+	var nOrgs, nMids, nOps, nRuns, nSteps, nActions []string
 	for k := range needs.Intents {
-		nOrgs, nOps, nRuns = append(nOrgs, k.Org), append(nOps, k.Operation), append(nRuns, k.RunID)
-		nSteps, nActions = append(nSteps, k.Step), append(nActions, k.Action)
+		nOrgs, nMids, nOps = append(nOrgs, k.Org), append(nMids, k.MandateID), append(nOps, k.Operation)
+		nRuns, nSteps, nActions = append(nRuns, k.RunID), append(nSteps, k.Step), append(nActions, k.Action)
 	}
 	var revOrgs, revIDs []string
 	for k := range needs.Reserved {
 		revOrgs, revIDs = append(revOrgs, k.Org), append(revIDs, k.MandateID)
 	}
-	lb.Queue(loadAuthsSQL, orgs, mids, ids, mOrgs, mIDs, iOrgs, iOps, iKeys, nOrgs, nOps, nRuns, nSteps, nActions, revOrgs, revIDs)
+	lb.Queue(loadAuthsSQL, orgs, mids, ids, mOrgs, mIDs, iOrgs, iMids, iOps, iKeys, nOrgs, nMids, nOps, nRuns, nSteps, nActions,
+		revOrgs, revIDs)
 	return true
 }
 
@@ -243,11 +251,13 @@ func readAuths(br pgx.BatchResults, st *lifecycle.State, tids *rowTIDs) error {
 	return rows.Err()
 }
 
+// loadIntentsSQL loads intents by their scope, the mandate (migration
+// 0016), like keys.
 const loadIntentsSQL = `SELECT i.org, i.operation, i.run_id, i.step, i.action, i.mandate_id, i.authorization_id, i.decision_id,
 i.head_mandate_id, i.head_authorization_id, i.partition, i.created_at, i.updated_at, i.expires_at, i.row_tid
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) AS k(org, operation, run_id, step, action)
-CROSS JOIN LATERAL (SELECT x.*, x.ctid AS row_tid FROM intents x WHERE x.org = k.org AND x.operation = k.operation AND x.run_id = k.run_id
-  AND x.step = k.step AND x.action = k.action OFFSET 0) i`
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) AS k(org, mandate_id, operation, run_id, step, action)
+CROSS JOIN LATERAL (SELECT x.*, x.ctid AS row_tid FROM intents x WHERE x.org = k.org AND x.mandate_id = k.mandate_id
+  AND x.operation = k.operation AND x.run_id = k.run_id AND x.step = k.step AND x.action = k.action OFFSET 0) i`
 
 // queueLoadIntents queues the load of the intents a batch names,
 // reporting false when it names none.
@@ -255,12 +265,12 @@ func queueLoadIntents(b *pgx.Batch, needs Needs) bool {
 	if len(needs.Intents) == 0 {
 		return false
 	}
-	var orgs, ops, runs, steps, actions []string
+	var orgs, mids, ops, runs, steps, actions []string
 	for k := range needs.Intents {
-		orgs, ops, runs = append(orgs, k.Org), append(ops, k.Operation), append(runs, k.RunID)
-		steps, actions = append(steps, k.Step), append(actions, k.Action)
+		orgs, mids, ops = append(orgs, k.Org), append(mids, k.MandateID), append(ops, k.Operation)
+		runs, steps, actions = append(runs, k.RunID), append(steps, k.Step), append(actions, k.Action)
 	}
-	b.Queue(loadIntentsSQL, orgs, ops, runs, steps, actions)
+	b.Queue(loadIntentsSQL, orgs, mids, ops, runs, steps, actions)
 	return true
 }
 
@@ -273,6 +283,7 @@ func scanIntent(row pgx.Row, extra ...any) (*lifecycle.IntentRecord, error) {
 	if err != nil {
 		return nil, err
 	}
+	r.Scope.MandateID = mandateID
 	r.Root.Mandate = partitioner.MandateKey{Org: r.Scope.Org, MandateID: mandateID}
 	r.Head.Mandate = partitioner.MandateKey{Org: r.Scope.Org, MandateID: headMandateID}
 	r.CreatedAt, r.UpdatedAt, r.ExpiresAt = r.CreatedAt.UTC(), r.UpdatedAt.UTC(), r.ExpiresAt.UTC()

@@ -64,11 +64,12 @@ func queueMergedLoads(lb *pgx.Batch, parts []*part) mergedLoads {
 		orgs, ids = append(orgs, k.Org), append(ids, k.MandateID)
 	}
 	lb.Queue(loadMandatesSQL, orgs, ids)
-	var iOrgs, iOps, iKeys []string
+	var iOrgs, iMids, iOps, iKeys []string
 	for k := range all.Idem {
-		iOrgs, iOps, iKeys = append(iOrgs, k.Org), append(iOps, k.Operation), append(iKeys, k.Key)
+		iOrgs, iMids = append(iOrgs, k.Org), append(iMids, k.MandateID)
+		iOps, iKeys = append(iOps, k.Operation), append(iKeys, k.Key)
 	}
-	lb.Queue(loadIdemSQL, iOrgs, iOps, iKeys)
+	lb.Queue(loadIdemSQL, iOrgs, iMids, iOps, iKeys)
 	l.intents = queueLoadIntents(lb, all)
 	l.auths = queueLoadAuths(lb, all)
 	l.recent = queueLoadRecent(lb, all)

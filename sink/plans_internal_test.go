@@ -61,9 +61,9 @@ func TestTheBatchLoadsGenericPlansLookEachKeyUpByIndexOnANewDatabase(t *testing.
 		lookups []string
 	}{
 		{"loadMandatesSQL", loadMandatesSQL, texts(2), []string{"mandates"}},
-		{"loadIdemSQL", loadIdemSQL, texts(3), []string{"idempotency_keys"}},
-		{"loadIntentsSQL", loadIntentsSQL, texts(5), []string{"intents"}},
-		{"loadAuthsSQL", loadAuthsSQL, texts(15), []string{"authorizations", "mandates", "idempotency_keys", "intents"}},
+		{"loadIdemSQL", loadIdemSQL, texts(4), []string{"idempotency_keys"}},
+		{"loadIntentsSQL", loadIntentsSQL, texts(6), []string{"intents"}},
+		{"loadAuthsSQL", loadAuthsSQL, texts(17), []string{"authorizations", "mandates", "idempotency_keys", "intents"}},
 		{"loadRecentSQL", loadRecentSQL, texts(2) + `, '{2026-01-01T00:00:00Z,2026-01-01T00:00:00Z,2026-01-01T00:00:00Z}'`,
 			[]string{"authorizations"}},
 	}

@@ -248,6 +248,8 @@ func TestAnExecutionTokenAndItsExecutorNeverChangeAndTheCounterNeverGoesBack(t *
 		{"another executor", []string{`UPDATE authorizations SET begin_key = 'loser' WHERE authorization_id = 'au_e'`}, "cannot change"},
 		{"a counter going back", []string{`UPDATE mandates SET executions = executions + 3 WHERE mandate_id = 'm5'`,
 			`UPDATE mandates SET executions = 1 WHERE mandate_id = 'm5'`}, "cannot go back"},
+		{"a terms version going back", []string{`UPDATE mandates SET version = version + 2, terms_version = version + 2 WHERE mandate_id = 'm5'`,
+			`UPDATE mandates SET terms_version = 1 WHERE mandate_id = 'm5'`}, "terms version of acme/m5 cannot go back"},
 		{"a result on an executing authorization", []string{`UPDATE authorizations SET result = '{}' WHERE authorization_id = 'au_e'`}, "result_only_when_committed"},
 	} {
 		stmts := []func(pgx.Tx) error{insert}

@@ -18,21 +18,21 @@ const listSep = "\x1f" // cannot occur in an id (see partitioner's grammar)
 const insertMandatesRows = `INSERT INTO mandates (org, mandate_id, partition, version, status, operations, targets, currency,
   max_amount, total_limit, uses_allowed, uses_held, uses_spent, uses_in_doubt, amount_held, amount_spent,
   valid_from, valid_until, release_on_cancel, hold_window_ms, execution_timeout_ms, last_authorization_id, created_at, updated_at,
-  executions)
+  executions, terms_version)
 SELECT org, mandate_id, partition, version, status, string_to_array(operations, E'\x1f'), string_to_array(targets, E'\x1f'),
   currency, max_amount, NULLIF(total_limit, 0), uses_allowed, uses_held, uses_spent, uses_in_doubt, amount_held, amount_spent,
   valid_from, valid_until, release_on_cancel, hold_window_ms, execution_timeout_ms, NULLIF(last_authorization_id, ''), created_at, updated_at,
-  executions
+  executions, terms_version
 FROM unnest($1::text[], $2::text[], $3::int[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[],
   $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bigint[], $16::bigint[],
   $17::timestamptz[], $18::timestamptz[], $19::bool[], $20::bigint[], $21::bigint[], $22::text[], $23::timestamptz[], $24::timestamptz[],
-  $25::bigint[])
+  $25::bigint[], $26::bigint[])
   AS u(org, mandate_id, partition, version, status, operations, targets, currency, max_amount, total_limit, uses_allowed,
        uses_held, uses_spent, uses_in_doubt, amount_held, amount_spent, valid_from, valid_until, release_on_cancel,
-       hold_window_ms, execution_timeout_ms, last_authorization_id, created_at, updated_at, executions)`
+       hold_window_ms, execution_timeout_ms, last_authorization_id, created_at, updated_at, executions, terms_version)`
 
 const insertMandatesSQL = `WITH w AS (` + insertMandatesRows + ` RETURNING 1)
-SELECT mandated_expect_rows(count(*), $26, 'insert mandates') FROM w`
+SELECT mandated_expect_rows(count(*), $27, 'insert mandates') FROM w`
 
 // updateMandatesRows names each row by its key and by the address (ctid)
 // the batch loaded it at: the planner may then find it with a TID scan, no
@@ -47,18 +47,19 @@ const updateMandatesRows = `UPDATE mandates m SET version = u.version, status = 
   uses_spent = u.uses_spent, uses_in_doubt = u.uses_in_doubt, amount_held = u.amount_held, amount_spent = u.amount_spent,
   valid_from = u.valid_from, valid_until = u.valid_until, release_on_cancel = u.release_on_cancel,
   hold_window_ms = u.hold_window_ms, execution_timeout_ms = u.execution_timeout_ms,
-  last_authorization_id = NULLIF(u.last_authorization_id, ''), updated_at = u.updated_at, executions = u.executions
+  last_authorization_id = NULLIF(u.last_authorization_id, ''), updated_at = u.updated_at, executions = u.executions,
+  terms_version = u.terms_version
 FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[],
   $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bigint[], $16::bigint[],
   $17::timestamptz[], $18::timestamptz[], $19::bool[], $20::bigint[], $21::bigint[], $22::text[], $23::timestamptz[],
-  $24::bigint[], $25::tid[])
+  $24::bigint[], $25::bigint[], $26::tid[])
   AS u(org, mandate_id, loaded_version, version, status, operations, targets, currency, max_amount, total_limit, uses_allowed,
        uses_held, uses_spent, uses_in_doubt, amount_held, amount_spent, valid_from, valid_until, release_on_cancel,
-       hold_window_ms, execution_timeout_ms, last_authorization_id, updated_at, executions, tid)
+       hold_window_ms, execution_timeout_ms, last_authorization_id, updated_at, executions, terms_version, tid)
 WHERE m.ctid = u.tid AND m.org = u.org AND m.mandate_id = u.mandate_id AND m.version = u.loaded_version`
 
 const updateMandatesSQL = `WITH w AS (` + updateMandatesRows + ` RETURNING 1)
-SELECT mandated_expect_rows(count(*), $26, 'update mandates') FROM w`
+SELECT mandated_expect_rows(count(*), $27, 'update mandates') FROM w`
 
 const insertAuthsRows = `INSERT INTO authorizations (org, mandate_id, authorization_id, partition, state, version, operation, target,
   amount, currency, idempotency_key, mandate_version, deadline, execution_deadline, begin_key, external_ref, detail,
@@ -128,14 +129,14 @@ SELECT mandated_expect_rows(count(*), $15, 'insert intents') FROM w`
 const updateIntentsRows = `UPDATE intents i SET head_mandate_id = u.head_mandate_id, head_authorization_id = u.head_authorization_id,
   updated_at = u.updated_at, expires_at = u.expires_at
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[],
-  $10::timestamptz[], $11::timestamptz[], $12::tid[])
+  $10::timestamptz[], $11::timestamptz[], $12::tid[], $13::text[])
   AS u(org, operation, run_id, step, action, loaded_mandate_id, loaded_authorization_id, head_mandate_id, head_authorization_id,
-       updated_at, expires_at, tid)
-WHERE i.ctid = u.tid AND i.org = u.org AND i.operation = u.operation AND i.run_id = u.run_id AND i.step = u.step AND i.action = u.action
-  AND i.head_mandate_id = u.loaded_mandate_id AND i.head_authorization_id = u.loaded_authorization_id`
+       updated_at, expires_at, tid, mandate_id)
+WHERE i.ctid = u.tid AND i.org = u.org AND i.mandate_id = u.mandate_id AND i.operation = u.operation AND i.run_id = u.run_id
+  AND i.step = u.step AND i.action = u.action AND i.head_mandate_id = u.loaded_mandate_id AND i.head_authorization_id = u.loaded_authorization_id`
 
 const updateIntentsSQL = `WITH w AS (` + updateIntentsRows + ` RETURNING 1)
-SELECT mandated_expect_rows(count(*), $13, 'update intents') FROM w`
+SELECT mandated_expect_rows(count(*), $14, 'update intents') FROM w`
 
 // advancePartitionsRows is advancePartitionRows for the partitions of a
 // merged group commit, in one statement.
@@ -148,3 +149,11 @@ WHERE p.partition = u.partition AND p.epoch = u.epoch AND p.proposals_offset = u
 
 const advancePartitionsSQL = `WITH w AS (` + advancePartitionsRows + ` RETURNING 1)
 SELECT mandated_expect_rows(count(*), $10, 'advance partitions') FROM w`
+
+// insertAnswersSQL keeps the decisions that answer gateway requests
+// (migration 0024), keyed by the record's position.
+const insertAnswersSQL = `INSERT INTO request_answers (source_partition, source_offset, request_id, partition, org, mandate_id,
+  decision, created_at, expires_at)
+SELECT * FROM unnest($1::int[], $2::bigint[], $3::text[], $4::int[], $5::text[], $6::text[], $7::bytea[], $8::timestamptz[],
+  $9::timestamptz[])
+ON CONFLICT DO NOTHING`

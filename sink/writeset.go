@@ -22,6 +22,7 @@ type writeSet struct {
 	insIntents               intentInsCols
 	updIntents               intentUpdCols
 	outbox                   outboxCols
+	answers                  answerCols
 	advance                  advanceCols
 
 	batch pgx.Batch
@@ -66,6 +67,9 @@ func (w *writeSet) add(st *lifecycle.State, tids rowTIDs, rows []outbox.Row, adv
 	}
 	for _, r := range rows {
 		w.outbox.add(r)
+		if r.Answer != nil {
+			w.answers.add(r)
+		}
 	}
 	w.advance.add(adv)
 }
@@ -84,12 +88,12 @@ func (w *writeSet) flush() {
 	if c := &w.insMandates; len(c.org) > 0 {
 		q(insertMandatesSQL, []any{c.org, c.id, c.part, c.version, c.status, c.ops, c.targets, c.cur,
 			c.max, c.total, c.allowed, c.held, c.spent, c.doubt, c.amtHeld, c.amtSpent, c.from, c.until,
-			c.release, c.holdMS, c.execMS, c.last, c.created, c.updated, c.execs}, len(c.org))
+			c.release, c.holdMS, c.execMS, c.last, c.created, c.updated, c.execs, c.terms}, len(c.org))
 	}
 	if c := &w.updMandates; len(c.org) > 0 {
 		q(updateMandatesSQL, []any{c.org, c.id, c.loaded, c.version, c.status, c.ops, c.targets, c.cur,
 			c.max, c.total, c.allowed, c.held, c.spent, c.doubt, c.amtHeld, c.amtSpent, c.from, c.until,
-			c.release, c.holdMS, c.execMS, c.last, c.updated, c.execs, c.tid}, len(c.org))
+			c.release, c.holdMS, c.execMS, c.last, c.updated, c.execs, c.terms, c.tid}, len(c.org))
 	}
 	if c := &w.insAuths; len(c.org) > 0 {
 		q(insertAuthsSQL, []any{c.org, c.mid, c.id, c.part, c.state, c.ver, c.op, c.target, c.amt, c.cur, c.key, c.mver,
@@ -100,23 +104,29 @@ func (w *writeSet) flush() {
 			c.tok, c.result, c.resolved, c.tid}, len(c.org))
 	}
 	if c := &w.idem; len(c.org) > 0 {
-		// ON CONFLICT DO NOTHING + a count: a key that another partition
-		// bound since we loaded (the same key used for two mandates at
-		// once) makes the batch decide again, now seeing that binding.
+		// ON CONFLICT DO NOTHING + a count: a key's scope is its mandate,
+		// which only this partition's writer binds, under the fence; a
+		// binding that appeared since the load anyway (a writer that
+		// ignored the fence) makes the batch decide again, seeing it.
 		q(insertIdemSQL, []any{c.org, c.op, c.key, c.fp, c.mid, c.part, c.aid, c.dec, c.outcome, c.reason, c.created, c.expires}, len(c.org))
 	}
 	if c := &w.insIntents; len(c.org) > 0 {
-		// Like keys: an intent another partition bound since we loaded
-		// (one intent proposed on two mandates at once).
+		// Like keys: an intent is scoped by its mandate; a binding that
+		// appeared since the load makes the batch decide again.
 		q(insertIntentsSQL, []any{c.org, c.op, c.run, c.step, c.act, c.mid, c.aid, c.dec, c.hmid, c.haid, c.part,
 			c.created, c.updated, c.expires}, len(c.org))
 	}
 	if c := &w.updIntents; len(c.org) > 0 {
-		q(updateIntentsSQL, []any{c.org, c.op, c.run, c.step, c.act, c.lmid, c.laid, c.hmid, c.haid, c.updated, c.expires, c.tid}, len(c.org))
+		q(updateIntentsSQL, []any{c.org, c.op, c.run, c.step, c.act, c.lmid, c.laid, c.hmid, c.haid, c.updated, c.expires, c.tid, c.mid}, len(c.org))
 	}
 	if c := &w.outbox; len(c.part) > 0 {
 		q(insertOutboxSQL, []any{c.part, c.seq, c.epoch, c.kind, c.key, c.payload, c.reason, c.detail, c.srcTopic, c.srcPart,
 			c.srcOff, c.created, c.prev, c.hash}, len(c.part))
+	}
+	if c := &w.answers; len(c.id) > 0 {
+		// A request answered twice (a record decided again after a lost
+		// acknowledgement) keeps its first answer: no count.
+		q(insertAnswersSQL, []any{c.srcPart, c.srcOff, c.id, c.part, c.org, c.mid, c.payload, c.created, c.expires}, -1)
 	}
 	if c := &w.advance; len(c.part) == 1 {
 		q(advancePartitionSQL, []any{c.part[0], c.epoch[0], c.toProposals[0], c.toGrants[0], c.toSeq[0],
@@ -143,6 +153,7 @@ type mandateCols struct {
 	part                                              []int32
 	loaded, version, max, total, allowed, held, spent []int64
 	doubt, amtHeld, amtSpent, holdMS, execMS, execs   []int64
+	terms                                             []int64
 	from, until, created, updated                     []pgtype.Timestamptz
 	release                                           []bool
 }
@@ -159,7 +170,7 @@ func (c *mandateCols) add(m *lifecycle.Mandate, tid pgtype.TID) {
 	c.from, c.until = append(c.from, tstz(m.ValidFrom)), append(c.until, tstz(m.ValidUntil))
 	c.release = append(c.release, m.ReleaseOnCancel)
 	c.holdMS, c.execMS = append(c.holdMS, m.HoldWindow.Milliseconds()), append(c.execMS, m.ExecutionTimeout.Milliseconds())
-	c.last, c.execs = append(c.last, m.LastAuthID), append(c.execs, m.Executions)
+	c.last, c.execs, c.terms = append(c.last, m.LastAuthID), append(c.execs, m.Executions), append(c.terms, m.TermsVersion)
 	c.created, c.updated = append(c.created, tstz(m.CreatedAt)), append(c.updated, tstz(m.UpdatedAt))
 }
 
@@ -235,14 +246,14 @@ func (c *intentInsCols) add(r *lifecycle.IntentRecord) {
 }
 
 type intentUpdCols struct {
-	org, op, run, step, act, lmid, laid, hmid, haid []string
-	updated, expires                                []pgtype.Timestamptz
-	tid                                             []pgtype.TID
+	org, mid, op, run, step, act, lmid, laid, hmid, haid []string
+	updated, expires                                     []pgtype.Timestamptz
+	tid                                                  []pgtype.TID
 }
 
 func (c *intentUpdCols) add(r *lifecycle.IntentRecord, tid pgtype.TID) {
 	c.org, c.op, c.run = append(c.org, r.Scope.Org), append(c.op, r.Scope.Operation), append(c.run, r.Scope.RunID)
-	c.step, c.act = append(c.step, r.Scope.Step), append(c.act, r.Scope.Action)
+	c.step, c.act, c.mid = append(c.step, r.Scope.Step), append(c.act, r.Scope.Action), append(c.mid, r.Scope.MandateID)
 	c.lmid, c.laid = append(c.lmid, r.LoadedHead.Mandate.MandateID), append(c.laid, r.LoadedHead.ID)
 	c.hmid, c.haid = append(c.hmid, r.Head.Mandate.MandateID), append(c.haid, r.Head.ID)
 	c.updated, c.expires = append(c.updated, tstz(r.UpdatedAt)), append(c.expires, tstz(r.ExpiresAt))
@@ -269,6 +280,23 @@ func (c *outboxCols) add(r outbox.Row) {
 	c.srcPart, c.srcOff = append(c.srcPart, r.SourcePartition), append(c.srcOff, r.SourceOffset)
 	c.created = append(c.created, tstz(r.CreatedAt))
 	c.prev, c.hash = append(c.prev, prev), append(c.hash, hash)
+}
+
+// answerCols are the request records (migration 0024) of the rows that
+// answer gateway requests: none for a batch without one.
+type answerCols struct {
+	id, org, mid     []string
+	part, srcPart    []int32
+	srcOff           []int64
+	payload          [][]byte
+	created, expires []pgtype.Timestamptz
+}
+
+func (c *answerCols) add(r outbox.Row) {
+	a := r.Answer
+	c.srcPart, c.srcOff, c.id = append(c.srcPart, a.Source.Partition), append(c.srcOff, a.Source.Offset), append(c.id, a.RequestID)
+	c.part, c.org, c.mid = append(c.part, r.Partition), append(c.org, a.Org), append(c.mid, a.MandateID)
+	c.payload, c.created, c.expires = append(c.payload, r.Payload), append(c.created, tstz(r.CreatedAt)), append(c.expires, tstz(a.ExpiresAt))
 }
 
 // advance is one partition's position compare-and-set at the end of its

@@ -153,6 +153,7 @@ func (rb *rebuild) compare(s *snapshot, complete bool) []Drift {
 				hist, d int64
 			}{
 				{"version", v.Version, db.Version},
+				{"terms_version", v.TermsVersion, db.TermsVersion},
 				{"uses_allowed", v.UsesAllowed, db.UsesAllowed},
 				{"uses_held", v.UsesHeld, db.UsesHeld},
 				{"uses_spent", v.UsesSpent, db.UsesSpent},

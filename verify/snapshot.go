@@ -35,8 +35,8 @@ type snapshot struct {
 }
 
 type dbMandate struct {
-	Version, UsesAllowed, UsesHeld, UsesSpent, UsesInDoubt, AmountHeld, AmountSpent int64
-	Status                                                                          string
+	Version, TermsVersion, UsesAllowed, UsesHeld, UsesSpent, UsesInDoubt, AmountHeld, AmountSpent int64
+	Status                                                                                        string
 }
 
 type dbAuth struct {
@@ -49,7 +49,7 @@ func authKey(mandateKey, id string) string { return mandateKey + "#" + id }
 const (
 	snapPartitionSQL = `SELECT p.next_seq - 1, p.head_hash, a.after_seq, a.anchor_hash
 FROM mandated_partitions p LEFT JOIN chain_anchors a USING (partition) WHERE p.partition = $1`
-	snapMandatesSQL = `SELECT org || '/' || mandate_id, version, status, uses_allowed, uses_held, uses_spent, uses_in_doubt,
+	snapMandatesSQL = `SELECT org || '/' || mandate_id, version, terms_version, status, uses_allowed, uses_held, uses_spent, uses_in_doubt,
   amount_held, amount_spent FROM mandates WHERE partition = $1`
 	snapAuthsSQL = `SELECT org || '/' || mandate_id, authorization_id, state, version FROM authorizations WHERE partition = $1`
 	// snapCountsSQL lists the earlier partition counts (none before any
@@ -91,7 +91,7 @@ func readSnapshot(ctx context.Context, pool *pgxpool.Pool, partition int32) (*sn
 		for rows.Next() {
 			var k string
 			var m dbMandate
-			if err := rows.Scan(&k, &m.Version, &m.Status, &m.UsesAllowed, &m.UsesHeld, &m.UsesSpent, &m.UsesInDoubt,
+			if err := rows.Scan(&k, &m.Version, &m.TermsVersion, &m.Status, &m.UsesAllowed, &m.UsesHeld, &m.UsesSpent, &m.UsesInDoubt,
 				&m.AmountHeld, &m.AmountSpent); err != nil {
 				rows.Close()
 				return fmt.Errorf("read mandates: %w", err)

@@ -246,9 +246,10 @@ func TestACounterChangedByHandInPostgresIsDriftAtItsMandate(t *testing.T) {
 	requireVerified(t, b.verify(t))
 
 	var part int32
-	var spent int64
-	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT partition, uses_spent FROM mandates WHERE org = 'acme' AND mandate_id = 'tampered'`).Scan(&part, &spent))
-	handEdit(t, b.pool, part, `UPDATE mandates SET uses_spent = uses_spent - 1, amount_held = amount_held + 5 WHERE org = 'acme' AND mandate_id = 'tampered'`)
+	var spent, terms int64
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT partition, uses_spent, terms_version FROM mandates WHERE org = 'acme' AND mandate_id = 'tampered'`).Scan(&part, &spent, &terms))
+	handEdit(t, b.pool, part, `UPDATE mandates SET uses_spent = uses_spent - 1, amount_held = amount_held + 5, terms_version = terms_version + 1
+		WHERE org = 'acme' AND mandate_id = 'tampered'`)
 	last := b.h.Decisions.Wait(b.h.Timeout, func(d wire.Decision) bool {
 		return d.MandateID == "tampered" && d.Command == "revoke" && d.Source != nil
 	})
@@ -258,6 +259,7 @@ func TestACounterChangedByHandInPostgresIsDriftAtItsMandate(t *testing.T) {
 	require.ElementsMatch(t, []verify.Drift{
 		{Kind: "database", Mandate: "acme/tampered", Field: "uses_spent", History: fmt.Sprint(spent), Database: fmt.Sprint(spent - 1), Decision: lastAbout(b.h, "tampered")},
 		{Kind: "database", Mandate: "acme/tampered", Field: "amount_held_minor_units", History: "0", Database: "5", Decision: lastAbout(b.h, "tampered")},
+		{Kind: "database", Mandate: "acme/tampered", Field: "terms_version", History: fmt.Sprint(terms), Database: fmt.Sprint(terms + 1), Decision: lastAbout(b.h, "tampered")},
 	}, rep.Drifts)
 	require.NotEmpty(t, last.DecisionID)
 }

@@ -83,6 +83,17 @@ type Grant struct {
 	ReleaseOnCancel  bool      // a cancelled authorization gives its use back
 	HoldWindow       time.Duration
 	ExecutionTimeout time.Duration
+
+	// BasedOnVersion is the mandate version the grantor read before it
+	// wrote these terms: 0 when the grant creates the mandate. It binds the
+	// grant (BindsVersion) when it is signed — absent, it is 0 — or when an
+	// unsigned grant carries it: the grant is then refused stale_grant
+	// unless the mandate's terms are still those the grantor saw, so a
+	// captured older grant replayed later cannot restore wider terms.
+	// Neither is a term of the mandate, so neither is in the idempotency
+	// fingerprint (a retry under the same key is the same intent).
+	BasedOnVersion int64 `json:"-"`
+	BindsVersion   bool  `json:"-"`
 }
 
 // Revoke ends a mandate's unused authority.
@@ -106,8 +117,9 @@ type Propose struct {
 }
 
 // Intent identifies one action of one workflow run: the same intent
-// proposed again (an agent restored from a checkpoint, under a regenerated
-// idempotency key) is a replay, not a new use. Each part is an id.
+// proposed again on the same mandate (an agent restored from a checkpoint,
+// under a regenerated idempotency key) is a replay, not a new use; on
+// another mandate it is another action. Each part is an id.
 type Intent struct {
 	RunID  string `json:"run_id"`
 	Step   string `json:"step"`

@@ -127,7 +127,11 @@ type AuthorizationView struct {
 
 // MandateView is a mandate as a decision shows it.
 type MandateView struct {
-	Version       int64         `json:"version"`
+	Version int64 `json:"version"`
+	// TermsVersion is the version the mandate's last grant made (0 for a
+	// mandate last granted before migration 0020): a grant bound to a
+	// version older than it is refused stale_grant.
+	TermsVersion  int64         `json:"terms_version,omitempty"`
 	Status        MandateStatus `json:"status"`
 	UsesAllowed   int64         `json:"uses_allowed"`
 	UsesHeld      int64         `json:"uses_held"`
@@ -177,3 +181,9 @@ const (
 	HeaderEpoch       = "mandated-epoch"
 	DeadLetterMaxByte = 16 << 10
 )
+
+// HeaderRequest, on a command record, names the HTTP gateway request it was
+// produced for (ValidRequestID): the processor keeps the decision that
+// answers the record under that id for the org's retention, so any gateway
+// instance can answer the request's status URL.
+const HeaderRequest = "mandated-request"

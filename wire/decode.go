@@ -141,7 +141,7 @@ func (r *Rejection) Error() string { return string(r.Reason) + ": " + r.Detail }
 var commonFields = []string{"v", "type", "org", "mandate_id", "idempotency_key", "sent_at"}
 
 var typeFields = map[CommandType][]string{
-	CmdGrant:         {"uses", "max_amount", "total_limit", "operations", "targets", "valid_from", "valid_until", "release_on_cancel", "hold_seconds", "execution_timeout_seconds"},
+	CmdGrant:         {"uses", "max_amount", "total_limit", "operations", "targets", "valid_from", "valid_until", "release_on_cancel", "hold_seconds", "execution_timeout_seconds", "based_on_version"},
 	CmdRevoke:        {"reason"},
 	CmdPropose:       {"operation", "amount", "target", "based_on_version", "deadline", "intent", "fork_of"},
 	CmdBegin:         {"authorization_id", "executor"},
@@ -262,6 +262,10 @@ func Decode(recordKey, value []byte, lim Limits) (*Command, *Rejection) {
 			HoldWindow:      r.seconds("hold_seconds", DefaultHoldWindow, MaxHoldWindow),
 			ExecutionTimeout: r.seconds("execution_timeout_seconds", DefaultExecutionTimout,
 				MaxExecutionTimeout),
+			BasedOnVersion: r.integer("based_on_version", false, 0, MaxMandateVersion, ReasonFieldInvalid),
+		}
+		if v, ok := obj["based_on_version"]; ok && v != nil {
+			g.BindsVersion = true
 		}
 		if v, ok := obj["total_limit"]; ok && v != nil {
 			m := r.money("total_limit", true)
@@ -284,7 +288,7 @@ func Decode(recordKey, value []byte, lim Limits) (*Command, *Rejection) {
 			Operation:      r.pattern("operation", true, operationGrammar),
 			Amount:         r.money("amount", true),
 			Target:         r.id("target", true),
-			BasedOnVersion: r.integer("based_on_version", false, 1, 1<<62, ReasonFieldInvalid),
+			BasedOnVersion: r.integer("based_on_version", false, 1, MaxMandateVersion, ReasonFieldInvalid),
 			Deadline:       r.timestamp("deadline", false),
 			Intent:         r.intent("intent"),
 			ForkOf:         r.id("fork_of", false),
@@ -333,6 +337,11 @@ func Decode(recordKey, value []byte, lim Limits) (*Command, *Rejection) {
 	}
 	if r.err == nil {
 		cmd.Signature, cmd.SignedMessage, r.err = readSignature(obj)
+	}
+	if r.err == nil && cmd.Grant != nil && cmd.Signature != nil {
+		// A signed grant always binds to a mandate version: without
+		// based_on_version it may only create the mandate.
+		cmd.Grant.BindsVersion = true
 	}
 	if r.err != nil {
 		return fail(r.err.Reason, "%s", r.err.Detail)
@@ -499,6 +508,9 @@ func (r *reader) integer(field string, required bool, lo, hi int64, reason Reaso
 	}
 	return i
 }
+
+// MaxMandateVersion bounds a based_on_version.
+const MaxMandateVersion = int64(1) << 62
 
 // MaxExecutionToken bounds an execution token (a per-mandate counter).
 const MaxExecutionToken = int64(1) << 62

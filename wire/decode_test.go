@@ -339,6 +339,9 @@ func badInputs() []badInput {
 		{name: "a total limit in another currency is invalid", value: with(grantBase, "total_limit", `{"minor_units":50000,"currency":"USD"}`), reason: wire.ReasonCurrencyInvalid, answeredTo: goodKey},
 		{name: "a total limit below the per-use maximum is invalid", value: with(grantBase, "total_limit", `{"minor_units":19999,"currency":"EUR"}`), reason: wire.ReasonAmountInvalid, answeredTo: goodKey},
 		{name: "a based-on version of zero is invalid", value: with(proposeBase, "based_on_version", `0`), reason: wire.ReasonFieldInvalid, answeredTo: goodKey},
+		{name: "a grant based on a negative version is invalid", value: with(grantBase, "based_on_version", `-1`), reason: wire.ReasonFieldInvalid, answeredTo: goodKey},
+		{name: "a grant based on a version given as a string is invalid", value: with(grantBase, "based_on_version", `"3"`), reason: wire.ReasonFieldInvalid, answeredTo: goodKey},
+		{name: "a revoke based on a version is an unknown field", value: with(revokeBase, "based_on_version", `3`), reason: wire.ReasonUnknownField, answeredTo: goodKey},
 		{name: "a resolve outcome other than committed or cancelled is invalid", value: with(resolveBase, "outcome", `"maybe"`), reason: wire.ReasonFieldInvalid, answeredTo: goodKey},
 		{name: "a reason longer than 512 bytes is invalid", value: with(revokeBase, "reason", `"`+strings.Repeat("é", 257)+`"`), reason: wire.ReasonFieldInvalid, answeredTo: goodKey, detail: "514 bytes"},
 		{name: "a string where an object is expected is invalid", value: with(proposeBase, "target", `{"id":"customer-77"}`), reason: wire.ReasonFieldInvalid, answeredTo: goodKey},
@@ -515,6 +518,14 @@ func TestDecodeAcceptsValidCommands(t *testing.T) {
 				Operations: []string{"payment.refund"}, Targets: []string{"customer-77"},
 				ValidFrom: at("2026-11-30T08:00:00Z"), ValidUntil: at("2026-12-07T08:00:00Z"),
 				ReleaseOnCancel: true, HoldWindow: 5 * time.Minute, ExecutionTimeout: time.Hour,
+				BasedOnVersion: 0, BindsVersion: true,
+			}}},
+		{name: "a grant based on a mandate version binds to it", value: with(grantBase, "based_on_version", `7`), want: &wire.Command{
+			Type: wire.CmdGrant, Key: key,
+			Grant: &wire.Grant{
+				Uses: 1, MaxAmount: wire.Money{MinorUnits: 20000, Currency: "EUR"}, Operations: []string{"payment.refund"},
+				ReleaseOnCancel: true, HoldWindow: wire.DefaultHoldWindow, ExecutionTimeout: wire.DefaultExecutionTimout,
+				BasedOnVersion: 7, BindsVersion: true,
 			}}},
 		{name: "a minimal grant takes the defaults", value: with(grantBase), want: &wire.Command{
 			Type: wire.CmdGrant, Key: key,

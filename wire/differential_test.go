@@ -36,7 +36,7 @@ type jsonCommand struct {
 	Operation               string              `json:"operation"`
 	Amount                  wire.Money          `json:"amount"`
 	Target                  string              `json:"target"`
-	BasedOnVersion          int64               `json:"based_on_version"`
+	BasedOnVersion          *int64              `json:"based_on_version"`
 	Deadline                *string             `json:"deadline"`
 	AuthorizationID         string              `json:"authorization_id"`
 	ExternalRef             string              `json:"external_ref"`
@@ -84,12 +84,14 @@ func (j *jsonCommand) command(t *testing.T) *wire.Command {
 		c.Grant = &wire.Grant{Uses: j.Uses, MaxAmount: j.MaxAmount, TotalLimit: j.TotalLimit, Operations: j.Operations,
 			Targets: j.Targets, ValidFrom: ts(j.ValidFrom), ValidUntil: ts(j.ValidUntil), ReleaseOnCancel: release,
 			HoldWindow:       secs(j.HoldSeconds, wire.DefaultHoldWindow),
-			ExecutionTimeout: secs(j.ExecutionTimeoutSeconds, wire.DefaultExecutionTimout)}
+			ExecutionTimeout: secs(j.ExecutionTimeoutSeconds, wire.DefaultExecutionTimout),
+			// A signed grant binds to a version; absent, it is 0.
+			BasedOnVersion: deref(j.BasedOnVersion), BindsVersion: j.BasedOnVersion != nil || j.Signature != nil}
 	case wire.CmdRevoke:
 		c.Revoke = &wire.Revoke{Reason: j.Reason}
 	case wire.CmdPropose:
 		c.Propose = &wire.Propose{Operation: j.Operation, Amount: j.Amount, Target: j.Target,
-			BasedOnVersion: j.BasedOnVersion, Deadline: ts(j.Deadline), Intent: j.Intent, ForkOf: j.ForkOf}
+			BasedOnVersion: deref(j.BasedOnVersion), Deadline: ts(j.Deadline), Intent: j.Intent, ForkOf: j.ForkOf}
 	case wire.CmdBegin:
 		// Without an executor the idempotency key stands in for it (v1).
 		c.Begin = &wire.Begin{AuthorizationID: j.AuthorizationID, Executor: cmp.Or(j.Executor, j.IdempotencyKey)}
@@ -106,6 +108,13 @@ func (j *jsonCommand) command(t *testing.T) *wire.Command {
 			ExecutionToken: j.ExecutionToken}
 	}
 	return c
+}
+
+func deref(p *int64) int64 {
+	if p == nil {
+		return 0
+	}
+	return *p
 }
 
 // canonicalResult is a commit's result as the contract stores it: what
@@ -139,6 +148,8 @@ func FuzzDecodeAgreesWithEncodingJSON(f *testing.F) {
 	f.Add([]byte(goodKey), with(grantBase, "total_limit", `{"currency":"EUR","minor_units":40000}`, "valid_until", `"2026-12-31T23:59:59.123456789+01:00"`))
 	f.Add([]byte(goodKey), with(proposeBase, "based_on_version", `9007199254740993`, "sent_at", `"2026-11-30T08:00:00-05:30"`))
 	f.Add([]byte(goodKey), with(grantBase, "signature", `{"key_id":"grantor-1","alg":"ed25519","sig":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=="}`))
+	f.Add([]byte(goodKey), with(grantBase, "based_on_version", `0`))
+	f.Add([]byte(goodKey), with(grantBase, "based_on_version", `12`, "signature", `{"key_id":"grantor-1","alg":"ed25519","sig":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=="}`))
 	f.Fuzz(func(t *testing.T, key, value []byte) {
 		cmd, rej := wire.Decode(key, value, wire.Limits{})
 		if rej != nil {

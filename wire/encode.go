@@ -45,6 +45,9 @@ func (d *Decision) Encode() ([]byte, error) {
 	if m := d.Mandate; m != nil {
 		b = append(b, `,"mandate":{"version":`...)
 		b = strconv.AppendInt(b, m.Version, 10)
+		if m.TermsVersion != 0 {
+			b = appendIntField(b, "terms_version", m.TermsVersion)
+		}
 		b = appendStrField(b, "status", string(m.Status), false)
 		b = appendIntField(b, "uses_allowed", m.UsesAllowed)
 		b = appendIntField(b, "uses_held", m.UsesHeld)

@@ -299,6 +299,9 @@ func encodeCommand(t *testing.T, cmd *wire.Command) []byte {
 		m["release_on_cancel"] = g.ReleaseOnCancel
 		m["hold_seconds"] = int64(g.HoldWindow / time.Second)
 		m["execution_timeout_seconds"] = int64(g.ExecutionTimeout / time.Second)
+		if g.BindsVersion { // a signed grant binds without the field; re-encoded unsigned, it needs it
+			m["based_on_version"] = g.BasedOnVersion
+		}
 	case cmd.Revoke != nil:
 		opt("reason", cmd.Revoke.Reason)
 	case cmd.Propose != nil:

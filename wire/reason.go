@@ -70,6 +70,10 @@ const (
 	// ReasonWindowsExceedRetention refuses a grant whose hold window plus
 	// execution timeout outlast the org's idempotency-key retention.
 	ReasonWindowsExceedRetention Reason = "windows_exceed_retention"
+	// ReasonStaleGrant refuses a grant bound to a mandate version (every
+	// signed grant is) whose terms are no longer those it was based on: a
+	// captured older grant replayed, or a grant that did not see a newer one.
+	ReasonStaleGrant Reason = "stale_grant"
 
 	ReasonReservationExpired Reason = "reservation_deadline_passed"
 	ReasonExecutionTimeout   Reason = "execution_timeout"

@@ -21,6 +21,7 @@ type mandateJSON struct {
 	Mandate              string     `json:"mandate"`
 	Partition            int32      `json:"partition"`
 	Version              int64      `json:"version"`
+	TermsVersion         int64      `json:"terms_version"`
 	Status               string     `json:"status"`
 	Operations           []string   `json:"operations"`
 	Targets              []string   `json:"targets"`
@@ -72,7 +73,7 @@ type inspectJSON struct {
 }
 
 func toMandateJSON(m *lifecycle.Mandate) *mandateJSON {
-	v := &mandateJSON{Mandate: m.Key.String(), Partition: m.Partition, Version: m.Version, Status: string(m.Status),
+	v := &mandateJSON{Mandate: m.Key.String(), Partition: m.Partition, Version: m.Version, TermsVersion: m.TermsVersion, Status: string(m.Status),
 		Operations: m.Operations, Targets: m.Targets, Currency: m.Currency, MaxAmount: m.MaxAmount,
 		UsesAllowed: m.UsesAllowed, UsesHeld: m.UsesHeld, UsesSpent: m.UsesSpent, UsesInDoubt: m.UsesInDoubt,
 		AmountHeld: m.AmountHeld, AmountSpent: m.AmountSpent, ReleaseOnCancel: m.ReleaseOnCancel,
@@ -255,6 +256,11 @@ func printMandate(a *app, snap *sink.MandateSnapshot) {
 	tw := newTable(a.stdout)
 	row := func(k, format string, args ...any) { fmt.Fprintf(tw, "  %s\t%s\n", k, fmt.Sprintf(format, args...)) }
 	row("status", "%s, version %d", m.Status, m.Version)
+	if m.TermsVersion > 0 {
+		row("terms", "of version %d (a grant's --based-on-version is at least this)", m.TermsVersion)
+	} else {
+		row("terms", "granted before migration 0020 (a grant may be based on any version up to %d)", m.Version)
+	}
 	row("operations", "%s", strings.Join(m.Operations, ", "))
 	if len(m.Targets) == 0 {
 		row("targets", "any")

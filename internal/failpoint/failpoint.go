@@ -5,8 +5,9 @@
 //
 // MANDATED_FAILPOINTS="before_commit=kill;relay_after_produce_before_mark=2*sleep(500ms)"
 //
-// Actions: off, panic, kill (SIGKILL to the process itself), error (Inject
-// returns ErrInjected), sleep(<duration>). A prefix N* limits an action to
+// Actions: off, panic, kill (SIGKILL to the process itself), stop (SIGSTOP
+// to the process itself: it stands still where it is until a SIGCONT),
+// error (Inject returns ErrInjected), sleep(<duration>). A prefix N* limits an action to
 // its next N hits; a prefix P% (P may be fractional, 0.5%) fires it with
 // probability P percent. Disabled points
 // cost one atomic load.
@@ -32,11 +33,21 @@ import (
 
 // Names of the points the code defines.
 const (
+	BeforeBatch                 = "before_batch"                    // processor: a batch's records in hand, its transaction not begun
 	BeforeCommit                = "before_commit"                   // processor: writes done, COMMIT not sent
 	AfterCommit                 = "after_commit"                    // processor: committed, nothing else done
 	BeforeClaim                 = "before_claim"                    // processor: a partition assigned, epoch not yet bumped
 	RelayAfterProduceBeforeMark = "relay_after_produce_before_mark" // relay: Kafka transaction committed, PostgreSQL not marked
 	RelayBeforeProduce          = "relay_before_produce"            // relay: rows read, nothing produced
+	RelayInTransaction          = "relay_in_transaction"            // relay: every record of the Kafka transaction produced, not committed
+	RelayInMark                 = "relay_in_mark"                   // relay: published sequences written in PostgreSQL, not committed
+
+	// mandatectl shards move (sink.MovePartition and the map file write):
+	// each is a point where an operator's tool can die.
+	MoveAfterFence  = "shards_move_after_fence"  // the source fenced the partition (moving_out); nothing copied
+	MoveAfterCopy   = "shards_move_after_copy"   // the target committed the copy (moved_in); the source still says moving_out
+	MoveAfterRecord = "shards_move_after_record" // the source recorded the partition moved_out; the map not written
+	MapBeforeRename = "shard_map_before_rename"  // the new map is in a temporary file beside the map, not renamed over it
 )
 
 // EnvVar is read once at start by cmd/mandated.
@@ -46,7 +57,7 @@ const EnvVar = "MANDATED_FAILPOINTS"
 var ErrInjected = errors.New("failpoint: injected error")
 
 type action struct {
-	kind      string // panic, kill, error, sleep
+	kind      string // panic, kill, stop, error, sleep
 	sleep     time.Duration
 	remaining int64   // < 0: unlimited
 	percent   float64 // 0 or 100: always
@@ -134,7 +145,7 @@ func parse(spec string) (*action, error) {
 	switch {
 	case spec == "off" || spec == "":
 		return nil, nil
-	case spec == "panic", spec == "kill", spec == "error":
+	case spec == "panic", spec == "kill", spec == "stop", spec == "error":
 		a.kind = spec
 	case strings.HasPrefix(spec, "sleep(") && strings.HasSuffix(spec, ")"):
 		d, err := time.ParseDuration(spec[len("sleep(") : len(spec)-1])
@@ -143,7 +154,7 @@ func parse(spec string) (*action, error) {
 		}
 		a.kind, a.sleep = "sleep", d
 	default:
-		return nil, fmt.Errorf("unknown action %q (off, panic, kill, error, sleep(d), with optional N* or P%% prefix)", spec)
+		return nil, fmt.Errorf("unknown action %q (off, panic, kill, stop, error, sleep(d), with optional N* or P%% prefix)", spec)
 	}
 	return a, nil
 }
@@ -161,7 +172,8 @@ func Armed(name string) bool {
 }
 
 // Inject evaluates a point. It returns ErrInjected for "error", sleeps
-// (bounded by ctx) for "sleep", and never returns for "panic" and "kill".
+// (bounded by ctx) for "sleep", returns once the process is continued for
+// "stop", and never returns for "panic" and "kill".
 func Inject(ctx context.Context, name string) error {
 	if !enabled.Load() {
 		return nil
@@ -195,6 +207,11 @@ func Inject(ctx context.Context, name string) error {
 		fmt.Fprintf(os.Stderr, "failpoint %s: killing process %d\n", name, os.Getpid())
 		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {} // SIGKILL is not deliverable late; wait for it
+	case "stop":
+		// The whole process stops here, every goroutine with it (no
+		// heartbeat, no timer): a process paused exactly at this point.
+		fmt.Fprintf(os.Stderr, "failpoint %s: stopping process %d (SIGSTOP) until SIGCONT\n", name, os.Getpid())
+		_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
 	case "error":
 		return fmt.Errorf("%w at %s", ErrInjected, name)
 	case "sleep":

@@ -74,12 +74,12 @@ CREATE TRIGGER authorizations_guard_partition_update BEFORE UPDATE ON authorizat
         OR NOT coalesce(NEW.partition::text = ANY (string_to_array(current_setting('mandated.partition', true), ',')), false))
     EXECUTE FUNCTION mandated_guard_partition();
 
--- The execution guard: a mandate's counter going back, a token or its
--- executor changing once set.
+-- The execution guard: a mandate's execution counter or terms version
+-- (migration 0020) going back, a token or its executor changing once set.
 DROP TRIGGER mandates_guard_execution ON mandates;
 DROP TRIGGER authorizations_guard_execution ON authorizations;
 CREATE TRIGGER mandates_guard_execution BEFORE UPDATE ON mandates
-    FOR EACH ROW WHEN (NEW.executions < OLD.executions)
+    FOR EACH ROW WHEN (NEW.executions < OLD.executions OR NEW.terms_version < OLD.terms_version)
     EXECUTE FUNCTION mandated_guard_execution();
 CREATE TRIGGER authorizations_guard_execution BEFORE UPDATE ON authorizations
     FOR EACH ROW WHEN (OLD.execution_token <> 0
