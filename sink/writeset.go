@@ -32,6 +32,19 @@ type writeSet struct {
 // add collects a decided batch's state changes, its outbox rows and the
 // advance of its partition.
 func (w *writeSet) add(st *lifecycle.State, tids rowTIDs, rows []outbox.Row, adv advance) {
+	w.addState(st, tids)
+	for _, r := range rows {
+		w.outbox.add(r)
+		if r.Answer != nil {
+			w.answers.add(r)
+		}
+	}
+	w.advance.add(adv)
+}
+
+// addState collects the state changes of st: the rows marked new or dirty,
+// a dirty row updated at its address in tids (see updateMandatesRows).
+func (w *writeSet) addState(st *lifecycle.State, tids rowTIDs) {
 	for _, m := range st.Mandates {
 		if !m.Dirty {
 			continue
@@ -65,13 +78,6 @@ func (w *writeSet) add(st *lifecycle.State, tids rowTIDs, rows []outbox.Row, adv
 			w.updIntents.add(r, tids.intents[r.Scope])
 		}
 	}
-	for _, r := range rows {
-		w.outbox.add(r)
-		if r.Answer != nil {
-			w.answers.add(r)
-		}
-	}
-	w.advance.add(adv)
 }
 
 // flush queues every collected write, each checking the rows it touched
