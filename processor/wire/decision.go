@@ -122,8 +122,8 @@ type AuthorizationView struct {
 	Executor          string     `json:"executor,omitempty"`        // the begin that won
 	ExecutionToken    int64      `json:"execution_token,omitempty"` // its fencing token
 	// Result is the provider's answer the winning commit recorded (a JSON object).
-	Result    json.RawMessage `json:"result,omitempty"`
-	ForkOf    string          `json:"fork_of,omitempty"` // the authorization of the same intent it superseded
+	Result json.RawMessage `json:"result,omitempty"`
+	ForkOf string          `json:"fork_of,omitempty"` // the authorization of the same intent it superseded
 	// Detail is what the command that last moved it said (a cancel's
 	// reason or proof, report_unknown's detail, resolve's evidence).
 	Detail string `json:"detail,omitempty"`
