@@ -92,6 +92,11 @@ type Config struct {
 	// StatsInterval is how often backlog gauges are refreshed. Defaults to
 	// StatsIntervalDefault.
 	StatsInterval time.Duration
+	// ProposalsTopic and GrantsTopic are the processor's input topics: a
+	// record past PostgreSQL's head is believed to be a decision PostgreSQL
+	// lost only if it answers an input PostgreSQL had not decided
+	// (AnswersUndecided). Defaults to none: not checked.
+	ProposalsTopic, GrantsTopic string
 	// TailCheckInterval is how often the relay reads back the tail of every
 	// partition it publishes, to report records another producer wrote
 	// there since it resumed (it always reads the tail when it resumes a

@@ -139,10 +139,11 @@ func (t *Tail) State() HeadState {
 // Classify places every entry (records of both topics of one partition, in
 // any order) against what PostgreSQL holds: head, and rows, the outbox and
 // parked rows it holds at some of the entries' sequences (and the ones
-// after them). accept, when set, may refuse a record that continues the
-// chain past PostgreSQL's head (it returns why; the record is then
-// Foreign). The verdicts are in entries' order.
-func Classify(head PostgresHead, rows map[int64]Row, entries []Entry, accept func(*Entry) string) (*Tail, []Verdict) {
+// after them). A record continuing the chain past PostgreSQL's head must
+// also look like what the relay writes (AsRelayWrites); accept, when set,
+// may refuse it too (it returns why; the record is then Foreign). The
+// verdicts are in entries' order.
+func Classify(head PostgresHead, rows map[int64]Row, entries []Entry, accept func(*PostgresHead, *Entry) string) (*Tail, []Verdict) {
 	t := &Tail{Head: head, AheadSeq: head.LastSeq, AheadHash: head.Hash, Read: len(entries)}
 	verdicts := make([]Verdict, len(entries))
 	why := make([]string, len(entries))
@@ -232,11 +233,13 @@ func Classify(head PostgresHead, rows map[int64]Row, entries []Entry, accept fun
 				if !e.Follows(s, prev) {
 					continue
 				}
-				if accept != nil {
-					if w := accept(e); w != "" {
-						verdicts[j], why[j] = Foreign, w
-						continue
-					}
+				w := AsRelayWrites(e)
+				if w == "" && accept != nil {
+					w = accept(&head, e)
+				}
+				if w != "" {
+					verdicts[j], why[j] = Foreign, w
+					continue
 				}
 				if len(next) > 0 && e.Link.Claimed != hash {
 					fork = true
@@ -278,6 +281,61 @@ func Classify(head PostgresHead, rows map[int64]Row, entries []Entry, accept fun
 	return t, verdicts
 }
 
+// AsRelayWrites says why a record is not one the relay could have written,
+// or "": the relay writes only in transactions, and every record it writes
+// carries the epoch that decided it in the mandated-epoch header.
+func AsRelayWrites(e *Entry) string {
+	switch {
+	case !e.Transactional:
+		return "written outside a transaction (the relay writes only in transactions)"
+	case e.Epoch < 1:
+		return "no " + wire.HeaderEpoch + " header (the relay writes one on every record)"
+	}
+	return ""
+}
+
+// AnswersUndecided refuses a record past PostgreSQL's head that is not a
+// decision of the partition, at its sequence and epoch, or that answers an
+// input record PostgreSQL had already decided when it went back (its
+// source offset is below the next offset PostgreSQL stores for that
+// topic): PostgreSQL's own answer to that input is at or below its head.
+// What a database restored from a backup lost always answers inputs from
+// the stored offsets on.
+func AnswersUndecided(proposalsTopic, grantsTopic string) func(*PostgresHead, *Entry) string {
+	return func(head *PostgresHead, e *Entry) string {
+		src := e.Source
+		if !e.DeadLetter {
+			d, err := wire.ParseDecision(e.Value)
+			if err != nil {
+				return err.Error()
+			}
+			switch {
+			case d.Partition != head.Partition, d.Sequence != e.Seq, d.Epoch != e.Epoch, d.MandateKey != string(e.Key):
+				return fmt.Sprintf("its JSON (partition %d, sequence %d, epoch %d, mandate %q) does not match where it is and its headers",
+					d.Partition, d.Sequence, d.Epoch, d.MandateKey)
+			}
+			src = d.Source
+		}
+		if src == nil {
+			return "" // a deadline or a consequence: no input of its own
+		}
+		stored := int64(-1)
+		switch src.Topic {
+		case proposalsTopic:
+			stored = head.ProposalsOffset
+		case grantsTopic:
+			stored = head.GrantsOffset
+		default:
+			return fmt.Sprintf("it answers a record of topic %q, not an input topic", src.Topic)
+		}
+		if src.Partition != head.Partition || src.Offset < stored {
+			return fmt.Sprintf("it answers %s/%d offset %d, which PostgreSQL had decided (its next offset is %d)",
+				src.Topic, src.Partition, src.Offset, stored)
+		}
+		return ""
+	}
+}
+
 // HeadSource reads a partition's head and the outbox and parked rows it
 // holds at some sequences, in one snapshot (LoadHead).
 type HeadSource func(ctx context.Context, partition int32, seqs []int64) (PostgresHead, map[int64]Row, error)
@@ -291,8 +349,9 @@ type TailConfig struct {
 	// further read goes back four times as far. Defaults to TailWindowDefault.
 	Window int64
 	// Accept may refuse a record that continues the chain past PostgreSQL's
-	// head (see Classify). Defaults to accepting every one.
-	Accept func(*Entry) string
+	// head (see Classify). Defaults to accepting every one the relay could
+	// have written.
+	Accept func(*PostgresHead, *Entry) string
 }
 
 // TailWindowDefault is how far a tail read looks back first: the last
@@ -392,6 +451,10 @@ func ReadTail(ctx context.Context, cfg TailConfig, partition int32, load HeadSou
 		}
 	}
 }
+
+// rewoundRecheck is how often the relay reads a rewound partition's tail
+// again (observe logs it only when it changes).
+const rewoundRecheck = 5 * time.Second
 
 // tailTimeout bounds one tail read.
 const tailTimeout = 45 * time.Second

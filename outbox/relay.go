@@ -289,6 +289,9 @@ func (r *Relay) statsLoop() {
 
 var errFenced = errors.New("outbox: relay fenced by a newer producer of its transactional id")
 
+// errRewound says a partition's PostgreSQL is behind the decisions topic.
+var errRewound = errors.New("outbox: PostgreSQL went back in time")
+
 // run runs sessions until the relay is stopped and drained.
 func (r *Relay) run() {
 	defer close(r.done)
@@ -529,6 +532,9 @@ func (r *Relay) admit(ctx context.Context) {
 	wg.Wait()
 	for i, ps := range todo {
 		switch res := results[i]; {
+		case errors.Is(res.err, errRewound):
+			ps.retry = 0
+			ps.retryAt = time.Now().Add(rewoundRecheck)
 		case res.err != nil:
 			ps.retry = min(max(2*ps.retry, 50*time.Millisecond), 5*time.Second)
 			ps.retryAt = time.Now().Add(ps.retry)
@@ -596,6 +602,12 @@ func (r *Relay) admitOne(ctx context.Context, ps *part, floor int64) (bool, erro
 	}
 	if tail.Head.Epoch != ps.epoch {
 		return false, nil
+	}
+	if tail.State() == KafkaAhead {
+		// PostgreSQL went back in time: what it writes next would reuse
+		// sequences Kafka holds. Nothing is published until the partition
+		// is recovered (the processor does not decide it either).
+		return false, fmt.Errorf("%w: Kafka holds %d records past PostgreSQL's last sequence %d", errRewound, tail.Behind(), tail.Head.LastSeq)
 	}
 	// Only records on the partition's own chain, never past PostgreSQL's
 	// last sequence.
@@ -871,8 +883,12 @@ func (r *Relay) readTail(ctx context.Context, partition int32) (*Tail, error) {
 	cfg := r.cfg
 	tctx, cancel := context.WithTimeout(ctx, tailTimeout)
 	defer cancel()
-	tail, err := ReadTail(tctx, TailConfig{KafkaOpts: append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...)}, cfg.KafkaOpts...),
-		DecisionsTopic: cfg.DecisionsTopic, DeadLetterTopic: cfg.DeadLetterTopic}, partition,
+	tcfg := TailConfig{KafkaOpts: append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...)}, cfg.KafkaOpts...),
+		DecisionsTopic: cfg.DecisionsTopic, DeadLetterTopic: cfg.DeadLetterTopic}
+	if cfg.ProposalsTopic != "" {
+		tcfg.Accept = AnswersUndecided(cfg.ProposalsTopic, cfg.GrantsTopic)
+	}
+	tail, err := ReadTail(tctx, tcfg, partition,
 		func(ctx context.Context, partition int32, seqs []int64) (PostgresHead, map[int64]Row, error) {
 			return LoadHead(ctx, r.st.pool(partition), partition, seqs)
 		})

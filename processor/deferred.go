@@ -2,6 +2,7 @@ package processor
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"time"
 
@@ -18,14 +19,21 @@ import (
 // resumes). The cost is one re-read of the partition, skipped record by
 // record without decoding, after the outage.
 
-// pendingClaim is a partition assigned here whose claim waits for its shard.
+// The same path holds a partition whose database went back in time
+// (rewind.go): it is checked against the decisions topic before every claim
+// attempt, and claimed once it is in step again.
+
+// pendingClaim is a partition assigned here whose claim waits for its
+// shard, or for its database to be recovered.
 type pendingClaim struct {
 	cancel context.CancelFunc
+	why    error // guarded by Processor.mu: what it waits for (nil: its shard)
 }
 
-// startDeferredClaims pauses the partitions whose claim failed and claims
-// each in the background. Called from onAssigned with p.mu held.
-func (p *Processor) startDeferredClaims(nums []int32, out map[string]map[int32]kgo.Offset) {
+// startDeferredClaims pauses the partitions whose claim failed (or whose
+// check found them rewound: why) and claims each in the background.
+// Called from onAssigned with p.mu held.
+func (p *Processor) startDeferredClaims(nums []int32, why map[int32]error, out map[string]map[int32]kgo.Offset) {
 	if len(nums) == 0 {
 		return
 	}
@@ -45,10 +53,13 @@ func (p *Processor) startDeferredClaims(nums []int32, out map[string]map[int32]k
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		pc := &pendingClaim{cancel: cancel}
+		if errors.Is(why[n], ErrRewound) {
+			pc.why = why[n]
+		}
 		p.pending[n] = pc
 		go p.claimLater(ctx, n, pc)
 	}
-	p.log.Warn().Ints32("partitions", nums).Msg("assigned partitions whose shard does not answer: they wait, paused, and are claimed once it does; the others start now")
+	p.log.Warn().Ints32("partitions", nums).Msg("assigned partitions that cannot be claimed yet (their shard does not answer, or their database went back in time): they wait, paused, and are claimed once they can be; the others start now")
 }
 
 // claimLater claims partition n once its shard answers, then starts its
@@ -57,7 +68,43 @@ func (p *Processor) startDeferredClaims(nums []int32, out map[string]map[int32]k
 func (p *Processor) claimLater(ctx context.Context, n int32, pc *pendingClaim) {
 	backoff := 200 * time.Millisecond
 	movedWait := movedRetry
+	p.mu.Lock()
+	reported := pc.why // already reported by onAssigned
+	p.mu.Unlock()
 	for {
+		// Never claimed while the decisions topic is ahead of its database.
+		if err := p.checkInStep(ctx, n); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			rewound := errors.Is(err, ErrRewound)
+			p.mu.Lock()
+			if rewound {
+				pc.why = err
+			} else {
+				pc.why = nil // most likely its shard: Ready says so
+			}
+			p.mu.Unlock()
+			wait := p.cfg.RewoundRecheck
+			if rewound {
+				if reported == nil || reported.Error() != err.Error() {
+					p.reportRewound(err)
+					reported = err
+				}
+			} else {
+				p.log.Warn().Err(err).Int32("partition", n).Dur("backoff", backoff).Msg("cannot check the partition against the decisions topic yet; not claiming it until it is")
+				wait = backoff
+				backoff = min(backoff*2, 5*time.Second)
+			}
+			if !sleepCtx(ctx, wait) {
+				return
+			}
+			continue
+		}
+		if reported != nil {
+			p.log.Info().Int32("partition", n).Msg("the partition is in step with the decisions topic again (recovered): claiming it")
+			reported = nil
+		}
 		c, err := p.shards.For(n).Claim(ctx, n, p.cfg.Owner)
 		if ctx.Err() != nil {
 			return
@@ -112,18 +159,24 @@ func (p *Processor) cancelPending(nums []int32) {
 		if nums == nil || containsPartition(nums, n) {
 			pc.cancel()
 			delete(p.pending, n)
+			p.metrics.Rewound.DeleteLabelValues(strconv.Itoa(int(n)))
 		}
 	}
 }
 
-// pendingPartitions returns the partitions waiting for their shard. Called
-// with p.mu held.
-func (p *Processor) pendingPartitions() []int32 {
+// pendingPartitions returns the partitions waiting for their shard, and
+// the causes of those waiting for something else. Called with p.mu held.
+func (p *Processor) pendingPartitions() ([]int32, []error) {
 	out := make([]int32, 0, len(p.pending))
-	for n := range p.pending {
+	var causes []error
+	for n, pc := range p.pending {
+		if pc.why != nil {
+			causes = append(causes, pc.why)
+			continue
+		}
 		out = append(out, n)
 	}
-	return out
+	return out, causes
 }
 
 func containsPartition(nums []int32, n int32) bool {

@@ -40,6 +40,7 @@ type Processor struct {
 	// because of it.
 	unreachableSince time.Time
 	handedOff        bool
+	restarting       bool // restartSession runs (rewind.go)
 	// health is which shards the hand-off loop's probes last found down.
 	health *shardHealth
 
@@ -226,7 +227,7 @@ func (p *Processor) Ready(ctx context.Context) error {
 	started, stopping, handedOff, client := p.started, p.stopping, p.handedOff, p.client
 	var fenced []int32
 	var causes []error
-	pending := p.pendingPartitions()
+	pending, waiting := p.pendingPartitions()
 	for n, w := range p.workers {
 		w.mu.Lock()
 		if w.fenced {
@@ -245,6 +246,9 @@ func (p *Processor) Ready(ctx context.Context) error {
 		return errors.New("out of the group: PostgreSQL did not answer; partitions handed to the others until it does")
 	case len(fenced) > 0:
 		return fmt.Errorf("fenced on partitions %v, not re-claimed yet: %w", fenced, errors.Join(causes...))
+	}
+	if len(waiting) > 0 {
+		return errors.Join(waiting...)
 	}
 	if err := p.shards.Ping(ctx); err != nil {
 		return fmt.Errorf("postgres: %w", err)
@@ -288,6 +292,7 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 	assigned := time.Now()
 	claims := make(map[int32]sink.Claim, len(nums))
 	var deferred []int32
+	why := map[int32]error{}
 	var mu sync.Mutex
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(8)
@@ -295,6 +300,19 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 	for n := range nums {
 		g.Go(func() error {
 			start := time.Now()
+			// A partition whose database went back in time (or that cannot
+			// be checked yet) is not claimed: it waits, paused (rewind.go).
+			if err := p.checkInStep(gctx, n); err != nil && ctx.Err() == nil {
+				if errors.Is(err, ErrRewound) {
+					p.reportRewound(err)
+				} else {
+					p.log.Warn().Err(err).Int32("partition", n).Msg("cannot check an assigned partition against the decisions topic: claiming it once it can be checked")
+				}
+				mu.Lock()
+				deferred, why[n] = append(deferred, n), err
+				mu.Unlock()
+				return nil
+			}
 			c, err := p.shards.For(n).Claim(gctx, n, p.cfg.Owner)
 			if err != nil && (sharded || isMoved(err)) && ctx.Err() == nil {
 				// Its shard does not answer, or it moved to another shard
@@ -352,7 +370,7 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 		claimed = append(claimed, n)
 	}
 	p.client.ResumeFetchPartitions(map[string][]int32{p.cfg.ProposalsTopic: claimed, p.cfg.GrantsTopic: claimed})
-	p.startDeferredClaims(deferred, out)
+	p.startDeferredClaims(deferred, why, out)
 	return out, nil
 }
 

@@ -71,6 +71,7 @@ func StartService(ctx context.Context, cfg ServiceConfig, log zerolog.Logger) (*
 	if rcfg.DeadLetterTopic == "" {
 		rcfg.DeadLetterTopic = pcfg.DeadLetterTopic
 	}
+	rcfg.ProposalsTopic, rcfg.GrantsTopic = pcfg.ProposalsTopic, pcfg.GrantsTopic
 	if rcfg.DecisionsTopic != pcfg.DecisionsTopic || rcfg.DeadLetterTopic != pcfg.DeadLetterTopic {
 		s.Close()
 		return nil, errors.New("service: the relay and the processor must name the same decisions and dead-letter topics")
