@@ -31,8 +31,8 @@ type Entry struct {
 	// Source is the input record a dead letter stands for (its headers);
 	// nil on decisions, which carry theirs in their JSON.
 	Source *wire.Source
-	Key     []byte
-	Value   []byte
+	Key    []byte
+	Value  []byte
 	// The producer that wrote it (-1 when Kafka does not say), for
 	// reports about records mandated did not write.
 	ProducerID    int64
