@@ -82,13 +82,6 @@ func (r *Relay) observe(t *Tail) {
 	}
 }
 
-// forget drops a partition's tail status (it is not this relay's any more).
-func (r *Relay) forget(partition int32) {
-	r.mu.Lock()
-	delete(r.tails, partition)
-	r.mu.Unlock()
-}
-
 // Ready reports the partitions whose last tail read found records
 // another producer wrote, or a chain past PostgreSQL's last sequence.
 func (r *Relay) Ready(context.Context) error {

@@ -189,6 +189,7 @@ func (r *Relay) Assigned(partition int32, epoch int64) {
 	}
 	r.parts[partition] = &part{partition: partition, epoch: epoch,
 		log: r.log.With().Int32("partition", partition).Int64("epoch", epoch).Logger()}
+	delete(r.tails, partition) // what an earlier ownership found; read again on admission
 	r.poke()
 }
 
@@ -498,6 +499,7 @@ func (r *Relay) admit(ctx context.Context) {
 		}
 		if ps.stopping && now.After(ps.drainBy) {
 			delete(r.parts, ps.partition)
+			delete(r.tails, ps.partition)
 			continue
 		}
 		todo = append(todo, ps)

@@ -1,9 +1,12 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strconv"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/mandated/mandated/outbox/verify"
 )
@@ -78,12 +81,16 @@ recovered (or nothing to recover), 1 a failure, 2 a usage error.`,
 	}
 	ctx, cancel := withTimeout(a.ctx, *timeout)
 	defer cancel()
-	pools, closeDB, err := db.pools(ctx)
+	pools, err := recoverPools(ctx, &db)
+	defer func() {
+		for _, p := range pools {
+			p.Close()
+		}
+	}()
 	if err != nil {
 		a.errorf("recover: %v", err)
 		return exitFailed
 	}
-	defer closeDB()
 	cfg.Pool, cfg.Shards = pools[0], pools[1:]
 	res, err := verify.Recover(ctx, cfg)
 	if *asJSON {
@@ -112,4 +119,38 @@ recovered (or nothing to recover), 1 a failure, 2 a usage error.`,
 		return exitFailed
 	}
 	return exitOK
+}
+
+// recoverPools opens a read-write pool on every shard, without a statement
+// timeout (a large recovery writes for a while; --timeout bounds the run).
+func recoverPools(ctx context.Context, db *dbConn) ([]*pgxpool.Pool, error) {
+	all, err := db.shards()
+	if err != nil {
+		return nil, err
+	}
+	var pools []*pgxpool.Pool
+	for _, one := range all {
+		u, err := one.resolve()
+		if err != nil {
+			return pools, err
+		}
+		cfg, err := pgxpool.ParseConfig(u)
+		if err != nil {
+			return pools, fmt.Errorf("--database-url: %w", err)
+		}
+		cfg.MaxConns = 2
+		cfg.ConnConfig.RuntimeParams["application_name"] = applicationName
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err == nil {
+			err = pool.Ping(ctx)
+			pools = append(pools, pool)
+		}
+		if err != nil {
+			if one.shard != nil {
+				err = fmt.Errorf("shard %s: %w", one.shard.Name, err)
+			}
+			return pools, fmt.Errorf("connect to PostgreSQL: %w", err)
+		}
+	}
+	return pools, nil
 }
