@@ -129,3 +129,45 @@ func TestS13ADatabaseRestoredFromABackupIsRefusedThenRecoveredFromTheDecisions(t
 	t.Logf("S-13: the restore was detected in %s; mandatectl recover rebuilt %d partitions from %d decisions in %s",
 		detect.Round(time.Millisecond), n, decisions, took.Round(time.Millisecond))
 }
+
+// S-13b: an asynchronous standby promoted after the primary is killed. The
+// standby stops receiving WAL a while before the primary dies (an
+// asynchronous replica lags; this makes it lag by seconds of decisions),
+// the primary is killed, the standby promoted and the database address
+// moved to it (the proxy mandated connects through). The promoted replica
+// holds less than the decisions topic: refused, recovered, every invariant.
+func TestS13bAnAsynchronousStandbyPromotedAfterThePrimaryIsKilledIsRecovered(t *testing.T) {
+	var detect, took time.Duration
+	var recovered []verify.PartitionRecovery
+	var sys *System
+	Run(t, scenario(Options{Name: "S-13b", PrivatePG: true, PGProxy: true, Workload: WorkloadConfig{Agents: 4}, ExtraArgs: rewindArgs,
+		Schedule: func(ctx context.Context, s *System, rng *rand.Rand) {
+			sys = s
+			standby := PrivateStandby(t, s.Postgres)
+			sleepCtx(ctx, 6*time.Second)
+			require.NoError(t, standby.Do(ctx, "detach"))
+			s.Events.Add("rewind", "the standby stops receiving WAL", "standby", nil)
+			sleepCtx(ctx, 6*time.Second) // decisions the standby never receives, published
+			require.NoError(t, s.Postgres.Do(healCtx(ctx), "stop-immediate"))
+			s.Events.Add("rewind", "kill the primary", "postgres", nil)
+			require.NoError(t, standby.Do(healCtx(ctx), "promote"))
+			s.Proxy.Retarget(fmt.Sprintf("127.0.0.1:%d", standby.Port()))
+			promoted := time.Now()
+			s.Events.Add("rewind", "promote the standby, move the address to it", "standby", nil)
+			detect = awaitRewound(t, ctx, s, promoted)
+			recovered, took = recoverAll(t, ctx, s)
+			s.Cluster.WaitReady(2 * time.Minute)
+			sleepCtx(ctx, 4*time.Second)
+		}}))
+	verifyClean(t, context.Background(), sys)
+	n, decisions := 0, 0
+	for _, r := range recovered {
+		if r.State == verify.RecoveryRecovered {
+			n++
+			decisions += r.Decisions + r.DeadLetters
+		}
+	}
+	require.Positive(t, n, "the promoted standby lacked published decisions on some partition: %+v", recovered)
+	t.Logf("S-13b: the promoted standby was detected in %s; mandatectl recover rebuilt %d partitions from %d decisions in %s",
+		detect.Round(time.Millisecond), n, decisions, took.Round(time.Millisecond))
+}
