@@ -150,6 +150,14 @@ type Config struct {
 	// this says. Defaults to RewindCheckIntervalDefault; negative turns the
 	// periodic check off.
 	RewindCheckInterval time.Duration
+	// MinDecisionRetention is how long the decisions and dead-letter topics
+	// must keep records (their retention.ms; -1 is forever): at least the
+	// interval between PostgreSQL's backups, so that a database restored
+	// from the last backup can be rebuilt from the decisions. Start refuses
+	// topics that keep less, are compacted, or have a size limit
+	// (CheckDecisionRetention). Defaults to MinDecisionRetentionDefault;
+	// negative checks only compaction.
+	MinDecisionRetention time.Duration
 	// RewoundRecheck is how often a partition found rewound is checked
 	// again, to be claimed once recovered (mandatectl recover). Defaults to
 	// RewoundRecheckDefault.
@@ -211,6 +219,7 @@ func (c Config) WithDefaults() Config {
 	c.GrantorKeyRefresh = cmp.Or(c.GrantorKeyRefresh, GrantorKeyRefreshDefault)
 	c.RewindCheckInterval = cmp.Or(c.RewindCheckInterval, RewindCheckIntervalDefault)
 	c.RewoundRecheck = cmp.Or(c.RewoundRecheck, RewoundRecheckDefault)
+	c.MinDecisionRetention = cmp.Or(c.MinDecisionRetention, MinDecisionRetentionDefault)
 	if c.Test.Clock == nil {
 		c.Test.Clock = clock.Real{}
 	}

@@ -93,6 +93,9 @@ func (p *Processor) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := CheckDecisionRetention(ctx, p.cfg.Brokers, p.cfg.KafkaOpts, p.cfg.MinDecisionRetention, p.cfg.DecisionsTopic, p.cfg.DeadLetterTopic); err != nil {
+		return err
+	}
 	p.partitions = n
 	if err := p.shards.EnsurePartitionCount(ctx, n); err != nil {
 		return err

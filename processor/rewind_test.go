@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mandated/mandated/outbox/verify"
@@ -176,4 +177,45 @@ func TestADatabaseRestoredFromABackupIsRefusedUntilRecoveredFromTheDecisions(t *
 	for _, p := range rep.Partitions {
 		require.True(t, p.Complete, "partition %d", p.Partition)
 	}
+}
+
+// What recovery needs of the decisions topics is checked at start: no
+// compaction, no size limit, a retention of at least the backup interval.
+func TestStartRefusesDecisionTopicsThatCannotBackARecovery(t *testing.T) {
+	t.Parallel()
+	brokers := testenv.KafkaBrokers(t)
+	spec := processor.TopicSpec{Proposals: testenv.Name(t, "p"), Grants: testenv.Name(t, "g"), Decisions: testenv.Name(t, "d"),
+		DeadLetter: testenv.Name(t, "dl"), Partitions: 1, ReplicationFactor: 1}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_, err := processor.EnsureTopics(ctx, brokers, nil, spec)
+	require.NoError(t, err)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	require.NoError(t, err)
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	t.Cleanup(func() { _, _ = adm.DeleteTopics(context.Background(), spec.Proposals, spec.Grants, spec.Decisions, spec.DeadLetter) })
+	set := func(topic, key, value string) {
+		t.Helper()
+		res, err := adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Op: kadm.SetConfig, Name: key, Value: &value}}, topic)
+		require.NoError(t, err)
+		require.NoError(t, res[0].Err)
+	}
+	check := func(min time.Duration) error {
+		return processor.CheckDecisionRetention(ctx, brokers, nil, min, spec.Decisions, spec.DeadLetter)
+	}
+	require.NoError(t, check(processor.MinDecisionRetentionDefault), "mandatectl topics create's 30 days")
+
+	set(spec.Decisions, "retention.ms", fmt.Sprint(time.Hour.Milliseconds()))
+	require.ErrorContains(t, check(processor.MinDecisionRetentionDefault), fmt.Sprintf("topic %q keeps records for 1h0m0s", spec.Decisions))
+	require.NoError(t, check(time.Hour), "a backup every hour")
+	require.NoError(t, check(-1), "retention not checked")
+	set(spec.Decisions, "retention.ms", "-1")
+	require.NoError(t, check(processor.MinDecisionRetentionDefault), "forever")
+
+	set(spec.DeadLetter, "retention.bytes", "1048576")
+	require.ErrorContains(t, check(processor.MinDecisionRetentionDefault), "retention.bytes=1048576")
+	set(spec.DeadLetter, "retention.bytes", "-1")
+	set(spec.DeadLetter, "cleanup.policy", "compact")
+	require.ErrorContains(t, check(-1), fmt.Sprintf("topic %q is compacted", spec.DeadLetter))
 }

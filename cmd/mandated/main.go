@@ -60,6 +60,7 @@ type config struct {
 	groupProtocol        string
 	dbHandoff            time.Duration
 	rewindCheck          time.Duration
+	minDecisionRetention time.Duration
 	tailCheck            time.Duration
 	maxBatch             int
 	groupCommit          bool
@@ -100,6 +101,7 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.instanceID, "instance-id", "", "static group membership id, unique per instance (in Kubernetes the StatefulSet pod name): a restart within the session timeout moves no partition")
 	fs.StringVar(&c.groupProtocol, "group-protocol", processor.GroupProtocolDefault, "consumer (KIP-848, Kafka 4.0+: incremental, only moved partitions pause) or classic (eager range: every rebalance pauses every partition)")
 	fs.DurationVar(&c.rewindCheck, "rewind-check-interval", processor.RewindCheckIntervalDefault, "how often each partition's worker reads its tail back from the decisions topic to find a database that went back in time under it (every claim checks first); negative: only at claims")
+	fs.DurationVar(&c.minDecisionRetention, "min-decision-retention", processor.MinDecisionRetentionDefault, "the least retention.ms of the decisions and dead-letter topics (-1 in Kafka is forever): at least the interval between PostgreSQL backups, so that a restored database can be rebuilt from the decisions (mandatectl recover); start refuses less, compaction and retention.bytes; negative: check compaction only")
 	fs.DurationVar(&c.tailCheck, "relay-tail-check-interval", outbox.TailCheckIntervalDefault, "how often the relay reads its partitions' tails back to report records another producer wrote; negative: only when it resumes a partition")
 	fs.DurationVar(&c.dbHandoff, "db-unreachable-handoff", processor.DBUnreachableHandoffDefault, "leave the group after PostgreSQL has not answered this long (Kafka still does) so that others decide the partitions; rejoin when it answers; negative: never")
 	fs.IntVar(&c.maxBatch, "max-batch", processor.MaxBatchDefault, "most records of one partition decided in one batch")
@@ -159,7 +161,8 @@ func (c *config) serviceConfig(log zerolog.Logger, reg prometheus.Registerer) (p
 		Shards: shards,
 		Processor: processor.Config{Brokers: brokers, KafkaOpts: kopts, ClientHooks: hooks, Group: c.group, Owner: c.owner,
 			InstanceID: c.instanceID, GroupProtocol: c.groupProtocol, DBUnreachableHandoff: c.dbHandoff, RewindCheckInterval: c.rewindCheck,
-			ProposalsTopic: c.proposalsTopic, GrantsTopic: c.grantsTopic, DecisionsTopic: c.decisionsTopic,
+			MinDecisionRetention: c.minDecisionRetention,
+			ProposalsTopic:       c.proposalsTopic, GrantsTopic: c.grantsTopic, DecisionsTopic: c.decisionsTopic,
 			DeadLetterTopic: c.deadLetterTopic, MaxBatch: c.maxBatch, GroupCommit: c.groupCommit, GroupCommitsInFlight: c.groupCommitsInFlight, MaxRecordBytes: c.maxRecordBytes,
 			SessionTimeout: c.sessionTimeout, RebalanceTimeout: c.rebalanceTimeout, GrantorKeyRefresh: c.grantorKeyTTL},
 		Relay: outbox.Config{Brokers: brokers, KafkaOpts: kopts, ClientHooks: hooks, DecisionsTopic: c.decisionsTopic,
