@@ -368,6 +368,25 @@ const TailWindowDefault = 64
 // producer appended after them.
 func ReadTail(ctx context.Context, cfg TailConfig, partition int32, load HeadSource) (*Tail, error) {
 	window := cmp.Or(cfg.Window, TailWindowDefault)
+	// Each read back classifies everything read so far again: a record's
+	// acceptance (a JSON parse for a decision) is worked out once.
+	accept := cfg.Accept
+	if accept != nil {
+		type at struct {
+			topic  string
+			offset int64
+		}
+		seen := map[at]string{}
+		accept = func(h *PostgresHead, e *Entry) string {
+			k := at{e.Topic, e.Offset}
+			if w, ok := seen[k]; ok {
+				return w
+			}
+			w := cfg.Accept(h, e)
+			seen[k] = w
+			return w
+		}
+	}
 	cl, err := kgo.NewClient(cfg.KafkaOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka client: %w", err)
@@ -431,7 +450,7 @@ func ReadTail(ctx context.Context, cfg TailConfig, partition int32, load HeadSou
 		if err != nil {
 			return nil, fmt.Errorf("read partition %d's head: %w", partition, err)
 		}
-		tail, verdicts := Classify(head, rows, all, cfg.Accept)
+		tail, verdicts := Classify(head, rows, all, accept)
 		finished := true
 		i := 0
 		for _, sd := range sides {

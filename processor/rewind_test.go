@@ -2,7 +2,9 @@ package processor_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/outbox/verify"
 	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/processor/wire"
@@ -218,4 +221,73 @@ func TestStartRefusesDecisionTopicsThatCannotBackARecovery(t *testing.T) {
 	set(spec.DeadLetter, "retention.bytes", "-1")
 	set(spec.DeadLetter, "cleanup.policy", "compact")
 	require.ErrorContains(t, check(-1), fmt.Sprintf("topic %q is compacted", spec.DeadLetter))
+}
+
+// TestRecoveryTimePerHundredThousandDecisions is a measurement, not a check
+// (MANDATED_RECOVER_MEASURE=1 runs it; docs/operations.md has the figure):
+// a backup taken after the grants, then 100 000 reservations on 4
+// partitions decided and published, then verify.Recover of the backup
+// (mandatectl recover's implementation): the time to read the decisions
+// back, rebuild and write them.
+func TestRecoveryTimePerHundredThousandDecisions(t *testing.T) {
+	if os.Getenv("MANDATED_RECOVER_MEASURE") == "" {
+		t.Skip("a measurement: MANDATED_RECOVER_MEASURE=1 runs it")
+	}
+	const partitions, mandates, proposals = 4, 200, 100_000
+	h := harness.New(t, harness.Options{Partitions: partitions, Timeout: 10 * time.Minute})
+	a := h.Start("a")
+	for i := range mandates {
+		h.Send(grant("acme", fmt.Sprintf("m-%d", i), proposals/mandates+1, map[string]any{"max_amount": map[string]any{"minor_units": 1000, "currency": "EUR"}}))
+	}
+	h.Decisions.Wait(h.Timeout, func(d wire.Decision) bool { return d.MandateID == fmt.Sprintf("m-%d", mandates-1) })
+	testWaitFor(t, func() bool { return len(h.Decisions.Records()) >= mandates }, "the grants published")
+	h.Stop(a)
+	backup := backupDatabase(t, h.DatabaseURL)
+
+	b := h.Start("b")
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(h.Brokers...), kgo.ProducerLinger(5 * time.Millisecond)}, h.KafkaOpts...)...)
+	require.NoError(t, err)
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	start := time.Now()
+	for i := range proposals {
+		cmd := propose("acme", fmt.Sprintf("m-%d", i%mandates), fmt.Sprintf("k-%d", i), 100, nil)
+		cmd["v"] = wire.SchemaVersion
+		v, err := json.Marshal(cmd)
+		require.NoError(t, err)
+		cl.Produce(ctx, &kgo.Record{Topic: h.Spec.Proposals, Key: []byte(fmt.Sprintf("acme/m-%d", i%mandates)), Value: v}, nil)
+	}
+	require.NoError(t, cl.Flush(ctx))
+	testenv.WaitFor(t, 20*time.Minute, func() bool { return len(h.Decisions.Records()) >= mandates+proposals }, "100 000 decisions published")
+	t.Logf("decided and published %d proposals in %s", proposals, time.Since(start).Round(time.Millisecond))
+	h.Stop(b)
+
+	pool := openPool(t, backup)
+	if os.Getenv("MANDATED_RECOVER_MEASURE") == "tail" {
+		for p := range int32(partitions) {
+			ts := time.Now()
+			tail, err := outbox.ReadTail(ctx, outbox.TailConfig{KafkaOpts: append([]kgo.Opt{kgo.SeedBrokers(h.Brokers...)}, h.KafkaOpts...),
+				DecisionsTopic: h.Spec.Decisions, DeadLetterTopic: h.Spec.DeadLetter, Accept: outbox.AnswersUndecided(h.Spec.Proposals, h.Spec.Grants)}, p,
+				func(ctx context.Context, partition int32, seqs []int64) (outbox.PostgresHead, map[int64]outbox.Row, error) {
+					return outbox.LoadHead(ctx, pool, partition, seqs)
+				})
+			require.NoError(t, err)
+			t.Logf("partition %d: tail read in %s: %d records, %d ahead", p, time.Since(ts), tail.Read, len(tail.AheadRecords))
+		}
+	}
+	start = time.Now()
+	res, err := verify.Recover(ctx, verify.RecoverConfig{KafkaOpts: append([]kgo.Opt{kgo.SeedBrokers(h.Brokers...)}, h.KafkaOpts...), Pool: pool,
+		DecisionsTopic: h.Spec.Decisions, DeadLetterTopic: h.Spec.DeadLetter, ProposalsTopic: h.Spec.Proposals, GrantsTopic: h.Spec.Grants})
+	took := time.Since(start)
+	require.NoError(t, err)
+	n := 0
+	for _, r := range res {
+		require.Equal(t, verify.RecoveryRecovered, r.State)
+		n += r.Decisions
+		t.Logf("partition %d: %d decisions, %d mandates, %d authorizations, %d keys in %.2fs", r.Partition, r.Decisions, r.Mandates, r.Authorizations, r.Keys, r.Seconds)
+	}
+	require.Equal(t, proposals, n)
+	t.Logf("recovered %d decisions on %d partitions in %s: %s per 100 000 decisions", n, partitions, took.Round(time.Millisecond),
+		(took * 100_000 / time.Duration(n)).Round(time.Millisecond))
 }

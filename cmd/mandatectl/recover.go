@@ -138,7 +138,7 @@ func recoverPools(ctx context.Context, db *dbConn) ([]*pgxpool.Pool, error) {
 		if err != nil {
 			return pools, fmt.Errorf("--database-url: %w", err)
 		}
-		cfg.MaxConns = 2
+		cfg.MaxConns = 8 // up to four partitions at a time, each reading and writing
 		cfg.ConnConfig.RuntimeParams["application_name"] = applicationName
 		pool, err := pgxpool.NewWithConfig(ctx, cfg)
 		if err == nil {

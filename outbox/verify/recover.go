@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -83,8 +84,9 @@ type PartitionRecovery struct {
 }
 
 // Recover rebuilds every configured partition whose decisions topic is
-// ahead of PostgreSQL. It stops at the first partition it cannot recover
-// (the others recovered before it stay recovered).
+// ahead of PostgreSQL, up to four at a time (each in its own transaction).
+// A partition it cannot recover is reported with the error; the others
+// are recovered all the same.
 func Recover(ctx context.Context, cfg RecoverConfig) ([]PartitionRecovery, error) {
 	if cfg.Pool == nil || len(cfg.KafkaOpts) == 0 || cfg.DecisionsTopic == "" || cfg.DeadLetterTopic == "" ||
 		cfg.ProposalsTopic == "" || cfg.GrantsTopic == "" {
@@ -114,19 +116,35 @@ func Recover(ctx context.Context, cfg RecoverConfig) ([]PartitionRecovery, error
 		}
 	}
 	vcfg := &Config{Pool: cfg.Pool, Shards: cfg.Shards}
-	var out []PartitionRecovery
-	for _, p := range parts {
-		pool, err := vcfg.poolFor(ctx, p)
-		if err != nil {
-			return out, fmt.Errorf("verify: find partition %d's shard: %w", p, err)
-		}
-		rec, err := recoverPartition(ctx, cfg, pool, p)
-		if err != nil {
-			return out, fmt.Errorf("verify: recover partition %d: %w", p, err)
-		}
-		out = append(out, rec)
+	out := make([]PartitionRecovery, len(parts))
+	errs := make([]error, len(parts))
+	sem := make(chan struct{}, 4)
+	var wg sync.WaitGroup
+	for i, p := range parts {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			pool, err := vcfg.poolFor(ctx, p)
+			if err != nil {
+				errs[i] = fmt.Errorf("verify: find partition %d's shard: %w", p, err)
+				return
+			}
+			out[i], err = recoverPartition(ctx, cfg, pool, p)
+			if err != nil {
+				errs[i] = fmt.Errorf("verify: recover partition %d: %w", p, err)
+			}
+		}()
 	}
-	return out, nil
+	wg.Wait()
+	var done []PartitionRecovery
+	for i := range out {
+		if errs[i] == nil {
+			done = append(done, out[i])
+		}
+	}
+	return done, errors.Join(errs...)
 }
 
 func recoverPartition(ctx context.Context, cfg RecoverConfig, pool *pgxpool.Pool, p int32) (PartitionRecovery, error) {
