@@ -197,7 +197,9 @@ func TestStartRefusesDecisionTopicsThatCannotBackARecovery(t *testing.T) {
 	require.NoError(t, err)
 	defer cl.Close()
 	adm := kadm.NewClient(cl)
-	t.Cleanup(func() { _, _ = adm.DeleteTopics(context.Background(), spec.Proposals, spec.Grants, spec.Decisions, spec.DeadLetter) })
+	t.Cleanup(func() {
+		_, _ = adm.DeleteTopics(context.Background(), spec.Proposals, spec.Grants, spec.Decisions, spec.DeadLetter)
+	})
 	set := func(topic, key, value string) {
 		t.Helper()
 		res, err := adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Op: kadm.SetConfig, Name: key, Value: &value}}, topic)
