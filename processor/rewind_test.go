@@ -195,10 +195,10 @@ func TestStartRefusesDecisionTopicsThatCannotBackARecovery(t *testing.T) {
 	require.NoError(t, err)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	require.NoError(t, err)
-	defer cl.Close()
 	adm := kadm.NewClient(cl)
 	t.Cleanup(func() {
 		_, _ = adm.DeleteTopics(context.Background(), spec.Proposals, spec.Grants, spec.Decisions, spec.DeadLetter)
+		cl.Close()
 	})
 	set := func(topic, key, value string) {
 		t.Helper()
