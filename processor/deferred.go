@@ -72,44 +72,24 @@ func (p *Processor) claimLater(ctx context.Context, n int32, pc *pendingClaim) {
 	reported := pc.why // already reported by onAssigned
 	p.mu.Unlock()
 	for {
-		// Never claimed while the decisions topic is ahead of its database.
-		if err := p.checkInStep(ctx, n); err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			rewound := errors.Is(err, ErrRewound)
-			p.mu.Lock()
-			if rewound {
-				pc.why = err
-			} else {
-				pc.why = nil // most likely its shard: Ready says so
-			}
-			p.mu.Unlock()
-			wait := p.cfg.RewoundRecheck
-			if rewound {
-				if reported == nil || reported.Error() != err.Error() {
-					p.reportRewound(err)
-					reported = err
-				}
-			} else {
-				p.log.Warn().Err(err).Int32("partition", n).Dur("backoff", backoff).Msg("cannot check the partition against the decisions topic yet; not claiming it until it is")
-				wait = backoff
-				backoff = min(backoff*2, 5*time.Second)
-			}
-			if !sleepCtx(ctx, wait) {
-				return
-			}
-			continue
-		}
-		if reported != nil {
-			p.log.Info().Int32("partition", n).Msg("the partition is in step with the decisions topic again (recovered): claiming it")
-			reported = nil
-		}
 		c, err := p.shards.For(n).Claim(ctx, n, p.cfg.Owner)
 		if ctx.Err() != nil {
 			return
 		}
 		if err == nil {
+			// Never decided while the decisions topic is ahead of its
+			// database: wait, without claiming again, until it is in step
+			// (recovered; the recovery took a new epoch), then claim again.
+			if cerr := p.checkInStep(ctx, n, c.Epoch); cerr != nil {
+				if !p.waitInStep(ctx, n, pc, cerr, &reported) {
+					return
+				}
+				continue
+			}
+			if reported != nil {
+				p.log.Info().Int32("partition", n).Msg("the partition is in step with the decisions topic (recovered): deciding it")
+				reported = nil
+			}
 			p.mu.Lock()
 			if p.pending[n] != pc || p.client == nil {
 				p.mu.Unlock()
@@ -162,6 +142,40 @@ func (p *Processor) cancelPending(nums []int32) {
 			p.metrics.Rewound.DeleteLabelValues(strconv.Itoa(int(n)))
 		}
 	}
+}
+
+// waitInStep waits until partition n is in step with the decisions topic
+// (checkInStep without an epoch: it was claimed, and a recovery takes a
+// new one). It keeps pc's cause for Ready and logs a rewound partition
+// when what it found changes; false when ctx ends.
+func (p *Processor) waitInStep(ctx context.Context, n int32, pc *pendingClaim, err error, reported *error) bool {
+	backoff := 200 * time.Millisecond
+	for err != nil {
+		rewound := errors.Is(err, ErrRewound)
+		p.mu.Lock()
+		if rewound {
+			pc.why = err
+		} else {
+			pc.why = nil // most likely its shard: Ready says so
+		}
+		p.mu.Unlock()
+		wait := p.cfg.RewoundRecheck
+		if rewound {
+			if *reported == nil || (*reported).Error() != err.Error() {
+				p.reportRewound(err)
+				*reported = err
+			}
+		} else if ctx.Err() == nil {
+			p.log.Warn().Err(err).Int32("partition", n).Dur("backoff", backoff).Msg("cannot check the partition against the decisions topic yet; not deciding it until it is")
+			wait = backoff
+			backoff = min(backoff*2, 5*time.Second)
+		}
+		if !sleepCtx(ctx, wait) {
+			return false
+		}
+		err = p.checkInStep(ctx, n, 0)
+	}
+	return ctx.Err() == nil
 }
 
 // pendingPartitions returns the partitions waiting for their shard, and

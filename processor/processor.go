@@ -303,19 +303,6 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 	for n := range nums {
 		g.Go(func() error {
 			start := time.Now()
-			// A partition whose database went back in time (or that cannot
-			// be checked yet) is not claimed: it waits, paused (rewind.go).
-			if err := p.checkInStep(gctx, n); err != nil && ctx.Err() == nil {
-				if errors.Is(err, ErrRewound) {
-					p.reportRewound(err)
-				} else {
-					p.log.Warn().Err(err).Int32("partition", n).Msg("cannot check an assigned partition against the decisions topic: claiming it once it can be checked")
-				}
-				mu.Lock()
-				deferred, why[n] = append(deferred, n), err
-				mu.Unlock()
-				return nil
-			}
 			c, err := p.shards.For(n).Claim(gctx, n, p.cfg.Owner)
 			if err != nil && (sharded || isMoved(err)) && ctx.Err() == nil {
 				// Its shard does not answer, or it moved to another shard
@@ -329,6 +316,19 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 			}
 			if err != nil {
 				return err
+			}
+			// A partition whose database went back in time (or that cannot
+			// be checked yet) is not decided: it waits, paused (rewind.go).
+			if err := p.checkInStep(gctx, n, c.Epoch); err != nil && ctx.Err() == nil {
+				if errors.Is(err, ErrRewound) {
+					p.reportRewound(err)
+				} else {
+					p.log.Warn().Err(err).Int32("partition", n).Msg("cannot check an assigned partition against the decisions topic: deciding it once it can be checked")
+				}
+				mu.Lock()
+				deferred, why[n] = append(deferred, n), err
+				mu.Unlock()
+				return nil
 			}
 			p.metrics.TakeoverSeconds.Observe(time.Since(start).Seconds())
 			p.metrics.Rebalance.PauseSeconds.Observe(time.Since(assigned).Seconds())

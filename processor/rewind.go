@@ -45,9 +45,16 @@ func (e *RewoundError) Error() string {
 
 func (e *RewoundError) Unwrap() error { return ErrRewound }
 
+// errEpochMoved says the partition's epoch is not the one checked under:
+// another claimant (or a move, or a recovery) took it since. The claim or
+// batch that follows finds out what happened; it is not a rewind.
+var errEpochMoved = errors.New("processor: the partition's epoch moved")
+
 // checkInStep reads partition n's tail back and returns a *RewoundError
-// when Kafka holds decisions past PostgreSQL's head.
-func (p *Processor) checkInStep(ctx context.Context, n int32) error {
+// when Kafka holds decisions past PostgreSQL's head. With epoch > 0 the
+// check holds only under that epoch (errEpochMoved otherwise): a copy left
+// on a shard the partition moved away from is behind the topic too.
+func (p *Processor) checkInStep(ctx context.Context, n int32, epoch int64) error {
 	pool := p.shards.For(n).Pool()
 	ctx, cancel := context.WithTimeout(ctx, 45*time.Second)
 	defer cancel()
@@ -60,6 +67,9 @@ func (p *Processor) checkInStep(ctx context.Context, n int32) error {
 	})
 	if err != nil {
 		return fmt.Errorf("processor: check partition %d against the decisions topic: %w", n, err)
+	}
+	if epoch > 0 && tail.Head.Epoch != epoch {
+		return fmt.Errorf("%w: partition %d is at epoch %d, not %d", errEpochMoved, n, tail.Head.Epoch, epoch)
 	}
 	label := strconv.Itoa(int(n))
 	if tail.State() != outbox.KafkaAhead {

@@ -207,10 +207,10 @@ func (w *worker) run() {
 // partition is claimed afresh — not before it is recovered — and fetched
 // again from what PostgreSQL stores.
 func (w *worker) stillInStep() bool {
-	err := w.p.checkInStep(w.ctx, w.partition)
+	err := w.p.checkInStep(w.ctx, w.partition, w.epoch)
 	switch {
-	case err == nil:
-		return true
+	case err == nil, errors.Is(err, errEpochMoved):
+		return true // a moved epoch: the next batch is fenced and finds out why
 	case errors.Is(err, ErrRewound):
 		w.p.reportRewound(err)
 		w.mu.Lock()
