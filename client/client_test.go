@@ -15,9 +15,9 @@ import (
 
 	"github.com/mandated/mandated/client"
 	"github.com/mandated/mandated/partitioner"
-	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/test/harness"
 	"github.com/mandated/mandated/test/testenv"
+	"github.com/mandated/mandated/wire"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -65,6 +65,31 @@ func (b *testBundle) grant(t *testing.T, mandate string, uses int64) {
 	})
 	require.NoError(t, err)
 	require.Equal(t, wire.OutcomeGranted, d.Outcome, "grant: %s", d.Raw)
+}
+
+// TestAGrantBasedOnAVersionTakesEffectOnlyOnTheTermsItSaw: a grant that
+// names the version its terms replace is refused stale_grant once a later
+// grant changed them.
+func TestAGrantBasedOnAVersionTakesEffectOnlyOnTheTermsItSaw(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.h.Start("a")
+	ctx := ctxFor(t, 60*time.Second)
+	terms := func(uses, basedOn int64) client.Grant {
+		return client.Grant{Ref: client.Ref{Org: b.org, MandateID: "terms"}, Uses: uses,
+			MaxAmount: wire.Money{MinorUnits: 20000, Currency: "EUR"}, Operations: []string{"payment.refund"},
+			BasedOnVersion: &basedOn}
+	}
+	d, err := b.cl.Grant(ctx, terms(5, 0))
+	require.NoError(t, err)
+	require.Equal(t, wire.OutcomeGranted, d.Outcome, "grant: %s", d.Raw)
+	d, err = b.cl.Grant(ctx, terms(1, 1))
+	require.NoError(t, err)
+	require.Equal(t, wire.OutcomeGranted, d.Outcome, "grant: %s", d.Raw)
+	d, err = b.cl.Grant(ctx, terms(5, 1))
+	require.NoError(t, err)
+	require.Equal(t, wire.OutcomeRefused, d.Outcome, "grant: %s", d.Raw)
+	require.Equal(t, wire.ReasonStaleGrant, d.Reason)
 }
 
 func (b *testBundle) propose(mandate, key string) client.Propose {

@@ -4,10 +4,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
+	"strings"
 	"time"
 
 	"github.com/mandated/mandated/partitioner"
-	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/wire"
 )
 
 // Command is a command the client can send: one of the typed requests below,
@@ -48,182 +50,163 @@ func (a AuthorizationRef) put(m map[string]any, typ wire.CommandType) map[string
 	return m
 }
 
-func putIf[T comparable](m map[string]any, name string, v T) {
-	var zero T
-	if v != zero {
-		m[name] = v
+// Each typed command names its wire members in `wire` tags: "name" is
+// written always, "name,omitempty" only when set (not zero, not a nil
+// pointer, not an empty list or result). members writes them after the
+// mandate (and authorization) the command's Ref names: a time in UTC as
+// RFC 3339 with nanoseconds, a pointer as what it points to, anything else
+// as it is (a Money as its JSON object, a result as its raw JSON).
+func members(m map[string]any, cmd any) map[string]any {
+	v := reflect.ValueOf(cmd)
+	for i := range v.NumField() {
+		tag, ok := v.Type().Field(i).Tag.Lookup("wire")
+		if !ok {
+			continue // the embedded Ref: put wrote it
+		}
+		name, omitEmpty := strings.CutSuffix(tag, ",omitempty")
+		fv := v.Field(i)
+		if omitEmpty && isEmpty(fv) {
+			continue
+		}
+		if fv.Kind() == reflect.Pointer {
+			fv = fv.Elem()
+		}
+		if t, ok := fv.Interface().(time.Time); ok {
+			m[name] = t.UTC().Format(time.RFC3339Nano)
+			continue
+		}
+		m[name] = fv.Interface()
 	}
+	return m
 }
 
-func putTime(m map[string]any, name string, t time.Time) {
-	if !t.IsZero() {
-		m[name] = t.UTC().Format(time.RFC3339Nano)
+func isEmpty(v reflect.Value) bool {
+	if t, ok := v.Interface().(time.Time); ok {
+		return t.IsZero()
 	}
+	if v.Kind() == reflect.Slice {
+		return v.Len() == 0
+	}
+	return v.IsZero()
 }
 
 // Propose asks for one use of a mandate.
 type Propose struct {
 	Ref
 	// IdempotencyKey names the business intent, the same on every retry:
-	// IntentKey(run, step, action), never a call-time UUID. Required.
-	IdempotencyKey string
-	Operation      string
-	Amount         wire.Money
-	Target         string
-	BasedOnVersion int64     // optional
-	Deadline       time.Time // optional
+	// IntentKey(run, step, action), never a call-time UUID. Required. Its
+	// scope is the mandate (and the operation): the same key on another
+	// mandate is another intent, decided on its own.
+	IdempotencyKey string     `wire:"idempotency_key"`
+	Operation      string     `wire:"operation"`
+	Amount         wire.Money `wire:"amount"`
+	Target         string     `wire:"target"`
+	BasedOnVersion int64      `wire:"based_on_version,omitempty"` // optional
+	Deadline       time.Time  `wire:"deadline,omitempty"`         // optional
 }
 
 func (p Propose) fields() (map[string]any, error) {
-	m := p.put(map[string]any{}, wire.CmdPropose)
-	m["idempotency_key"] = p.IdempotencyKey
-	m["operation"] = p.Operation
-	m["amount"] = p.Amount
-	m["target"] = p.Target
-	putIf(m, "based_on_version", p.BasedOnVersion)
-	putTime(m, "deadline", p.Deadline)
-	return m, nil
+	return members(p.put(map[string]any{}, wire.CmdPropose), p), nil
 }
 
 // Begin claims the execution of a reserved authorization for one executor
 // attempt. Executor names this attempt; Execute picks a unique one.
 type Begin struct {
 	AuthorizationRef
-	Executor string
+	Executor string `wire:"executor,omitempty"`
 }
 
 func (b Begin) fields() (map[string]any, error) {
-	m := b.put(map[string]any{}, wire.CmdBegin)
-	putIf(m, "executor", b.Executor)
-	return m, nil
+	return members(b.put(map[string]any{}, wire.CmdBegin), b), nil
 }
 
 // Commit records that the external call happened.
 type Commit struct {
 	AuthorizationRef
-	ExternalRef    string
-	ExecutionToken int64           // the begin's token, when the server hands one out
-	Result         json.RawMessage // a JSON object recorded with the commit, when the server supports it
-	IdempotencyKey string          // optional
+	ExternalRef    string          `wire:"external_ref"`
+	ExecutionToken int64           `wire:"execution_token,omitempty"` // the begin's token, when the server hands one out
+	Result         json.RawMessage `wire:"result,omitempty"`          // a JSON object recorded with the commit, when the server supports it
+	IdempotencyKey string          `wire:"idempotency_key,omitempty"` // optional
 }
 
 func (c Commit) fields() (map[string]any, error) {
-	m := c.put(map[string]any{}, wire.CmdCommit)
-	m["external_ref"] = c.ExternalRef
-	putIf(m, "execution_token", c.ExecutionToken)
-	if len(c.Result) > 0 {
-		m["result"] = c.Result
-	}
-	putIf(m, "idempotency_key", c.IdempotencyKey)
-	return m, nil
+	return members(c.put(map[string]any{}, wire.CmdCommit), c), nil
 }
 
 // Cancel gives an authorization up; from executing only with proof that
 // the external call did not happen.
 type Cancel struct {
 	AuthorizationRef
-	Reason           string
-	NotExecutedProof string
-	ExecutionToken   int64
-	IdempotencyKey   string
+	Reason           string `wire:"reason,omitempty"`
+	NotExecutedProof string `wire:"not_executed_proof,omitempty"`
+	ExecutionToken   int64  `wire:"execution_token,omitempty"`
+	IdempotencyKey   string `wire:"idempotency_key,omitempty"`
 }
 
 func (c Cancel) fields() (map[string]any, error) {
-	m := c.put(map[string]any{}, wire.CmdCancel)
-	putIf(m, "reason", c.Reason)
-	putIf(m, "not_executed_proof", c.NotExecutedProof)
-	putIf(m, "execution_token", c.ExecutionToken)
-	putIf(m, "idempotency_key", c.IdempotencyKey)
-	return m, nil
+	return members(c.put(map[string]any{}, wire.CmdCancel), c), nil
 }
 
 // ReportUnknown says the external call's outcome is unknown: the use stays
 // held until a reconciler resolves it.
 type ReportUnknown struct {
 	AuthorizationRef
-	Detail         string
-	ExecutionToken int64
-	IdempotencyKey string
+	Detail         string `wire:"detail,omitempty"`
+	ExecutionToken int64  `wire:"execution_token,omitempty"`
+	IdempotencyKey string `wire:"idempotency_key,omitempty"`
 }
 
 func (r ReportUnknown) fields() (map[string]any, error) {
-	m := r.put(map[string]any{}, wire.CmdReportUnknown)
-	putIf(m, "detail", r.Detail)
-	putIf(m, "execution_token", r.ExecutionToken)
-	putIf(m, "idempotency_key", r.IdempotencyKey)
-	return m, nil
+	return members(r.put(map[string]any{}, wire.CmdReportUnknown), r), nil
 }
 
 // Resolve settles an in-doubt authorization (the reconciler's command).
 type Resolve struct {
 	AuthorizationRef
-	Outcome        wire.ResolveOutcome
-	ExternalRef    string
-	Evidence       string
-	ExecutionToken int64
-	IdempotencyKey string
+	Outcome        wire.ResolveOutcome `wire:"outcome"`
+	ExternalRef    string              `wire:"external_ref,omitempty"`
+	Evidence       string              `wire:"evidence,omitempty"`
+	ExecutionToken int64               `wire:"execution_token,omitempty"`
+	IdempotencyKey string              `wire:"idempotency_key,omitempty"`
 }
 
 func (r Resolve) fields() (map[string]any, error) {
-	m := r.put(map[string]any{}, wire.CmdResolve)
-	m["outcome"] = string(r.Outcome)
-	putIf(m, "external_ref", r.ExternalRef)
-	putIf(m, "evidence", r.Evidence)
-	putIf(m, "execution_token", r.ExecutionToken)
-	putIf(m, "idempotency_key", r.IdempotencyKey)
-	return m, nil
+	return members(r.put(map[string]any{}, wire.CmdResolve), r), nil
 }
 
 // Grant creates a mandate or replaces its terms (the grantor's command).
 type Grant struct {
 	Ref
-	Uses                    int64
-	MaxAmount               wire.Money
-	Operations              []string
-	TotalLimit              *wire.Money
-	Targets                 []string
-	ValidFrom               time.Time
-	ValidUntil              time.Time
-	ReleaseOnCancel         *bool
-	HoldSeconds             int64
-	ExecutionTimeoutSeconds int64
-	IdempotencyKey          string
+	Uses                    int64       `wire:"uses"`
+	MaxAmount               wire.Money  `wire:"max_amount"`
+	Operations              []string    `wire:"operations"`
+	TotalLimit              *wire.Money `wire:"total_limit,omitempty"`
+	Targets                 []string    `wire:"targets,omitempty"`
+	ValidFrom               time.Time   `wire:"valid_from,omitempty"`
+	ValidUntil              time.Time   `wire:"valid_until,omitempty"`
+	ReleaseOnCancel         *bool       `wire:"release_on_cancel,omitempty"`
+	HoldSeconds             int64       `wire:"hold_seconds,omitempty"`
+	ExecutionTimeoutSeconds int64       `wire:"execution_timeout_seconds,omitempty"`
+	IdempotencyKey          string      `wire:"idempotency_key,omitempty"`
+	// BasedOnVersion, when set, is the mandate version these terms replace
+	// (0: the grant creates the mandate): the grant is refused stale_grant
+	// if the terms changed since. A signed grant always carries one.
+	BasedOnVersion *int64 `wire:"based_on_version,omitempty"`
 }
 
 func (g Grant) fields() (map[string]any, error) {
-	m := g.put(map[string]any{}, wire.CmdGrant)
-	m["uses"] = g.Uses
-	m["max_amount"] = g.MaxAmount
-	m["operations"] = g.Operations
-	if g.TotalLimit != nil {
-		m["total_limit"] = *g.TotalLimit
-	}
-	if len(g.Targets) > 0 {
-		m["targets"] = g.Targets
-	}
-	putTime(m, "valid_from", g.ValidFrom)
-	putTime(m, "valid_until", g.ValidUntil)
-	if g.ReleaseOnCancel != nil {
-		m["release_on_cancel"] = *g.ReleaseOnCancel
-	}
-	putIf(m, "hold_seconds", g.HoldSeconds)
-	putIf(m, "execution_timeout_seconds", g.ExecutionTimeoutSeconds)
-	putIf(m, "idempotency_key", g.IdempotencyKey)
-	return m, nil
+	return members(g.put(map[string]any{}, wire.CmdGrant), g), nil
 }
 
 // Revoke ends a mandate's unused authority (the grantor's command).
 type Revoke struct {
 	Ref
-	Reason         string
-	IdempotencyKey string
+	Reason         string `wire:"reason,omitempty"`
+	IdempotencyKey string `wire:"idempotency_key,omitempty"`
 }
 
 func (r Revoke) fields() (map[string]any, error) {
-	m := r.put(map[string]any{}, wire.CmdRevoke)
-	putIf(m, "reason", r.Reason)
-	putIf(m, "idempotency_key", r.IdempotencyKey)
-	return m, nil
+	return members(r.put(map[string]any{}, wire.CmdRevoke), r), nil
 }
 
 // RawCommand is a command as a JSON object, for callers that build the

@@ -18,4 +18,8 @@
 // The client sits outside the single writer: it never decides anything, and
 // it never reads PostgreSQL. It must never retry a command under a new
 // idempotency key on its own.
+//
+// Callers import it, so it must never import any package of mandated's but
+// wire and partitioner (test/layout): importing the client pulls in no
+// processor, no PostgreSQL, nothing that decides.
 package client

@@ -4,7 +4,7 @@
 // A command arrives on the authorization's resource
 // (POST /v1/orgs/{org}/mandates/{mandate}/proposals with an Idempotency-Key,
 // POST .../authorizations/{id}/begin|commit|cancel|report-unknown), is
-// checked with the processor's own decoder, produced by the Go client, and
+// checked with the contract's own decoder (wire), produced by the Go client, and
 // answered 200 with the decision when it comes within the caller's
 // Prefer: wait=N (bounded), else 202 Accepted with Location: a stable status
 // URL. GET on a status URL reads PostgreSQL with read-only transactions: the
@@ -17,4 +17,8 @@
 // resolve, which stay on the grants topic (the control plane).
 //
 // The gateway decides nothing and writes nothing to PostgreSQL.
+//
+// It stands on client, wire and partitioner, and may stand on sink and
+// internal (test/layout). It must never import processor, lifecycle, outbox
+// or verify: a door decides and publishes nothing itself.
 package gateway

@@ -28,10 +28,10 @@ import (
 
 	"github.com/mandated/mandated/client"
 	"github.com/mandated/mandated/gateway"
-	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/test/harness"
 	"github.com/mandated/mandated/test/testenv"
+	"github.com/mandated/mandated/wire"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -22,7 +22,7 @@ import (
 
 	"github.com/mandated/mandated/client"
 	"github.com/mandated/mandated/partitioner"
-	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/wire"
 )
 
 // OpenAPI is the gateway's OpenAPI 3.1 document, served at /v1/openapi.yaml.

@@ -10,17 +10,27 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/wire"
 )
 
 // AuthorizationStatus is an authorization as its PostgreSQL row shows it:
 // the source of truth, whatever any decision said before.
 type AuthorizationStatus struct {
-	Org               string          `json:"org"`
-	MandateID         string          `json:"mandate_id"`
-	ID                string          `json:"authorization_id"`
-	State             string          `json:"state"`
-	Terminal          bool            `json:"terminal"`
+	Org       string `json:"org"`
+	MandateID string `json:"mandate_id"`
+	ID        string `json:"authorization_id"`
+	State     string `json:"state"`
+	Terminal  bool   `json:"terminal"`
+	AuthorizationRow
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// AuthorizationRow is what an authorization's row says between its state
+// and its timestamps. A status URL answers it inside AuthorizationStatus and
+// 'mandatectl inspect' shows it too, so the two views of one row are one
+// definition with one JSON shape.
+type AuthorizationRow struct {
 	Version           int64           `json:"version"`
 	Operation         string          `json:"operation"`
 	Target            string          `json:"target"`
@@ -35,8 +45,6 @@ type AuthorizationStatus struct {
 	Result            json.RawMessage `json:"result,omitempty"`
 	Detail            string          `json:"detail,omitempty"`
 	DecisionID        string          `json:"decision_id"`
-	CreatedAt         time.Time       `json:"created_at"`
-	UpdatedAt         time.Time       `json:"updated_at"`
 }
 
 // ProposalStatus is what the idempotency record of a proposal says, with

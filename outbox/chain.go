@@ -1,6 +1,6 @@
 package outbox
 
-import "github.com/mandated/mandated/processor/wire"
+import "github.com/mandated/mandated/wire"
 
 // Chain links rows (in sequence order, as a batch writes them) to the
 // partition's chain whose head is prev, and returns the new head. A

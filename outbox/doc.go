@@ -7,4 +7,9 @@
 // they are stored, so a replay republishes identical records.
 //
 // It must never decide anything: it moves what the processor committed.
+//
+// It stands on wire, lifecycle, partitioner and internal/failpoint
+// (test/layout). It must never import sink (the batch transaction writes
+// outbox rows, so sink stands on outbox, not the reverse), verify (the
+// auditor checks the relay's work), processor, client or gateway.
 package outbox

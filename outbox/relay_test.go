@@ -16,12 +16,12 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mandated/mandated/internal/failpoint"
 	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/processor"
-	"github.com/mandated/mandated/processor/failpoint"
-	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/test/testenv"
+	"github.com/mandated/mandated/wire"
 )
 
 type testBundle struct {

@@ -6,4 +6,7 @@
 //
 // It must never decide anything about a mandate; it only says where a
 // mandate lives and who may write it.
+//
+// It is the ground floor of the house (test/layout): it must never import
+// any package of mandated's; every other package may stand on it.
 package partitioner

@@ -9,9 +9,9 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/mandated/mandated/processor/clock"
-	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/internal/clock"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/wire"
 )
 
 // Defaults for Config.

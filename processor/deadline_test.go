@@ -9,10 +9,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/mandated/mandated/internal/clock"
 	"github.com/mandated/mandated/processor"
-	"github.com/mandated/mandated/processor/clock"
-	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/test/harness"
+	"github.com/mandated/mandated/wire"
 )
 
 var t0 = time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)

@@ -4,7 +4,7 @@ import (
 	"container/heap"
 	"time"
 
-	"github.com/mandated/mandated/processor/lifecycle"
+	"github.com/mandated/mandated/lifecycle"
 )
 
 // deadlineQueue holds a partition's pending deadlines, earliest first: one

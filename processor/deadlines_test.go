@@ -8,8 +8,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/partitioner"
-	"github.com/mandated/mandated/processor/lifecycle"
 )
 
 func TestTheDeadlineQueueReturnsDueKeysEarliestFirstAndForgetsDroppedOnes(t *testing.T) {

@@ -11,13 +11,13 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mandated/mandated/internal/clock"
+	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/partitioner"
-	"github.com/mandated/mandated/processor/clock"
-	"github.com/mandated/mandated/processor/lifecycle"
-	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/test/testenv"
+	"github.com/mandated/mandated/wire"
 )
 
 // dueBundle is one partition's worker driven step by step against a real

@@ -12,8 +12,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/test/harness"
+	"github.com/mandated/mandated/wire"
 )
 
 // The seed-002 reproduction (../shared/seeds/002): eight concurrent resumes

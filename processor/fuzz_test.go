@@ -8,9 +8,9 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/partitioner"
-	"github.com/mandated/mandated/processor/lifecycle"
-	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/wire"
 )
 
 // FuzzRecordThroughDecodeAndDecide feeds arbitrary record bytes through
@@ -112,7 +112,7 @@ func snapshot(st *lifecycle.State) []byte {
 		c := *m
 		b.WriteString(c.Key.String())
 		b.WriteString(string(c.Status))
-		for _, x := range []int64{c.Version, c.UsesHeld, c.UsesSpent, c.UsesInDoubt, c.AmountHeld, c.AmountSpent} {
+		for _, x := range []int64{c.Version, c.TermsVersion, c.UsesAllowed, c.MaxAmount, c.UsesHeld, c.UsesSpent, c.UsesInDoubt, c.AmountHeld, c.AmountSpent} {
 			b.WriteByte(byte(x))
 		}
 	}

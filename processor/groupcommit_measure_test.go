@@ -19,9 +19,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mandated/mandated/processor"
-	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/test/harness"
+	"github.com/mandated/mandated/wire"
 )
 
 // TestMeasureGroupCommitTransactionsPerDecision is a measurement, not a

@@ -9,12 +9,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/mandated/mandated/internal/clock"
+	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/processor"
-	"github.com/mandated/mandated/processor/clock"
-	"github.com/mandated/mandated/processor/lifecycle"
-	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/test/harness"
+	"github.com/mandated/mandated/wire"
 )
 
 // fakeClockInstance is fakeClockHarness returning its instance too.
@@ -198,7 +198,11 @@ func TestEightConcurrentRestoresOfOneIntentGetOneAuthorizationAndEightIdenticalA
 	require.Equal(t, 1, auths)
 }
 
-func TestOneIntentProposedOnTwoPartitionsAtOnceBindsOneAuthorization(t *testing.T) {
+// TestOneIntentProposedOnTwoMandatesAtOnceBindsOnEachMandate: an intent's
+// scope is its mandate, so the same intent proposed at once on two mandates
+// of different partitions is two actions, each bound to its own
+// authorization and replayed by it.
+func TestOneIntentProposedOnTwoMandatesAtOnceBindsOnEachMandate(t *testing.T) {
 	t.Parallel()
 	h := harness.New(t, harness.Options{Partitions: 3})
 	h.Start("a")
@@ -223,9 +227,14 @@ func TestOneIntentProposedOnTwoPartitionsAtOnceBindsOneAuthorization(t *testing.
 	}
 	wg.Wait()
 	d1, d2 := h.Await(sent[0]), h.Await(sent[1])
-	outcomes := []wire.Outcome{d1.Outcome, d2.Outcome}
-	require.ElementsMatch(t, []wire.Outcome{wire.OutcomeReserved, wire.OutcomeReplayed}, outcomes, "%+v / %+v", d1, d2)
-	require.Equal(t, d1.AuthorizationID, d2.AuthorizationID)
+	require.Equal(t, wire.OutcomeReserved, d1.Outcome, "%+v", d1)
+	require.Equal(t, wire.OutcomeReserved, d2.Outcome, "%+v", d2)
+	require.NotEqual(t, d1.AuthorizationID, d2.AuthorizationID)
+	for i, m := range []string{m1, m2} {
+		again := h.SendAwait(propose("acme", m, "again-"+m, 100, withIntent("run-1", "refund", "r", "")))
+		require.Equal(t, wire.ReasonIntentReplayed, again.Reason, "%+v", again)
+		require.Equal(t, []wire.Decision{d1, d2}[i].AuthorizationID, again.AuthorizationID, "each mandate replays its own")
+	}
 }
 
 func TestThePossibleReplayWindowIsJudgedAtItsBoundaryUnderBothPolicies(t *testing.T) {

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"time"
 
-	"github.com/mandated/mandated/processor/lifecycle"
+	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/sink"
 )
 

@@ -3,7 +3,7 @@ package processor
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/wire"
 )
 
 // Metrics are the processor's Prometheus metrics.

@@ -14,7 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/mandated/mandated/processor/failpoint"
+	"github.com/mandated/mandated/internal/failpoint"
 	"github.com/mandated/mandated/sink"
 )
 

@@ -9,9 +9,9 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
-	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/test/harness"
+	"github.com/mandated/mandated/wire"
 )
 
 func TestAFencedOwnerStillAssignedReclaimsItsPartitionAfterARogueClaimantDiesAndDecidesTheNextProposal(t *testing.T) {

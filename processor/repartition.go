@@ -347,14 +347,27 @@ func growTopics(ctx context.Context, adm *kadm.Client, cfg RepartitionConfig, co
 // synced, renamed over it) with partitions 0..To-1 on that shard. The
 // partitions are spread again afterwards with mandatectl shards move.
 //
-// The map file is checked writable before anything changes. Any step that
+// The map file is locked (sink.LockShardMap) and read again for the whole
+// run, and checked writable before anything changes. Any step that
 // fails is completed by running it again: a finished step is not repeated,
 // and until every step is done processors refuse to start (the topics',
 // the shards' and the map's counts differ).
 func RepartitionShards(ctx context.Context, m *sink.ShardMap, cfg RepartitionConfig, log zerolog.Logger) (RepartitionReport, error) {
 	var rep RepartitionReport
-	if m.Path() != "" {
-		if err := sink.CheckWritable(m.Path()); err != nil {
+	if path := m.Path(); path != "" {
+		// The map's lock, from a fresh read to the write: a shards move of
+		// the same map waits, and is never lost or half-applied.
+		lock, err := sink.LockShardMap(ctx, path, func(holder string) {
+			log.Info().Str("lock", sink.LockPath(path)).Str("holder", holder).Msg("waiting for the shard map's lock, held by another edit")
+		})
+		if err != nil {
+			return rep, fmt.Errorf("%w: %w", sink.ErrRepartitionRefused, err)
+		}
+		defer lock.Unlock() //nolint:errcheck // released with the file anyway
+		if m, err = sink.ReadShardMap(path); err != nil {
+			return rep, fmt.Errorf("%w: %w", sink.ErrRepartitionRefused, err)
+		}
+		if err := sink.CheckWritable(path); err != nil {
 			return rep, fmt.Errorf("%w: %w", sink.ErrRepartitionRefused, err)
 		}
 	}

@@ -16,11 +16,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mandated/mandated/outbox"
-	"github.com/mandated/mandated/outbox/verify"
 	"github.com/mandated/mandated/processor"
-	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/test/harness"
 	"github.com/mandated/mandated/test/testenv"
+	"github.com/mandated/mandated/verify"
+	"github.com/mandated/mandated/wire"
 )
 
 // backupDatabase copies a database that nobody is connected to (CREATE

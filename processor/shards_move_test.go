@@ -16,10 +16,10 @@ import (
 
 	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/processor"
-	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/test/harness"
 	"github.com/mandated/mandated/test/testenv"
+	"github.com/mandated/mandated/wire"
 )
 
 // TestAPartitionMovedUnderLoadIsDecidedExactlyOnceAndContinuesOnItsNewShard

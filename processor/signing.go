@@ -6,8 +6,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/wire"
 )
 
 // Signed grants: a grant, revoke or resolve may carry an Ed25519 signature

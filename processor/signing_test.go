@@ -12,9 +12,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/mandated/mandated/processor/lifecycle"
-	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/wire"
 )
 
 var signNow = time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
@@ -115,7 +115,9 @@ func TestVerifyCommandGivesEachRefusalItsReason(t *testing.T) {
 // machine: it never panics; what is refused changes nothing; what is
 // accepted for org acme (signing required) was signed by acme's live key
 // and verifies under it; a record signed by any other key is never
-// accepted.
+// accepted; a signed grant takes effect at most once: decided again with
+// its idempotency key forgotten (its retention over), it is refused
+// stale_grant and changes nothing.
 func FuzzGrantorSignatureVerification(f *testing.F) {
 	fx := newSigningFixture(f)
 	for _, org := range []string{"acme", "open"} {
@@ -133,13 +135,22 @@ func FuzzGrantorSignatureVerification(f *testing.F) {
 		revoke, err := wire.SignCommand([]byte(`{"v":1,"type":"revoke","org":"`+org+`","mandate_id":"m"}`), fx.liveID, fx.live)
 		require.NoError(f, err)
 		f.Add([]byte(org+"/m"), revoke)
+		for _, based := range []string{`0`, `3`, `null`} {
+			bound := bytes.Replace(plain, []byte(`"uses":1`), []byte(`"uses":1,"idempotency_key":"g1","based_on_version":`+based), 1)
+			signed, err := wire.SignCommand(bound, fx.liveID, fx.live)
+			require.NoError(f, err)
+			f.Add([]byte(org+"/m"), signed)
+			f.Add([]byte(org+"/m"), bound)
+		}
 	}
 	p := &Processor{cfg: Config{ProposalsTopic: "proposals", GrantsTopic: "grants", MaxRecordBytes: 4096}.WithDefaults(),
 		partitions: 1, metrics: NewMetrics(nil), log: zerolog.Nop()}
 	livePub := fx.live.Public().(ed25519.PublicKey)
 
 	f.Fuzz(func(t *testing.T, k, v []byte) {
-		st := lifecycle.NewState(0, 1, 10, func(string) time.Duration { return time.Hour })
+		// The default retention: a grant with the default windows (hold 5 min,
+		// execution 1 h) is within it, so accepted grants reach the state.
+		st := lifecycle.NewState(0, 1, 10, func(string) time.Duration { return 30 * 24 * time.Hour })
 		before := snapshot(st)
 		it := p.classify(&kgo.Record{Topic: "grants", Partition: 0, Offset: 7, Key: k, Value: v})
 		if it.kind != itemCommand || !it.cmd.Type.Signable() {
@@ -166,10 +177,30 @@ func FuzzGrantorSignatureVerification(f *testing.F) {
 		} else {
 			require.NotEqual(t, sink.SigningRequired, fx.ring.Modes[cmd.Key.Org])
 		}
-		for _, d := range st.Decide(lifecycle.Input{Cmd: cmd, Source: it.src}, signNow) {
+		ds := st.Decide(lifecycle.Input{Cmd: cmd, Source: it.src}, signNow)
+		for _, d := range ds {
 			_, err := d.Encode()
 			require.NoError(t, err)
 		}
+		if cmd.Type != wire.CmdGrant || ds[0].Outcome != wire.OutcomeGranted {
+			return
+		}
+		require.Equal(t, ds[0].Mandate.Version, ds[0].Mandate.TermsVersion)
+		if cmd.Signature == nil {
+			return
+		}
+		require.True(t, cmd.Grant.BindsVersion, "a signed grant binds to a mandate version")
+		if scope, ok := lifecycle.ScopeOf(cmd); ok {
+			delete(st.Idem, scope)
+		}
+		granted := snapshot(st)
+		src := it.src
+		src.Offset++
+		again := st.Decide(lifecycle.Input{Cmd: cmd, Source: src}, signNow.Add(time.Minute))
+		require.Len(t, again, 1)
+		require.Equal(t, wire.OutcomeRefused, again[0].Outcome, "a signed grant replayed after its key expired")
+		require.Equal(t, wire.ReasonStaleGrant, again[0].Reason)
+		require.Equal(t, granted, snapshot(st), "a replayed signed grant changes nothing")
 	})
 }
 

@@ -12,12 +12,12 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mandated/mandated/internal/clock"
+	"github.com/mandated/mandated/internal/failpoint"
+	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/outbox"
-	"github.com/mandated/mandated/processor/clock"
-	"github.com/mandated/mandated/processor/failpoint"
-	"github.com/mandated/mandated/processor/lifecycle"
-	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/wire"
 )
 
 // worker decides one owned partition: it takes what the poll loop handed
@@ -278,6 +278,9 @@ func (w *worker) step() (bool, error) {
 	if err := w.verifySignatures(items, now); err != nil {
 		return true, err
 	}
+	// A process stopped here holds a batch in memory that it will try to
+	// commit when it goes on, whatever happened meanwhile (S-08a).
+	_ = failpoint.Inject(w.ctx, failpoint.BeforeBatch)
 	err := w.commitIsolating(items, due, now)
 	if errors.Is(err, sink.ErrFenced) {
 		w.unshift(recs) // a successor re-claiming the partition decides them

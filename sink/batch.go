@@ -9,9 +9,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/outbox"
-	"github.com/mandated/mandated/processor/lifecycle"
-	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/wire"
 )
 
 // Position is where a partition's consumption and outbox stand.
@@ -188,11 +188,12 @@ func (p *part) queueLoad(lb *pgx.Batch) {
 		orgs, ids = append(orgs, k.Org), append(ids, k.MandateID)
 	}
 	lb.Queue(loadMandatesSQL, orgs, ids)
-	var iOrgs, iOps, iKeys []string
+	var iOrgs, iMids, iOps, iKeys []string
 	for k := range b.Needs.Idem {
-		iOrgs, iOps, iKeys = append(iOrgs, k.Org), append(iOps, k.Operation), append(iKeys, k.Key)
+		iOrgs, iMids = append(iOrgs, k.Org), append(iMids, k.MandateID)
+		iOps, iKeys = append(iOps, k.Operation), append(iKeys, k.Key)
 	}
-	lb.Queue(loadIdemSQL, iOrgs, iOps, iKeys)
+	lb.Queue(loadIdemSQL, iOrgs, iMids, iOps, iKeys)
 	queueLoadIntents(lb, b.Needs)
 }
 

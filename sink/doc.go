@@ -6,5 +6,10 @@
 //
 // Driver errors are translated here and nowhere else: callers see
 // ErrFenced, ErrRetryable, ErrRecordFault or a wrapped connection error.
-// It must never decide: the decisions come from processor/lifecycle.
+// It must never decide: the decisions come from lifecycle.
+//
+// It stands on outbox (the rows its batch transaction writes), wire,
+// lifecycle, partitioner and internal/failpoint (test/layout). It must never
+// import verify (the auditor checks what sink stored), processor, client or
+// gateway.
 package sink

@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/mandated/mandated/processor/failpoint"
+	"github.com/mandated/mandated/internal/failpoint"
 )
 
 var (

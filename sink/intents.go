@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
-	"github.com/mandated/mandated/processor/lifecycle"
+	"github.com/mandated/mandated/lifecycle"
 )
 
 // RefreshReplay reloads the per-org possible-replay settings.

@@ -7,9 +7,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/partitioner"
-	"github.com/mandated/mandated/processor/lifecycle"
-	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/wire"
 )
 
 // Needs says what a batch must load before it decides.
@@ -49,15 +49,17 @@ FROM mandated_partitions WHERE partition = $1::int FOR NO KEY UPDATE`
 const mandateColumns = `m.org, m.mandate_id, m.partition, m.version, m.status, m.operations, m.targets, m.currency,
 m.max_amount, coalesce(m.total_limit, 0), m.uses_allowed, m.uses_held, m.uses_spent, m.uses_in_doubt,
 m.amount_held, m.amount_spent, m.valid_from, m.valid_until, m.release_on_cancel, m.hold_window_ms,
-m.execution_timeout_ms, coalesce(m.last_authorization_id, ''), m.created_at, m.updated_at, m.executions`
+m.execution_timeout_ms, coalesce(m.last_authorization_id, ''), m.created_at, m.updated_at, m.executions, m.terms_version`
 
 const loadMandatesSQL = `SELECT ` + mandateColumns + `
 FROM unnest($1::text[], $2::text[]) AS k(org, mandate_id) JOIN mandates m USING (org, mandate_id)`
 
+// loadIdemSQL loads keys by their scope, the mandate: rows of the batch's
+// own partition only (migration 0016).
 const loadIdemSQL = `SELECT i.org, i.operation, i.idempotency_key, i.fingerprint, i.mandate_id, i.authorization_id,
 i.decision_id, i.outcome, i.reason, i.created_at, i.expires_at
-FROM unnest($1::text[], $2::text[], $3::text[]) AS k(org, operation, idempotency_key)
-JOIN idempotency_keys i USING (org, operation, idempotency_key)`
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS k(org, mandate_id, operation, idempotency_key)
+JOIN idempotency_keys i USING (org, mandate_id, operation, idempotency_key)`
 
 const authColumns = `a.org, a.mandate_id, a.authorization_id, a.state, a.version, a.operation, a.target, a.amount,
 a.currency, a.idempotency_key, a.mandate_version, a.deadline, a.execution_deadline, a.begin_key, a.external_ref,
@@ -87,7 +89,7 @@ func scanMandate(row pgx.Row) (*lifecycle.Mandate, error) {
 	err := row.Scan(&m.Key.Org, &m.Key.MandateID, &m.Partition, &m.Version, &status, &m.Operations, &m.Targets,
 		&m.Currency, &m.MaxAmount, &m.TotalLimit, &m.UsesAllowed, &m.UsesHeld, &m.UsesSpent, &m.UsesInDoubt,
 		&m.AmountHeld, &m.AmountSpent, &validFrom, &validUntil, &m.ReleaseOnCancel, &holdMS, &execMS,
-		&m.LastAuthID, &m.CreatedAt, &m.UpdatedAt, &m.Executions)
+		&m.LastAuthID, &m.CreatedAt, &m.UpdatedAt, &m.Executions, &m.TermsVersion)
 	if err != nil {
 		return nil, err
 	}
@@ -113,6 +115,7 @@ func scanIdem(row pgx.Row) (*lifecycle.IdemRecord, error) {
 	if err != nil {
 		return nil, err
 	}
+	r.Scope.MandateID = mandateID
 	r.Mandate = partitioner.MandateKey{Org: r.Scope.Org, MandateID: mandateID}
 	r.Outcome, r.Reason = wire.Outcome(outcome), wire.Reason(reason)
 	r.CreatedAt, r.ExpiresAt = r.CreatedAt.UTC(), r.ExpiresAt.UTC()
@@ -216,19 +219,21 @@ func readAuths(br pgx.BatchResults, st *lifecycle.State) error {
 	return rows.Err()
 }
 
+// loadIntentsSQL loads intents by their scope, the mandate (migration
+// 0016), like keys.
 const loadIntentsSQL = `SELECT i.org, i.operation, i.run_id, i.step, i.action, i.mandate_id, i.authorization_id, i.decision_id,
 i.head_mandate_id, i.head_authorization_id, i.partition, i.created_at, i.updated_at, i.expires_at
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) AS k(org, operation, run_id, step, action)
-JOIN intents i USING (org, operation, run_id, step, action)`
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) AS k(org, mandate_id, operation, run_id, step, action)
+JOIN intents i USING (org, mandate_id, operation, run_id, step, action)`
 
 // queueLoadIntents queues the load of the intents a batch names.
 func queueLoadIntents(b *pgx.Batch, needs Needs) {
-	var orgs, ops, runs, steps, actions []string
+	var orgs, mids, ops, runs, steps, actions []string
 	for k := range needs.Intents {
-		orgs, ops, runs = append(orgs, k.Org), append(ops, k.Operation), append(runs, k.RunID)
-		steps, actions = append(steps, k.Step), append(actions, k.Action)
+		orgs, mids, ops = append(orgs, k.Org), append(mids, k.MandateID), append(ops, k.Operation)
+		runs, steps, actions = append(runs, k.RunID), append(steps, k.Step), append(actions, k.Action)
 	}
-	b.Queue(loadIntentsSQL, orgs, ops, runs, steps, actions)
+	b.Queue(loadIntentsSQL, orgs, mids, ops, runs, steps, actions)
 }
 
 func scanIntent(row pgx.Row) (*lifecycle.IntentRecord, error) {
@@ -239,6 +244,7 @@ func scanIntent(row pgx.Row) (*lifecycle.IntentRecord, error) {
 	if err != nil {
 		return nil, err
 	}
+	r.Scope.MandateID = mandateID
 	r.Root.Mandate = partitioner.MandateKey{Org: r.Scope.Org, MandateID: mandateID}
 	r.Head.Mandate = partitioner.MandateKey{Org: r.Scope.Org, MandateID: headMandateID}
 	r.CreatedAt, r.UpdatedAt, r.ExpiresAt = r.CreatedAt.UTC(), r.UpdatedAt.UTC(), r.ExpiresAt.UTC()

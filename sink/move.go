@@ -1,6 +1,7 @@
 package sink
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/mandated/mandated/internal/failpoint"
 )
 
 // Moving a partition to another shard (README, "Scaling out PostgreSQL";
@@ -127,9 +130,9 @@ type MoveOptions struct {
 	// mandated_meta, or recorded there when the target has none yet (a
 	// database migrated for a new shard).
 	TargetName string
-	// Resume completes a move that died after fencing the source (the
-	// partition is moving to TargetName already). Without it such a
-	// partition is refused as already moving.
+	// Resume is kept for callers of the first version: an interrupted
+	// move of the partition to TargetName is completed with or without it
+	// (MovePartition).
 	Resume bool
 	// LockTimeout bounds the wait for a batch in flight on the source
 	// holding the partition row. Defaults to 30s.
@@ -140,18 +143,49 @@ type MoveOptions struct {
 type MoveResult struct {
 	SourceShard string
 	Epoch       int64            // the target's epoch after the move
-	Rows        map[string]int64 // rows copied per table
-	Took        time.Duration
+	Rows        map[string]int64 // rows copied per table by this call
+	Total       int64            // rows the move copied (by this call or the interrupted one)
+	// Resumed names where an interrupted move was taken up: "" (a new
+	// move), ResumedCopy (fenced, nothing copied), ResumedRecord (copied,
+	// the source not told) or ResumedDone (the databases had finished;
+	// only the caller's map edit was missing).
+	Resumed string
+	Took    time.Duration
 }
+
+// Where an interrupted move is taken up (MoveResult.Resumed).
+const (
+	ResumedCopy   = "copy"
+	ResumedRecord = "record"
+	ResumedDone   = "done"
+)
+
+// moverLockClass is the first key of the session advisory lock a mover
+// holds on the source for the partition (the second key), so that a move
+// in progress is never taken for one that died: "move" in ASCII.
+const moverLockClass = 0x6d6f7665
 
 // MovePartition moves a partition's rows from the source database to the
 // target (the database steps of a move; mandatectl writes the shard map
 // after it). It refuses, and changes nothing, when the source does not own
-// the partition, the partition is already moving, or the target is not
-// migrated, counts another number of partitions, is another shard, already
-// holds rows of the partition or idempotency keys of it for another
-// partition, or does not answer. A copy that fails is undone when the
-// target did not commit it (undoFence).
+// the partition, the partition is moving elsewhere, another mover of it is
+// running, or the target is not migrated, counts another number of
+// partitions, is another shard, already holds rows of the partition, or
+// does not answer. Idempotency keys and intents are scoped by their mandate
+// (migration 0016), whose rows are all in the partition: the target can
+// hold no key or intent of the partition's mandates, so no binding ever
+// collides and a consolidation is never refused for one. A copy that fails
+// is undone when the target did not commit it (undoFence).
+//
+// A move interrupted at any point (its process killed, a database gone) is
+// completed by calling MovePartition again with the same partition and
+// target: what the two databases record says how far it got — fenced
+// (moving_out on the source), copied (moved_in on the target, at the
+// epoch the source fenced), recorded (moved_out on the source) — and only
+// the steps left are run (MoveResult.Resumed). A mover holds a session
+// advisory lock on the source for the partition, which PostgreSQL releases
+// when its connection ends, so a move still running is never resumed by a
+// second one.
 func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 	start := time.Now()
 	o.LockTimeout = cmpOr(o.LockTimeout, 30*time.Second)
@@ -182,11 +216,15 @@ func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 	if p < 0 || p >= srcMeta.count {
 		return res, fmt.Errorf("sink: move: partition %d does not exist (0-%d)", p, srcMeta.count-1)
 	}
+	if err := lockMover(ctx, src, p); err != nil {
+		return res, err
+	}
 	srcMoves, err := readMoves(ctx, src)
 	if err != nil {
 		return res, err
 	}
-	if _, err := sourceOwns(srcMeta, srcMoves, o); err != nil {
+	stage, err := moveStage(srcMeta, srcMoves, o)
+	if err != nil {
 		return res, err
 	}
 	if err := checkMigrated(ctx, src, dst, o.TargetName); err != nil {
@@ -203,86 +241,158 @@ func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 	if dstMeta != nil && dstMeta.name != o.TargetName {
 		return res, fmt.Errorf("sink: move: the target database is shard %s, not %s", dstMeta.name, o.TargetName)
 	}
-	// A resumed move whose copy had committed (it died before recording
-	// the source moved out) only has step 3 left.
-	copied := false
-	if o.Resume {
-		var state, peer string
-		err := dst.QueryRow(ctx, `SELECT state, peer FROM mandated_moves WHERE partition = $1`, p).Scan(&state, &peer)
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return res, fmt.Errorf("sink: move: target shard %s: %w", o.TargetName, interpretError(err))
+	dstMoves, err := readMoves(ctx, dst)
+	if err != nil {
+		return res, fmt.Errorf("sink: move: target shard %s: %w", o.TargetName, err)
+	}
+	in, hasIn := dstMoves[p]
+	// copied: the target committed this move's copy (the record of a
+	// move in from the source at the epoch the source fenced).
+	copied := stage.State != "" && hasIn && in.State == MoveIn && in.Peer == srcMeta.name && in.Epoch == stage.Epoch
+	switch {
+	case stage.State == MovedOut && !copied:
+		return res, fmt.Errorf("sink: move: shard %s records partition %d moved to shard %s (epoch %d), but shard %s does not record it moved in from %s at that epoch (%s): inspect both with mandatectl shards moves",
+			srcMeta.name, p, o.TargetName, stage.Epoch, o.TargetName, srcMeta.name, describeMove(in, hasIn))
+	case stage.State == MovedOut:
+		// 4. is the caller's: the map.
+		res.Resumed, res.Total = ResumedDone, in.Rows
+		res.Epoch, err = partitionEpoch(ctx, dst, p)
+		if err != nil {
+			return res, fmt.Errorf("sink: move: target shard %s: %w", o.TargetName, err)
 		}
-		copied = state == MoveIn && peer == srcMeta.name
+		res.Took = time.Since(start)
+		return res, nil
+	case copied:
+		res.Resumed = ResumedRecord
+	case stage.State == MoveOut:
+		res.Resumed = ResumedCopy
 	}
 	if !copied {
 		if err := checkTargetFree(ctx, dst, p, o.TargetName); err != nil {
 			return res, err
 		}
-		if err := checkKeyCollisions(ctx, src, dst, p, o.TargetName); err != nil {
+	}
+
+	// 1. Fence on the source (done already when resumed).
+	epoch := stage.Epoch
+	if stage.State == "" {
+		err = pgx.BeginFunc(ctx, src, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, o.LockTimeout.Milliseconds())); err != nil {
+				return err
+			}
+			m, err := readMetaTx(ctx, tx, true)
+			if err != nil {
+				return err
+			}
+			moves, err := readMoves(ctx, tx)
+			if err != nil {
+				return err
+			}
+			if again, err := moveStage(m, moves, o); err != nil || again.State != "" {
+				return cmp.Or(err, fmt.Errorf("sink: move: partition %d started moving under this move", p))
+			}
+			err = tx.QueryRow(ctx, `UPDATE mandated_partitions SET epoch = epoch + 1, owner = $2, updated_at = now()
+				WHERE partition = $1 RETURNING epoch`, p, "mandatectl shards move to "+o.TargetName).Scan(&epoch)
+			if errors.Is(err, pgx.ErrNoRows) {
+				err = nil // never claimed: nothing to fence, no rows to copy
+			}
+			if err != nil {
+				return fmt.Errorf("sink: move: fence partition %d: %w", p, interpretError(err))
+			}
+			if _, err = tx.Exec(ctx, `INSERT INTO mandated_moves (partition, state, peer, epoch) VALUES ($1, $2, $3, $4)
+				ON CONFLICT (partition) DO UPDATE SET state = EXCLUDED.state, peer = EXCLUDED.peer, epoch = EXCLUDED.epoch,
+				  rows = 0, started_at = now(), updated_at = now()`, p, MoveOut, o.TargetName, epoch); err != nil {
+				return interpretError(err)
+			}
+			return setOwned(ctx, tx, m, p, false)
+		})
+		if err != nil {
 			return res, err
 		}
 	}
-
-	// 1. Fence on the source.
-	var epoch int64
-	err = pgx.BeginFunc(ctx, src, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, o.LockTimeout.Milliseconds())); err != nil {
-			return err
-		}
-		m, err := readMetaTx(ctx, tx, true)
-		if err != nil {
-			return err
-		}
-		moves, err := readMoves(ctx, tx)
-		if err != nil {
-			return err
-		}
-		resumed, err := sourceOwns(m, moves, o)
-		if err != nil || resumed > 0 {
-			epoch = resumed
-			return err
-		}
-		err = tx.QueryRow(ctx, `UPDATE mandated_partitions SET epoch = epoch + 1, owner = $2, updated_at = now()
-			WHERE partition = $1 RETURNING epoch`, p, "mandatectl shards move to "+o.TargetName).Scan(&epoch)
-		if errors.Is(err, pgx.ErrNoRows) {
-			err = nil // never claimed: nothing to fence, no rows to copy
-		}
-		if err != nil {
-			return fmt.Errorf("sink: move: fence partition %d: %w", p, interpretError(err))
-		}
-		if _, err = tx.Exec(ctx, `INSERT INTO mandated_moves (partition, state, peer, epoch) VALUES ($1, $2, $3, $4)
-			ON CONFLICT (partition) DO UPDATE SET state = EXCLUDED.state, peer = EXCLUDED.peer, epoch = EXCLUDED.epoch,
-			  rows = 0, started_at = now(), updated_at = now()`, p, MoveOut, o.TargetName, epoch); err != nil {
-			return interpretError(err)
-		}
-		return setOwned(ctx, tx, m, p, false)
-	})
-	if err != nil {
+	if err := failpoint.Inject(ctx, failpoint.MoveAfterFence); err != nil {
 		return res, err
 	}
 
-	// 2. Copy from one snapshot, into the target in one transaction.
-	var total int64
+	// 2. Copy from one snapshot, into the target in one transaction (done
+	// already when the target records it).
 	if copied {
-		if err := dst.QueryRow(ctx, `SELECT coalesce((SELECT epoch FROM mandated_partitions WHERE partition = $1), 0),
-			(SELECT rows FROM mandated_moves WHERE partition = $1)`, p).Scan(&res.Epoch, &total); err != nil {
-			return res, fmt.Errorf("sink: move: target shard %s: %w", o.TargetName, interpretError(err))
+		res.Total = in.Rows
+		if res.Epoch, err = partitionEpoch(ctx, dst, p); err != nil {
+			return res, fmt.Errorf("sink: move: target shard %s: %w", o.TargetName, err)
 		}
-	} else if err := copyPartition(ctx, src, dst, srcMeta, dstMeta, o, epoch, &res); err != nil {
-		return res, undoFence(ctx, o, srcMeta.name, err)
+	} else {
+		if err := copyPartition(ctx, src, dst, srcMeta, dstMeta, o, epoch, &res); err != nil {
+			return res, undoFence(ctx, o, srcMeta.name, err)
+		}
+		for _, n := range res.Rows {
+			res.Total += n
+		}
+	}
+	if err := failpoint.Inject(ctx, failpoint.MoveAfterCopy); err != nil {
+		return res, err
 	}
 
 	// 3. The source's copy is read-only from now on, until dropped.
-	for _, n := range res.Rows {
-		total += n
-	}
-	if _, err := src.Exec(ctx, `UPDATE mandated_moves SET state = $2, rows = $3, updated_at = now() WHERE partition = $1`,
-		p, MovedOut, total); err != nil {
-		return res, fmt.Errorf("sink: move: partition %d is on shard %s now, but recording it moved out on shard %s failed (run the move again with --resume): %w",
+	if _, err := src.Exec(ctx, `UPDATE mandated_moves SET state = $2, rows = $3, updated_at = now() WHERE partition = $1 AND state = $4`,
+		p, MovedOut, res.Total, MoveOut); err != nil {
+		return res, fmt.Errorf("sink: move: partition %d is on shard %s now, but recording it moved out on shard %s failed (run the same move again to finish it): %w",
 			p, o.TargetName, srcMeta.name, interpretError(err))
+	}
+	if err := failpoint.Inject(ctx, failpoint.MoveAfterRecord); err != nil {
+		return res, err
 	}
 	res.Took = time.Since(start)
 	return res, nil
+}
+
+// moverLockWait bounds the wait for another mover's lock: long enough for
+// the session of a mover that just died to end, short enough not to keep
+// an operator waiting behind a live one.
+const moverLockWait = 5 * time.Second
+
+// lockMover takes the session advisory lock of partition p's mover on the
+// source, or names the session that holds it.
+func lockMover(ctx context.Context, src *pgx.Conn, p int32) error {
+	_, err := src.Exec(ctx, fmt.Sprintf(`SET lock_timeout = %d`, moverLockWait.Milliseconds()))
+	if err == nil {
+		_, err = src.Exec(ctx, `SELECT pg_advisory_lock($1::int, $2::int)`, moverLockClass, p)
+	}
+	if _, rerr := src.Exec(ctx, `RESET lock_timeout`); err == nil {
+		err = rerr
+	}
+	var pgErr *pgconn.PgError
+	if err == nil {
+		return nil
+	}
+	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" { // lock_not_available
+		return fmt.Errorf("sink: move: lock partition %d's mover on the source: %w", p, interpretError(err))
+	}
+	holder := "another session"
+	var pid int32
+	var app string
+	if err := src.QueryRow(ctx, `SELECT l.pid, coalesce(a.application_name, '') FROM pg_locks l
+		LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'advisory' AND l.classid = $1::int::oid AND l.objid = $2::int::oid AND l.objsubid = 2 AND l.granted`,
+		moverLockClass, p).Scan(&pid, &app); err == nil {
+		holder = fmt.Sprintf("PostgreSQL session %d (%q)", pid, app)
+	}
+	return fmt.Errorf("sink: move: another move of partition %d is running (%s holds its mover's lock on the source): let it finish; a move whose process died releases it with its connection",
+		p, holder)
+}
+
+// partitionEpoch is partition p's epoch in a database (0: never claimed).
+func partitionEpoch(ctx context.Context, conn *pgx.Conn, p int32) (int64, error) {
+	var e int64
+	err := conn.QueryRow(ctx, `SELECT coalesce((SELECT epoch FROM mandated_partitions WHERE partition = $1), 0)`, p).Scan(&e)
+	return e, interpretError(err)
+}
+
+func describeMove(mv Move, ok bool) string {
+	if !ok {
+		return "no record"
+	}
+	return fmt.Sprintf("%s, peer %s, epoch %d", mv.State, mv.Peer, mv.Epoch)
 }
 
 // copyPartition copies every row of the partition from one repeatable-read
@@ -323,9 +433,6 @@ func copyPartition(ctx context.Context, src, dst *pgx.Conn, srcMeta, dstMeta *me
 		var total int64
 		for _, table := range movedTables {
 			n, err := copyTable(ctx, snap.Conn().PgConn(), tx.Conn().PgConn(), table, p)
-			if table == "idempotency_keys" && RetryCause(err) == "unique" {
-				return fmt.Errorf("copy %s: %w (%s)", table, err, keyCollisionHint)
-			}
 			if err != nil {
 				return fmt.Errorf("copy %s: %w", table, err)
 			}
@@ -350,34 +457,39 @@ func copyPartition(ctx context.Context, src, dst *pgx.Conn, srcMeta, dstMeta *me
 	return nil
 }
 
-// sourceOwns checks that the source (meta m, moves) owns the partition, or
-// that o resumes a move of it to the same target: then it returns the
-// epoch that move fenced.
-func sourceOwns(m *meta, moves map[int32]Move, o MoveOptions) (int64, error) {
+// moveStage says how far a move of the partition to o.TargetName got on
+// the source (meta m, moves): not started (a zero Move: the source owns
+// the partition), fenced (MoveOut) or recorded (MovedOut), with the epoch
+// it fenced. A partition the source does not own, or that moves or moved
+// to another shard, is refused.
+func moveStage(m *meta, moves map[int32]Move, o MoveOptions) (Move, error) {
 	p := o.Partition
 	mv, moved := moves[p]
 	switch {
-	case moved && mv.State == MoveOut && o.Resume && mv.Peer == o.TargetName:
-		return max(mv.Epoch, 1), nil
+	case moved && (mv.State == MoveOut || mv.State == MovedOut) && mv.Peer == o.TargetName:
+		return mv, nil
 	case moved && mv.State == MoveOut:
-		return 0, fmt.Errorf("sink: move: partition %d is already moving to shard %s (since %s); if that move died, run it again with --resume",
-			p, mv.Peer, mv.StartedAt.UTC().Format(time.RFC3339))
+		return Move{}, fmt.Errorf("sink: move: partition %d is moving to shard %s (since %s, interrupted or running): finish that move first (shards move %d --to %s)",
+			p, mv.Peer, mv.StartedAt.UTC().Format(time.RFC3339), p, mv.Peer)
+	case moved && mv.State == MovedOut:
+		return Move{}, fmt.Errorf("sink: move: partition %d is not on shard %s: it moved to shard %s (%s); if the shard map still gives it to %s, finish that move's map edit first (shards move %d --to %s)",
+			p, m.name, mv.Peer, mv.State, m.name, p, mv.Peer)
 	case moved && mv.State != MoveIn:
-		return 0, fmt.Errorf("sink: move: partition %d is not on shard %s: it moved to shard %s (%s)", p, m.name, mv.Peer, mv.State)
+		return Move{}, fmt.Errorf("sink: move: partition %d is not on shard %s: it moved to shard %s (%s)", p, m.name, mv.Peer, mv.State)
 	case !moved && !m.owns(p):
-		return 0, fmt.Errorf("sink: move: partition %d is not on shard %s (partitions %s)", p, m.name, m.describe())
+		return Move{}, fmt.Errorf("sink: move: partition %d is not on shard %s (partitions %s)", p, m.name, m.describe())
 	}
-	return 0, nil
+	return Move{}, nil
 }
 
 // undoFence gives the partition back to the source after a copy that
 // failed, when the target is known not to own it (its copy transaction did
 // not commit): the source's owner, refused as moved meanwhile, claims it
 // again there. When the target cannot tell (it does not answer), the
-// partition stays fenced and the move must be run again with --resume.
+// partition stays fenced and the same move, run again, completes it.
 func undoFence(ctx context.Context, o MoveOptions, source string, cause error) error {
 	ctx = context.WithoutCancel(ctx)
-	stuck := fmt.Errorf("sink: move: copy partition %d into shard %s: %w; the partition stays fenced on shard %s: run the move again with --resume", o.Partition, o.TargetName, cause, source)
+	stuck := fmt.Errorf("sink: move: copy partition %d into shard %s: %w; the partition stays fenced on shard %s: run the same move again to complete it", o.Partition, o.TargetName, cause, source)
 	dst, err := pgx.Connect(ctx, o.Target)
 	if err != nil {
 		return stuck
@@ -510,7 +622,7 @@ func DropMoved(ctx context.Context, url string, p int32) (map[string]int64, erro
 		case !ok || mv.State == MoveIn:
 			return fmt.Errorf("sink: drop-moved: partition %d did not move away from shard %s: its rows are live", p, m.name)
 		case mv.State == MoveOut:
-			return fmt.Errorf("sink: drop-moved: partition %d is still moving to shard %s: finish the move first (--resume)", p, mv.Peer)
+			return fmt.Errorf("sink: drop-moved: partition %d is still moving to shard %s: finish the move first (run it again: shards move %d --to %s)", p, mv.Peer, p, mv.Peer)
 		case mv.State == MoveDropped:
 			return nil
 		}
@@ -634,51 +746,6 @@ func checkMigrated(ctx context.Context, src, dst *pgx.Conn, target string) error
 	}
 	if dv != sv {
 		return fmt.Errorf("sink: move: target shard %s is not migrated (schema version %d, the source's is %d): run mandatectl migrate on it first", target, dv, sv)
-	}
-	return nil
-}
-
-const keyCollisionHint = "an idempotency key is unique per org and operation in one database, " +
-	"and two shards accepted the same key for mandates of different partitions; retire one of them first"
-
-// checkKeyCollisions refuses a move when the target holds, for another
-// partition, an idempotency key (org, operation, key) the partition also
-// holds: one database cannot hold both, and neither decision may change.
-func checkKeyCollisions(ctx context.Context, src, dst *pgx.Conn, p int32, target string) error {
-	rows, err := src.Query(ctx, `SELECT org, operation, idempotency_key FROM idempotency_keys WHERE partition = $1`, p)
-	if err != nil {
-		return fmt.Errorf("sink: move: read the partition's idempotency keys: %w", interpretError(err))
-	}
-	var orgs, ops, keys []string
-	for rows.Next() {
-		var org, op, key string
-		if err := rows.Scan(&org, &op, &key); err != nil {
-			rows.Close()
-			return fmt.Errorf("sink: move: read the partition's idempotency keys: %w", interpretError(err))
-		}
-		orgs, ops, keys = append(orgs, org), append(ops, op), append(keys, key)
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("sink: move: read the partition's idempotency keys: %w", interpretError(err))
-	}
-	const chunk = 5000
-	for i := 0; i < len(keys); i += chunk {
-		j := min(i+chunk, len(keys))
-		rows, err := dst.Query(ctx, `SELECT k.org || '/' || k.operation || '/' || k.idempotency_key || ' (partition ' || k.partition || ')'
-			FROM unnest($1::text[], $2::text[], $3::text[]) AS u(org, operation, key)
-			JOIN idempotency_keys k ON k.org = u.org AND k.operation = u.operation AND k.idempotency_key = u.key
-			LIMIT 5`, orgs[i:j], ops[i:j], keys[i:j])
-		var found []string
-		if err == nil {
-			found, err = pgx.CollectRows(rows, pgx.RowTo[string])
-		}
-		if err != nil {
-			return fmt.Errorf("sink: move: target shard %s: compare idempotency keys: %w", target, interpretError(err))
-		}
-		if len(found) > 0 {
-			return fmt.Errorf("sink: move: target shard %s already holds idempotency keys of partition %d for other partitions: %s; %s",
-				target, p, strings.Join(found, ", "), keyCollisionHint)
-		}
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
@@ -242,8 +243,9 @@ func TestAMoveIsRefusedWithNothingChanged(t *testing.T) {
 		require.Equal(t, e0, epoch(), "%s: the partition is not fenced", c.name)
 	}
 
-	// An idempotency key both shards accepted, for mandates of different
-	// partitions: one database cannot hold both.
+	// The same idempotency key bound by both shards, for mandates of
+	// different partitions: two scopes (a key's scope is its mandate), so
+	// the move below carries a's binding to b beside b's own.
 	poolA0 := openPool(t, urlA)
 	_, err = poolA0.Exec(ctx, `INSERT INTO idempotency_keys (org, operation, idempotency_key, fingerprint, mandate_id, partition, decision_id, outcome, created_at, expires_at)
 		VALUES ('acme', 'refund', 'k1', sha256('a'), 'm-a', 1, 'd-1', 'reserved', now(), now() + interval '1 day')`)
@@ -251,11 +253,6 @@ func TestAMoveIsRefusedWithNothingChanged(t *testing.T) {
 	poolB0 := openPool(t, urlB)
 	_, err = poolB0.Exec(ctx, `INSERT INTO idempotency_keys (org, operation, idempotency_key, fingerprint, mandate_id, partition, decision_id, outcome, created_at, expires_at)
 		VALUES ('acme', 'refund', 'k1', sha256('b'), 'm-b', 2, 'd-2', 'reserved', now(), now() + interval '1 day')`)
-	require.NoError(t, err)
-	_, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b"})
-	require.ErrorContains(t, err, "target shard b already holds idempotency keys of partition 1 for other partitions: acme/refund/k1 (partition 2)")
-	require.Equal(t, e0, epoch(), "refused before the fence")
-	_, err = poolB0.Exec(ctx, `DELETE FROM idempotency_keys`)
 	require.NoError(t, err)
 
 	// A copy that fails (here a trigger of the test's on the target) is
@@ -272,8 +269,6 @@ func TestAMoveIsRefusedWithNothingChanged(t *testing.T) {
 	e0 = c1.Epoch
 	_, err = poolB0.Exec(ctx, `DROP TRIGGER test_boom ON idempotency_keys`)
 	require.NoError(t, err)
-	_, err = poolA0.Exec(ctx, `DELETE FROM idempotency_keys`)
-	require.NoError(t, err)
 
 	// Rows of the partition already on the target (a smuggled claim).
 	poolB := openPool(t, urlB)
@@ -286,29 +281,66 @@ func TestAMoveIsRefusedWithNothingChanged(t *testing.T) {
 	_, err = poolB.Exec(ctx, `DELETE FROM mandated_partitions WHERE partition = 1; DELETE FROM chain_anchors WHERE partition = 1; DELETE FROM mandated_moves`)
 	require.NoError(t, err)
 
-	// Already moving: a move fenced the partition and died before copying.
+	// A move of partition 1 running: its mover holds the lock on the
+	// source, and a second move of it is refused while that session lives.
 	poolA := openPool(t, urlA)
+	mover, err := pgx.Connect(ctx, urlA)
+	require.NoError(t, err)
+	_, err = mover.Exec(ctx, `SELECT pg_advisory_lock($1::int, 1)`, 0x6d6f7665)
+	require.NoError(t, err)
+	_, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b"})
+	require.ErrorContains(t, err, "another move of partition 1 is running (PostgreSQL session")
+	require.NoError(t, mover.Close(ctx)) // the mover's process died: its session ends
+
+	// A move that fenced the partition and died before copying: the same
+	// move again completes it; one to another shard is refused.
 	_, err = poolA.Exec(ctx, `UPDATE mandated_partitions SET epoch = epoch + 1 WHERE partition = 1`)
 	require.NoError(t, err)
 	_, err = poolA.Exec(ctx, `INSERT INTO mandated_moves (partition, state, peer, epoch) VALUES (1, 'moving_out', 'b', $1)`, e0+1)
 	require.NoError(t, err)
-	_, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b"})
-	require.ErrorContains(t, err, "partition 1 is already moving to shard b")
-	_, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b", Resume: true})
-	require.NoError(t, err, "--resume completes it")
-	_, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b"})
+	_, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: counted, TargetName: "c"})
+	require.ErrorContains(t, err, "partition 1 is moving to shard b")
+	res, err := sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b"})
+	require.NoError(t, err, "the same move again completes it")
+	require.Equal(t, sink.ResumedCopy, res.Resumed)
+	require.Positive(t, res.Total)
+	copied := res.Total
+	_, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: counted, TargetName: "c"})
 	require.ErrorContains(t, err, "partition 1 is not on shard a: it moved to shard b (moved_out)")
 
+	// A move whose databases both recorded it (it died before writing the
+	// map): the same move again has nothing left to do in them.
+	res, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b"})
+	require.NoError(t, err)
+	require.Equal(t, sink.ResumedDone, res.Resumed)
+	require.Empty(t, res.Rows, "nothing copied twice")
+	require.Equal(t, copied, res.Total)
+
 	// A move that died after its copy committed, before the source
-	// recorded the partition moved out: --resume only records it.
+	// recorded the partition moved out: the same move again only records it.
 	_, err = poolA.Exec(ctx, `UPDATE mandated_moves SET state = 'moving_out' WHERE partition = 1`)
 	require.NoError(t, err)
-	res, err := sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b", Resume: true})
-	require.NoError(t, err, "--resume after the copy committed")
+	res, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b", Resume: true})
+	require.NoError(t, err, "after the copy committed")
+	require.Equal(t, sink.ResumedRecord, res.Resumed)
 	require.Empty(t, res.Rows, "nothing copied twice")
+	require.Equal(t, copied, res.Total)
 	var state string
 	require.NoError(t, poolA.QueryRow(ctx, `SELECT state FROM mandated_moves WHERE partition = 1`).Scan(&state))
 	require.Equal(t, sink.MovedOut, state)
+
+	// The source records the move, the target does not (its record was
+	// lost, or the partition moved on): refused, naming both.
+	_, err = poolB.Exec(ctx, `UPDATE mandated_moves SET epoch = epoch + 100 WHERE partition = 1`)
+	require.NoError(t, err)
+	_, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b"})
+	require.ErrorContains(t, err, "shard a records partition 1 moved to shard b")
+	_, err = poolB.Exec(ctx, `UPDATE mandated_moves SET epoch = epoch - 100 WHERE partition = 1`)
+	require.NoError(t, err)
+	var bound []string
+	require.NoError(t, poolB.QueryRow(ctx, `SELECT array_agg(mandate_id || '@' || partition ORDER BY mandate_id) FROM idempotency_keys
+		WHERE org = 'acme' AND operation = 'refund' AND idempotency_key = 'k1'`).Scan(&bound))
+	require.Equal(t, []string{"m-a@1", "m-b@2"}, bound, "shard b holds both mandates' bindings of k1")
 
 	// A partition never claimed moves with no rows; its first claim on the
 	// target starts it.

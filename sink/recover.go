@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/partitioner"
-	"github.com/mandated/mandated/processor/lifecycle"
 )
 
 // ErrRecoveryMoved says a partition's head changed between reading the

@@ -2,6 +2,7 @@ package sink
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -10,6 +11,8 @@ import (
 	"strconv"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/mandated/mandated/internal/failpoint"
 )
 
 // MoveInMapFile returns the shard map file's content b with partition p
@@ -179,6 +182,9 @@ func WriteFileAtomic(path string, b []byte) error {
 		return err
 	}
 	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := failpoint.Inject(context.Background(), failpoint.MapBeforeRename); err != nil {
 		return err
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
-	"github.com/mandated/mandated/processor/lifecycle"
+	"github.com/mandated/mandated/lifecycle"
 )
 
 // Sink is mandated's PostgreSQL storage. Safe for concurrent use by the

@@ -7,8 +7,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/outbox"
-	"github.com/mandated/mandated/processor/lifecycle"
 )
 
 // Every write of a batch is one multi-row statement per table, sent in one
@@ -20,18 +20,18 @@ const listSep = "\x1f" // cannot occur in an id (see partitioner's grammar)
 const insertMandatesSQL = `INSERT INTO mandates (org, mandate_id, partition, version, status, operations, targets, currency,
   max_amount, total_limit, uses_allowed, uses_held, uses_spent, uses_in_doubt, amount_held, amount_spent,
   valid_from, valid_until, release_on_cancel, hold_window_ms, execution_timeout_ms, last_authorization_id, created_at, updated_at,
-  executions)
+  executions, terms_version)
 SELECT org, mandate_id, partition, version, status, string_to_array(operations, E'\x1f'), string_to_array(targets, E'\x1f'),
   currency, max_amount, NULLIF(total_limit, 0), uses_allowed, uses_held, uses_spent, uses_in_doubt, amount_held, amount_spent,
   valid_from, valid_until, release_on_cancel, hold_window_ms, execution_timeout_ms, NULLIF(last_authorization_id, ''), created_at, updated_at,
-  executions
+  executions, terms_version
 FROM unnest($1::text[], $2::text[], $3::int[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[],
   $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bigint[], $16::bigint[],
   $17::timestamptz[], $18::timestamptz[], $19::bool[], $20::bigint[], $21::bigint[], $22::text[], $23::timestamptz[], $24::timestamptz[],
-  $25::bigint[])
+  $25::bigint[], $26::bigint[])
   AS u(org, mandate_id, partition, version, status, operations, targets, currency, max_amount, total_limit, uses_allowed,
        uses_held, uses_spent, uses_in_doubt, amount_held, amount_spent, valid_from, valid_until, release_on_cancel,
-       hold_window_ms, execution_timeout_ms, last_authorization_id, created_at, updated_at, executions)`
+       hold_window_ms, execution_timeout_ms, last_authorization_id, created_at, updated_at, executions, terms_version)`
 
 const updateMandatesSQL = `UPDATE mandates m SET version = u.version, status = u.status,
   operations = string_to_array(u.operations, E'\x1f'), targets = string_to_array(u.targets, E'\x1f'), currency = u.currency,
@@ -39,14 +39,15 @@ const updateMandatesSQL = `UPDATE mandates m SET version = u.version, status = u
   uses_spent = u.uses_spent, uses_in_doubt = u.uses_in_doubt, amount_held = u.amount_held, amount_spent = u.amount_spent,
   valid_from = u.valid_from, valid_until = u.valid_until, release_on_cancel = u.release_on_cancel,
   hold_window_ms = u.hold_window_ms, execution_timeout_ms = u.execution_timeout_ms,
-  last_authorization_id = NULLIF(u.last_authorization_id, ''), updated_at = u.updated_at, executions = u.executions
+  last_authorization_id = NULLIF(u.last_authorization_id, ''), updated_at = u.updated_at, executions = u.executions,
+  terms_version = u.terms_version
 FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[],
   $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bigint[], $16::bigint[],
   $17::timestamptz[], $18::timestamptz[], $19::bool[], $20::bigint[], $21::bigint[], $22::text[], $23::timestamptz[],
-  $24::bigint[])
+  $24::bigint[], $25::bigint[])
   AS u(org, mandate_id, loaded_version, version, status, operations, targets, currency, max_amount, total_limit, uses_allowed,
        uses_held, uses_spent, uses_in_doubt, amount_held, amount_spent, valid_from, valid_until, release_on_cancel,
-       hold_window_ms, execution_timeout_ms, last_authorization_id, updated_at, executions)
+       hold_window_ms, execution_timeout_ms, last_authorization_id, updated_at, executions, terms_version)
 WHERE m.org = u.org AND m.mandate_id = u.mandate_id AND m.version = u.loaded_version`
 
 const insertAuthsSQL = `INSERT INTO authorizations (org, mandate_id, authorization_id, partition, state, version, operation, target,
@@ -122,6 +123,7 @@ func (w *writeSet) mandates(st *lifecycle.State) {
 		part                                              []int32
 		loaded, version, max, total, allowed, held, spent []int64
 		doubt, amtHeld, amtSpent, holdMS, execMS, execs   []int64
+		terms                                             []int64
 		from, until, created, updated                     []pgtype.Timestamptz
 		release                                           []bool
 	}
@@ -144,18 +146,18 @@ func (w *writeSet) mandates(st *lifecycle.State) {
 		c.from, c.until = append(c.from, tstz(m.ValidFrom)), append(c.until, tstz(m.ValidUntil))
 		c.release = append(c.release, m.ReleaseOnCancel)
 		c.holdMS, c.execMS = append(c.holdMS, m.HoldWindow.Milliseconds()), append(c.execMS, m.ExecutionTimeout.Milliseconds())
-		c.last, c.execs = append(c.last, m.LastAuthID), append(c.execs, m.Executions)
+		c.last, c.execs, c.terms = append(c.last, m.LastAuthID), append(c.execs, m.Executions), append(c.terms, m.TermsVersion)
 		c.created, c.updated = append(c.created, tstz(m.CreatedAt)), append(c.updated, tstz(m.UpdatedAt))
 	}
 	if n := len(ins.org); n > 0 {
 		w.queue(insertMandatesSQL, []any{ins.org, ins.id, ins.part, ins.version, ins.status, ins.ops, ins.targets, ins.cur,
 			ins.max, ins.total, ins.allowed, ins.held, ins.spent, ins.doubt, ins.amtHeld, ins.amtSpent, ins.from, ins.until,
-			ins.release, ins.holdMS, ins.execMS, ins.last, ins.created, ins.updated, ins.execs}, expectRows("insert mandates", n))
+			ins.release, ins.holdMS, ins.execMS, ins.last, ins.created, ins.updated, ins.execs, ins.terms}, expectRows("insert mandates", n))
 	}
 	if n := len(upd.org); n > 0 {
 		w.queue(updateMandatesSQL, []any{upd.org, upd.id, upd.loaded, upd.version, upd.status, upd.ops, upd.targets, upd.cur,
 			upd.max, upd.total, upd.allowed, upd.held, upd.spent, upd.doubt, upd.amtHeld, upd.amtSpent, upd.from, upd.until,
-			upd.release, upd.holdMS, upd.execMS, upd.last, upd.updated, upd.execs}, expectRows("update mandates", n))
+			upd.release, upd.holdMS, upd.execMS, upd.last, upd.updated, upd.execs, upd.terms}, expectRows("update mandates", n))
 	}
 }
 
@@ -225,9 +227,10 @@ func (w *writeSet) idem(st *lifecycle.State) {
 		created, expires = append(created, tstz(r.CreatedAt)), append(expires, tstz(r.ExpiresAt))
 	}
 	if n := len(org); n > 0 {
-		// ON CONFLICT DO NOTHING + a count: a key that another partition
-		// bound since we loaded (the same key used for two mandates at
-		// once) makes the batch decide again, now seeing that binding.
+		// ON CONFLICT DO NOTHING + a count: a key's scope is its mandate,
+		// which only this partition's writer binds, under the fence; a
+		// binding that appeared since the load anyway (a writer that
+		// ignored the fence) makes the batch decide again, seeing it.
 		w.queue(insertIdemSQL, []any{org, op, key, fp, mid, part, aid, dec, outcome, reason, created, expires},
 			expectRows("insert idempotency keys", n))
 	}
@@ -269,17 +272,17 @@ ON CONFLICT DO NOTHING`
 const updateIntentsSQL = `UPDATE intents i SET head_mandate_id = u.head_mandate_id, head_authorization_id = u.head_authorization_id,
   updated_at = u.updated_at, expires_at = u.expires_at
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[],
-  $10::timestamptz[], $11::timestamptz[])
+  $10::timestamptz[], $11::timestamptz[], $12::text[])
   AS u(org, operation, run_id, step, action, loaded_mandate_id, loaded_authorization_id, head_mandate_id, head_authorization_id,
-       updated_at, expires_at)
-WHERE i.org = u.org AND i.operation = u.operation AND i.run_id = u.run_id AND i.step = u.step AND i.action = u.action
-  AND i.head_mandate_id = u.loaded_mandate_id AND i.head_authorization_id = u.loaded_authorization_id`
+       updated_at, expires_at, mandate_id)
+WHERE i.org = u.org AND i.mandate_id = u.mandate_id AND i.operation = u.operation AND i.run_id = u.run_id AND i.step = u.step
+  AND i.action = u.action AND i.head_mandate_id = u.loaded_mandate_id AND i.head_authorization_id = u.loaded_authorization_id`
 
 func (w *writeSet) intents(st *lifecycle.State) {
 	var iOrg, iOp, iRun, iStep, iAct, iMid, iAid, iDec, iHmid, iHaid []string
 	var iPart []int32
 	var iCreated, iUpdated, iExpires []pgtype.Timestamptz
-	var uOrg, uOp, uRun, uStep, uAct, uLmid, uLaid, uHmid, uHaid []string
+	var uOrg, uMid, uOp, uRun, uStep, uAct, uLmid, uLaid, uHmid, uHaid []string
 	var uUpdated, uExpires []pgtype.Timestamptz
 	for _, r := range st.Intents {
 		switch {
@@ -291,6 +294,7 @@ func (w *writeSet) intents(st *lifecycle.State) {
 			iCreated, iUpdated, iExpires = append(iCreated, tstz(r.CreatedAt)), append(iUpdated, tstz(r.UpdatedAt)), append(iExpires, tstz(r.ExpiresAt))
 		case r.Dirty:
 			uOrg, uOp, uRun = append(uOrg, r.Scope.Org), append(uOp, r.Scope.Operation), append(uRun, r.Scope.RunID)
+			uMid = append(uMid, r.Scope.MandateID)
 			uStep, uAct = append(uStep, r.Scope.Step), append(uAct, r.Scope.Action)
 			uLmid, uLaid = append(uLmid, r.LoadedHead.Mandate.MandateID), append(uLaid, r.LoadedHead.ID)
 			uHmid, uHaid = append(uHmid, r.Head.Mandate.MandateID), append(uHaid, r.Head.ID)
@@ -298,14 +302,13 @@ func (w *writeSet) intents(st *lifecycle.State) {
 		}
 	}
 	if n := len(iOrg); n > 0 {
-		// Like keys: an intent another partition bound since we loaded
-		// (one intent proposed on two mandates at once) makes the batch
-		// decide again, now seeing that binding.
+		// Like keys: an intent is scoped by its mandate; a binding that
+		// appeared since the load makes the batch decide again.
 		w.queue(insertIntentsSQL, []any{iOrg, iOp, iRun, iStep, iAct, iMid, iAid, iDec, iHmid, iHaid, iPart,
 			iCreated, iUpdated, iExpires}, expectRows("insert intents", n))
 	}
 	if n := len(uOrg); n > 0 {
-		w.queue(updateIntentsSQL, []any{uOrg, uOp, uRun, uStep, uAct, uLmid, uLaid, uHmid, uHaid, uUpdated, uExpires},
+		w.queue(updateIntentsSQL, []any{uOrg, uOp, uRun, uStep, uAct, uLmid, uLaid, uHmid, uHaid, uUpdated, uExpires, uMid},
 			expectRows("update intents", n))
 	}
 }

@@ -19,7 +19,7 @@ import (
 
 	"github.com/mandated/mandated/client"
 	"github.com/mandated/mandated/gateway"
-	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/wire"
 )
 
 // viaGateway shows one proposal through the HTTP gateway with curl: a token

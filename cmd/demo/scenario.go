@@ -14,8 +14,8 @@ import (
 
 	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/processor"
-	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/wire"
 )
 
 // demo holds the running pipeline and what the demo saw.

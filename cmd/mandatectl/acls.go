@@ -65,7 +65,7 @@ Connect as a principal allowed to alter ACLs (a super user).`
 	}
 	var topics topicNames
 	topics.register(f)
-	var roles processor.ACLRoles
+	var roles ACLRoles
 	var agents, platforms, grantors, reconcilers, auditors, mandated listFlag
 	f.Var(&agents, "agent", "an agents' `principal` (write proposals)")
 	f.Var(&platforms, "platform", "a platforms' `principal` (write proposals, read decisions)")
@@ -73,7 +73,7 @@ Connect as a principal allowed to alter ACLs (a super user).`
 	f.Var(&reconcilers, "reconciler", "a reconcilers' `principal` (write grants, read decisions)")
 	f.Var(&auditors, "auditor", "an auditors' `principal` (read decisions and dead letters)")
 	f.Var(&mandated, "mandated", "mandated's own `principal`")
-	var scope processor.ACLScope
+	var scope ACLScope
 	f.env(func(fs *flag.FlagSet) {
 		fs.StringVar(&scope.Group, "group", processor.GroupDefault, "mandated's consumer group id")
 		fs.StringVar(&scope.TransactionalIDPrefix, "relay-transactional-id-prefix", outbox.TransactionalIDDefault, "prefix of the relay's transactional ids")
@@ -87,10 +87,10 @@ Connect as a principal allowed to alter ACLs (a super user).`
 	if len(pos) > 0 {
 		return f.usageErr("unexpected argument %q", pos[0])
 	}
-	roles = processor.ACLRoles{Agents: agents, Platforms: platforms, Grantors: grantors, Reconcilers: reconcilers,
+	roles = ACLRoles{Agents: agents, Platforms: platforms, Grantors: grantors, Reconcilers: reconcilers,
 		Auditors: auditors, Mandated: mandated}
 	scope.ProposalsTopic, scope.GrantsTopic, scope.DecisionsTopic, scope.DeadLetterTopic = topics.proposals, topics.grants, topics.decisions, topics.deadLetter
-	plan, err := processor.PlanACLs(roles, scope)
+	plan, err := PlanACLs(roles, scope)
 	if err != nil {
 		return f.usageErr("%v", err)
 	}
@@ -115,7 +115,7 @@ Connect as a principal allowed to alter ACLs (a super user).`
 		return exitFailed
 	}
 	defer cl.Close()
-	if err := processor.ApplyACLs(ctx, kadm.NewClient(cl), plan); err != nil {
+	if err := ApplyACLs(ctx, kadm.NewClient(cl), plan); err != nil {
 		a.errorf("acls apply: %v", err)
 		return exitFailed
 	}

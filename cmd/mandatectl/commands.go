@@ -7,7 +7,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/wire"
 )
 
 // commandSpec describes one wire command as mandatectl flags. flags
@@ -20,7 +20,11 @@ type commandSpec struct {
 	description string
 	examples    []string
 	needsKey    bool // the idempotency key is required
-	flags       func(fs *flag.FlagSet) func(set map[string]bool) (map[string]any, error)
+	// basedOn: the command names the mandate version it was based on
+	// (grant): signed, mandatectl reads it from PostgreSQL unless
+	// --based-on-version gives it.
+	basedOn bool
+	flags   func(fs *flag.FlagSet) func(set map[string]bool) (map[string]any, error)
 }
 
 func required(set map[string]bool, names ...string) error {
@@ -41,11 +45,20 @@ func wholeSeconds(name string, d time.Duration) (int64, error) {
 
 var specGrant = commandSpec{
 	typ:      wire.CmdGrant,
+	basedOn:  true,
 	synopsis: "--org ORG --mandate ID --operation OP --max-amount N --currency CCY [flags]",
 	description: `Create a mandate, or replace the terms of an active one, on the grants topic.
 Amounts are integer minor units of the currency (15000 EUR is 150.00 EUR).
 Times are RFC 3339 or a duration from now (90m, 7d). --key makes a retried
-grant a replay instead of a second grant.`,
+grant a replay instead of a second grant.
+
+--based-on-version names the mandate version the new terms replace (0: the
+grant creates the mandate): the grant is refused stale_grant if the terms
+changed since. A signed grant always names one, so that its bytes, replayed
+later, cannot restore its terms: without --based-on-version mandatectl reads
+the mandate's current version from PostgreSQL (--database-url or
+--shard-map; 0 if there is no such mandate), or, with no database given,
+signs it as the grant that creates the mandate.`,
 	examples: []string{
 		"mandatectl grant --org acme --mandate case-1842 --key grant-case-1842-v1 \\\n    --operation refund --max-amount 20000 --currency EUR --uses 1 \\\n    --target customer-991 --valid-until 7d --hold 5m",
 		"mandatectl grant --org acme --mandate travel-q4 --operation booking.flight,booking.hotel \\\n    --max-amount 150000 --total-limit 500000 --currency EUR --uses 10 --release-on-cancel=false",
@@ -65,6 +78,7 @@ grant a replay instead of a second grant.`,
 		var hold, execTimeout durationFlag
 		fs.Var(&hold, "hold", "how long (a `duration`) a reservation holds its use before it expires (default: mandated's, 5m)")
 		fs.Var(&execTimeout, "execution-timeout", "how long (a `duration`) an executing authorization may run before it goes in doubt (default: mandated's, 1h)")
+		basedOn := fs.Int64("based-on-version", 0, "the mandate `version` these terms replace (0: the grant creates the mandate); a newer one answers stale_grant")
 		return func(set map[string]bool) (map[string]any, error) {
 			if err := required(set, "max-amount", "currency", "operation"); err != nil {
 				return nil, err
@@ -101,6 +115,12 @@ grant a replay instead of a second grant.`,
 				}
 				body["execution_timeout_seconds"] = s
 			}
+			if set["based-on-version"] {
+				if *basedOn < 0 {
+					return nil, fmt.Errorf("--based-on-version must be 0 or more")
+				}
+				body["based_on_version"] = *basedOn
+			}
 			return body, nil
 		}
 	},
@@ -132,10 +152,13 @@ var specPropose = commandSpec{
 	description: `Ask for one use of a mandate. The decision is reserved (with the new
 authorization's id, needed by begin, commit and cancel) or says why not.
 --key is the idempotency key of the business intent: sending the same intent
-again is answered with the original authorization (replayed).
+again on this mandate is answered with the original authorization
+(replayed). A key is scoped by the mandate and the operation: on another
+mandate it is another intent.
 --run-id, --step and --action name the intent by the workflow's facts: the
-same intent is answered replayed (intent_replayed) whatever the key, and a
-new use for it takes --fork-of naming its terminal latest authorization.
+same intent on this mandate is answered replayed (intent_replayed) whatever
+the key, and a new use for it takes --fork-of naming its terminal latest
+authorization.
 The amount is in integer minor units (15000 EUR is 150.00 EUR).`,
 	examples: []string{
 		"mandatectl propose --org acme --mandate case-1842 --key refund-1 --operation refund \\\n    --amount 15000 --currency EUR --target customer-991",

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/mandated/mandated/partitioner"
-	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/wire"
 )
 
 func runGrantorKeys(a *app, args []string) int {

@@ -10,16 +10,18 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mandated/mandated/gateway"
+	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/partitioner"
-	"github.com/mandated/mandated/processor/lifecycle"
-	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/wire"
 )
 
 type mandateJSON struct {
 	Mandate              string     `json:"mandate"`
 	Partition            int32      `json:"partition"`
 	Version              int64      `json:"version"`
+	TermsVersion         int64      `json:"terms_version"`
 	Status               string     `json:"status"`
 	Operations           []string   `json:"operations"`
 	Targets              []string   `json:"targets"`
@@ -42,26 +44,16 @@ type mandateJSON struct {
 	UpdatedAt            time.Time  `json:"updated_at"`
 }
 
+// authorizationJSON is an authorization row as 'inspect --json' shows it:
+// the row's fields as a gateway status URL answers them, under its own
+// names for the identity ("id") and with the fork it superseded.
 type authorizationJSON struct {
-	ID                string          `json:"id"`
-	State             string          `json:"state"`
-	Version           int64           `json:"version"`
-	Operation         string          `json:"operation"`
-	Target            string          `json:"target"`
-	Amount            wire.Money      `json:"amount"`
-	IdempotencyKey    string          `json:"idempotency_key"`
-	MandateVersion    int64           `json:"mandate_version"`
-	Deadline          time.Time       `json:"deadline"`
-	ExecutionDeadline *time.Time      `json:"execution_deadline,omitempty"`
-	ExternalRef       string          `json:"external_ref,omitempty"`
-	Executor          string          `json:"executor,omitempty"`
-	ExecutionToken    int64           `json:"execution_token,omitempty"`
-	Result            json.RawMessage `json:"result,omitempty"`
-	Detail            string          `json:"detail,omitempty"`
-	DecisionID        string          `json:"decision_id"`
-	ForkOf            string          `json:"fork_of,omitempty"`
-	CreatedAt         time.Time       `json:"created_at"`
-	UpdatedAt         time.Time       `json:"updated_at"`
+	ID    string `json:"id"`
+	State string `json:"state"`
+	gateway.AuthorizationRow
+	ForkOf    string    `json:"fork_of,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
 type historyScan struct {
@@ -81,7 +73,7 @@ type inspectJSON struct {
 }
 
 func toMandateJSON(m *lifecycle.Mandate) *mandateJSON {
-	v := &mandateJSON{Mandate: m.Key.String(), Partition: m.Partition, Version: m.Version, Status: string(m.Status),
+	v := &mandateJSON{Mandate: m.Key.String(), Partition: m.Partition, Version: m.Version, TermsVersion: m.TermsVersion, Status: string(m.Status),
 		Operations: m.Operations, Targets: m.Targets, Currency: m.Currency, MaxAmount: m.MaxAmount,
 		UsesAllowed: m.UsesAllowed, UsesHeld: m.UsesHeld, UsesSpent: m.UsesSpent, UsesInDoubt: m.UsesInDoubt,
 		AmountHeld: m.AmountHeld, AmountSpent: m.AmountSpent, ReleaseOnCancel: m.ReleaseOnCancel,
@@ -106,12 +98,11 @@ func toMandateJSON(m *lifecycle.Mandate) *mandateJSON {
 }
 
 func toAuthorizationJSON(a *lifecycle.Authorization) authorizationJSON {
-	v := authorizationJSON{ID: a.Key.ID, State: string(a.State), Version: a.Version, Operation: a.Operation, Target: a.Target,
-		Amount: wire.Money{MinorUnits: a.Amount, Currency: a.Currency}, IdempotencyKey: a.IdempotencyKey,
-		MandateVersion: a.MandateVersion, Deadline: a.Deadline, ExternalRef: a.ExternalRef, Detail: a.Detail,
-		DecisionID: a.DecisionID, CreatedAt: a.CreatedAt, UpdatedAt: a.UpdatedAt,
-		Executor: a.Executor, ExecutionToken: a.ExecutionToken, Result: a.Result}
-	v.ForkOf = a.ForkOf
+	v := authorizationJSON{ID: a.Key.ID, State: string(a.State), ForkOf: a.ForkOf, CreatedAt: a.CreatedAt, UpdatedAt: a.UpdatedAt,
+		AuthorizationRow: gateway.AuthorizationRow{Version: a.Version, Operation: a.Operation, Target: a.Target,
+			Amount: wire.Money{MinorUnits: a.Amount, Currency: a.Currency}, IdempotencyKey: a.IdempotencyKey,
+			MandateVersion: a.MandateVersion, Deadline: a.Deadline, ExternalRef: a.ExternalRef, Executor: a.Executor,
+			ExecutionToken: a.ExecutionToken, Result: a.Result, Detail: a.Detail, DecisionID: a.DecisionID}}
 	if !a.ExecutionDeadline.IsZero() {
 		t := a.ExecutionDeadline
 		v.ExecutionDeadline = &t
@@ -265,6 +256,11 @@ func printMandate(a *app, snap *sink.MandateSnapshot) {
 	tw := newTable(a.stdout)
 	row := func(k, format string, args ...any) { fmt.Fprintf(tw, "  %s\t%s\n", k, fmt.Sprintf(format, args...)) }
 	row("status", "%s, version %d", m.Status, m.Version)
+	if m.TermsVersion > 0 {
+		row("terms", "of version %d (a grant's --based-on-version is at least this)", m.TermsVersion)
+	} else {
+		row("terms", "granted before migration 0020 (a grant may be based on any version up to %d)", m.Version)
+	}
 	row("operations", "%s", strings.Join(m.Operations, ", "))
 	if len(m.Targets) == 0 {
 		row("targets", "any")

@@ -26,6 +26,9 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+
+	"github.com/mandated/mandated/internal/failpoint"
+	"github.com/mandated/mandated/sink"
 )
 
 // Exit codes.
@@ -37,6 +40,15 @@ const (
 )
 
 func main() {
+	// Fault injection for tests (processor/failpoint), as the daemon's: a
+	// test kills mandatectl at a named point of an operator step.
+	if v := os.Getenv(failpoint.EnvVar); v != "" {
+		if err := failpoint.EnableFromEnv(v); err != nil {
+			fmt.Fprintf(os.Stderr, "mandatectl: %s: %v\n", failpoint.EnvVar, err)
+			os.Exit(exitUsage)
+		}
+		fmt.Fprintf(os.Stderr, "mandatectl: fault injection is enabled: %s\n", v)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := runContext(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
@@ -78,10 +90,26 @@ type app struct {
 	ctx    context.Context
 	stdout io.Writer
 	stderr io.Writer
+	hooks  hooks
 }
 
+// hooks are the tests' seams in operator steps; nil in production.
+type hooks struct {
+	mapRead        func() // shards move has read the shard map file
+	mapLockWait    func() // shards move waits for the map's lock, held by another edit
+	beforeMapWrite func() // shards move is about to write the shard map file
+}
+
+func call(f func()) {
+	if f != nil {
+		f()
+	}
+}
+
+// errorf prints an error. A password in it (a connection URL or string an
+// error quotes, a shard map's url:) is replaced by "***".
 func (a *app) errorf(format string, args ...any) {
-	fmt.Fprintf(a.stderr, "mandatectl: "+format+"\n", args...)
+	fmt.Fprint(a.stderr, "mandatectl: "+sink.RedactSecrets(fmt.Sprintf(format, args...))+"\n")
 }
 
 type command struct {

@@ -23,12 +23,21 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/mandated/mandated/partitioner"
-	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/test/harness"
 	"github.com/mandated/mandated/test/testenv"
+	"github.com/mandated/mandated/wire"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// asMandatectl makes the test binary run as mandatectl (main), so a test
+// can run it as a process of its own and kill it (ctlProcess).
+const asMandatectl = "MANDATECTL_TEST_AS_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(asMandatectl) == "1" {
+		main() // exits
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // testBundle is one harness pipeline and the flags that point mandatectl at it.
 type testBundle struct {

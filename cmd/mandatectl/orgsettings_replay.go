@@ -7,7 +7,7 @@ import (
 	"io"
 	"time"
 
-	"github.com/mandated/mandated/processor/lifecycle"
+	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/sink"
 )
 

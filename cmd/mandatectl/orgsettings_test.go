@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mandated/mandated/processor"
-	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/test/testenv"
+	"github.com/mandated/mandated/wire"
 )
 
 func TestOrgSettingsSetChangesTheRetentionTheRunningDaemonAppliesAndRefusesOneBelowAMandatesWindows(t *testing.T) {

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/mandated/mandated/partitioner"
-	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/wire"
 )
 
 // reconcileView is one in-doubt authorization as reconcile lists it.
@@ -30,12 +30,17 @@ With --committed REF or --cancelled it sends that decision as 'resolve' on the
 grants topic (the privileged control plane), naming the execution token of
 the in-doubt execution (or --execution-token, the execution the operator
 checked), and waits for mandated's decision: a stale token is refused and
-changes nothing. It exits 0 when the authorization was resolved (or already
-was, the same way), 1 when it was refused, 2 on bad usage, 3 when no decision
-came within --timeout.`,
+changes nothing. Where the org requires signed grantor commands
+(grant_signing required), sign it with --signing-key-file and
+--signing-key-id, a key registered for the org ('mandatectl grantor-keys').
+It exits 0 when the authorization was resolved (or already was, the same
+way), 1 when it was refused, 2 on bad usage (or a resolve mandated
+rejected, such as an unsigned one where signing is required), 3 when no
+decision came within --timeout.`,
 		"mandatectl reconcile --older-than 15m",
 		"mandatectl reconcile --mandate acme/case-1842 --authorization au_jd4myjhey7qd2migc457x36r \\\n    --committed re_3PqX9a2eZvKYlo2C1xQ --evidence \"provider lists the refund\"",
-		"mandatectl reconcile --mandate acme/case-1842 --authorization au_jd4myjhey7qd2migc457x36r --cancelled \\\n    --evidence \"provider: no such refund; idempotency key voided\"")
+		"mandatectl reconcile --mandate acme/case-1842 --authorization au_jd4myjhey7qd2migc457x36r --cancelled \\\n    --evidence \"provider: no such refund; idempotency key voided\"",
+		"mandatectl reconcile --mandate acme/case-1842 --authorization au_jd4myjhey7qd2migc457x36r --committed re_3PqX9a2eZvKYlo2C1xQ \\\n    --signing-key-file reconciler.pem --signing-key-id reconciler-2026")
 	var db dbConn
 	db.register(f)
 	var kc kafkaConn
@@ -54,6 +59,8 @@ came within --timeout.`,
 	evidence := f.String("evidence", "", "what the provider said (recorded with the decision)")
 	token := f.Int64("execution-token", 0, "the execution the decision is about (default: the in-doubt execution's token)")
 	timeout := f.Duration("timeout", 30*time.Second, "bound on the query, and on waiting for the decision")
+	var signing signingFlags
+	signing.register(f.FlagSet)
 	pos, code, ok := f.parse(args)
 	if !ok {
 		return code
@@ -74,6 +81,9 @@ came within --timeout.`,
 		}
 		if *limit < 1 {
 			return f.usageErr("--limit must be at least 1")
+		}
+		if signing.keyFile != "" || signing.keyID != "" {
+			return f.usageErr("--signing-key-file and --signing-key-id sign a decision: --committed REF or --cancelled")
 		}
 		return reconcileList(a, &db, olderThan.d, *org, *limit, *asJSON, *timeout)
 	}
@@ -129,6 +139,9 @@ came within --timeout.`,
 	if err != nil {
 		a.errorf("reconcile: encode: %v", err)
 		return exitFailed
+	}
+	if value, err = signing.sign(value); err != nil {
+		return f.usageErr("%v", err)
 	}
 	if _, rej := wire.Decode(key.Bytes(), value, wire.Limits{}); rej != nil {
 		a.errorf("reconcile: the resolve is invalid (%s): %s", rej.Reason, rej.Detail)

@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/mandated/mandated/outbox/verify"
+	"github.com/mandated/mandated/verify"
 )
 
 func runRecover(a *app, args []string) int {

@@ -13,7 +13,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mandated/mandated/partitioner"
-	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/wire"
 )
 
 // outcomeExit is the exit code a decision's outcome gives.
@@ -71,6 +72,10 @@ decided).`
 		if spec.typ.Signable() {
 			signing.register(f.FlagSet)
 		}
+		var db dbConn
+		if spec.basedOn {
+			db.register(f)
+		}
 
 		pos, code, ok := f.parse(args)
 		if !ok {
@@ -91,6 +96,17 @@ decided).`
 		body, err := build(set)
 		if err != nil {
 			return f.usageErr("%v", err)
+		}
+		ctx, cancel := withTimeout(a.ctx, *timeout)
+		defer cancel()
+		if spec.basedOn && signing.keyFile != "" && !set["based-on-version"] {
+			v, note, err := currentVersion(ctx, &db, key)
+			if err != nil {
+				a.errorf("%s: %v", name, err)
+				return exitFailed
+			}
+			body["based_on_version"] = v
+			fmt.Fprintf(a.stderr, "mandatectl: %s: signed based on mandate version %d (%s)\n", name, v, note)
 		}
 		body["v"] = wire.SchemaVersion
 		body["type"] = string(spec.typ)
@@ -122,8 +138,6 @@ decided).`
 		if spec.typ.IsGrantorCommand() {
 			topic = topics.grants
 		}
-		ctx, cancel := withTimeout(a.ctx, *timeout)
-		defer cancel()
 		s := sender{opts: opts, topic: topic, decisions: topics.decisions}
 		src, err := s.produce(ctx, key, value, a)
 		if err != nil {
@@ -156,6 +170,30 @@ decided).`
 		}
 		return outcomeExit(d.Outcome)
 	}
+}
+
+// currentVersion returns the version a signed grant is based on when the
+// operator named none: the mandate's current version read from PostgreSQL
+// (0 when there is no such mandate), or 0 — the grant that creates the
+// mandate, refused stale_grant if it exists — when no database is given.
+// It also says where the version came from.
+func currentVersion(ctx context.Context, db *dbConn, key partitioner.MandateKey) (int64, string, error) {
+	if db.url == "" && db.urlFile == "" && db.shardMap == "" {
+		return 0, "no database given: the grant that creates the mandate; to change an existing mandate's terms give --based-on-version or --database-url", nil
+	}
+	op, closeDB, err := db.operator(ctx)
+	if err != nil {
+		return 0, "", fmt.Errorf("read the mandate's version: %w", err)
+	}
+	defer closeDB()
+	snap, err := op.Inspect(ctx, key, 0)
+	switch {
+	case errors.Is(err, sink.ErrNotFound):
+		return 0, "read from PostgreSQL: no such mandate yet", nil
+	case err != nil:
+		return 0, "", fmt.Errorf("read the mandate's version: %w", err)
+	}
+	return snap.Mandate.Version, fmt.Sprintf("read from PostgreSQL; its terms are of version %d", snap.Mandate.TermsVersion), nil
 }
 
 // mandateKeyFromFlags accepts --org ORG --mandate ID or --mandate ORG/ID.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"flag"
 	"fmt"
 	"os"
@@ -82,27 +83,36 @@ are refused: "partition P moved to shard X"); (2) every row of P (mandates,
 authorizations, idempotency keys, intents, outbox and parked rows, the
 partition row with its offsets, sequence and epoch, relay progress, chain
 anchor) is copied from one repeatable-read snapshot into the target in one
-transaction, in which the target takes P with a higher epoch; (3) the shard
-map file is rewritten (temporary file, then rename) with P in the target's
-set. Running processors reload the map when refused and claim P on the
-target; SIGHUP reloads it too. The old copy stays, read-only, until
-'mandatectl shards drop-moved'.
+transaction, in which the target takes P with a higher epoch; (3) the source
+records P moved out; (4) the shard map file is rewritten (temporary file,
+then rename) with P in the target's set. Running processors reload the map
+when refused and claim P on the target; SIGHUP reloads it too. The old copy
+stays, read-only, until 'mandatectl shards drop-moved'.
+
+The map file is locked (flock on FILE.lock beside it) from the first read
+to the write: a second move or repartition of the same map waits for the
+first, then starts from the map the first wrote, so no edit is lost.
 
 --to is a shard of the map, or the URL of a database for a new shard (then
 --name names it; migrate it first with 'mandatectl migrate --database-url').
-Refused, with nothing changed: P not on its shard, P already moving, the
-target not migrated, of another partition count, not answering, already
-holding rows of P or one of P's idempotency keys for another partition, the
-map file not writable. A copy that fails is undone (P stays where it was).
-A move that died after step 1 and could not be undone leaves P fenced
-everywhere: run the same command with --resume.`,
+Refused, with nothing changed: P not on its shard, P moving to another
+shard, another move of P running, the target not migrated, of another
+partition count, not answering, already holding rows of P, the map file not
+writable. A copy that fails is undone (P stays where it was).
+
+Interrupted at any point (the tool killed, a database gone, the map write
+failed), the same command run again completes the move from what the two
+databases record: it copies what was fenced and not copied, records what
+was copied and not recorded, and writes the map where only the map is
+missing; nothing is copied twice. --resume is accepted and does the same.
+Nothing printed carries a password of the map or of --to.`,
 		"mandatectl shards move 3 --to b --shard-map /etc/mandated/shards.yaml",
 		"mandatectl shards move 7 --to postgres://mandated@db-c:5432/mandated --name c --shard-map shards.yaml")
 	mapPath := shardMapFlag(f)
 	to := f.String("to", "", "the target: a shard of the map, or a database URL for a new shard (required)")
 	name := f.String("name", "", "the new shard's name when --to is a URL")
-	resume := f.Bool("resume", false, "complete a move of P to the same target that died after fencing P")
-	timeout := f.Duration("timeout", 10*time.Minute, "bound on the whole move")
+	f.Bool("resume", false, "complete an interrupted move (a plain re-run does the same; kept for scripts)")
+	timeout := f.Duration("timeout", 10*time.Minute, "bound on the whole move, waiting for the map's lock included")
 	pos, code, ok := f.parse(args)
 	if !ok {
 		return code
@@ -114,10 +124,33 @@ everywhere: run the same command with --resume.`,
 	if *mapPath == "" || *to == "" {
 		return f.usageErr("--shard-map and --to are required")
 	}
+	if _, err := sink.ReadShardMap(*mapPath); err != nil {
+		return f.usageErr("--shard-map: %v", err)
+	}
+	ctx, cancel := withTimeout(a.ctx, *timeout)
+	defer cancel()
+
+	// Everything from here to the map write holds the map's lock, and reads
+	// the map again under it: another edit that ran meanwhile is kept.
+	lock, err := sink.LockShardMap(ctx, *mapPath, func(holder string) {
+		a.errorf("shards move: waiting for the shard map's lock %s, held by %s", sink.LockPath(*mapPath), cmp.Or(holder, "another edit"))
+		call(a.hooks.mapLockWait)
+	})
+	if err != nil {
+		a.errorf("shards move: %v (nothing was changed)", err)
+		return exitFailed
+	}
+	defer lock.Unlock() //nolint:errcheck // released with the file anyway
 	m, err := sink.ReadShardMap(*mapPath)
 	if err != nil {
 		return f.usageErr("--shard-map: %v", err)
 	}
+	raw, err := os.ReadFile(*mapPath)
+	if err != nil {
+		a.errorf("shards move: %v", err)
+		return exitFailed
+	}
+	call(a.hooks.mapRead)
 	si := m.For(p)
 	if si < 0 {
 		return f.usageErr("the shard map gives partition %d to no shard", p)
@@ -148,11 +181,6 @@ everywhere: run the same command with --resume.`,
 		a.errorf("shards move: partition %d is on shard %s already", p, source.Name)
 		return exitFailed
 	}
-	raw, err := os.ReadFile(*mapPath)
-	if err != nil {
-		a.errorf("shards move: %v", err)
-		return exitFailed
-	}
 	edited, err := sink.MoveInMapFile(raw, p, targetName, newURL)
 	if err != nil {
 		a.errorf("shards move: %v", err)
@@ -162,27 +190,35 @@ everywhere: run the same command with --resume.`,
 		a.errorf("shards move: %v (nothing was changed)", err)
 		return exitFailed
 	}
-	ctx, cancel := withTimeout(a.ctx, *timeout)
-	defer cancel()
-	res, err := sink.MovePartition(ctx, sink.MoveOptions{Partition: p, Source: source.URL, Target: targetURL, TargetName: targetName, Resume: *resume})
+	res, err := sink.MovePartition(ctx, sink.MoveOptions{Partition: p, Source: source.URL, Target: targetURL, TargetName: targetName})
 	if err != nil {
 		a.errorf("shards move: %v", err)
 		return exitFailed
 	}
+	call(a.hooks.beforeMapWrite)
 	if err := sink.WriteFileAtomic(*mapPath, edited); err != nil {
-		a.errorf("shards move: partition %d is on shard %s now, but writing the shard map failed: %v; write this map to %s:\n%s",
-			p, targetName, err, *mapPath, edited)
+		// Never the map itself: its url: entries may carry passwords. The
+		// databases record the move; running the command again writes it.
+		a.errorf("shards move: partition %d is on shard %s now (both databases record the move), but writing the shard map %s failed: %v; "+
+			"run the same command again to write it (nothing is moved twice); until then processors are refused partition %d on shard %s and keep retrying",
+			p, targetName, *mapPath, err, p, res.SourceShard)
 		return exitFailed
 	}
-	var total int64
 	tables := make([]string, 0, len(res.Rows))
-	for t, n := range res.Rows {
-		total += n
+	for t := range res.Rows {
 		tables = append(tables, t)
 	}
 	slices.Sort(tables)
 	fmt.Fprintf(a.stdout, "partition %d moved from shard %s to shard %s: %d rows in %s, epoch %d on %s\n",
-		p, res.SourceShard, targetName, total, res.Took.Round(time.Millisecond), res.Epoch, targetName)
+		p, res.SourceShard, targetName, res.Total, res.Took.Round(time.Millisecond), res.Epoch, targetName)
+	switch res.Resumed {
+	case sink.ResumedCopy:
+		fmt.Fprintf(a.stdout, "  (an interrupted move completed: it had fenced partition %d on %s; copied now)\n", p, res.SourceShard)
+	case sink.ResumedRecord:
+		fmt.Fprintf(a.stdout, "  (an interrupted move completed: %s had the copy; %s records the move now)\n", targetName, res.SourceShard)
+	case sink.ResumedDone:
+		fmt.Fprintf(a.stdout, "  (an interrupted move completed: both databases had recorded it; only the map was left)\n")
+	}
 	for _, t := range tables {
 		fmt.Fprintf(a.stdout, "  %-20s %d\n", t, res.Rows[t])
 	}

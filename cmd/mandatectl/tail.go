@@ -12,7 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mandated/mandated/partitioner"
-	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/wire"
 )
 
 var knownOutcomes = []wire.Outcome{wire.OutcomeGranted, wire.OutcomeRevoked, wire.OutcomeReserved, wire.OutcomeDenied,

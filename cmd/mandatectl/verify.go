@@ -10,8 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/push"
 
-	"github.com/mandated/mandated/outbox/verify"
-	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/verify"
+	"github.com/mandated/mandated/wire"
 )
 
 func runVerify(a *app, args []string) int {

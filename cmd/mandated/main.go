@@ -31,11 +31,11 @@ import (
 	"github.com/twmb/franz-go/plugin/kprom"
 
 	"github.com/mandated/mandated/cmd/internal/cli"
+	"github.com/mandated/mandated/internal/failpoint"
 	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/processor"
-	"github.com/mandated/mandated/processor/failpoint"
-	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/wire"
 )
 
 // config is everything mandated can be told.
@@ -121,7 +121,7 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.logFormat, "log-format", "auto", "json, console, or auto (console on a terminal)")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.DurationVar(&c.grantorKeyTTL, "grantor-key-refresh", processor.GrantorKeyRefreshDefault, "how old the cached grantor keys and grant_signing settings may be (a key revocation takes effect within it)")
-	fs.StringVar(&c.failpoints, "failpoints", "", "fault injection for tests: name=action;... (see processor/failpoint)")
+	fs.StringVar(&c.failpoints, "failpoints", "", "fault injection for tests: name=action;... (see internal/failpoint)")
 }
 
 // serviceConfig validates and maps the flags onto the components' configs.

@@ -229,7 +229,7 @@ func buildP2Script(stmts map[string]string, prm p2Params, path string) error {
 		args := map[string][]string{
 			"lockPartitionSQL": {ps},
 			"loadMandatesSQL":  {txt(repeat("bench", D)), txt(mids(distinct))},
-			"loadIdemSQL":      {txt(repeat("bench", B)), txt(repeat(benchOperation, B)), txt(keys)},
+			"loadIdemSQL":      {txt(repeat("bench", B)), txt(mids(picks)), txt(repeat(benchOperation, B)), txt(keys)},
 			"loadAuthsSQL": {txt(repeat("bench", D)), txt(mids(distinct)), txt(repeat("au-seed", D)),
 				"'{}'::text[]", "'{}'::text[]", "'{}'::text[]", "'{}'::text[]"},
 			"updateMandatesSQL": {txt(repeat("bench", D)), txt(mids(distinct)), arrayLit(repeat("1", D), "bigint[]"),
@@ -240,7 +240,7 @@ func buildP2Script(stmts map[string]string, prm p2Params, path string) error {
 				arrayLit(repeat("0", D), "bigint[]"), arrayLit(repeat("NULL", D), "timestamptz[]"), arrayLit(repeat("NULL", D), "timestamptz[]"),
 				arrayLit(repeat("true", D), "bool[]"), arrayLit(repeat(strconv.Itoa(benchHoldMS), D), "bigint[]"),
 				arrayLit(repeat(strconv.Itoa(benchHoldMS), D), "bigint[]"), txt(repeat("au-seed", D)), arrayLit(repeat(created, D), "timestamptz[]"),
-				arrayLit(repeat("0", D), "bigint[]")},
+				arrayLit(repeat("0", D), "bigint[]"), arrayLit(repeat("0", D), "bigint[]")},
 			"insertAuthsSQL": {txt(repeat("bench", B)), txt(mids(picks)), txt(auths), arrayLit(repeat(ps, B), "int[]"),
 				txt(repeat("reserved", B)), arrayLit(repeat("1", B), "bigint[]"), txt(repeat(benchOperation, B)), txt(repeat("customer-77", B)),
 				arrayLit(repeat("1500", B), "bigint[]"), txt(repeat("EUR", B)), txt(keys), arrayLit(repeat("1", B), "bigint[]"),

@@ -11,7 +11,7 @@ import (
 // (the preloaded "<tag>-<i>") and must tell a missing, a doubled and a
 // foreign decision apart.
 func TestExactlyOnceCountsMissingDuplicatedAndForeignDecisions(t *testing.T) {
-	b, err := os.ReadFile("../../processor/wire/testdata/examples/decision.json")
+	b, err := os.ReadFile("../../wire/testdata/examples/decision.json")
 	require.NoError(t, err)
 	require.Equal(t, -1, idemIndex(b, idemField), "the example's key ends in a word, not an index")
 

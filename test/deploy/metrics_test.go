@@ -18,9 +18,9 @@ import (
 
 	"github.com/mandated/mandated/gateway"
 	"github.com/mandated/mandated/outbox"
-	"github.com/mandated/mandated/outbox/verify"
 	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/verify"
 )
 
 // metricFamily is what the checks need to know about a metric.

@@ -15,17 +15,33 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/mandated/mandated/processor"
-	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/test/harness"
 	"github.com/mandated/mandated/test/procs"
 	"github.com/mandated/mandated/test/testenv"
+	"github.com/mandated/mandated/wire"
 )
 
-// aclScope is the ACL scope of a harness's topics, group and relay.
-func aclScope(h *harness.Harness) processor.ACLScope {
-	return processor.ACLScope{ProposalsTopic: h.Spec.Proposals, GrantsTopic: h.Spec.Grants, DecisionsTopic: h.Spec.Decisions,
-		DeadLetterTopic: h.Spec.DeadLetter, Group: h.Group, TransactionalIDPrefix: h.TxnPrefix}
+// aclScope is the 'mandatectl acls' flags naming a harness's topics, group
+// and relay.
+func aclScope(h *harness.Harness) []string {
+	return []string{"--proposals-topic", h.Spec.Proposals, "--grants-topic", h.Spec.Grants,
+		"--decisions-topic", h.Spec.Decisions, "--dead-letter-topic", h.Spec.DeadLetter,
+		"--group", h.Group, "--relay-transactional-id-prefix", h.TxnPrefix}
+}
+
+// mandatectlACLs runs 'mandatectl acls args...' (apply connects as the SASL
+// broker's super user) and returns what it printed.
+func mandatectlACLs(t *testing.T, sasl testenv.SASLKafka, args ...string) string {
+	t.Helper()
+	if len(args) > 0 && args[0] == "apply" {
+		args = append([]string{"apply", "--brokers", joinComma(sasl.Brokers), "--kafka-sasl-mechanism", "scram-sha-256",
+			"--kafka-sasl-user", sasl.User}, args[1:]...)
+	}
+	c := exec.Command(procs.Binary(t, "mandatectl"), append([]string{"acls"}, args...)...)
+	c.Env = []string{"PATH=/usr/bin:/bin", "MANDATED_KAFKA_SASL_PASSWORD=" + sasl.Password}
+	out, err := c.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	return string(out)
 }
 
 func client(t *testing.T, u testenv.SASLKafka, opts ...kgo.Opt) *kgo.Client {
@@ -71,12 +87,8 @@ func TestTheBrokerRefusesWhatARoleIsNotGranted(t *testing.T) {
 	sasl.RequireAuthorizer(t)
 	h := harness.New(t, harness.Options{Brokers: sasl.Brokers, KafkaOpts: sasl.Opts(), Partitions: 1})
 	agent, grantor, auditor := sasl.NewUser(t, "agent"), sasl.NewUser(t, "grantor"), sasl.NewUser(t, "auditor")
-	plan, err := processor.PlanACLs(processor.ACLRoles{Agents: []string{agent.Principal()},
-		Grantors: []string{grantor.Principal()}, Auditors: []string{auditor.Principal()}}, aclScope(h))
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	require.NoError(t, processor.ApplyACLs(ctx, sasl.Admin(t), plan))
+	mandatectlACLs(t, sasl, append([]string{"apply", "--timeout", "1m", "--agent", agent.Principal(),
+		"--grantor", grantor.Principal(), "--auditor", auditor.Principal()}, aclScope(h)...)...)
 
 	agentCl := client(t, agent)
 	testenv.WaitFor(t, 30*time.Second, func() bool { return produce(t, agentCl, h.Spec.Proposals) == nil },
@@ -86,7 +98,8 @@ func TestTheBrokerRefusesWhatARoleIsNotGranted(t *testing.T) {
 	// An agent claiming one of mandated's transactional ids (to fence the
 	// relay or forge decisions) is refused by the broker.
 	txn := client(t, agent, kgo.TransactionalID(h.TxnPrefix+"."+h.Spec.Decisions+".0"))
-	if err = txn.BeginTransaction(); err == nil {
+	err := txn.BeginTransaction()
+	if err == nil {
 		err = produce(t, txn, h.Spec.Proposals)
 	}
 	require.True(t, errors.Is(err, kerr.TransactionalIDAuthorizationFailed) || err != nil && strings.Contains(err.Error(), kerr.TransactionalIDAuthorizationFailed.Message),
@@ -116,20 +129,9 @@ func TestMandatedWorksWithExactlyThePlannedACLs(t *testing.T) {
 	h := harness.New(t, harness.Options{Brokers: sasl.Brokers, KafkaOpts: sasl.Opts()})
 	svc := sasl.NewUser(t, "mandated-svc")
 
-	ctl := procs.Binary(t, "mandatectl")
-	flags := []string{"--mandated", svc.Principal(), "--proposals-topic", h.Spec.Proposals, "--grants-topic", h.Spec.Grants,
-		"--decisions-topic", h.Spec.Decisions, "--dead-letter-topic", h.Spec.DeadLetter,
-		"--group", h.Group, "--relay-transactional-id-prefix", h.TxnPrefix}
-	run := func(args ...string) string {
-		c := exec.Command(ctl, args...)
-		c.Env = []string{"PATH=/usr/bin:/bin", "MANDATED_KAFKA_SASL_PASSWORD=" + sasl.Password}
-		out, err := c.CombinedOutput()
-		require.NoError(t, err, "%s", out)
-		return string(out)
-	}
-	planned := strings.Split(strings.TrimSpace(run(append([]string{"acls", "plan"}, flags...)...)), "\n")
-	applied := run(append([]string{"acls", "apply", "--brokers", joinComma(sasl.Brokers), "--kafka-sasl-mechanism", "scram-sha-256",
-		"--kafka-sasl-user", sasl.User}, flags...)...)
+	flags := append([]string{"--mandated", svc.Principal()}, aclScope(h)...)
+	planned := strings.Split(strings.TrimSpace(mandatectlACLs(t, sasl, append([]string{"plan"}, flags...)...)), "\n")
+	applied := mandatectlACLs(t, sasl, append([]string{"apply"}, flags...)...)
 	require.Equal(t, "created "+strings.Join(planned, "\ncreated ")+"\n", applied)
 
 	// The broker holds exactly the plan for this principal.
@@ -138,17 +140,23 @@ func TestMandatedWorksWithExactlyThePlannedACLs(t *testing.T) {
 	res, err := sasl.Admin(t).DescribeACLs(ctx, kadm.NewACLs().Allow(svc.Principal()).AllowHosts().AnyResource().
 		ResourcePatternType(kadm.ACLPatternAny).Operations(kadm.OpAny))
 	require.NoError(t, err)
-	var onBroker []string
+	// A planned line is "<role> allow <principal> <OPERATION> <resource> <name> (<pattern>)".
+	var onBroker, plannedEntries []string
 	for _, r := range res {
 		require.NoError(t, r.Err)
 		for _, d := range r.Described {
-			onBroker = append(onBroker, processor.ACL{Role: "mandated", Principal: d.Principal, Operation: d.Operation,
-				Resource: d.Type, Name: d.Name, Pattern: d.Pattern}.String())
+			onBroker = append(onBroker, strings.Join([]string{d.Principal, strings.ToUpper(d.Operation.String()),
+				strings.ToLower(d.Type.String()), d.Name, "(" + strings.ToLower(d.Pattern.String()) + ")"}, " "))
 		}
 	}
+	for _, line := range planned {
+		f := strings.Fields(line)
+		require.Len(t, f, 7, "a planned ACL: %q", line)
+		plannedEntries = append(plannedEntries, strings.Join(f[2:], " "))
+	}
 	sort.Strings(onBroker)
-	sort.Strings(planned)
-	require.Equal(t, planned, onBroker)
+	sort.Strings(plannedEntries)
+	require.Equal(t, plannedEntries, onBroker)
 
 	args := append(mandatedArgs(h), "--kafka-sasl-mechanism", "scram-sha-256", "--kafka-sasl-user", svc.User,
 		"--kafka-sasl-password-file", writeSecret(t, svc.Password))

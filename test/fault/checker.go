@@ -13,7 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mandated/mandated/outbox"
-	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/wire"
 )
 
 // unboundReasons are denials that are not bound to an idempotency key.
@@ -100,6 +100,7 @@ func (s *System) check(ctx context.Context, t *testing.T, o Options, drained boo
 		r.DeadLetters++
 	}
 	r.Decisions = len(decisions)
+	r.Published = decisions
 
 	// Database state.
 	type partRow struct{ next, proposals, grants int64 }
@@ -329,7 +330,8 @@ func (s *System) check(ctx context.Context, t *testing.T, o Options, drained boo
 		}
 	}
 	r.StaleRejections = int(s.Cluster.Metric("mandated_fenced_commits_total")) + int(s.Cluster.Metric("mandated_outbox_fenced_total"))
-	if logged := s.Cluster.LogCount("batch fenced") + s.Cluster.LogCount("relay fenced"); logged > r.StaleRejections {
+	r.FencedByMember = s.Cluster.MetricByMember("mandated_fenced_commits_total")
+	if logged := s.Cluster.LogCount("batch fenced") + s.Cluster.LogCount("relay producer fenced"); logged > r.StaleRejections {
 		r.StaleRejections = logged
 	}
 	r.Retries = int(s.Cluster.Metric("mandated_batch_retries_total"))

@@ -163,12 +163,24 @@ func (c *Cluster) Pick(rng *rand.Rand) string {
 
 // Signal sends sig to a member.
 func (c *Cluster) Signal(name string, sig syscall.Signal) {
+	// m.p is replaced under the lock when the supervisor restarts a member.
+	c.mu.Lock()
+	var p *procs.Process
+	if m := c.members[name]; m != nil {
+		p = m.p
+	}
+	c.mu.Unlock()
+	if p != nil {
+		p.Signal(sig)
+	}
+}
+
+// Stopped reports whether a member's process is stopped (SIGSTOP).
+func (c *Cluster) Stopped(name string) bool {
 	c.mu.Lock()
 	m := c.members[name]
 	c.mu.Unlock()
-	if m != nil && m.p != nil {
-		m.p.Signal(sig)
-	}
+	return m != nil && m.p != nil && m.p.Stopped()
 }
 
 // Remove stops a member gracefully and stops supervising it.
@@ -301,6 +313,22 @@ func (c *Cluster) Metric(name string) float64 {
 		sum += vals[name]
 	}
 	return sum
+}
+
+// MetricByMember returns a counter's last value per member, summed over
+// every run of the member (a restarted member's runs are "<name>.<n>").
+func (c *Cluster) MetricByMember(name string) map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[string]int{}
+	for member := range c.members {
+		out[member] = 0
+	}
+	for run, vals := range c.metrics {
+		member, _, _ := strings.Cut(run, ".")
+		out[member] += int(vals[name])
+	}
+	return out
 }
 
 // LogCount counts log lines containing s across every process that ran.

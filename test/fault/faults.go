@@ -11,6 +11,16 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// PauseMember stops member name (SIGSTOP) for d, then lets it go on
+// (SIGCONT).
+func PauseMember(ctx context.Context, s *System, name string, d time.Duration) {
+	s.Events.Add("pause_processor", "SIGSTOP", name, nil)
+	s.Cluster.Signal(name, syscall.SIGSTOP)
+	sleepCtx(ctx, d)
+	s.Cluster.Signal(name, syscall.SIGCONT)
+	s.Events.Add("pause_processor", "SIGCONT", name, nil)
+}
+
 // Fault is one named fault: Inject does the damage and, where the fault has
 // a duration, heals it before returning.
 type Fault struct {
@@ -47,12 +57,7 @@ var (
 	// PauseProcessor: SIGSTOP past the session timeout, then SIGCONT: a
 	// zombie that wakes after its partitions moved (S-08a).
 	PauseProcessor = Fault{"pause_processor", func(ctx context.Context, s *System, rng *rand.Rand) error {
-		name := s.Cluster.Pick(rng)
-		s.Events.Add("pause_processor", "SIGSTOP", name, nil)
-		s.Cluster.Signal(name, syscall.SIGSTOP)
-		sleepCtx(ctx, s.SessionTimeout+jitter(rng, 2*time.Second, 4*time.Second))
-		s.Cluster.Signal(name, syscall.SIGCONT)
-		s.Events.Add("pause_processor", "SIGCONT", name, nil)
+		PauseMember(ctx, s, s.Cluster.Pick(rng), s.SessionTimeout+jitter(rng, 2*time.Second, 4*time.Second))
 		return nil
 	}}
 	// PauseInTransaction: SIGSTOP a processor while it sits inside an open

@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/mandated/mandated/wire"
 )
 
 // Invariants every run checks; each gets a violation count in the result.
@@ -37,12 +39,17 @@ type Result struct {
 	Replays                int                 `json:"replays"`
 	Conflicts              int                 `json:"conflicts"`
 	StaleRejections        int                 `json:"stale_epoch_rejections"`
+	FencedByMember         map[string]int      `json:"fenced_batches_by_member"` // batches refused a stale epoch, per member
 	PredecessorsTerminated int                 `json:"predecessor_sessions_terminated"`
 	Retries                int                 `json:"serialization_retries"`
 	Restarts               int                 `json:"process_restarts"`
 	Recovery               Percentiles         `json:"recovery"`
 	MaxLag                 int                 `json:"max_lag_records"`
 	DrainTook              string              `json:"drain_took"`
+
+	// Published is every decision read back from the decisions topic, for
+	// a scenario's own checks.
+	Published []*wire.Decision `json:"-"`
 }
 
 func newResult() *Result {
@@ -71,8 +78,8 @@ func (r *Result) Summary() string {
 	fmt.Fprintf(&b, "  outcomes   %s\n", kv(r.Outcomes))
 	fmt.Fprintf(&b, "  operations %s\n", kv(r.Operations))
 	fmt.Fprintf(&b, "  faults     %s\n", kv(r.Faults))
-	fmt.Fprintf(&b, "  stale-epoch rejections %d, predecessor sessions terminated %d, serialization retries %d, process restarts %d\n",
-		r.StaleRejections, r.PredecessorsTerminated, r.Retries, r.Restarts)
+	fmt.Fprintf(&b, "  stale-epoch rejections %d (batches fenced per member: %s), predecessor sessions terminated %d, serialization retries %d, process restarts %d\n",
+		r.StaleRejections, kv(r.FencedByMember), r.PredecessorsTerminated, r.Retries, r.Restarts)
 	fmt.Fprintf(&b, "  recovery (worst canary after each fault) n=%d p50 %s p99 %s max %s; max lag %d records; drain %s\n",
 		r.Recovery.N, r.Recovery.P50, r.Recovery.P99, r.Recovery.Max, r.MaxLag, r.DrainTook)
 	total := 0

@@ -14,8 +14,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/mandated/mandated/outbox/verify"
 	"github.com/mandated/mandated/test/procs"
+	"github.com/mandated/mandated/verify"
 )
 
 // S-13: a database that goes back in time (issue 25). PostgreSQL loses

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -15,9 +17,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mandated/mandated/internal/failpoint"
+	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/partitioner"
-	"github.com/mandated/mandated/processor/lifecycle"
-	"github.com/mandated/mandated/processor/wire"
+	"github.com/mandated/mandated/test/testenv"
+	"github.com/mandated/mandated/wire"
 )
 
 // The seed scenarios S-01..S-12 of ../shared/notes/faults.md. Each runs
@@ -153,7 +157,11 @@ func TestS03TheSameKeyWithAnotherPayloadIsAConflictAndCanonicalEqualsReplay(t *t
 			require.Equal(t, wire.OutcomeReplayed, same.Outcome)
 			require.Equal(t, first.AuthorizationID, same.AuthorizationID)
 			require.Equal(t, wire.OutcomeConflict, must(t, ctx, s, proposeCmd("s03", id, key, 1001)).Outcome, "a changed amount")
-			require.Equal(t, wire.OutcomeConflict, must(t, ctx, s, proposeCmd("s03", other, key, 1000)).Outcome, "a changed mandate")
+			// A key's scope is its mandate: on another mandate it is
+			// another intent, decided there on its own.
+			elsewhere := must(t, ctx, s, proposeCmd("s03", other, key, 1000))
+			require.Equal(t, wire.OutcomeReserved, elsewhere.Outcome, "the same key on another mandate")
+			require.NotEqual(t, first.AuthorizationID, elsewhere.AuthorizationID)
 			cv := raw(id, fmt.Sprintf(`{"v":1,"type":"propose","org":"s03","mandate_id":%q,"idempotency_key":%q,"operation":"refund",
 				"target":"t-1","amount":{"minor_units":1000,"currency":"EUR"},"Amount":{"minor_units":9000,"currency":"EUR"}}`, id, key))
 			require.Equal(t, wire.ReasonAmbiguousField, cv.Reason, "case-variant field names")
@@ -265,15 +273,106 @@ func TestS07ADownstreamTimeoutIsReconciledWithoutReleasingAuthority(t *testing.T
 		}}))
 }
 
+// TestS08aAProcessorPausedPastItsSessionBetweenTransactionsIsFenced: a
+// processor paused past the group's session timeout while it holds a batch
+// in memory (between transactions) loses its partitions to the others,
+// which claim new epochs and decide on; when it goes on, its batch tries to
+// commit under the old epoch and is refused. The pause is made exact by a
+// member started with the failpoint before_batch=1*stop: it joins, claims
+// partitions and stops itself (SIGSTOP) with its first batch in hand; the
+// test holds it past the session timeout and continues it. A second pause
+// is the zombie of old: a member that holds partitions, stopped from
+// outside at a random point. Each paused member must have written nothing
+// after it woke under an epoch it held before its pause (and INV-6: no
+// epoch goes back in a partition's sequence); the one paused with its batch
+// in hand must show that batch refused a stale epoch. No process restarts:
+// a fenced member drops its partitions and rejoins.
 func TestS08aAProcessorPausedPastItsSessionBetweenTransactionsIsFenced(t *testing.T) {
-	Run(t, scenario(Options{Name: "S-08a", Workload: WorkloadConfig{Agents: 4},
+	type pause struct {
+		member string
+		epochs map[int32]int64 // the partitions it had claimed before the pause, and their epochs
+		woke   time.Time
+	}
+	var pauses []pause
+	res := Run(t, scenario(Options{Name: "S-08a", Workload: WorkloadConfig{Agents: 4}, RequireFenced: true,
 		Schedule: func(ctx context.Context, s *System, rng *rand.Rand) {
 			sleepCtx(ctx, 5*time.Second)
-			_ = PauseProcessor.Inject(ctx, s, rng)
+			zombie := s.Cluster.Add("MANDATED_FAILPOINTS=" + failpoint.BeforeBatch + "=1*stop")
+			s.Events.Add("pause_processor", "start with failpoint before_batch=1*stop", zombie, nil)
+			testenv.WaitFor(t, 2*time.Minute, func() bool { return s.Cluster.Stopped(zombie) },
+				"the new member stops itself with its first batch in hand")
+			s.Events.Add("pause_processor", "SIGSTOP (failpoint before_batch)", zombie, nil)
+			epochs := claimedEpochs(ctx, t, s, zombie)
+			require.NotEmpty(t, epochs, "the stopped member had claimed partitions")
+			sleepCtx(ctx, s.SessionTimeout+jitter(rng, 2*time.Second, 4*time.Second))
+			s.Cluster.Signal(zombie, syscall.SIGCONT)
+			s.Events.Add("pause_processor", "SIGCONT", zombie, nil)
+			pauses = append(pauses, pause{member: zombie, epochs: epochs, woke: time.Now()})
+			fenced := func(m string) int { return s.Cluster.MetricByMember("mandated_fenced_commits_total")[m] }
+			testenv.WaitFor(t, 30*time.Second, func() bool { return fenced(zombie) > 0 },
+				zombie+" woke with a batch of an epoch it had lost, and no stale-epoch refusal was counted")
+
 			sleepCtx(ctx, 5*time.Second)
-			_ = PauseProcessor.Inject(ctx, s, rng)
+			member, epochs := claimingMember(ctx, t, s, rng, zombie)
+			before := fenced(member)
+			PauseMember(ctx, s, member, s.SessionTimeout+jitter(rng, 2*time.Second, 4*time.Second))
+			pauses = append(pauses, pause{member: member, epochs: epochs, woke: time.Now()})
 			sleepCtx(ctx, 5*time.Second)
+			t.Logf("batches refused a stale epoch: %d by %s (paused with its batch in hand), %d by %s (paused at a random point: it may learn it lost its partitions before it commits anything)",
+				fenced(zombie), zombie, fenced(member)-before, member)
 		}}))
+	require.Len(t, pauses, 2)
+	for _, d := range res.Published {
+		for _, p := range pauses {
+			if e, ok := p.epochs[d.Partition]; ok && d.Epoch == e && d.DecidedAt.After(p.woke) {
+				require.Failf(t, "a stale owner's write was accepted", "decision %s at epoch %d, which %s held before its pause, was decided at %s, after it woke at %s",
+					d.DecisionID, d.Epoch, p.member, d.DecidedAt.Format(time.RFC3339Nano), p.woke.Format(time.RFC3339Nano))
+			}
+		}
+	}
+	require.Zero(t, res.Restarts, "a fenced processor drops its partitions without crash-looping")
+}
+
+// claimedEpochs returns the partitions whose current epoch member claimed.
+func claimedEpochs(ctx context.Context, t *testing.T, s *System, member string) map[int32]int64 {
+	t.Helper()
+	epochs := map[int32]int64{}
+	require.NoError(t, s.admin(ctx, func(c *pgx.Conn) error {
+		rows, err := c.Query(ctx, `SELECT partition, epoch FROM mandated_partitions WHERE owner = $1`, member)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var p int32
+			var e int64
+			if err := rows.Scan(&p, &e); err != nil {
+				return err
+			}
+			epochs[p] = e
+		}
+		return rows.Err()
+	}))
+	return epochs
+}
+
+// claimingMember picks a running member, other than the ones named, that
+// holds at least one partition's current epoch, and returns it with those
+// epochs.
+func claimingMember(ctx context.Context, t *testing.T, s *System, rng *rand.Rand, except ...string) (string, map[int32]int64) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		names := slices.DeleteFunc(s.Cluster.Names(), func(n string) bool { return slices.Contains(except, n) })
+		rng.Shuffle(len(names), func(i, j int) { names[i], names[j] = names[j], names[i] })
+		for _, name := range names {
+			if epochs := claimedEpochs(ctx, t, s, name); len(epochs) > 0 {
+				return name, epochs
+			}
+		}
+		require.True(t, time.Now().Before(deadline), "no member holds a partition")
+		sleepCtx(ctx, 200*time.Millisecond)
+	}
 }
 
 func TestS08bAProcessorPausedInsideItsTransactionIsTerminatedByTheTakeover(t *testing.T) {
@@ -408,7 +507,8 @@ func TestS11RetriedBatchesApplyOnceUnderInjectedFailuresAndKeyRaces(t *testing.T
 		ProcessEnv: []string{"MANDATED_FAILPOINTS=before_commit=20%error"},
 		Schedule: func(ctx context.Context, s *System, rng *rand.Rand) {
 			// One key, two mandates of one org on different partitions, at
-			// once: the second writer meets the first's idempotency row.
+			// once: a key's scope is its mandate (migration 0016), so each
+			// partition binds its own, and a retry replays its own.
 			for i := range 30 {
 				must(t, ctx, s, grantCmd("s11", fmt.Sprint("a", i), 1, nil))
 				must(t, ctx, s, grantCmd("s11", fmt.Sprint("b", i), 1, nil))
@@ -422,8 +522,13 @@ func TestS11RetriedBatchesApplyOnceUnderInjectedFailuresAndKeyRaces(t *testing.T
 					}()
 				}
 				wg.Wait()
-				outcomes := []wire.Outcome{ds[0].Outcome, ds[1].Outcome}
-				require.ElementsMatch(t, []wire.Outcome{wire.OutcomeReserved, wire.OutcomeConflict}, outcomes, "%+v", ds)
+				for j, m := range []string{"a", "b"} {
+					require.Equal(t, wire.OutcomeReserved, ds[j].Outcome, "%+v", ds[j])
+					again := must(t, ctx, s, proposeCmd("s11", fmt.Sprint(m, i), fmt.Sprint("shared-", i), 10))
+					require.Equal(t, wire.OutcomeReplayed, again.Outcome, "%+v", again)
+					require.Equal(t, ds[j].AuthorizationID, again.AuthorizationID, "each mandate replays its own binding")
+				}
+				require.NotEqual(t, ds[0].AuthorizationID, ds[1].AuthorizationID)
 			}
 		}}))
 	require.Positive(t, res.Retries, "the retry path was exercised")

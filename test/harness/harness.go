@@ -20,9 +20,9 @@ import (
 
 	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/processor"
-	"github.com/mandated/mandated/processor/wire"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/test/testenv"
+	"github.com/mandated/mandated/wire"
 )
 
 // Options shape a harness. Zero fields take defaults.

@@ -157,6 +157,21 @@ func (p *Process) Pid() int { return p.cmd.Process.Pid }
 // Signal sends sig to the process.
 func (p *Process) Signal(sig syscall.Signal) { _ = p.cmd.Process.Signal(sig) }
 
+// Stopped reports whether the process is stopped (SIGSTOP, state T in
+// /proc/<pid>/stat; Linux only).
+func (p *Process) Stopped() bool {
+	if p.Exited() {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Pid()))
+	if err != nil {
+		return false
+	}
+	// pid (comm) state ...: comm may hold spaces, so read after its ')'.
+	i := bytes.LastIndexByte(b, ')')
+	return i >= 0 && i+2 < len(b) && b[i+2] == 'T'
+}
+
 // Kill sends SIGKILL and waits for the process to be reaped.
 func (p *Process) Kill() {
 	p.Signal(syscall.SIGKILL)
