@@ -67,11 +67,12 @@ const (
 JOIN unnest($1::text[], $2::text[]) AS u(org, mandate_id) USING (org, mandate_id)`
 	recoverAuthsSQL = `SELECT a.org, a.mandate_id, a.authorization_id, a.version FROM authorizations a
 JOIN unnest($1::text[], $2::text[], $3::text[]) AS u(org, mandate_id, authorization_id) USING (org, mandate_id, authorization_id)`
-	recoverKeysSQL = `SELECT k.org, k.operation, k.idempotency_key FROM idempotency_keys k
-JOIN unnest($1::text[], $2::text[], $3::text[]) AS u(org, operation, idempotency_key) USING (org, operation, idempotency_key)`
-	recoverIntentsSQL = `SELECT i.org, i.operation, i.run_id, i.step, i.action, i.head_mandate_id, i.head_authorization_id FROM intents i
-JOIN unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) AS u(org, operation, run_id, step, action)
-  USING (org, operation, run_id, step, action)`
+	recoverKeysSQL = `SELECT k.org, k.mandate_id, k.operation, k.idempotency_key FROM idempotency_keys k
+JOIN unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS u(org, mandate_id, operation, idempotency_key)
+  USING (org, mandate_id, operation, idempotency_key)`
+	recoverIntentsSQL = `SELECT i.org, i.mandate_id, i.operation, i.run_id, i.step, i.action, i.head_mandate_id, i.head_authorization_id FROM intents i
+JOIN unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) AS u(org, mandate_id, operation, run_id, step, action)
+  USING (org, mandate_id, operation, run_id, step, action)`
 	recoverAdvanceSQL = `UPDATE mandated_partitions SET epoch = epoch + 1, owner = $2, claimed_at = now(), next_seq = $3, head_hash = $4,
   proposals_offset = GREATEST(proposals_offset, $5), grants_offset = GREATEST(grants_offset, $6), updated_at = now()
 WHERE partition = $1 RETURNING epoch, proposals_offset, grants_offset`
@@ -232,17 +233,17 @@ func recoveryState(ctx context.Context, tx pgx.Tx, r Recovery) (*lifecycle.State
 		st.Auths[a.Key] = &c
 	}
 
-	var kOrgs, kOps, kKeys []string
+	var kOrgs, kMids, kOps, kKeys []string
 	for _, k := range r.Keys {
-		kOrgs, kOps, kKeys = append(kOrgs, k.Scope.Org), append(kOps, k.Scope.Operation), append(kKeys, k.Scope.Key)
+		kOrgs, kMids, kOps, kKeys = append(kOrgs, k.Scope.Org), append(kMids, k.Scope.MandateID), append(kOps, k.Scope.Operation), append(kKeys, k.Scope.Key)
 	}
 	heldKey := map[lifecycle.IdemScope]bool{}
-	if rows, err = tx.Query(ctx, recoverKeysSQL, kOrgs, kOps, kKeys); err != nil {
+	if rows, err = tx.Query(ctx, recoverKeysSQL, kOrgs, kMids, kOps, kKeys); err != nil {
 		return nil, fmt.Errorf("read idempotency keys: %w", err)
 	}
 	for rows.Next() {
 		var s lifecycle.IdemScope
-		if err := rows.Scan(&s.Org, &s.Operation, &s.Key); err != nil {
+		if err := rows.Scan(&s.Org, &s.MandateID, &s.Operation, &s.Key); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read idempotency keys: %w", err)
 		}
@@ -255,19 +256,20 @@ func recoveryState(ctx context.Context, tx pgx.Tx, r Recovery) (*lifecycle.State
 		st.Idem[k.Scope] = &c
 	}
 
-	var iOrgs, iOps, iRuns, iSteps, iActs []string
+	var iOrgs, iMids, iOps, iRuns, iSteps, iActs []string
 	for _, in := range r.Intents {
 		s := in.Scope
-		iOrgs, iOps, iRuns, iSteps, iActs = append(iOrgs, s.Org), append(iOps, s.Operation), append(iRuns, s.RunID), append(iSteps, s.Step), append(iActs, s.Action)
+		iOrgs, iMids, iOps = append(iOrgs, s.Org), append(iMids, s.MandateID), append(iOps, s.Operation)
+		iRuns, iSteps, iActs = append(iRuns, s.RunID), append(iSteps, s.Step), append(iActs, s.Action)
 	}
 	heldIntent := map[lifecycle.IntentScope]lifecycle.AuthKey{}
-	if rows, err = tx.Query(ctx, recoverIntentsSQL, iOrgs, iOps, iRuns, iSteps, iActs); err != nil {
+	if rows, err = tx.Query(ctx, recoverIntentsSQL, iOrgs, iMids, iOps, iRuns, iSteps, iActs); err != nil {
 		return nil, fmt.Errorf("read intents: %w", err)
 	}
 	for rows.Next() {
 		var s lifecycle.IntentScope
 		var h lifecycle.AuthKey
-		if err := rows.Scan(&s.Org, &s.Operation, &s.RunID, &s.Step, &s.Action, &h.Mandate.MandateID, &h.ID); err != nil {
+		if err := rows.Scan(&s.Org, &s.MandateID, &s.Operation, &s.RunID, &s.Step, &s.Action, &h.Mandate.MandateID, &h.ID); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read intents: %w", err)
 		}

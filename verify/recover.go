@@ -273,7 +273,7 @@ func (rb *rebuild) recovery(tail *outbox.Tail, cfg RecoverConfig) (sink.Recovery
 		if err != nil || len(fp) != 32 {
 			return r, fmt.Errorf("decision %s binds a key with fingerprint %q: not 64 hex digits", b.d.DecisionID, b.key.Fingerprint)
 		}
-		scope := lifecycle.IdemScope{Org: b.d.Org, Operation: b.key.Operation, Key: b.d.IdempotencyKey}
+		scope := lifecycle.IdemScope{Org: k.Org, MandateID: k.MandateID, Operation: b.key.Operation, Key: b.d.IdempotencyKey}
 		keys[scope] = &lifecycle.IdemRecord{Scope: scope, Fingerprint: fp, Mandate: k, AuthorizationID: b.d.AuthorizationID,
 			DecisionID: b.d.DecisionID, Outcome: b.d.Outcome, Reason: b.d.Reason, CreatedAt: b.d.DecidedAt, ExpiresAt: b.key.ExpiresAt}
 	}
@@ -286,7 +286,7 @@ func (rb *rebuild) recovery(tail *outbox.Tail, cfg RecoverConfig) (sink.Recovery
 		if err != nil {
 			return r, fmt.Errorf("mandate %q: %w", b.mandate, err)
 		}
-		scope := lifecycle.IntentScope{Org: b.d.Org, Operation: b.intent.Operation,
+		scope := lifecycle.IntentScope{Org: k.Org, MandateID: k.MandateID, Operation: b.intent.Operation,
 			Intent: wire.Intent{RunID: b.intent.RunID, Step: b.intent.Step, Action: b.intent.Action}}
 		head := lifecycle.AuthKey{Mandate: k, ID: b.d.AuthorizationID}
 		if in := intents[scope]; in != nil {
