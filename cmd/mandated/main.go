@@ -27,6 +27,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/plugin/kprom"
 
@@ -236,10 +237,10 @@ func run(args []string) int {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	svc, ok := startWithRetry(cfg, log, state, sigs)
+	svc, code, ok := startWithRetry(cfg, log, state, sigs)
 	if !ok {
 		_ = srv.Close()
-		return 0
+		return code
 	}
 	for _, s := range svc.Shards.All() {
 		reg.MustRegister(sink.NewPoolCollector(s))
@@ -287,8 +288,10 @@ type serving struct {
 
 // startWithRetry starts the service, retrying with backoff while Kafka or
 // PostgreSQL are unreachable or the topics are not there yet; every failure
-// is logged and shown by /readyz. A signal abandons the start (false).
-func startWithRetry(cfg processor.ServiceConfig, log zerolog.Logger, state *serving, sigs <-chan os.Signal) (*processor.Service, bool) {
+// is logged and shown by /readyz. A signal abandons the start (false, exit
+// code 0); so does Kafka refusing mandated's credentials (exit code 1):
+// retrying the same password cannot help.
+func startWithRetry(cfg processor.ServiceConfig, log zerolog.Logger, state *serving, sigs <-chan os.Signal) (*processor.Service, int, bool) {
 	backoff := time.Second
 	for attempt := 1; ; attempt++ {
 		ctx, cancel := context.WithCancel(context.Background())
@@ -306,11 +309,15 @@ func startWithRetry(cfg processor.ServiceConfig, log zerolog.Logger, state *serv
 		cancel()
 		if err == nil {
 			state.svc.Store(svc)
-			return svc, true
+			return svc, 0, true
 		}
 		if canceled {
 			log.Info().Msg("signal during start-up: exiting")
-			return nil, false
+			return nil, 0, false
+		}
+		if errors.Is(err, kerr.SaslAuthenticationFailed) {
+			log.Error().Err(err).Msg("Kafka refused mandated's SASL credentials: exiting (check --kafka-sasl-user and the password)")
+			return nil, 1, false
 		}
 		msg := err.Error()
 		state.lastErr.Store(&msg)
@@ -318,7 +325,7 @@ func startWithRetry(cfg processor.ServiceConfig, log zerolog.Logger, state *serv
 		select {
 		case <-sigs:
 			log.Info().Msg("signal during start-up: exiting")
-			return nil, false
+			return nil, 0, false
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, 15*time.Second)
