@@ -205,6 +205,23 @@ func TestStartRefusesDecisionTopicsThatCannotBackARecovery(t *testing.T) {
 		res, err := adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Op: kadm.SetConfig, Name: key, Value: &value}}, topic)
 		require.NoError(t, err)
 		require.NoError(t, res[0].Err)
+		// The broker applies it a moment later.
+		testenv.WaitFor(t, 30*time.Second, func() bool {
+			cfgs, err := adm.DescribeTopicConfigs(ctx, topic)
+			if err != nil {
+				return false
+			}
+			rc, err := cfgs.On(topic, nil)
+			if err != nil {
+				return false
+			}
+			for _, c := range rc.Configs {
+				if c.Key == key && c.Value != nil && *c.Value == value {
+					return true
+				}
+			}
+			return false
+		}, topic+" "+key+"="+value)
 	}
 	check := func(min time.Duration) error {
 		return processor.CheckDecisionRetention(ctx, brokers, nil, min, spec.Decisions, spec.DeadLetter)
