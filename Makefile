@@ -75,3 +75,7 @@ rebalance: ## Measured rebalances with real processes, one test at a time, no -r
 .PHONY: bench
 bench: ## Benchmark vs same-run baselines on servers of its own (49092, 55499); QUICK=1: about 4 min; report in test/bench/results/
 	@QUICK=$(QUICK) test/bench/bench.sh
+
+.PHONY: probe-gateway
+probe-gateway: ## The gateway under 16 HTTP clients for 30 s (real binaries, the test servers of test/infra or MANDATED_TEST_*): requests/s, p50/p99
+	@MANDATED_GATEWAY_PROBE=1 go test -count=1 -v -timeout 15m -run TestGatewayProbe ./test/probe/

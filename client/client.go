@@ -22,6 +22,12 @@ import (
 // is not a denial, and a retry must use the same idempotency key.
 var ErrNoDecision = errors.New("client: no decision before the deadline")
 
+// ErrProduceUnacknowledged is returned when the broker did not acknowledge
+// a record before the caller's deadline. The record may still be produced
+// (and decided) later, until the client's DeliveryTimeout: a retry must use
+// the same idempotency key (and, for a begin, the same executor).
+var ErrProduceUnacknowledged = errors.New("client: the record was not acknowledged before the deadline (it may still be produced)")
+
 // ErrClosed is returned by calls on a closed client.
 var ErrClosed = errors.New("client: closed")
 
@@ -80,8 +86,11 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	base := append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...)}, cfg.KafkaOpts...)
 	// franz-go's default partitioner hashes keys with Kafka's murmur2, the
 	// function package partitioner implements and the processor checks.
-	producer, err := kgo.NewClient(append(append([]kgo.Opt{}, base...), kgo.ProducerLinger(0),
-		kgo.ProducerBatchMaxBytes(int32(max(cfg.MaxRecordBytes, 1<<20))))...)
+	popts := []kgo.Opt{kgo.ProducerLinger(0), kgo.ProducerBatchMaxBytes(int32(max(cfg.MaxRecordBytes, 1<<20)))}
+	if cfg.DeliveryTimeout > 0 {
+		popts = append(popts, kgo.RecordDeliveryTimeout(cfg.DeliveryTimeout))
+	}
+	producer, err := kgo.NewClient(append(append([]kgo.Opt{}, base...), popts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("client: producer: %w", err)
 	}
@@ -221,6 +230,23 @@ func (c *Client) Submit(ctx context.Context, cmd Command) (wire.Source, error) {
 	if err != nil {
 		return wire.Source{}, err
 	}
+	return c.produce(ctx, key, value, typ, nil)
+}
+
+// SubmitExact checks value, a whole command record for the mandate key,
+// with the processor's own decoder and produces it byte for byte, with
+// headers. The HTTP gateway produces with it the record it built around
+// the body it received: what the processor decodes is exactly what was
+// validated.
+func (c *Client) SubmitExact(ctx context.Context, key partitioner.MandateKey, value []byte, headers ...kgo.RecordHeader) (wire.Source, error) {
+	cmd, rej := wire.Decode(key.Bytes(), value, wire.Limits{MaxRecordBytes: c.cfg.MaxRecordBytes})
+	if rej != nil {
+		return wire.Source{}, &InvalidCommandError{Reason: rej.Reason, Detail: rej.Detail}
+	}
+	return c.produce(ctx, key, value, cmd.Type, headers)
+}
+
+func (c *Client) produce(ctx context.Context, key partitioner.MandateKey, value []byte, typ wire.CommandType, headers []kgo.RecordHeader) (wire.Source, error) {
 	topic := c.cfg.ProposalsTopic
 	if typ.IsGrantorCommand() || typ == wire.CmdResolve {
 		topic = c.cfg.GrantsTopic
@@ -231,11 +257,21 @@ func (c *Client) Submit(ctx context.Context, cmd Command) (wire.Source, error) {
 	if closed {
 		return wire.Source{}, ErrClosed
 	}
-	r := &kgo.Record{Topic: topic, Key: key.Bytes(), Value: value}
-	if err := c.producer.ProduceSync(ctx, r).FirstErr(); err != nil {
-		return wire.Source{}, fmt.Errorf("client: produce %s to %s: %w", typ, topic, err)
+	r := &kgo.Record{Topic: topic, Key: key.Bytes(), Value: value, Headers: headers}
+	// Not ProduceSync: franz-go cannot fail a record whose produce request
+	// was sent (an unreachable or paused broker leaves it in flight until
+	// the request times out), so ctx bounds the wait here, not the record.
+	done := make(chan error, 1)
+	c.producer.Produce(ctx, r, func(_ *kgo.Record, err error) { done <- err })
+	select {
+	case err := <-done:
+		if err != nil {
+			return wire.Source{}, fmt.Errorf("client: produce %s to %s: %w", typ, topic, err)
+		}
+		return wire.Source{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset}, nil
+	case <-ctx.Done():
+		return wire.Source{}, fmt.Errorf("client: produce %s to %s: %w: %w", typ, topic, ErrProduceUnacknowledged, context.Cause(ctx))
 	}
-	return wire.Source{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset}, nil
 }
 
 func (c *Client) encode(cmd Command) ([]byte, partitioner.MandateKey, wire.CommandType, error) {
@@ -392,3 +428,7 @@ func (c *Client) watch(authorizationID string) (w *watcher, stop func()) {
 
 // Ping checks that a broker answers.
 func (c *Client) Ping(ctx context.Context) error { return c.producer.Ping(ctx) }
+
+// ProposalsTopic is the topic the client produces agents' and platforms'
+// commands to.
+func (c *Client) ProposalsTopic() string { return c.cfg.ProposalsTopic }

@@ -50,6 +50,11 @@ type Config struct {
 	// caller's deadline: an effect that happened must be recorded. Defaults
 	// to SettleTimeoutDefault.
 	SettleTimeout time.Duration
+	// DeliveryTimeout fails a record the broker has not acknowledged after
+	// this long, where franz-go can still fail it safely (it was not sent),
+	// so a command a caller gave up on is not produced much later. Defaults
+	// to 0: no bound (franz-go's default).
+	DeliveryTimeout time.Duration
 	// FetchMaxWait is the decisions consumer's fetch wait. Defaults to
 	// FetchMaxWaitDefault.
 	FetchMaxWait time.Duration
@@ -84,6 +89,8 @@ func (c Config) Validate() error {
 		return errors.New("client: Config.RecentDecisions must not be negative")
 	case c.SettleTimeout < 0:
 		return errors.New("client: Config.SettleTimeout must not be negative")
+	case c.DeliveryTimeout < 0:
+		return errors.New("client: Config.DeliveryTimeout must not be negative")
 	}
 	return nil
 }

@@ -15,6 +15,8 @@ const (
 	DefaultWaitDefault       = 5 * time.Second
 	MaxWaitDefault           = 30 * time.Second
 	MaxBodyBytesDefault      = wire.MaxRecordBytesDefault
+	MaxRecordBytesDefault    = wire.MaxRecordBytesDefault
+	ProduceTimeoutDefault    = 2 * time.Second
 	MaxInFlightPerOrgDefault = 256
 	ReadHeaderTimeoutDefault = 5 * time.Second
 	ReadTimeoutDefault       = 15 * time.Second
@@ -30,9 +32,19 @@ type Config struct {
 	DefaultWait time.Duration
 	// MaxWait bounds Prefer: wait. Defaults to MaxWaitDefault.
 	MaxWait time.Duration
+	// ProduceTimeout is the least time a command's produce may take when
+	// its wait is shorter (Prefer: wait=0 still gets this long for Kafka to
+	// acknowledge the record); the produce and the wait for the decision
+	// share one deadline otherwise. A produce not acknowledged in time is
+	// answered 503 with Retry-After. Defaults to ProduceTimeoutDefault.
+	ProduceTimeout time.Duration
 	// MaxBodyBytes bounds a request body (413 beyond). Defaults to
 	// MaxBodyBytesDefault, the processor's record limit.
 	MaxBodyBytes int64
+	// MaxRecordBytes is the processors' record limit (their
+	// --max-record-bytes): the record the gateway builds around a body is
+	// decoded with it. Defaults to MaxRecordBytesDefault.
+	MaxRecordBytes int
 	// MaxInFlightPerOrg bounds an org's commands waiting at once (429
 	// beyond). Defaults to MaxInFlightPerOrgDefault.
 	MaxInFlightPerOrg int
@@ -55,6 +67,8 @@ func (c Config) WithDefaults() Config {
 	c.DefaultWait = cmp.Or(c.DefaultWait, DefaultWaitDefault)
 	c.MaxWait = cmp.Or(c.MaxWait, MaxWaitDefault)
 	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, MaxBodyBytesDefault)
+	c.MaxRecordBytes = cmp.Or(c.MaxRecordBytes, MaxRecordBytesDefault)
+	c.ProduceTimeout = cmp.Or(c.ProduceTimeout, ProduceTimeoutDefault)
 	c.MaxInFlightPerOrg = cmp.Or(c.MaxInFlightPerOrg, MaxInFlightPerOrgDefault)
 	c.ReadHeaderTimeout = cmp.Or(c.ReadHeaderTimeout, ReadHeaderTimeoutDefault)
 	c.ReadTimeout = cmp.Or(c.ReadTimeout, ReadTimeoutDefault)
@@ -75,8 +89,10 @@ func (c Config) Validate() error {
 		return errors.New("gateway: DefaultWait and MaxWait must not be negative")
 	case c.DefaultWait > c.MaxWait:
 		return errors.New("gateway: DefaultWait must not exceed MaxWait")
-	case c.MaxBodyBytes < 0:
-		return errors.New("gateway: MaxBodyBytes must not be negative")
+	case c.MaxBodyBytes < 0 || c.MaxRecordBytes < 0:
+		return errors.New("gateway: MaxBodyBytes and MaxRecordBytes must not be negative")
+	case c.ProduceTimeout < 0:
+		return errors.New("gateway: ProduceTimeout must not be negative")
 	case c.MaxInFlightPerOrg < 0:
 		return errors.New("gateway: MaxInFlightPerOrg must not be negative")
 	}

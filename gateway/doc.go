@@ -3,13 +3,25 @@
 //
 // A command arrives on the authorization's resource
 // (POST /v1/orgs/{org}/mandates/{mandate}/proposals with an Idempotency-Key,
-// POST .../authorizations/{id}/begin|commit|cancel|report-unknown), is
-// checked with the contract's own decoder (wire), produced by the Go client, and
-// answered 200 with the decision when it comes within the caller's
-// Prefer: wait=N (bounded), else 202 Accepted with Location: a stable status
-// URL. GET on a status URL reads PostgreSQL with read-only transactions: the
-// authorization row is the source of truth, not anything the gateway kept.
-// Errors are RFC 9457 problem details carrying the wire's reason codes.
+// POST .../authorizations/{id}/begin|commit|cancel|report-unknown). The
+// body's exact bytes are checked with the contract's scanner, the record is
+// the members the URL and headers give followed by the body's members byte
+// for byte, it is decoded with the contract's decoder (wire) and exactly it
+// is produced by the Go client, with the request's nonce in the
+// mandated-request header: the gateway produces only what the processor
+// accepts and refuses the rest with the processor's reason. A begin is one
+// executor attempt (the Executor header, the body's executor, or one the
+// gateway mints), never the intent's Idempotency-Key. The produce and the
+// wait for the decision share the caller's Prefer: wait=N (bounded; 503
+// with Retry-After when Kafka does not acknowledge in time); the answer is
+// 200 with the decision, or 202 Accepted with Location: the request's
+// status URL, which answers from PostgreSQL (request_answers, written by the
+// processor in the batch that decides the record) with that request's own
+// decision, on any gateway instance. Other status reads (an authorization's
+// row, a proposal's key) go to the mandate's partition's database (the
+// partitioner and, with Shards, the shard map). Errors are RFC 9457 problem
+// details carrying the wire's reason codes, also for what net/http refuses
+// before a handler runs (Serve).
 //
 // Callers authenticate with per-org bearer tokens (stored hashed, created
 // and revoked with mandatectl tokens). A token acts for its org only, and

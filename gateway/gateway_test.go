@@ -46,8 +46,56 @@ type testBundle struct {
 	specMu  sync.Mutex
 	orgA    string
 	rw      *pgx.Conn
+	pool    *pgxpool.Pool
 	started bool
 	inst    *harness.Instance
+
+	stopFirst func()
+}
+
+// serve runs a gateway (its own client, the bundle's read-only pool) on a
+// real listener and returns its base URL and a function that stops it.
+func (b *testBundle) serve(t *testing.T, cfg gateway.Config, reg prometheus.Registerer) (string, func()) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	h := b.h
+	cl, err := client.New(ctx, client.Config{Brokers: h.Brokers, KafkaOpts: h.KafkaOpts,
+		ProposalsTopic: h.Spec.Proposals, GrantsTopic: h.Spec.Grants, DecisionsTopic: h.Spec.Decisions,
+		FetchMaxWait: 50 * time.Millisecond})
+	require.NoError(t, err)
+	srv, err := gateway.New(cfg, cl, b.pool, reg)
+	require.NoError(t, err)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	hs := srv.HTTPServer(ln.Addr().String(), srv.Handler())
+	go func() { _ = srv.Serve(hs, ln) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = hs.Shutdown(ctx)
+			b.http.CloseIdleConnections()
+			cl.Close()
+		})
+	}
+	t.Cleanup(stop)
+	return "http://" + ln.Addr().String(), stop
+}
+
+// startGateway runs another gateway instance beside the first.
+func (b *testBundle) startGateway(t *testing.T, cfg gateway.Config) string {
+	t.Helper()
+	base, _ := b.serve(t, cfg, prometheus.NewRegistry())
+	return base
+}
+
+// stopFirstGateway stops the first gateway and its client, as a crash
+// would leave them: nothing it kept in memory survives.
+func (b *testBundle) stopFirstGateway(t *testing.T) {
+	t.Helper()
+	b.stopFirst()
 }
 
 type options struct {
@@ -81,35 +129,23 @@ func setup(t *testing.T, o options) *testBundle {
 	pcfg, err := pgxpool.ParseConfig(h.DatabaseURL)
 	require.NoError(t, err)
 	pcfg.ConnConfig.RuntimeParams["default_transaction_read_only"] = "on"
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	b.pool, err = pgxpool.NewWithConfig(ctx, pcfg)
 	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	cl, err := client.New(ctx, client.Config{Brokers: h.Brokers, KafkaOpts: h.KafkaOpts,
-		ProposalsTopic: h.Spec.Proposals, GrantsTopic: h.Spec.Grants, DecisionsTopic: h.Spec.Decisions,
-		FetchMaxWait: 50 * time.Millisecond})
-	require.NoError(t, err)
-	t.Cleanup(cl.Close)
+	t.Cleanup(b.pool.Close)
 	b.reg = prometheus.NewRegistry()
-	srv, err := gateway.New(o.cfg, cl, pool, b.reg)
-	require.NoError(t, err)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	hs := srv.HTTPServer(ln.Addr().String(), srv.Handler())
-	go func() { _ = hs.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = hs.Shutdown(ctx)
-		b.http.CloseIdleConnections()
-	})
-	b.base = "http://" + ln.Addr().String()
+	b.base, b.stopFirst = b.serve(t, o.cfg, b.reg)
 
+	b.spec = openAPIValidator(t)
+	return b
+}
+
+func openAPIValidator(t *testing.T) validator.Validator {
+	t.Helper()
 	doc, err := libopenapi.NewDocument(gateway.OpenAPI)
 	require.NoError(t, err)
 	v, errs := validator.NewValidator(doc)
 	require.Empty(t, errs)
-	b.spec = v
-	return b
+	return v
 }
 
 func (b *testBundle) grant(t *testing.T, mandate string, uses int64) {
@@ -157,12 +193,18 @@ type req struct {
 	unspecified                      bool // the path is not in the spec at all: nothing to check it against
 }
 
-// do sends a real request and checks the exchange against the OpenAPI
-// document with libopenapi-validator.
+// do sends a real request to the first gateway and checks the exchange
+// against the OpenAPI document with libopenapi-validator.
 func (b *testBundle) do(t *testing.T, r req) response {
 	t.Helper()
+	return b.doOn(t, b.base, r)
+}
+
+// doOn is do on the gateway at base.
+func (b *testBundle) doOn(t *testing.T, base string, r req) response {
+	t.Helper()
 	newReq := func() *http.Request {
-		hr, err := http.NewRequest(r.method, b.base+r.path, bytes.NewReader(r.body))
+		hr, err := http.NewRequest(r.method, base+r.path, bytes.NewReader(r.body))
 		require.NoError(t, err)
 		if r.token != "" {
 			hr.Header.Set("Authorization", "Bearer "+r.token)
@@ -308,20 +350,21 @@ func TestGatewayNoDecisionWithinTheWaitIs202AndTheStatusURLShowsTheDecisionLater
 	require.Equal(t, "1", tooMany.header.Get("Retry-After"))
 
 	r := <-held
-	require.Equal(t, http.StatusAccepted, r.status, "%s", r.body)
-	loc := r.header.Get("Location")
-	require.Equal(t, "/v1/orgs/acme/mandates/m-late/proposals/"+key+"?operation=payment.refund", loc)
-	require.Equal(t, loc, r.json(t)["status_url"])
-	b.do(t, req{method: "GET", path: loc, token: b.tokens["acme"]}).problem(t, http.StatusNotFound, gateway.ReasonNoDecisionRecorded)
+	loc := accepted(t, r)
+	require.Equal(t, "/v1/orgs/acme/mandates/m-late/requests/"+r.header.Get("Request-Id"), loc)
+	pending := b.do(t, req{method: "GET", path: loc, token: b.tokens["acme"]})
+	require.Equal(t, http.StatusOK, pending.status, "%s", pending.body)
+	require.Equal(t, "pending", pending.json(t)["status"])
+	b.do(t, req{method: "GET", path: "/v1/orgs/acme/mandates/m-late/proposals/" + key, token: b.tokens["acme"]}).
+		problem(t, http.StatusNotFound, gateway.ReasonNoDecisionRecorded)
 
 	b.h.Start("b") // a processor comes back: the accepted command is decided
-	var st response
-	testenv.WaitFor(t, 60*time.Second, func() bool {
-		st = b.do(t, req{method: "GET", path: loc, token: b.tokens["acme"]})
-		return st.status == http.StatusOK
-	}, "the status URL shows the decision")
-	require.Equal(t, "reserved", st.json(t)["outcome"])
-	require.Equal(t, "reserved", st.json(t)["authorization"].(map[string]any)["state"])
+	st := b.decided(t, b.base, loc)
+	require.Equal(t, "reserved", st["decision"].(map[string]any)["outcome"])
+	require.EqualValues(t, 200, st["http_status"])
+	p := b.do(t, req{method: "GET", path: "/v1/orgs/acme/mandates/m-late/proposals/" + key, token: b.tokens["acme"]})
+	require.Equal(t, http.StatusOK, p.status, "%s", p.body)
+	require.Equal(t, "reserved", p.json(t)["authorization"].(map[string]any)["state"])
 }
 
 func inFlight(t *testing.T, reg *prometheus.Registry) prometheus.Collector {
@@ -338,7 +381,7 @@ func inFlight(t *testing.T, reg *prometheus.Registry) prometheus.Collector {
 }
 
 // Seed 002 over HTTP: eight concurrent resumes of one approval. Each caller
-// begins with its own executor key; the one answered 200 executing runs the
+// begins as its own executor; the one answered 200 executing runs the
 // side effect and commits; the others are answered 409 already_executing
 // with the winner, and read the authorization's row until it is settled.
 func TestGatewayEightConcurrentResumesOfOneApprovalExecuteOnce(t *testing.T) {
@@ -363,8 +406,8 @@ func TestGatewayEightConcurrentResumesOfOneApprovalExecuteOnce(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			begin := b.do(t, req{method: "POST", path: authPath + "/begin", token: b.tokens["acme"], body: []byte(`{}`),
-				headers: map[string]string{"Idempotency-Key": fmt.Sprintf("worker-%d", i)}})
+			begin := b.do(t, req{method: "POST", path: authPath + "/begin", token: b.tokens["acme"],
+				headers: map[string]string{"Executor": fmt.Sprintf("worker-%d", i)}})
 			codes[i] = begin.status
 			if begin.status == http.StatusOK {
 				require.Equal(t, "executing", begin.json(t)["outcome"])
@@ -475,7 +518,9 @@ func TestGatewayEveryProblemStatusFromARealRequest(t *testing.T) {
 		{"another org's token is 403", req{method: "POST", path: prop, token: b.tokens["globex"], body: proposeBody(1), headers: map[string]string{"Idempotency-Key": "p-2"}}, 403, gateway.ReasonOrgForbidden},
 		{"an unknown authorization is 404", req{method: "GET", path: "/v1/orgs/acme/mandates/m-p/authorizations/au_nope", token: tok}, 404, wire.ReasonAuthorizationNotFound},
 		{"beginning an unknown authorization is 404", req{method: "POST", path: "/v1/orgs/acme/mandates/m-p/authorizations/au_nope/begin", token: tok, body: []byte(`{}`), headers: map[string]string{"Idempotency-Key": "worker-1"}}, 404, wire.ReasonAuthorizationNotFound},
-		{"a begin that names no executor is 400", req{method: "POST", path: authPath + "/begin", token: tok, body: []byte(`{}`)}, 400, wire.ReasonMissingField},
+		{"an Executor on a commit is 400", req{method: "POST", path: authPath + "/commit", token: tok, body: []byte(`{"external_ref":"re_9"}`), headers: map[string]string{"Executor": "w-1"}, invalid: true}, 400, wire.ReasonFieldInvalid},
+		{"a duplicate member is 400 as on Kafka", req{method: "POST", path: prop, token: tok, body: []byte(`{"operation":"payment.refund","operation":"payment.refund","amount":{"minor_units":1,"currency":"EUR"},"target":"t"}`), headers: map[string]string{"Idempotency-Key": "p-6"}}, 400, wire.ReasonAmbiguousField},
+		{"an unknown request is 404", req{method: "GET", path: "/v1/orgs/acme/mandates/m-p/requests/rq-0-999999-aaaaaaaaaaaaaaaaaaaaaaaaaa", token: tok}, 404, gateway.ReasonRequestNotFound},
 		{"an unknown route is 404", req{method: "GET", path: "/v2/nothing", token: tok, unspecified: true}, 404, gateway.ReasonNotFound},
 		{"a stale mandate version is 409", req{method: "POST", path: prop, token: tok, body: []byte(`{"operation":"payment.refund","amount":{"minor_units":1,"currency":"EUR"},"target":"t","based_on_version":99}`), headers: map[string]string{"Idempotency-Key": "p-3"}}, 409, wire.ReasonStaleVersion},
 		{"committing a reserved authorization twice with another reference is 409", req{}, 409, wire.ReasonOtherExternalRef},
@@ -529,7 +574,7 @@ func TestGatewayBoundsSlowAndLargeHeaders(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	hs := srv.HTTPServer(ln.Addr().String(), srv.Handler())
-	go func() { _ = hs.Serve(ln) }()
+	go func() { _ = srv.Serve(hs, ln) }()
 	defer func() { // Shutdown waits for net/http's lingering close after the 431
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()

@@ -10,6 +10,8 @@ type metrics struct {
 	waits        *prometheus.CounterVec
 	authFailures *prometheus.CounterVec
 	inFlight     prometheus.Gauge
+
+	shardMapReloads *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -22,7 +24,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}, []string{"route"}),
 		waits: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "mandated_gateway_waits_total", Help: "Commands by how their wait ended: decided (200 or a problem with the decision) or accepted (202, no decision within the wait).",
+			Name: "mandated_gateway_waits_total", Help: "Commands by how their wait ended: decided (200 or a problem with the decision), accepted (202, no decision within the wait) or unavailable (503: Kafka did not acknowledge the produce within the wait).",
 		}, []string{"result"}),
 		authFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mandated_gateway_auth_failures_total", Help: "Requests refused by authentication or authorization, by reason.",
@@ -30,9 +32,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "mandated_gateway_commands_in_flight", Help: "Commands waiting for their decision now.",
 		}),
+		shardMapReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mandated_gateway_shard_map_reloads_total", Help: "Shard map file reads that changed the routing (reloaded) or found a map that cannot be used (error).",
+		}, []string{"result"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.duration, m.waits, m.authFailures, m.inFlight)
+		reg.MustRegister(m.requests, m.duration, m.waits, m.authFailures, m.inFlight, m.shardMapReloads)
 	}
 	return m
 }

@@ -18,7 +18,10 @@ const (
 	ReasonUnsupportedMediaType  wire.Reason = "unsupported_media_type" // 415
 	ReasonTooManyInFlight       wire.Reason = "too_many_in_flight"     // 429
 	ReasonMissingIdempotencyKey wire.Reason = "missing_idempotency_key"
-	ReasonUnavailable           wire.Reason = "unavailable" // 503: Kafka or PostgreSQL unreachable
+	ReasonUnavailable           wire.Reason = "unavailable"       // 503: Kafka or PostgreSQL unreachable
+	ReasonRequestNotFound       wire.Reason = "request_not_found" // 404: no such request (or past its retention)
+	ReasonHeadersTooLarge       wire.Reason = "headers_too_large" // 431: the request's headers exceed the limit
+	ReasonMalformedRequest      wire.Reason = "malformed_request" // 400/501: not an HTTP/1.1 request net/http can read
 )
 
 // Problem is an RFC 9457 problem details object. Type is
@@ -66,12 +69,4 @@ func statusOf(d *wire.Decision) int {
 		return http.StatusConflict
 	}
 	return http.StatusOK
-}
-
-// statusOfRejection maps a rejection found before producing.
-func statusOfRejection(reason wire.Reason) int {
-	if reason == wire.ReasonTooLarge {
-		return http.StatusRequestEntityTooLarge
-	}
-	return http.StatusBadRequest
 }

@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	_ "embed"
 	"encoding/json"
 	"errors"
@@ -11,14 +12,17 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mandated/mandated/client"
 	"github.com/mandated/mandated/partitioner"
@@ -35,20 +39,24 @@ type Server struct {
 	cfg     Config
 	log     zerolog.Logger
 	client  *client.Client
-	db      *pgxpool.Pool
-	shards  []*pgxpool.Pool // with a shard map: every shard's, for status reads
+	db      *pgxpool.Pool // the control database's (tokens); every read without a shard map
+	shards  *Shards       // with a shard map: where each partition's rows are
 	metrics *metrics
 	mux     *http.ServeMux
+
+	partitions atomic.Int32 // mandated's partition count, once read
+	routes     []string     // the patterns served, "METHOD /path/{param}"
 
 	mu       sync.Mutex
 	inFlight map[string]int // per org
 }
 
-// WithShards makes status reads look in every database of a shard map
-// (a mandate's rows are in its partition's shard); db stays the control
-// shard's, where the tokens are. Call before serving.
-func (s *Server) WithShards(pools ...*pgxpool.Pool) *Server {
-	s.shards = pools
+// WithShards routes every status read to the database of the mandate's
+// partition as the shard map says (and says again after Shards.Reload);
+// db stays the control shard's, where the tokens are. Call before serving.
+func (s *Server) WithShards(sh *Shards) *Server {
+	s.shards = sh
+	sh.reloads = func(result string) { s.metrics.shardMapReloads.WithLabelValues(result).Inc() }
 	return s
 }
 
@@ -64,6 +72,7 @@ func New(cfg Config, cl *client.Client, db *pgxpool.Pool, reg prometheus.Registe
 	const base = "/v1/orgs/{org}/mandates/{mandate}"
 	s.route("POST "+base+"/proposals", "propose", s.command(wire.CmdPropose))
 	s.route("GET "+base+"/proposals/{key}", "proposal_status", s.proposalStatus)
+	s.route("GET "+base+"/requests/{request}", "request_status", s.requestStatus)
 	s.route("GET "+base+"/authorizations/{authorization}", "authorization_status", s.authorizationStatus)
 	s.route("POST "+base+"/authorizations/{authorization}/begin", "begin", s.command(wire.CmdBegin))
 	s.route("POST "+base+"/authorizations/{authorization}/commit", "commit", s.command(wire.CmdCommit))
@@ -73,14 +82,40 @@ func New(cfg Config, cl *client.Client, db *pgxpool.Pool, reg prometheus.Registe
 	s.route("POST "+base+"/authorizations/{authorization}/resolve", "resolve", s.controlPlane)
 	s.route("POST "+base+"/grants", "grant", s.controlPlane)
 	s.route("POST "+base+"/revoke", "revoke", s.controlPlane)
-	s.mux.HandleFunc("GET /v1/openapi.yaml", func(w http.ResponseWriter, _ *http.Request) {
+	s.route("GET /v1/openapi.yaml", "openapi", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/yaml")
 		_, _ = w.Write(OpenAPI)
 	})
-	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeProblem(w, r, http.StatusNotFound, ReasonNotFound, "no such resource", nil)
-	})
+	s.mux.HandleFunc("/", s.notFound)
 	return s, nil
+}
+
+// Routes are the patterns the API serves ("POST /v1/orgs/{org}/..."): the
+// OpenAPI document has an operation for each (a test checks both ways).
+func (s *Server) Routes() []string { return slices.Clone(s.routes) }
+
+// methods are the methods a route may be registered for.
+var methods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete}
+
+// notFound answers what no route took: 405 with Allow when the path is a
+// route of other methods, 404 otherwise. (The catch-all "/" takes every
+// method, so ServeMux's own 405 never happens.)
+func (s *Server) notFound(w http.ResponseWriter, r *http.Request) {
+	var allow []string
+	for _, m := range methods {
+		probe := r.Clone(r.Context())
+		probe.Method = m
+		if _, pattern := s.mux.Handler(probe); pattern != "/" && pattern != "" {
+			allow = append(allow, m)
+		}
+	}
+	if len(allow) == 0 {
+		writeProblem(w, r, http.StatusNotFound, ReasonNotFound, "no such resource", nil)
+		return
+	}
+	w.Header().Set("Allow", strings.Join(allow, ", "))
+	writeProblem(w, r, http.StatusMethodNotAllowed, ReasonMethodNotAllowed,
+		fmt.Sprintf("%s is not a method of this resource (Allow: %s)", r.Method, strings.Join(allow, ", ")), nil)
 }
 
 // Handler serves the API (the operational endpoints are the caller's: see
@@ -88,7 +123,7 @@ func New(cfg Config, cl *client.Client, db *pgxpool.Pool, reg prometheus.Registe
 func (s *Server) Handler() http.Handler { return s.mux }
 
 // HTTPServer returns an http.Server for the handler with the configured
-// timeouts and header limit.
+// timeouts and header limit. Serve it with Server.Serve.
 func (s *Server) HTTPServer(addr string, h http.Handler) *http.Server {
 	return &http.Server{
 		Addr: addr, Handler: h,
@@ -98,10 +133,16 @@ func (s *Server) HTTPServer(addr string, h http.Handler) *http.Server {
 	}
 }
 
-// Ready reports whether PostgreSQL and Kafka answer.
+// Ready reports whether PostgreSQL (every shard's, with a map) and Kafka
+// answer.
 func (s *Server) Ready(ctx context.Context) error {
 	if err := s.db.Ping(ctx); err != nil {
 		return fmt.Errorf("postgresql: %w", err)
+	}
+	if s.shards != nil {
+		if err := s.shards.ping(ctx); err != nil {
+			return err
+		}
 	}
 	if err := s.client.Ping(ctx); err != nil {
 		return fmt.Errorf("kafka: %w", err)
@@ -129,6 +170,7 @@ func (r *statusRecorder) Write(b []byte) (int, error) {
 }
 
 func (s *Server) route(pattern, name string, h http.HandlerFunc) {
+	s.routes = append(s.routes, pattern)
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		rec := &statusRecorder{ResponseWriter: w}
@@ -162,6 +204,7 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (Token, bo
 		writeProblem(w, r, http.StatusUnauthorized, ReasonUnauthenticated, "the bearer token is unknown or revoked", nil)
 		return Token{}, false
 	case err != nil:
+		w.Header().Set("Retry-After", "1")
 		writeProblem(w, r, http.StatusServiceUnavailable, ReasonUnavailable, "cannot check the token now", nil)
 		return Token{}, false
 	case t.Org != org:
@@ -180,17 +223,21 @@ func (s *Server) controlPlane(w http.ResponseWriter, r *http.Request) {
 		"grants, revokes and resolves are the control plane's: they are produced to the grants topic by grantors and reconcilers, never through the gateway", nil)
 }
 
-// fieldsFromURL are set by the gateway; a body must not name them.
-var fieldsFromURL = []string{"v", "type", "org", "mandate_id", "authorization_id", "idempotency_key", "executor", "sent_at"}
-
-// command handles one command on its resource.
+// command handles one command on its resource: the body's exact bytes are
+// checked with the contract's scanner, the record is built around them and
+// decoded with the contract's decoder, and exactly that record is produced
+// (with the request's id in a header), so the gateway produces only what
+// the processor accepts and refuses what it would refuse, for the same
+// reason. The produce and the wait for the decision share the caller's
+// wait (at least ProduceTimeout for the produce).
 func (s *Server) command(typ wire.CommandType) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if _, ok := s.authenticate(w, r); !ok {
 			return
 		}
 		org, mandate, authID := r.PathValue("org"), r.PathValue("mandate"), r.PathValue("authorization")
-		if _, err := partitioner.NewMandateKey(org, mandate); err != nil {
+		mk, err := partitioner.NewMandateKey(org, mandate)
+		if err != nil {
 			writeProblem(w, r, http.StatusBadRequest, wire.ReasonIDInvalid, err.Error(), nil)
 			return
 		}
@@ -204,28 +251,41 @@ func (s *Server) command(typ wire.CommandType) http.HandlerFunc {
 		if !ok {
 			return
 		}
-		for _, f := range fieldsFromURL {
-			if _, present := body[f]; present {
+		members := map[string]any{}
+		if len(body) > 0 {
+			m, rej := wire.ParseObject(body)
+			if rej != nil {
+				writeProblem(w, r, statusOfRejection(rej.Reason), rej.Reason, rej.Detail, nil)
+				return
+			}
+			members = m
+		}
+		for _, f := range fromURL {
+			if _, present := members[f]; present {
 				writeProblem(w, r, http.StatusBadRequest, wire.ReasonFieldInvalid,
 					fmt.Sprintf("%q comes from the URL or the headers, not the body", f), nil)
 				return
 			}
 		}
-		body["type"], body["org"], body["mandate_id"] = string(typ), org, mandate
+		head := []member{{name: "v", value: []byte(strconv.Itoa(wire.SchemaVersion))}, stringMember("type", string(typ)),
+			stringMember("org", org), stringMember("mandate_id", mandate)}
 		if authID != "" {
-			body["authorization_id"] = authID
+			head = append(head, stringMember("authorization_id", authID))
 		}
-		switch {
-		case key == "":
-		case typ == wire.CmdBegin:
-			// On begin the key names this execution attempt: the executor.
-			body["executor"] = key
-		default:
-			body["idempotency_key"] = key
+		if key != "" {
+			head = append(head, stringMember("idempotency_key", key))
 		}
-		raw, err := json.Marshal(body)
-		if err != nil {
-			writeProblem(w, r, http.StatusBadRequest, wire.ReasonMalformedJSON, err.Error(), nil)
+		executor, ok := s.executor(w, r, typ, members)
+		if !ok {
+			return
+		}
+		if executor != "" {
+			head = append(head, stringMember("executor", executor))
+		}
+		head = append(head, stringMember("sent_at", time.Now().UTC().Format(time.RFC3339Nano)))
+		record := buildRecord(head, body)
+		if _, rej := wire.Decode(mk.Bytes(), record, wire.Limits{MaxRecordBytes: s.cfg.MaxRecordBytes}); rej != nil {
+			writeProblem(w, r, statusOfRejection(rej.Reason), rej.Reason, rej.Detail, nil)
 			return
 		}
 		wait, ok := s.wait(w, r)
@@ -240,44 +300,118 @@ func (s *Server) command(typ wire.CommandType) http.HandlerFunc {
 		}
 		defer s.leave(org)
 
-		status := statusURL(org, mandate, typ, authID, key, body)
-		src, err := s.client.Submit(r.Context(), client.RawCommand(raw))
+		start := time.Now()
+		nonce, err := newNonce()
+		if err != nil {
+			writeProblem(w, r, http.StatusServiceUnavailable, ReasonUnavailable, err.Error(), nil)
+			return
+		}
+		pctx, cancel := context.WithTimeout(r.Context(), max(wait, s.cfg.ProduceTimeout))
+		src, err := s.client.SubmitExact(pctx, mk, record, kgo.RecordHeader{Key: wire.HeaderRequest, Value: []byte(nonce)})
+		cancel()
 		var inv *client.InvalidCommandError
 		switch {
 		case errors.As(err, &inv):
 			writeProblem(w, r, statusOfRejection(inv.Reason), inv.Reason, inv.Detail, nil)
 			return
 		case err != nil:
-			s.log.Warn().Err(err).Msg("produce failed")
-			writeProblem(w, r, http.StatusServiceUnavailable, ReasonUnavailable, "the command could not be produced; retry with the same Idempotency-Key", nil)
+			s.metrics.waits.WithLabelValues("unavailable").Inc()
+			s.log.Warn().Err(err).Str("org", org).Str("mandate_id", mandate).Msg("produce failed or was not acknowledged within the wait")
+			w.Header().Set("Retry-After", "1")
+			detail := "Kafka did not acknowledge the command within the wait; it may still be decided: retry with the same Idempotency-Key"
+			if typ == wire.CmdBegin {
+				detail += " and the same Executor"
+			}
+			writeProblem(w, r, http.StatusServiceUnavailable, ReasonUnavailable, detail, nil)
 			return
 		}
-		ctx, cancel := context.WithTimeout(r.Context(), wait)
+		id := requestID{partition: src.Partition, offset: src.Offset, nonce: nonce}
+		w.Header().Set("Request-Id", id.String())
+		ctx, cancel := context.WithTimeout(r.Context(), max(0, wait-time.Since(start)))
 		defer cancel()
 		d, err := s.client.Await(ctx, src)
-		w.Header().Set("Preference-Applied", "wait="+strconv.Itoa(int(wait/time.Second)))
+		w.Header().Set("Preference-Applied", "wait="+strconv.FormatInt(int64(wait/time.Second), 10))
 		if errors.Is(err, client.ErrNoDecision) {
 			s.metrics.waits.WithLabelValues("accepted").Inc()
-			s.accepted(w, status, src)
+			s.accepted(w, requestURL(org, mandate, id), id, src)
 			return
 		}
 		if err != nil {
+			w.Header().Set("Retry-After", "1")
 			writeProblem(w, r, http.StatusServiceUnavailable, ReasonUnavailable, err.Error(), nil)
 			return
 		}
 		s.metrics.waits.WithLabelValues("decided").Inc()
-		if d.AuthorizationID != "" {
-			w.Header().Set("Content-Location", authorizationURL(org, mandate, d.AuthorizationID))
-		}
-		if code := statusOf(&d.Decision); code != http.StatusOK {
-			writeProblem(w, r, code, d.Reason, cmpOr(d.Detail, string(d.Outcome)), d.Raw)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Cache-Control", "no-store")
-		w.WriteHeader(http.StatusOK)
-		_, _ = w.Write(append(bytes.TrimSpace(d.Raw), '\n'))
+		s.writeDecision(w, r, &d.Decision, d.Raw)
 	}
+}
+
+// writeDecision answers with a decision: 200 with it, or a problem that
+// carries it (statusOf).
+func (s *Server) writeDecision(w http.ResponseWriter, r *http.Request, d *wire.Decision, raw []byte) {
+	if d.AuthorizationID != "" {
+		w.Header().Set("Content-Location", authorizationURL(d.Org, d.MandateID, d.AuthorizationID))
+	}
+	if code := statusOf(d); code != http.StatusOK {
+		writeProblem(w, r, code, d.Reason, cmpOr(d.Detail, string(d.Outcome)), raw)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(append(bytes.TrimSpace(raw), '\n'))
+}
+
+// executor returns the executor a begin's record names in its head: the
+// Executor header, or one the gateway mints when neither the header nor the
+// body names one. An executor is one attempt, never the intent's
+// Idempotency-Key: workers that derive keys from workflow facts send the
+// same key, and must not all be told to execute. The effective executor is
+// answered in the Executor response header. Other commands take no
+// executor.
+func (s *Server) executor(w http.ResponseWriter, r *http.Request, typ wire.CommandType, members map[string]any) (string, bool) {
+	header := r.Header.Get("Executor")
+	if typ != wire.CmdBegin {
+		if header != "" {
+			writeProblem(w, r, http.StatusBadRequest, wire.ReasonFieldInvalid, "the Executor header names a begin's attempt; "+string(typ)+" takes none", nil)
+			return "", false
+		}
+		return "", true
+	}
+	inBody, present := members["executor"]
+	switch {
+	case present && header != "":
+		if s, isStr := inBody.(string); !isStr || s != header {
+			writeProblem(w, r, http.StatusBadRequest, wire.ReasonFieldInvalid, "the body's executor and the Executor header differ", nil)
+			return "", false
+		}
+		w.Header().Set("Executor", header)
+		return "", true // the body names it
+	case present:
+		if s, isStr := inBody.(string); isStr && partitioner.ValidID(s) {
+			w.Header().Set("Executor", s)
+		}
+		return "", true
+	case header != "":
+		w.Header().Set("Executor", header)
+		return header, true
+	}
+	minted, err := newNonce()
+	if err != nil {
+		writeProblem(w, r, http.StatusServiceUnavailable, ReasonUnavailable, err.Error(), nil)
+		return "", false
+	}
+	w.Header().Set("Executor", "gw-"+minted)
+	return "gw-" + minted, true
+}
+
+// newNonce returns 16 random bytes in lower-case base32 (26 characters).
+func newNonce() (string, error) {
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("gateway: random: %w", err)
+	}
+	return tokenEncoding.EncodeToString(b), nil
 }
 
 func cmpOr(a, b string) string {
@@ -287,14 +421,12 @@ func cmpOr(a, b string) string {
 	return b
 }
 
-// readBody reads a bounded JSON object body.
-func (s *Server) readBody(w http.ResponseWriter, r *http.Request) (map[string]any, bool) {
+// readBody reads a bounded body, exactly as sent. A body of JSON
+// whitespace only is no body (nil); any other body must be
+// application/json.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 	if r.ContentLength > s.cfg.MaxBodyBytes {
 		writeProblem(w, r, http.StatusRequestEntityTooLarge, wire.ReasonTooLarge, fmt.Sprintf("the body is larger than %d bytes", s.cfg.MaxBodyBytes), nil)
-		return nil, false
-	}
-	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
-		writeProblem(w, r, http.StatusUnsupportedMediaType, ReasonUnsupportedMediaType, "the body must be application/json", nil)
 		return nil, false
 	}
 	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
@@ -307,21 +439,18 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) (map[string]an
 		writeProblem(w, r, http.StatusBadRequest, wire.ReasonMalformedJSON, "the body could not be read", nil)
 		return nil, false
 	}
-	if len(bytes.TrimSpace(b)) == 0 {
-		return map[string]any{}, true
+	if len(bytes.TrimLeft(b, " \t\r\n")) == 0 {
+		return nil, true
 	}
-	// Keep numbers as written: the processor's strict decoder judges them.
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber()
-	var body map[string]any
-	if err := dec.Decode(&body); err != nil || body == nil || dec.More() {
-		writeProblem(w, r, http.StatusBadRequest, wire.ReasonMalformedJSON, "the body must be one JSON object", nil)
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+		writeProblem(w, r, http.StatusUnsupportedMediaType, ReasonUnsupportedMediaType, "a body must be application/json", nil)
 		return nil, false
 	}
-	return body, true
+	return b, true
 }
 
-// wait reads Prefer: wait=N (RFC 7240), bounded by MaxWait.
+// wait reads Prefer: wait=N (RFC 7240), bounded by MaxWait: N is read as
+// a count of seconds of any length, and anything past MaxWait is MaxWait.
 func (s *Server) wait(w http.ResponseWriter, r *http.Request) (time.Duration, bool) {
 	for _, v := range r.Header.Values("Prefer") {
 		for _, pref := range strings.Split(v, ",") {
@@ -329,12 +458,16 @@ func (s *Server) wait(w http.ResponseWriter, r *http.Request) (time.Duration, bo
 			if !ok || !strings.EqualFold(strings.TrimSpace(name), "wait") {
 				continue
 			}
-			n, err := strconv.Atoi(strings.Trim(strings.TrimSpace(val), `"`))
-			if err != nil || n < 0 {
+			digits := strings.Trim(strings.TrimSpace(val), `"`)
+			if digits == "" || strings.Trim(digits, "0123456789") != "" {
 				writeProblem(w, r, http.StatusBadRequest, wire.ReasonFieldInvalid, "Prefer: wait must be a number of seconds", nil)
 				return 0, false
 			}
-			return min(time.Duration(n)*time.Second, s.cfg.MaxWait), true
+			maxSecs := int64(s.cfg.MaxWait / time.Second)
+			if n, err := strconv.ParseInt(digits, 10, 64); err == nil && n <= maxSecs {
+				return min(time.Duration(n)*time.Second, s.cfg.MaxWait), true
+			}
+			return s.cfg.MaxWait, true // more seconds than MaxWait (or than an int64 holds)
 		}
 	}
 	return s.cfg.DefaultWait, true
@@ -360,15 +493,17 @@ func (s *Server) leave(org string) {
 	s.metrics.inFlight.Dec()
 }
 
-// Accepted is the body of a 202: where to look, and where the command is.
+// Accepted is the body of a 202: the request's id and status URL, and where
+// its command is.
 type Accepted struct {
 	Status    string      `json:"status"`
+	RequestID string      `json:"request_id"`
 	StatusURL string      `json:"status_url"`
 	Source    wire.Source `json:"source"`
 }
 
-func (s *Server) accepted(w http.ResponseWriter, status string, src wire.Source) {
-	b, _ := json.Marshal(Accepted{Status: "accepted", StatusURL: status, Source: src})
+func (s *Server) accepted(w http.ResponseWriter, status string, id requestID, src wire.Source) {
+	b, _ := json.Marshal(Accepted{Status: "accepted", RequestID: id.String(), StatusURL: status, Source: src})
 	w.Header().Set("Location", status)
 	w.Header().Set("Retry-After", "1")
 	w.Header().Set("Content-Type", "application/json")
@@ -377,21 +512,18 @@ func (s *Server) accepted(w http.ResponseWriter, status string, src wire.Source)
 	_, _ = w.Write(append(b, '\n'))
 }
 
-func authorizationURL(org, mandate, id string) string {
-	return "/v1/orgs/" + url.PathEscape(org) + "/mandates/" + url.PathEscape(mandate) + "/authorizations/" + url.PathEscape(id)
+func mandateURL(org, mandate string) string {
+	return "/v1/orgs/" + url.PathEscape(org) + "/mandates/" + url.PathEscape(mandate)
 }
 
-// statusURL is where a command's outcome can be read: the proposal's
-// idempotency record, or the authorization's row.
-func statusURL(org, mandate string, typ wire.CommandType, authID, key string, body map[string]any) string {
-	if typ != wire.CmdPropose {
-		return authorizationURL(org, mandate, authID)
-	}
-	u := "/v1/orgs/" + url.PathEscape(org) + "/mandates/" + url.PathEscape(mandate) + "/proposals/" + url.PathEscape(key)
-	if op, ok := body["operation"].(string); ok && op != "" {
-		u += "?operation=" + url.QueryEscape(op)
-	}
-	return u
+func authorizationURL(org, mandate, id string) string {
+	return mandateURL(org, mandate) + "/authorizations/" + url.PathEscape(id)
+}
+
+// requestURL is a request's status URL: its decision, once made, and only
+// its own.
+func requestURL(org, mandate string, id requestID) string {
+	return mandateURL(org, mandate) + "/requests/" + id.String()
 }
 
 func (s *Server) writeJSON(w http.ResponseWriter, v any) {
@@ -400,6 +532,13 @@ func (s *Server) writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(append(b, '\n'))
+}
+
+// unavailable answers a read PostgreSQL did not serve.
+func (s *Server) unavailable(w http.ResponseWriter, r *http.Request, what string, err error) {
+	s.log.Warn().Err(err).Str("path", r.URL.Path).Msg(what)
+	w.Header().Set("Retry-After", "1")
+	writeProblem(w, r, http.StatusServiceUnavailable, ReasonUnavailable, "cannot "+what+" now", nil)
 }
 
 func (s *Server) authorizationStatus(w http.ResponseWriter, r *http.Request) {
@@ -411,8 +550,7 @@ func (s *Server) authorizationStatus(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, errNoRow):
 		writeProblem(w, r, http.StatusNotFound, wire.ReasonAuthorizationNotFound, "no such authorization", nil)
 	case err != nil:
-		s.log.Warn().Err(err).Msg("authorization status")
-		writeProblem(w, r, http.StatusServiceUnavailable, ReasonUnavailable, "cannot read the authorization now", nil)
+		s.unavailable(w, r, "read the authorization", err)
 	default:
 		s.writeJSON(w, a)
 	}
@@ -426,12 +564,36 @@ func (s *Server) proposalStatus(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case errors.Is(err, errNoRow):
 		writeProblem(w, r, http.StatusNotFound, ReasonNoDecisionRecorded,
-			"no decision is bound to this key: it is not decided yet (poll again), or its answer binds no key "+
-				"(rejected, stale_version, conflict, mandate_not_found, ...): send the same request again to read it", nil)
+			"no decision is bound to this key: it is not decided yet, or its answer binds no key "+
+				"(rejected, stale_version, conflict, mandate_not_found, ...): each request's own answer is at its status URL (.../requests/{id})", nil)
 	case err != nil:
-		s.log.Warn().Err(err).Msg("proposal status")
-		writeProblem(w, r, http.StatusServiceUnavailable, ReasonUnavailable, "cannot read the proposal now", nil)
+		s.unavailable(w, r, "read the proposal", err)
 	default:
 		s.writeJSON(w, p)
+	}
+}
+
+func (s *Server) requestStatus(w http.ResponseWriter, r *http.Request) {
+	if _, ok := s.authenticate(w, r); !ok {
+		return
+	}
+	org, mandate := r.PathValue("org"), r.PathValue("mandate")
+	id, ok := parseRequestID(r.PathValue("request"))
+	if !ok {
+		writeProblem(w, r, http.StatusNotFound, ReasonRequestNotFound, "not a request id (rq-<partition>-<offset>-<nonce>)", nil)
+		return
+	}
+	st, err := s.request(r.Context(), org, mandate, id)
+	switch {
+	case errors.Is(err, errNoRow):
+		writeProblem(w, r, http.StatusNotFound, ReasonRequestNotFound,
+			"no such request on this mandate, or its record is past the org's retention", nil)
+	case err != nil:
+		s.unavailable(w, r, "read the request", err)
+	default:
+		if st.Status == RequestPending {
+			w.Header().Set("Retry-After", "1")
+		}
+		s.writeJSON(w, st)
 	}
 }

@@ -45,6 +45,22 @@ type Row struct {
 
 	// The chain (see Chain): zero on rows written before migration 0008.
 	PrevHash, Hash wire.ChainHash
+
+	// Answer, on a decision answering a record the HTTP gateway produced
+	// (wire.HeaderRequest), is that request's record: the sink keeps the
+	// decision in request_answers in the same transaction. It is not part
+	// of the outbox row.
+	Answer *Answer
+}
+
+// Answer is the request record of a gateway request: its nonce, the record
+// it produced, and how long the decision is kept.
+type Answer struct {
+	RequestID string
+	Org       string
+	MandateID string
+	Source    wire.Source
+	ExpiresAt time.Time
 }
 
 // Chained reports whether the row carries chain members.

@@ -31,6 +31,10 @@ type item struct {
 	rec    *kgo.Record
 	// signedBy is the grantor key whose signature verified (itemCommand).
 	signedBy string
+	// request is the HTTP gateway request the record was produced for
+	// (wire.HeaderRequest), "" for none: its answer is kept as the
+	// request's record.
+	request string
 }
 
 // classify decodes a record and decides which path it takes. A record that
@@ -39,6 +43,9 @@ type item struct {
 // from the grants topic, the privileged control plane.
 func (p *Processor) classify(r *kgo.Record) item {
 	it := item{home: -1, rec: r, src: wire.Source{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset}}
+	if r.Topic == p.cfg.ProposalsTopic { // the gateway produces nothing else
+		it.request = requestOf(r)
+	}
 	cmd, rej := wire.Decode(r.Key, r.Value, wire.Limits{MaxRecordBytes: p.cfg.MaxRecordBytes})
 	var key *partitioner.MandateKey
 	if rej != nil {
@@ -77,6 +84,17 @@ func (p *Processor) classify(r *kgo.Record) item {
 	}
 	it.kind, it.cmd = itemCommand, cmd
 	return it
+}
+
+// requestOf reads the gateway request a record names; a header that is
+// not a request id is ignored (the record is decided all the same).
+func requestOf(r *kgo.Record) string {
+	for _, h := range r.Headers {
+		if h.Key == wire.HeaderRequest && wire.ValidRequestID(string(h.Value)) {
+			return string(h.Value)
+		}
+	}
+	return ""
 }
 
 func (p *Processor) reject(it item, key partitioner.MandateKey, rej *wire.Rejection, home int32) item {

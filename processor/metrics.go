@@ -41,7 +41,11 @@ type Metrics struct {
 	Forks           prometheus.Counter
 	PossibleReplays *prometheus.CounterVec
 	IntentsPurged   prometheus.Counter
-	Rebalance       *RebalanceMetrics
+	// RequestAnswers counts decisions kept as gateway request records;
+	// RequestAnswersPurged, those deleted past the org's retention.
+	RequestAnswers       prometheus.Counter
+	RequestAnswersPurged prometheus.Counter
+	Rebalance            *RebalanceMetrics
 	// ShardUp is 1 per shard while its database answers this instance's
 	// probe, else 0 (labelled with the shard's partitions).
 	ShardUp *prometheus.GaugeVec
@@ -187,6 +191,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "mandated_intents_purged_total",
 		Help: "Intents deleted by the background purge (retention over and the latest authorization terminal).",
 	})
+	m.RequestAnswers = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "mandated_request_answers_total",
+		Help: "Decisions kept as the request record of an HTTP gateway request (records with the mandated-request header), for the org's retention.",
+	})
+	m.RequestAnswersPurged = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "mandated_request_answers_purged_total",
+		Help: "Gateway request records deleted by the background purge (past the org's retention).",
+	})
 	m.ShardUp = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "mandated_shard_up",
 		Help: "1 while the shard's PostgreSQL answers this instance's probe (every second or so), else 0: a shard that does not answer stalls its partitions only.",
@@ -196,7 +208,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Decisions the decisions topic holds past PostgreSQL's head on a partition assigned here: PostgreSQL went back in time (a restored backup, a promoted asynchronous replica). The partition is not decided until mandatectl recover rebuilds it; 0 once it is.",
 	}, []string{"partition"})
 	if reg != nil {
-		reg.MustRegister(m.IntentReplays, m.Forks, m.PossibleReplays, m.IntentsPurged, m.ShardUp, m.Rewound)
+		reg.MustRegister(m.IntentReplays, m.Forks, m.PossibleReplays, m.IntentsPurged, m.ShardUp, m.RequestAnswers, m.RequestAnswersPurged, m.Rewound)
 	}
 	m.Rebalance = newRebalanceMetrics()
 	if reg != nil {

@@ -29,11 +29,12 @@ func (p *Processor) purgeLoop(ctx context.Context) {
 }
 
 // purgePartition runs one interval's purge of partition n: expired
-// idempotency keys, then expired intents, each for at most an eighth of the
-// interval.
+// idempotency keys, expired intents, then expired gateway request records,
+// each for at most an eighth of the interval.
 func (p *Processor) purgePartition(ctx context.Context, n int32) {
 	p.purgeKind(ctx, n, "idempotency keys", p.shards.For(n).PurgeExpiredKeys, p.metrics.KeysPurged)
 	p.purgeKind(ctx, n, "intents", p.shards.For(n).PurgeExpiredIntents, p.metrics.IntentsPurged)
+	p.purgeKind(ctx, n, "request records", p.shards.For(n).PurgeExpiredAnswers, p.metrics.RequestAnswersPurged)
 }
 
 // purgeKind deletes batches of one kind of expired row while they come

@@ -396,6 +396,7 @@ func (w *worker) commit(items []item, due []lifecycle.AuthKey, now time.Time) er
 			}
 			for _, it := range items {
 				var err error
+				first := len(rows)
 				switch it.kind {
 				case itemCommand:
 					ds := st.Decide(lifecycle.Input{Cmd: it.cmd, Source: it.src}, now)
@@ -417,6 +418,9 @@ func (w *worker) commit(items []item, due []lifecycle.AuthKey, now time.Time) er
 				}
 				if err != nil {
 					return nil, err
+				}
+				if it.request != "" && it.kind != itemDeadLetter {
+					answer(rows[first:], decisions[len(decisions)-(len(rows)-first):], it, st.Retention, now)
 				}
 			}
 			return rows, nil
@@ -501,6 +505,11 @@ func (w *worker) committed(b *sink.Batch, res sink.Result, items []item, due []l
 	m := w.p.metrics
 	m.PendingDeadlines.Set(float64(w.p.pendingDeadlines()))
 	m.BatchSize.Observe(float64(len(items) + len(due)))
+	for _, r := range res.Rows {
+		if r.Answer != nil {
+			m.RequestAnswers.Inc()
+		}
+	}
 	m.CommitSeconds.Observe(took.Seconds())
 	commitTime := time.Now()
 	for _, it := range items {
@@ -591,6 +600,20 @@ func countIntents(m *Metrics, d *wire.Decision) {
 	}
 	if d.ForkOf != "" && d.Outcome == wire.OutcomeReserved {
 		m.Forks.Inc()
+	}
+}
+
+// answer marks the row of the decision answering a gateway request's
+// record (the one whose source is the record) as that request's record,
+// kept for the org's idempotency retention.
+func answer(rows []outbox.Row, ds []wire.Decision, it item, retention func(string) time.Duration, now time.Time) {
+	for i := range ds {
+		if ds[i].Source == nil || *ds[i].Source != it.src {
+			continue
+		}
+		rows[i].Answer = &outbox.Answer{RequestID: it.request, Org: ds[i].Org, MandateID: ds[i].MandateID, Source: it.src,
+			ExpiresAt: now.Add(retention(ds[i].Org))}
+		return
 	}
 }
 

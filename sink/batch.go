@@ -301,6 +301,7 @@ func (p *part) decide() error {
 	p.w.idem(st)
 	p.w.intents(st)
 	p.w.outbox(out)
+	p.w.answers(out)
 	p.to = Position{ProposalsOffset: b.To.ProposalsOffset, GrantsOffset: b.To.GrantsOffset, NextSeq: st.NextSeq}
 	p.w.queue(advancePartitionSQL, []any{b.Partition, b.Epoch, p.to.ProposalsOffset, p.to.GrantsOffset, p.to.NextSeq,
 		p.stored.ProposalsOffset, p.stored.GrantsOffset, p.stored.NextSeq, newHead[:]}, expectRows("advance partition", 1))

@@ -69,6 +69,18 @@ func (s *Sink) PurgeExpiredKeys(ctx context.Context, partition int32, now time.T
 	return tag.RowsAffected(), nil
 }
 
+// PurgeExpiredAnswers deletes at most limit gateway request records of a
+// partition whose retention ended before now. A request's status URL then
+// answers 404: the answer is gone, as its idempotency key may be.
+func (s *Sink) PurgeExpiredAnswers(ctx context.Context, partition int32, now time.Time, limit int) (int64, error) {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM request_answers WHERE ctid = ANY (ARRAY(
+			SELECT ctid FROM request_answers WHERE partition = $1 AND expires_at < $2 LIMIT $3))`, partition, now, limit)
+	if err != nil {
+		return 0, fmt.Errorf("sink: purge expired request records of partition %d: %w", partition, interpretError(err))
+	}
+	return tag.RowsAffected(), nil
+}
+
 // InDoubtStats reports the number of in-doubt authorizations of the given
 // partitions and the oldest one's age.
 func (s *Sink) InDoubtStats(ctx context.Context, partitions []int32, now time.Time) (count int64, oldest time.Duration, err error) {

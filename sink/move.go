@@ -118,7 +118,7 @@ func readMoves(ctx context.Context, q interface {
 // mandated_moves itself (TestTheMoveCopiesEveryTableWithAPartitionColumn).
 var movedTables = []string{
 	"chain_anchors", "mandated_partitions", "mandates", "authorizations", "idempotency_keys",
-	"intents", "outbox", "outbox_parked", "relay_progress",
+	"intents", "outbox", "outbox_parked", "relay_progress", "request_answers",
 }
 
 // MoveOptions says which partition moves where.

@@ -112,6 +112,9 @@ type RepartitionResult struct {
 	Authorizations int64
 	Keys           int64
 	Intents        int64
+	// RequestAnswers counts gateway request records moved (not recorded in
+	// the repartition journal: 0 when AlreadyDone).
+	RequestAnswers int64
 	// AlreadyDone: the database had already been repartitioned to To (a
 	// re-run after a crash before the topics grew); nothing was written.
 	AlreadyDone bool
@@ -333,7 +336,8 @@ func fenceOld(ctx context.Context, tx pgx.Tx, n int32, operator string) ([]Repar
 func rehash(ctx context.Context, tx pgx.Tx, n int32, res *RepartitionResult) error {
 	rows, err := tx.Query(ctx, `SELECT org, mandate_id FROM mandates
 		UNION SELECT org, mandate_id FROM idempotency_keys
-		UNION SELECT org, mandate_id FROM intents`)
+		UNION SELECT org, mandate_id FROM intents
+		UNION SELECT org, mandate_id FROM request_answers`)
 	if err != nil {
 		return fmt.Errorf("list mandates: %w", err)
 	}
@@ -365,7 +369,8 @@ func rehash(ctx context.Context, tx pgx.Tx, n int32, res *RepartitionResult) err
 	for _, m := range []struct {
 		table string
 		n     *int64
-	}{{"mandates", &res.Mandates}, {"authorizations", &res.Authorizations}, {"idempotency_keys", &res.Keys}, {"intents", &res.Intents}} {
+	}{{"mandates", &res.Mandates}, {"authorizations", &res.Authorizations}, {"idempotency_keys", &res.Keys}, {"intents", &res.Intents},
+		{"request_answers", &res.RequestAnswers}} {
 		tag, err := tx.Exec(ctx, `UPDATE `+m.table+` t SET partition = h.home FROM repartition_homes h
 			WHERE t.org = h.org AND t.mandate_id = h.mandate_id AND t.partition <> h.home`)
 		if err != nil {

@@ -261,6 +261,36 @@ func (w *writeSet) outbox(rows []outbox.Row) {
 		expectRows("insert outbox", n))
 }
 
+// insertAnswersSQL keeps the decisions that answer gateway requests
+// (migration 0024), keyed by the record's position.
+const insertAnswersSQL = `INSERT INTO request_answers (source_partition, source_offset, request_id, partition, org, mandate_id,
+  decision, created_at, expires_at)
+SELECT * FROM unnest($1::int[], $2::bigint[], $3::text[], $4::int[], $5::text[], $6::text[], $7::bytea[], $8::timestamptz[],
+  $9::timestamptz[])
+ON CONFLICT DO NOTHING`
+
+// answers writes the request records of the rows that answer gateway
+// requests: nothing at all for a batch without one.
+func (w *writeSet) answers(rows []outbox.Row) {
+	var id, org, mid []string
+	var part, srcPart []int32
+	var srcOff []int64
+	var payload [][]byte
+	var created, expires []pgtype.Timestamptz
+	for _, r := range rows {
+		a := r.Answer
+		if a == nil {
+			continue
+		}
+		srcPart, srcOff, id = append(srcPart, a.Source.Partition), append(srcOff, a.Source.Offset), append(id, a.RequestID)
+		part, org, mid = append(part, r.Partition), append(org, a.Org), append(mid, a.MandateID)
+		payload, created, expires = append(payload, r.Payload), append(created, tstz(r.CreatedAt)), append(expires, tstz(a.ExpiresAt))
+	}
+	if len(id) > 0 {
+		w.queue(insertAnswersSQL, []any{srcPart, srcOff, id, part, org, mid, payload, created, expires}, nil)
+	}
+}
+
 const insertIntentsSQL = `INSERT INTO intents (org, operation, run_id, step, action, mandate_id, authorization_id, decision_id,
   head_mandate_id, head_authorization_id, partition, created_at, updated_at, expires_at)
 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],

@@ -230,3 +230,9 @@ const (
 	HeaderEpoch       = "mandated-epoch"
 	DeadLetterMaxByte = 16 << 10
 )
+
+// HeaderRequest, on a command record, names the HTTP gateway request it was
+// produced for (ValidRequestID): the processor keeps the decision that
+// answers the record under that id for the org's retention, so any gateway
+// instance can answer the request's status URL.
+const HeaderRequest = "mandated-request"

@@ -69,7 +69,7 @@ func (d *demo) viaGateway(ctx context.Context, dbURL string, log zerolog.Logger)
 		return err
 	}
 	hs := srv.HTTPServer(ln.Addr().String(), srv.Handler())
-	go func() { _ = hs.Serve(ln) }()
+	go func() { _ = srv.Serve(hs, ln) }()
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

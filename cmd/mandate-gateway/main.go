@@ -1,16 +1,19 @@
 // Command mandate-gateway is mandated's HTTP gateway: per-org bearer tokens,
 // commands on the authorization resources answered 200 with the decision or
-// 202 with a status URL, status read from PostgreSQL (read-only), problem
-// details with the wire's reason codes. The logic is package gateway; this
-// file maps flags (and MANDATED_* variables) onto it.
+// 202 with the request's status URL, status read from PostgreSQL
+// (read-only), problem details with the wire's reason codes. The logic is
+// package gateway; this file maps flags (and MANDATED_* variables) onto it.
 //
-// It serves the API, /metrics, /healthz and /readyz on --http-addr. SIGTERM
-// stops accepting, lets requests in flight finish within --shutdown-timeout
-// and exits 0.
+// It serves the API on --http-addr (over TLS with --tls-cert and --tls-key)
+// and /metrics, /healthz and /readyz on --ops-addr, a listener of their
+// own. SIGHUP reads the shard map again (so does a change of the file,
+// polled every --shard-map-poll). SIGTERM stops accepting, lets requests in
+// flight finish within --shutdown-timeout and exits 0.
 package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -18,6 +21,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -31,41 +35,56 @@ import (
 	"github.com/mandated/mandated/client"
 	"github.com/mandated/mandated/cmd/internal/cli"
 	"github.com/mandated/mandated/gateway"
-	"github.com/mandated/mandated/sink"
 )
 
 type config struct {
-	kafka           cli.Kafka
-	databaseURL     string
-	databaseURLFile string
-	dbMaxConns      int
-	shardMap        string
-	proposalsTopic  string
-	grantsTopic     string
-	decisionsTopic  string
-	httpAddr        string
-	defaultWait     time.Duration
-	maxWait         time.Duration
-	maxBodyBytes    int64
-	maxInFlight     int
-	shutdownTimeout time.Duration
-	logFormat       string
-	logLevel        string
+	kafka             cli.Kafka
+	databaseURL       string
+	databaseURLFile   string
+	dbMaxConns        int
+	shardMap          string
+	shardMapPoll      time.Duration
+	shardUser         string
+	shardPasswordFile string
+	proposalsTopic    string
+	grantsTopic       string
+	decisionsTopic    string
+	httpAddr          string
+	opsAddr           string
+	tlsCert           string
+	tlsKey            string
+	defaultWait       time.Duration
+	maxWait           time.Duration
+	produceTimeout    time.Duration
+	maxBodyBytes      int64
+	maxRecordBytes    int
+	maxInFlight       int
+	shutdownTimeout   time.Duration
+	logFormat         string
+	logLevel          string
 }
 
 func (c *config) register(fs *flag.FlagSet) {
 	c.kafka.Register(fs)
-	fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL URL of a role that may only read (status and tokens), e.g. postgres://mandated_gateway@db:5432/mandated?sslmode=verify-full (required)")
+	fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL URL of a role that may only read (README, \"The gateway's PostgreSQL role\"), e.g. postgres://mandated_gateway@db:5432/mandated?sslmode=verify-full (required without --shard-map)")
 	fs.StringVar(&c.databaseURLFile, "database-url-file", "", "file holding the PostgreSQL URL (a mounted secret); wins over --database-url")
-	fs.StringVar(&c.shardMap, "shard-map", "", "mandated's shard map (YAML): status is read in every shard, tokens in the control shard; replaces --database-url")
+	fs.StringVar(&c.shardMap, "shard-map", "", "mandated's shard map (YAML): each status read goes to its mandate's shard, tokens to the control shard; replaces --database-url")
+	fs.DurationVar(&c.shardMapPoll, "shard-map-poll", 10*time.Second, "how often the shard map file is read again for a change (SIGHUP reads it at once); 0: only on SIGHUP and when a shard says a partition moved")
+	fs.StringVar(&c.shardUser, "shard-user", "", "with --shard-map: connect to every shard as this role (the gateway's read-only role) instead of the map's")
+	fs.StringVar(&c.shardPasswordFile, "shard-password-file", "", "with --shard-map: file holding the password of --shard-user")
 	fs.IntVar(&c.dbMaxConns, "db-max-conns", 8, "PostgreSQL connection pool size (per shard)")
 	fs.StringVar(&c.proposalsTopic, "proposals-topic", client.ProposalsTopicDefault, "topic of agents' commands")
 	fs.StringVar(&c.grantsTopic, "grants-topic", client.GrantsTopicDefault, "topic of grantors' commands (the gateway never writes it)")
 	fs.StringVar(&c.decisionsTopic, "decisions-topic", client.DecisionsTopicDefault, "topic of decisions")
-	fs.StringVar(&c.httpAddr, "http-addr", ":8090", "address of the API, /metrics, /healthz and /readyz")
+	fs.StringVar(&c.httpAddr, "http-addr", ":8090", "address of the API")
+	fs.StringVar(&c.opsAddr, "ops-addr", ":8091", "address of /metrics, /healthz and /readyz (plain HTTP, a listener of their own: keep it off the public network)")
+	fs.StringVar(&c.tlsCert, "tls-cert", "", "PEM certificate (chain) of the API: serve HTTPS (TLS 1.2+) on --http-addr; read again when the file changes")
+	fs.StringVar(&c.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
 	fs.DurationVar(&c.defaultWait, "default-wait", gateway.DefaultWaitDefault, "how long a command waits for its decision without Prefer: wait")
 	fs.DurationVar(&c.maxWait, "max-wait", gateway.MaxWaitDefault, "upper bound of Prefer: wait")
+	fs.DurationVar(&c.produceTimeout, "produce-timeout", gateway.ProduceTimeoutDefault, "least time Kafka gets to acknowledge a command when its wait is shorter (503 with Retry-After beyond)")
 	fs.Int64Var(&c.maxBodyBytes, "max-body-bytes", gateway.MaxBodyBytesDefault, "largest request body (413 beyond)")
+	fs.IntVar(&c.maxRecordBytes, "max-record-bytes", gateway.MaxRecordBytesDefault, "the processors' --max-record-bytes: the record built around a body is decoded with it")
 	fs.IntVar(&c.maxInFlight, "max-in-flight-per-org", gateway.MaxInFlightPerOrgDefault, "commands of one org waiting at once (429 beyond)")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", gateway.MaxWaitDefault+5*time.Second, "bound on a graceful shutdown")
 	fs.StringVar(&c.logFormat, "log-format", "auto", "json, console, or auto (console on a terminal)")
@@ -75,11 +94,15 @@ func (c *config) register(fs *flag.FlagSet) {
 func main() { os.Exit(run(os.Args[1:])) }
 
 // readOnlyPool makes a pool (connected lazily) whose sessions cannot write,
-// whatever role the URL names.
-func (c *config) readOnlyPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
+// whatever role the URL names; user and password, when set, replace the
+// URL's.
+func (c *config) readOnlyPool(ctx context.Context, url, user, password string) (*pgxpool.Pool, error) {
 	pcfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("invalid database URL: %w", err)
+	}
+	if user != "" {
+		pcfg.ConnConfig.User, pcfg.ConnConfig.Password = user, password
 	}
 	pcfg.MaxConns = int32(c.dbMaxConns)
 	pcfg.ConnConfig.RuntimeParams["default_transaction_read_only"] = "on"
@@ -94,8 +117,8 @@ func run(args []string) int {
 	if !ok {
 		return code
 	}
-	gcfg := gateway.Config{DefaultWait: c.defaultWait, MaxWait: c.maxWait, MaxBodyBytes: c.maxBodyBytes,
-		MaxInFlightPerOrg: c.maxInFlight, Logger: &log}
+	gcfg := gateway.Config{DefaultWait: c.defaultWait, MaxWait: c.maxWait, ProduceTimeout: c.produceTimeout, MaxBodyBytes: c.maxBodyBytes,
+		MaxRecordBytes: c.maxRecordBytes, MaxInFlightPerOrg: c.maxInFlight, Logger: &log}
 	if err := gcfg.WithDefaults().Validate(); err != nil {
 		log.Error().Err(err).Msg("invalid configuration")
 		return 2
@@ -112,21 +135,24 @@ func run(args []string) int {
 	}
 	kopts = append(kopts, kgo.WithLogger(cli.KafkaLogger(log, kgo.LogLevelWarn)))
 	dbURL, err := cli.Secret(c.databaseURL, c.databaseURLFile)
-	var shardURLs []string
 	switch {
 	case err != nil:
 	case c.shardMap != "" && dbURL != "":
 		err = errors.New("--shard-map and --database-url exclude each other: the map names every database")
-	case c.shardMap != "":
-		var m *sink.ShardMap
-		if m, err = sink.ReadShardMap(c.shardMap); err == nil {
-			dbURL = m.Shards[m.Control()].URL
-			for _, s := range m.Shards {
-				shardURLs = append(shardURLs, s.URL)
-			}
-		}
-	case dbURL == "":
+	case c.shardMap == "" && dbURL == "":
 		err = fmt.Errorf("--database-url (%s), --database-url-file or --shard-map is required", cli.EnvName("database-url"))
+	case (c.tlsCert == "") != (c.tlsKey == ""):
+		err = errors.New("--tls-cert and --tls-key go together")
+	case c.shardMap == "" && (c.shardUser != "" || c.shardPasswordFile != ""):
+		err = errors.New("--shard-user and --shard-password-file need --shard-map")
+	}
+	var shardPassword string
+	if err == nil && c.shardPasswordFile != "" {
+		shardPassword, err = cli.Secret("", c.shardPasswordFile)
+	}
+	var certs *certLoader
+	if err == nil && c.tlsCert != "" {
+		certs, err = newCertLoader(c.tlsCert, c.tlsKey)
 	}
 	if err != nil {
 		log.Error().Err(err).Msg("invalid configuration")
@@ -135,24 +161,28 @@ func run(args []string) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	pool, err := c.readOnlyPool(ctx, dbURL)
-	if err != nil {
-		log.Error().Err(err).Msg("postgresql pool")
-		return 2
-	}
-	defer pool.Close()
-	var shardPools []*pgxpool.Pool
-	for _, u := range shardURLs {
-		sp, err := c.readOnlyPool(ctx, u)
+	var pool *pgxpool.Pool
+	var shards *gateway.Shards
+	if c.shardMap != "" {
+		shards, err = gateway.OpenShards(ctx, c.shardMap, func(ctx context.Context, url string) (*pgxpool.Pool, error) {
+			return c.readOnlyPool(ctx, url, c.shardUser, shardPassword)
+		}, log)
 		if err != nil {
-			log.Error().Err(err).Msg("postgresql pool of a shard")
+			log.Error().Err(err).Msg("shard map")
 			return 2
 		}
-		defer sp.Close()
-		shardPools = append(shardPools, sp)
+		defer shards.Close()
+		pool = shards.Control()
+	} else {
+		if pool, err = c.readOnlyPool(ctx, dbURL, "", ""); err != nil {
+			log.Error().Err(err).Msg("postgresql pool")
+			return 2
+		}
+		defer pool.Close()
 	}
 	cl, ok := connectClient(ctx, client.Config{Brokers: brokers, KafkaOpts: kopts, ProposalsTopic: c.proposalsTopic,
-		GrantsTopic: c.grantsTopic, DecisionsTopic: c.decisionsTopic, Logger: &log}, log)
+		GrantsTopic: c.grantsTopic, DecisionsTopic: c.decisionsTopic, MaxRecordBytes: c.maxRecordBytes,
+		DeliveryTimeout: c.maxWait, Logger: &log}, log)
 	if !ok {
 		return 0
 	}
@@ -161,18 +191,19 @@ func run(args []string) int {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	srv, err := gateway.New(gcfg, cl, pool, reg)
-	if err == nil && len(shardPools) > 0 {
-		srv.WithShards(shardPools...)
-	}
 	if err != nil {
 		log.Error().Err(err).Msg("invalid configuration")
 		return 2
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/", srv.Handler())
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+	if shards != nil {
+		srv.WithShards(shards)
+		go followShardMap(ctx, shards, c.shardMapPoll, log)
+	}
+
+	ops := http.NewServeMux()
+	ops.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	ops.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	ops.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
 		defer cancel()
 		if err := srv.Ready(ctx); err != nil {
@@ -181,29 +212,115 @@ func run(args []string) int {
 		}
 		_, _ = w.Write([]byte("ready\n"))
 	})
+	opsLn, err := net.Listen("tcp", c.opsAddr)
+	if err != nil {
+		log.Error().Err(err).Str("addr", c.opsAddr).Msg("cannot listen")
+		return 1
+	}
 	ln, err := net.Listen("tcp", c.httpAddr)
 	if err != nil {
+		opsLn.Close()
 		log.Error().Err(err).Str("addr", c.httpAddr).Msg("cannot listen")
 		return 1
 	}
-	hs := srv.HTTPServer(c.httpAddr, mux)
+	hs := srv.HTTPServer(c.httpAddr, srv.Handler())
+	if certs != nil {
+		hs.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: certs.get}
+	}
+	opsServer := &http.Server{Addr: c.opsAddr, Handler: ops, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute}
 	go func() {
-		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := srv.Serve(hs, ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error().Err(err).Msg("http server failed")
 		}
 	}()
-	log.Info().Str("http", ln.Addr().String()).Msg("mandate-gateway running")
+	go func() {
+		if err := opsServer.Serve(opsLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error().Err(err).Msg("ops server failed")
+		}
+	}()
+	log.Info().Str("http", ln.Addr().String()).Bool("tls", certs != nil).Str("ops", opsLn.Addr().String()).Msg("mandate-gateway running")
 	<-ctx.Done()
 	stop()
 	log.Info().Dur("bound", c.shutdownTimeout).Msg("shutting down: finishing requests in flight")
 	sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
 	defer cancel()
-	if err := hs.Shutdown(sctx); err != nil {
+	err = hs.Shutdown(sctx)
+	_ = opsServer.Shutdown(sctx)
+	if err != nil {
 		log.Error().Err(err).Msg("shutdown did not complete cleanly")
 		return 1
 	}
 	log.Info().Msg("stopped")
 	return 0
+}
+
+// followShardMap reads the shard map again on SIGHUP and every poll
+// interval (a reload only swaps the routing when the file changed).
+func followShardMap(ctx context.Context, shards *gateway.Shards, poll time.Duration, log zerolog.Logger) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	var tick <-chan time.Time
+	if poll > 0 {
+		t := time.NewTicker(poll)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			if _, err := shards.Reload(ctx); err != nil {
+				log.Error().Err(err).Msg("SIGHUP: the shard map was not reloaded")
+			}
+		case <-tick:
+			_, _ = shards.Reload(ctx) // a failure is logged and counted by Reload
+		}
+	}
+}
+
+// certLoader serves the certificate of --tls-cert and --tls-key, read
+// again when either file changes (a rotated certificate needs no restart).
+type certLoader struct {
+	certFile, keyFile string
+
+	mu       sync.Mutex
+	cert     *tls.Certificate
+	modified [2]time.Time
+}
+
+func newCertLoader(certFile, keyFile string) (*certLoader, error) {
+	l := &certLoader{certFile: certFile, keyFile: keyFile}
+	if _, err := l.get(nil); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+func (l *certLoader) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	ci, err1 := os.Stat(l.certFile)
+	ki, err2 := os.Stat(l.keyFile)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := errors.Join(err1, err2); err != nil {
+		if l.cert != nil {
+			return l.cert, nil // keep serving the last good one
+		}
+		return nil, fmt.Errorf("tls: %w", err)
+	}
+	if l.cert != nil && ci.ModTime().Equal(l.modified[0]) && ki.ModTime().Equal(l.modified[1]) {
+		return l.cert, nil
+	}
+	cert, err := tls.LoadX509KeyPair(l.certFile, l.keyFile)
+	if err != nil {
+		if l.cert != nil {
+			return l.cert, nil
+		}
+		return nil, fmt.Errorf("tls: load --tls-cert and --tls-key: %w", err)
+	}
+	l.cert, l.modified = &cert, [2]time.Time{ci.ModTime(), ki.ModTime()}
+	return l.cert, nil
 }
 
 // connectClient retries while Kafka or the decisions topic are not there

@@ -47,6 +47,11 @@ def main():
     assert decision["outcome"] == "reserved", decision
     auth = headers["Content-Location"]
 
+    # The request's own status URL answers with the same decision.
+    status, _, request = call("GET", f"/v1/orgs/{ORG}/mandates/{MANDATE}/requests/" + headers["Request-Id"])
+    assert status == 200 and request["status"] == "decided", request
+    assert request["decision"]["authorization_id"] == decision["authorization_id"], request
+
     # A retry of the same intent is the same authorization, not a new use.
     status, _, replay = call(
         "POST", f"/v1/orgs/{ORG}/mandates/{MANDATE}/proposals",
@@ -64,8 +69,10 @@ def main():
     assert headers["Content-Type"] == "application/problem+json"
     assert problem["reason"] == "idempotency_key_reused", problem
 
-    status, _, begun = call("POST", auth + "/begin", {}, {"Idempotency-Key": "py-worker-1"})
+    # A begin is one attempt: no body, the executor in its header.
+    status, headers, begun = call("POST", auth + "/begin", None, {"Executor": "py-worker-1"})
     assert status == 200 and begun["outcome"] == "executing", begun
+    assert headers["Executor"] == "py-worker-1", headers
     commit = {"external_ref": "re_py_1", "result": {"refund_id": "re_py_1"}}
     if "execution_token" in begun:  # the executor boundary fences the commit by the begin's token
         commit["execution_token"] = begun["execution_token"]
@@ -73,7 +80,7 @@ def main():
     assert status == 200 and committed["outcome"] == "committed", committed
 
     # Another worker resuming the same approval is told who holds it, never to run it.
-    status, _, refused = call("POST", auth + "/begin", {}, {"Idempotency-Key": "py-worker-2"})
+    status, _, refused = call("POST", auth + "/begin", {"executor": "py-worker-2"})
     assert status == 409 and refused["reason"] in ("already_executing", "terminal_state"), refused
 
     status, _, row = call("GET", auth)

@@ -87,6 +87,7 @@ type daemon struct {
 	name string
 	cmd  *exec.Cmd
 	addr string // its HTTP server, from its "mandated running" log line
+	ops  string // the gateway's operations listener, from the same line
 
 	mu   sync.Mutex
 	logs bytes.Buffer
@@ -118,7 +119,7 @@ func startProcess(t *testing.T, bin, running, name string, env map[string]string
 	cmd.Stdout = io.Discard
 	require.NoError(t, cmd.Start())
 	d := &daemon{name: name, cmd: cmd, done: make(chan struct{})}
-	addr := make(chan string, 1)
+	addr := make(chan [2]string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
@@ -130,9 +131,10 @@ func startProcess(t *testing.T, bin, running, name string, env map[string]string
 			var ev struct {
 				Message string `json:"message"`
 				HTTP    string `json:"http"`
+				Ops     string `json:"ops"`
 			}
 			if json.Unmarshal([]byte(line), &ev) == nil && ev.Message == running {
-				addr <- ev.HTTP
+				addr <- [2]string{ev.HTTP, ev.Ops}
 			}
 		}
 		d.err = cmd.Wait()
@@ -150,7 +152,8 @@ func startProcess(t *testing.T, bin, running, name string, env map[string]string
 		}
 	})
 	select {
-	case d.addr = <-addr:
+	case a := <-addr:
+		d.addr, d.ops = a[0], a[1]
 	case <-d.done:
 		t.Fatalf("%s exited before serving HTTP: %v\n%s", name, d.err, d.log())
 	case <-time.After(2 * time.Minute):

@@ -36,6 +36,7 @@ func TestGatewayManifests(t *testing.T) {
 	pod := dig(dep, "spec", "template", "spec")
 	c := dig(pod, "containers", 0)
 	port := portOf(t, cmp(cm["MANDATED_HTTP_ADDR"], flags["http-addr"].Default))
+	opsPort := portOf(t, cmp(cm["MANDATED_OPS_ADDR"], flags["ops-addr"].Default))
 	shutdown := parseDuration(t, cmp(cm["MANDATED_SHUTDOWN_TIMEOUT"], flags["shutdown-timeout"].Default))
 	maxWait := parseDuration(t, cmp(cm["MANDATED_MAX_WAIT"], flags["max-wait"].Default))
 
@@ -49,12 +50,21 @@ func TestGatewayManifests(t *testing.T) {
 			require.Contains(t, v, "REPLACE_ME")
 		}
 	})
-	t.Run("the Deployment runs the gateway binary with its probes on --http-addr's port", func(t *testing.T) {
+	t.Run("the Deployment runs the gateway binary, the API on --http-addr's port, probes and metrics on --ops-addr's", func(t *testing.T) {
 		require.Equal(t, []string{"/usr/local/bin/mandate-gateway"}, toStrings(dig(c, "command")))
-		require.Equal(t, port, dig(c, "ports", 0, "containerPort"))
+		require.NotEqual(t, port, opsPort, "the operations endpoints have a listener of their own")
+		ports := map[string]any{}
+		for _, p := range dig(c, "ports").([]any) {
+			ports[str(dig(p, "name"))] = dig(p, "containerPort")
+		}
+		require.Equal(t, map[string]any{"http": port, "ops": opsPort}, ports)
 		require.Equal(t, "/readyz", str(dig(c, "readinessProbe", "httpGet", "path")))
+		require.Equal(t, "ops", str(dig(c, "readinessProbe", "httpGet", "port")))
 		require.Equal(t, "/healthz", str(dig(c, "livenessProbe", "httpGet", "path")))
-		require.Equal(t, fmt.Sprint(port), str(dig(dep, "spec", "template", "metadata", "annotations", "prometheus.io/port")))
+		require.Equal(t, "ops", str(dig(c, "livenessProbe", "httpGet", "port")))
+		require.Equal(t, fmt.Sprint(opsPort), str(dig(dep, "spec", "template", "metadata", "annotations", "prometheus.io/port")))
+		require.Equal(t, port, dig(one(t, objs, "Service"), "spec", "ports", 0, "port"), "the Service exposes the API only")
+		require.Len(t, dig(one(t, objs, "Service"), "spec", "ports"), 1)
 	})
 	t.Run("requests waiting for a decision finish before SIGKILL", func(t *testing.T) {
 		grace := time.Duration(dig(pod, "terminationGracePeriodSeconds").(int)) * time.Second
@@ -72,7 +82,7 @@ func TestGatewayManifests(t *testing.T) {
 		require.NotNil(t, gw)
 		require.Equal(t, []string{"/usr/local/bin/mandate-gateway"}, toStrings(dig(gw, "entrypoint")))
 		env := stringMap(t, dig(gw, "environment"), "gateway environment")
-		gport := portOf(t, cmp(env["MANDATED_HTTP_ADDR"], flags["http-addr"].Default))
+		gport := portOf(t, cmp(env["MANDATED_OPS_ADDR"], flags["ops-addr"].Default))
 		require.Contains(t, strings.Join(toStrings(dig(gw, "healthcheck", "test")), " "), fmt.Sprintf("http://127.0.0.1:%d/readyz", gport))
 		require.Equal(t, "service_completed_successfully", str(dig(gw, "depends_on", "mandated-init", "condition")))
 		prom := yamlDocs(t, deployPath(t, "prometheus", "prometheus.yaml"))[0]
@@ -123,20 +133,22 @@ func TestTheGatewayRuns(t *testing.T) {
 	out, err := initJob.CombinedOutput()
 	require.NoError(t, err, "%s", out)
 
-	gw := startProcess(t, "mandate-gateway", "mandate-gateway running", "gateway pod", env, daemonArgs...)
-	base := "http://" + gw.addr
+	gw := startProcess(t, "mandate-gateway", "mandate-gateway running", "gateway pod", env, append([]string{"--ops-addr", "127.0.0.1:0"}, daemonArgs...)...)
+	base, ops := "http://"+gw.addr, "http://"+gw.ops
 	testenv.WaitFor(t, 60*time.Second, func() bool {
-		code, _ := get(t, base+"/readyz")
+		code, _ := get(t, ops+"/readyz")
 		return code == http.StatusOK
 	}, "the gateway is ready")
-	code, _ := get(t, base+"/healthz")
+	code, _ := get(t, ops+"/healthz")
 	require.Equal(t, http.StatusOK, code)
 	code, body := get(t, base+"/v1/openapi.yaml")
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, "openapi: 3.1.0")
 	code, body = get(t, base+"/v1/orgs/acme/mandates/m/authorizations/au_x")
 	require.Equal(t, http.StatusUnauthorized, code, body)
-	code, body = get(t, base+"/metrics")
+	code, _ = get(t, base+"/metrics")
+	require.Equal(t, http.StatusNotFound, code, "the API does not serve the operations endpoints")
+	code, body = get(t, ops+"/metrics")
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, `mandated_gateway_requests_total{code="401",route="authorization_status"} 1`)
 	require.Contains(t, body, "mandated_gateway_auth_failures_total")

@@ -95,6 +95,18 @@ func TestTwoShardExample(t *testing.T) {
 		job := one(t, k8sObjects(t), "Job")
 		checkShardMap(t, str(dig(cm, "data", "shards.yaml")), files,
 			partitionCount(t, str(dig(job, "spec", "template", "spec", "containers", 0, "args", 0))))
+		// The gateway reads the same map, the url_files from a Secret of its
+		// own mounted at the same path: every shard as its read-only role.
+		gwSecret := yamlDocs(t, path.Join(dir, "gateway-shard-urls.yaml"))[0]
+		gwFiles := map[string]string{}
+		for k, v := range stringMap(t, gwSecret["stringData"], "the gateway's shard URLs") {
+			gwFiles["/etc/mandated/shard-urls/"+k] = v
+			u, err := url.Parse(v)
+			require.NoError(t, err)
+			require.Equal(t, "mandated_gateway", u.User.Username(), "%s: the gateway's role (deploy/postgres/gateway-role.sql)", k)
+		}
+		checkShardMap(t, str(dig(cm, "data", "shards.yaml")), gwFiles,
+			partitionCount(t, str(dig(job, "spec", "template", "spec", "containers", 0, "args", 0))))
 
 		kubectl, err := exec.LookPath("kubectl")
 		if err != nil {
@@ -116,10 +128,12 @@ func TestTwoShardExample(t *testing.T) {
 				pod = dig(doc, "spec", "template", "spec")
 			case "CronJob":
 				pod = dig(doc, "spec", "jobTemplate", "spec", "template", "spec")
+			case "Deployment":
+				pod = dig(doc, "spec", "template", "spec")
 			case "Secret":
-				if name == "mandated-secrets" {
+				if name == "mandated-secrets" || name == "mandate-gateway-secrets" {
 					_, has := stringMap(t, doc["stringData"], name)["MANDATED_DATABASE_URL"]
-					require.False(t, has, "the base Secret's database URL is dropped")
+					require.False(t, has, "%s: the base Secret's database URL is dropped", name)
 				}
 				continue
 			default:
@@ -143,8 +157,12 @@ func TestTwoShardExample(t *testing.T) {
 				volumes[str(dig(v, "name"))] = v
 			}
 			require.Equal(t, "mandated-shard-map", str(dig(volumes[mounts["/etc/mandated/shard-map"]], "configMap", "name")), "%s %s", kind, name)
-			require.Equal(t, "mandated-shard-urls", str(dig(volumes[mounts["/etc/mandated/shard-urls"]], "secret", "secretName")), "%s %s", kind, name)
+			urls := "mandated-shard-urls"
+			if kind == "Deployment" {
+				urls = "mandate-gateway-shard-urls"
+			}
+			require.Equal(t, urls, str(dig(volumes[mounts["/etc/mandated/shard-urls"]], "secret", "secretName")), "%s %s", kind, name)
 		}
-		require.Equal(t, map[string]bool{"StatefulSet": true, "Job": true, "CronJob": true}, seen)
+		require.Equal(t, map[string]bool{"StatefulSet": true, "Job": true, "CronJob": true, "Deployment": true}, seen)
 	})
 }

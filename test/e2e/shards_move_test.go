@@ -79,13 +79,13 @@ func TestOperatorsMoveAPartitionWithMandatectlAndTheDaemonFollowsOnSIGHUP(t *tes
 	out, code = ctl("tokens", "create", "acme", "--name", "move")
 	require.Equal(t, 0, code, out)
 	token := strings.TrimSpace(out[strings.LastIndex(strings.TrimSpace(out), "\n")+1:])
-	port := procs.FreePort(t)
+	port, ops := procs.FreePort(t), procs.FreePort(t)
 	gw := procs.Start(t, "gateway", procs.Binary(t, "mandate-gateway"), []string{"--shard-map", shardMap,
 		"--brokers", joinComma(h.Brokers), "--proposals-topic", h.Spec.Proposals, "--grants-topic", h.Spec.Grants,
-		"--decisions-topic", h.Spec.Decisions, "--http-addr", fmt.Sprintf("127.0.0.1:%d", port)}, nil)
-	gw.HTTP = fmt.Sprintf("127.0.0.1:%d", port)
+		"--decisions-topic", h.Spec.Decisions, "--http-addr", fmt.Sprintf("127.0.0.1:%d", port), "--ops-addr", fmt.Sprintf("127.0.0.1:%d", ops)}, nil)
+	gw.HTTP = fmt.Sprintf("127.0.0.1:%d", ops)
 	gw.WaitReady(time.Minute)
-	req, err := http.NewRequest(http.MethodGet, fmt.Sprintf("http://%s/v1/orgs/acme/mandates/%s/proposals/before?operation=refund", gw.HTTP, mandate), nil)
+	req, err := http.NewRequest(http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/v1/orgs/acme/mandates/%s/proposals/before?operation=refund", port, mandate), nil)
 	require.NoError(t, err)
 	req.Header.Set("Authorization", "Bearer "+token)
 	resp, err := http.DefaultClient.Do(req)

@@ -102,14 +102,14 @@ shards:
 
 	// The gateway with the same map: the token from the control shard,
 	// each proposal's status from its mandate's shard.
-	port := procs.FreePort(t)
+	port, ops := procs.FreePort(t), procs.FreePort(t)
 	gw := procs.Start(t, "gateway", procs.Binary(t, "mandate-gateway"), []string{"--shard-map", shardMap,
 		"--brokers", joinComma(h.Brokers), "--proposals-topic", h.Spec.Proposals, "--grants-topic", h.Spec.Grants,
-		"--decisions-topic", h.Spec.Decisions, "--http-addr", fmt.Sprintf("127.0.0.1:%d", port)}, nil)
-	gw.HTTP = fmt.Sprintf("127.0.0.1:%d", port)
+		"--decisions-topic", h.Spec.Decisions, "--http-addr", fmt.Sprintf("127.0.0.1:%d", port), "--ops-addr", fmt.Sprintf("127.0.0.1:%d", ops)}, nil)
+	gw.HTTP = fmt.Sprintf("127.0.0.1:%d", ops)
 	gw.WaitReady(time.Minute)
 	for _, n := range []int32{0, 3} {
-		req, err := http.NewRequest(http.MethodGet, fmt.Sprintf("http://%s/v1/orgs/acme/mandates/%s/proposals/k%d?operation=refund", gw.HTTP, mandates[n], n), nil)
+		req, err := http.NewRequest(http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/v1/orgs/acme/mandates/%s/proposals/k%d?operation=refund", port, mandates[n], n), nil)
 		require.NoError(t, err)
 		req.Header.Set("Authorization", "Bearer "+tok.Token)
 		resp, err := http.DefaultClient.Do(req)

@@ -225,6 +225,16 @@ func (h *Harness) ProduceRaw(topic string, key, value []byte, partition int32) S
 	return Sent{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset}
 }
 
+// ProduceRecord produces one record as given (headers too), partitioned
+// like the Kafka Java client (murmur2 of its key).
+func (h *Harness) ProduceRecord(r *kgo.Record) Sent {
+	h.T.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(h.T, h.producer.ProduceSync(ctx, r).FirstErr())
+	return Sent{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset}
+}
+
 // Send encodes a command (a map or struct) as JSON and produces it, keyed
 // "<org>/<mandate_id>", to the grants topic for grant, revoke and resolve
 // (the control plane) and to the proposals topic otherwise.

@@ -1,0 +1,19 @@
+-- The HTTP gateway's PostgreSQL role: it reads, it never writes (its
+-- sessions are read-only whatever the role may do). Create the role once
+-- per server, then run the GRANTs in every mandated database: the one
+-- database, or every shard of a shard map (the gateway reads each
+-- mandate's status on its partition's shard, the tokens and the partition
+-- count on the control shard). gateway/shards_test.go creates exactly this
+-- role (under another name) and runs the gateway with it.
+--
+--   CREATE ROLE mandated_gateway LOGIN PASSWORD '...';
+--
+-- mandate-gateway --database-url postgres://mandated_gateway@...; with a
+-- shard map, --shard-user mandated_gateway --shard-password-file FILE.
+
+GRANT USAGE ON SCHEMA public TO mandated_gateway;
+-- Tokens and the partition count (read on the control shard).
+GRANT SELECT ON gateway_tokens, mandated_meta TO mandated_gateway;
+-- Status reads: an authorization, a proposal's key, a request's answer and
+-- how far its partition is consumed; a partition moved to another shard.
+GRANT SELECT ON authorizations, idempotency_keys, request_answers, mandated_partitions, mandated_moves TO mandated_gateway;
