@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/mandated/mandated/sink"
 )
 
 // Deferred claims keep a shard's outage from stalling a whole assignment.
@@ -27,13 +29,14 @@ import (
 // shard, or for its database to be recovered.
 type pendingClaim struct {
 	cancel context.CancelFunc
-	why    error // guarded by Processor.mu: what it waits for (nil: its shard)
+	why    error       // guarded by Processor.mu: what it waits for (nil: its shard)
+	held   *sink.Claim // claimed already (then found rewound, or not checked): used unless its epoch moved
 }
 
 // startDeferredClaims pauses the partitions whose claim failed (or whose
-// check found them rewound: why) and claims each in the background.
-// Called from onAssigned with p.mu held.
-func (p *Processor) startDeferredClaims(nums []int32, why map[int32]error, out map[string]map[int32]kgo.Offset) {
+// check found them rewound: why; held is their claim) and claims each in
+// the background. Called from onAssigned with p.mu held.
+func (p *Processor) startDeferredClaims(nums []int32, why map[int32]error, held map[int32]sink.Claim, out map[string]map[int32]kgo.Offset) {
 	if len(nums) == 0 {
 		return
 	}
@@ -56,6 +59,9 @@ func (p *Processor) startDeferredClaims(nums []int32, why map[int32]error, out m
 		if errors.Is(why[n], ErrRewound) {
 			pc.why = why[n]
 		}
+		if c, ok := held[n]; ok {
+			pc.held = &c
+		}
 		p.pending[n] = pc
 		go p.claimLater(ctx, n, pc)
 	}
@@ -71,19 +77,33 @@ func (p *Processor) claimLater(ctx context.Context, n int32, pc *pendingClaim) {
 	p.mu.Lock()
 	reported := pc.why // already reported by onAssigned
 	p.mu.Unlock()
+	held := pc.held
 	for {
-		c, err := p.shards.For(n).Claim(ctx, n, p.cfg.Owner)
+		// A claim onAssigned took is used first: claiming again would only
+		// take another epoch (the check below says whether it moved).
+		var c sink.Claim
+		var err error
+		if held != nil {
+			c, held = *held, nil
+		} else {
+			c, err = p.shards.For(n).Claim(ctx, n, p.cfg.Owner)
+		}
 		if ctx.Err() != nil {
 			return
 		}
 		if err == nil {
 			// Never decided while the decisions topic is ahead of its
-			// database: wait, without claiming again, until it is in step
-			// (recovered; the recovery took a new epoch), then claim again.
+			// database: wait, without claiming again, until it is in step,
+			// then try the same claim again — unless its epoch moved (a
+			// recovery takes one): then claim anew.
 			if cerr := p.checkInStep(ctx, n, c.Epoch); cerr != nil {
+				if errors.Is(cerr, errEpochMoved) {
+					continue
+				}
 				if !p.waitInStep(ctx, n, pc, cerr, &reported) {
 					return
 				}
+				held = &c
 				continue
 			}
 			if reported != nil {

@@ -296,6 +296,7 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 	claims := make(map[int32]sink.Claim, len(nums))
 	var deferred []int32
 	why := map[int32]error{}
+	held := map[int32]sink.Claim{} // claimed, then deferred: kept, not claimed again
 	var mu sync.Mutex
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(8)
@@ -326,7 +327,7 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 					p.log.Warn().Err(err).Int32("partition", n).Msg("cannot check an assigned partition against the decisions topic: deciding it once it can be checked")
 				}
 				mu.Lock()
-				deferred, why[n] = append(deferred, n), err
+				deferred, why[n], held[n] = append(deferred, n), err, c
 				mu.Unlock()
 				return nil
 			}
@@ -373,7 +374,7 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 		claimed = append(claimed, n)
 	}
 	p.client.ResumeFetchPartitions(map[string][]int32{p.cfg.ProposalsTopic: claimed, p.cfg.GrantsTopic: claimed})
-	p.startDeferredClaims(deferred, why, out)
+	p.startDeferredClaims(deferred, why, held, out)
 	return out, nil
 }
 
