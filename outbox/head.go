@@ -3,6 +3,7 @@ package outbox
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -352,7 +353,19 @@ type TailConfig struct {
 	// head (see Classify). Defaults to accepting every one the relay could
 	// have written.
 	Accept func(*PostgresHead, *Entry) string
+	// SettleTimeout bounds the wait for the transactions open on the
+	// partitions when the read starts to end (their records are part of
+	// the tail; see ReadTail). Defaults to SettleTimeoutDefault.
+	SettleTimeout time.Duration
 }
+
+// SettleTimeoutDefault bounds ReadTail's wait for open transactions: more
+// than the relay's transaction timeout, after which the broker aborts them.
+const SettleTimeoutDefault = 20 * time.Second
+
+// ErrOpenTransaction says a transaction open on a partition when its tail
+// was to be read did not end within TailConfig.SettleTimeout.
+var ErrOpenTransaction = errors.New("outbox: a transaction open on the partition did not end")
 
 // TailWindowDefault is how far a tail read looks back first: the last
 // records of a partition in step (a few transactions' worth).
@@ -361,7 +374,11 @@ const TailWindowDefault = 64
 // ReadTail reads partition's committed tail on both topics (read_committed)
 // back from their last stable offsets and classifies it against
 // PostgreSQL's head, read after the tail so that every record read was
-// committed in PostgreSQL first. Each topic is read back until its records
+// committed in PostgreSQL first. It first waits until every transaction
+// open on the partition when it starts has ended (the last stable offset
+// reaches the high watermark seen then): a predecessor's transaction still
+// in flight holds records the tail must show — after a database went back
+// in time, the very records it lost. Each topic is read back until its records
 // reach one that is on the chain (or one below what can be checked, or its
 // log start): mandated publishes a partition in sequence order, so its
 // records above that one are all in what was read, whatever another
@@ -402,10 +419,32 @@ func ReadTail(ctx context.Context, cfg TailConfig, partition int32, load HeadSou
 		done       bool
 	}
 	sides := []*side{{topic: cfg.DecisionsTopic}, {topic: cfg.DeadLetterTopic, dl: true}}
+	settle := time.Now().Add(cmp.Or(cfg.SettleTimeout, SettleTimeoutDefault))
 	for _, sd := range sides {
-		ends, err := adm.ListCommittedOffsets(ctx, sd.topic)
+		hwms, err := adm.ListEndOffsets(ctx, sd.topic)
 		if err != nil {
-			return nil, fmt.Errorf("list the last stable offsets of %s: %w", sd.topic, err)
+			return nil, fmt.Errorf("list the end offsets of %s: %w", sd.topic, err)
+		}
+		hwm, ok := hwms.Lookup(sd.topic, partition)
+		if !ok || hwm.Err != nil {
+			return nil, fmt.Errorf("no end offset for %s/%d: %v", sd.topic, partition, hwm.Err)
+		}
+		var ends kadm.ListedOffsets
+		for {
+			if ends, err = adm.ListCommittedOffsets(ctx, sd.topic); err != nil {
+				return nil, fmt.Errorf("list the last stable offsets of %s: %w", sd.topic, err)
+			}
+			if end, ok := ends.Lookup(sd.topic, partition); !ok || end.Err != nil || end.Offset >= hwm.Offset {
+				break
+			}
+			if time.Now().After(settle) {
+				return nil, fmt.Errorf("%w: %s/%d's last stable offset is still below %d", ErrOpenTransaction, sd.topic, partition, hwm.Offset)
+			}
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(50 * time.Millisecond):
+			}
 		}
 		starts, err := adm.ListStartOffsets(ctx, sd.topic)
 		if err != nil {

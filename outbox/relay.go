@@ -98,6 +98,8 @@ type Relay struct {
 	// this relay committed (owned by the loop; see admitOne).
 	committed map[int32]int64
 
+	fences atomic.Int64 // numbers FencePredecessors' client ids
+
 	// What tail reads found (foreign.go), guarded by mu: per partition,
 	// the records reported as foreign, and the last read's status.
 	foreignSeen map[int32]map[foreignKey]bool
@@ -635,6 +637,31 @@ func (r *Relay) admitOne(ctx context.Context, ps *part, floor int64) (bool, erro
 		f(ps.partition, last)
 	}
 	return true, nil
+}
+
+// FencePredecessors fences the relay transactional ids that may have
+// published partition since its previous claim (predecessors), unless the
+// partition's epoch is no longer epoch or the recorded one is this relay's
+// own. The processor calls it after it claims a partition and before it
+// reads the partition's tail back: a predecessor's open transaction is
+// aborted (or its commit completed) first, so the tail read sees all it
+// will ever hold. The relay fences them again when it admits the
+// partition; fencing twice only bumps their producer epoch twice.
+func (r *Relay) FencePredecessors(ctx context.Context, partition int32, epoch int64) error {
+	cur, err := r.st.publisher(ctx, partition)
+	if err != nil {
+		return fmt.Errorf("read partition %d's epoch and publisher: %w", partition, err)
+	}
+	if cur.epoch != epoch {
+		return nil
+	}
+	for i, id := range r.predecessors(&part{partition: partition, epoch: epoch}, cur) {
+		clientID := fmt.Sprintf("%s-prefence-p%d-e%d-%d-%d", r.clientID, partition, epoch, i, r.fences.Add(1))
+		if err := r.fence(ctx, id, clientID); err != nil {
+			return fmt.Errorf("fence the previous publisher %s of partition %d: %w", id, partition, err)
+		}
+	}
+	return nil
 }
 
 // predecessors lists the transactional ids that may have published the

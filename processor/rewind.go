@@ -50,6 +50,11 @@ func (e *RewoundError) Unwrap() error { return ErrRewound }
 // batch that follows finds out what happened; it is not a rewind.
 var errEpochMoved = errors.New("processor: the partition's epoch moved")
 
+// predecessorFencer is the relay's side of the check (outbox.Relay).
+type predecessorFencer interface {
+	FencePredecessors(ctx context.Context, partition int32, epoch int64) error
+}
+
 // checkInStep reads partition n's tail back and returns a *RewoundError
 // when Kafka holds decisions past PostgreSQL's head. With epoch > 0 the
 // check holds only under that epoch (errEpochMoved otherwise): a copy left
@@ -58,6 +63,13 @@ func (p *Processor) checkInStep(ctx context.Context, n int32, epoch int64) error
 	pool := p.shards.For(n).Pool()
 	ctx, cancel := context.WithTimeout(ctx, 45*time.Second)
 	defer cancel()
+	// The partition's previous publisher is fenced first: its open
+	// transaction ends now, not at its timeout (ReadTail waits for it).
+	if f, ok := p.cfg.Listener.(predecessorFencer); ok && epoch > 0 {
+		if err := f.FencePredecessors(ctx, n, epoch); err != nil {
+			return fmt.Errorf("processor: check partition %d against the decisions topic: %w", n, err)
+		}
+	}
 	tail, err := outbox.ReadTail(ctx, outbox.TailConfig{
 		KafkaOpts:      append([]kgo.Opt{kgo.SeedBrokers(p.cfg.Brokers...)}, p.cfg.KafkaOpts...),
 		DecisionsTopic: p.cfg.DecisionsTopic, DeadLetterTopic: p.cfg.DeadLetterTopic,
