@@ -137,7 +137,13 @@ func (r *Relay) checkLoop() {
 		r.mu.Unlock()
 		slices.Sort(parts)
 		for _, p := range parts {
+			if !r.gate.up(r.st.shard(p)) {
+				continue // its shard does not answer: checked at its next resume
+			}
 			if _, err := r.readTail(r.ctx, p); err != nil && r.ctx.Err() == nil {
+				if sh, ok := failedShard(err); ok {
+					r.gate.failed(sh, "tail check", err)
+				}
 				r.log.Warn().Err(err).Int32("partition", p).Msg("periodic tail check failed; trying again at the next")
 			}
 		}

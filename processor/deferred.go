@@ -79,6 +79,22 @@ func (p *Processor) claimLater(ctx context.Context, n int32, pc *pendingClaim) {
 	p.mu.Unlock()
 	held := pc.held
 	for {
+		// Not while this processor has the shard handed off: the
+		// partition is adopted meanwhile, and claimed here once the shard
+		// answers for ShardTakeBackProbes probes (anew: an adopter took
+		// another epoch, so a claim held from before is spent).
+		for {
+			cut, changed := p.health.watchCut(p.shards.For(n))
+			if !cut {
+				break
+			}
+			held = nil
+			select {
+			case <-ctx.Done():
+				return
+			case <-changed:
+			}
+		}
 		// A claim onAssigned took is used first: claiming again would only
 		// take another epoch (the check below says whether it moved).
 		var c sink.Claim
@@ -119,10 +135,9 @@ func (p *Processor) claimLater(ctx context.Context, n int32, pc *pendingClaim) {
 			w := newWorker(p, c)
 			p.workers[n] = w
 			client := p.client
-			owned := len(p.workers)
+			p.refreshOwned()
 			p.mu.Unlock()
 			p.metrics.PartitionEpoch.WithLabelValues(strconv.Itoa(int(n))).Set(float64(c.Epoch))
-			p.metrics.PartitionsOwned.Set(float64(owned))
 			p.metrics.Rebalance.Assigned.Inc()
 			w.log.Info().Int64("proposals_offset", c.ProposalsOffset).Int64("grants_offset", c.GrantsOffset).
 				Int64("next_seq", c.NextSeq).Msg("partition assigned: its shard answers again")

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -41,8 +43,11 @@ type Processor struct {
 	unreachableSince time.Time
 	handedOff        bool
 	restarting       bool // restartSession runs (rewind.go)
-	// health is which shards the hand-off loop's probes last found down.
+	// health is which shards the hand-off loop's probes last found down,
+	// and which ones this processor handed off.
 	health *shardHealth
+	// adopter fetches the partitions adopted here (adopt.go).
+	adopter adopter
 
 	cancel     context.CancelFunc // ends the processor's loops
 	loops      sync.WaitGroup
@@ -171,6 +176,7 @@ func (p *Processor) leave(ctx context.Context, grace time.Duration, reason strin
 	p.mu.Unlock()
 	owned := p.ownedPartitions()
 	p.stopWorkers(owned, grace, reason)
+	p.closeAdopter()
 	p.metrics.Rebalance.Revoked.WithLabelValues(reason).Add(float64(len(owned)))
 	p.commitOffsets(ctx)
 	cancel()
@@ -208,17 +214,36 @@ func (p *Processor) Stop(ctx context.Context) error {
 	p.cancel() // the hand-off loop may not rejoin now
 	p.loops.Wait()
 	p.leave(ctx, grace, "shutdown", false)
+	p.closeAdopter() // left already (handed off): its adopted workers are stopped
 	p.log.Info().Msg("processor stopped")
 	return nil
 }
 
-// Owned returns the partitions this processor holds, with their epochs.
+// Owned returns the partitions this processor decides, with their epochs:
+// the ones the group assigns it (less those whose shard it handed off) and
+// the ones it adopted.
 func (p *Processor) Owned() map[int32]int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := make(map[int32]int64, len(p.workers))
 	for n, w := range p.workers {
-		out[n] = w.epoch
+		if !w.isReleased() {
+			out[n] = w.epoch
+		}
+	}
+	return out
+}
+
+// Adopted returns the partitions this processor adopted (adopt.go), with
+// their epochs.
+func (p *Processor) Adopted() map[int32]int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := map[int32]int64{}
+	for n, w := range p.workers {
+		if w.adopted {
+			out[n] = w.epoch
+		}
 	}
 	return out
 }
@@ -254,6 +279,9 @@ func (p *Processor) Ready(ctx context.Context) error {
 		return errors.Join(waiting...)
 	}
 	if err := p.shards.Ping(ctx); err != nil {
+		if released := p.releasedPartitions(); len(released) > 0 {
+			return fmt.Errorf("postgres: %w (partitions %v are handed off to the processors that reach their shard)", err, released)
+		}
 		return fmt.Errorf("postgres: %w", err)
 	}
 	if len(pending) > 0 {
@@ -302,9 +330,30 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 	g.SetLimit(8)
 	sharded := len(p.shards.All()) > 1
 	for n := range nums {
+		s := p.shards.For(n)
+		cut, _ := p.health.watchCut(s)
+		down, _ := p.health.watch(s)
+		if sharded && (cut || down || s.SetUpLate()) {
+			// Its shard does not answer (or this processor handed it off:
+			// adopted meanwhile): the partition waits, the others start.
+			mu.Lock()
+			deferred = append(deferred, n)
+			mu.Unlock()
+			continue
+		}
 		g.Go(func() error {
 			start := time.Now()
-			c, err := p.shards.For(n).Claim(gctx, n, p.cfg.Owner)
+			cctx := gctx
+			if sharded {
+				// A shard that stops answering now (a stopped server: its
+				// claim would wait ClaimTimeout) must not hold the others'
+				// partitions: past the bound the claim goes on in the
+				// background.
+				var cancel context.CancelFunc
+				cctx, cancel = context.WithTimeout(gctx, max(assignClaimWait, 2*s.Config().TakeoverGrace))
+				defer cancel()
+			}
+			c, err := s.Claim(cctx, n, p.cfg.Owner)
 			if err != nil && (sharded || isMoved(err)) && ctx.Err() == nil {
 				// Its shard does not answer, or it moved to another shard
 				// (moved.go): the others need not wait for it.
@@ -367,7 +416,7 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 			l.Assigned(n, c.Epoch)
 		}
 	}
-	p.metrics.PartitionsOwned.Set(float64(len(p.workers)))
+	p.refreshOwned()
 	p.metrics.Rebalance.Assigned.Add(float64(len(claims)))
 	claimed := make([]int32, 0, len(claims))
 	for n := range claims {
@@ -377,6 +426,12 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 	p.startDeferredClaims(deferred, why, held, out)
 	return out, nil
 }
+
+// assignClaimWait bounds, with several shards, how long an assignment
+// waits for one partition's claim (at least twice the takeover grace, so
+// that a takeover of a stuck predecessor fits) before claiming it in the
+// background.
+const assignClaimWait = 5 * time.Second
 
 // onRevoked stops the workers of revoked or lost partitions and waits for
 // them: a partition is never decided by two workers of one process.
@@ -433,6 +488,9 @@ func (p *Processor) stopWorkers(nums []int32, grace time.Duration, reason string
 
 // workerExited forgets a worker that stopped (revoked, fenced, or closed).
 func (p *Processor) workerExited(w *worker) {
+	if w.adopted {
+		p.stopConsumingAdopted(w)
+	}
 	p.mu.Lock()
 	if p.workers[w.partition] != w {
 		// Handed over to a successor (re-claimed after a fence), or
@@ -441,9 +499,8 @@ func (p *Processor) workerExited(w *worker) {
 		return
 	}
 	delete(p.workers, w.partition)
-	owned := len(p.workers)
+	p.refreshOwned()
 	p.mu.Unlock()
-	p.metrics.PartitionsOwned.Set(float64(owned))
 	p.metrics.PartitionEpoch.DeleteLabelValues(strconv.Itoa(int(w.partition)))
 	for _, topic := range []string{p.cfg.ProposalsTopic, p.cfg.GrantsTopic} {
 		p.metrics.ConsumerLag.DeleteLabelValues(topic, strconv.Itoa(int(w.partition)))
@@ -452,6 +509,27 @@ func (p *Processor) workerExited(w *worker) {
 		l.Revoked(w.partition)
 	}
 	w.log.Info().Int64("proposals_offset", w.pos.ProposalsOffset).Int64("grants_offset", w.pos.GrantsOffset).Msg("partition released")
+}
+
+// releasedPartitions returns the partitions assigned here whose shard
+// this processor handed off.
+func (p *Processor) releasedPartitions() []int32 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []int32
+	for n, w := range p.workers {
+		if w.isReleased() {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// decidingPartitions returns the partitions this processor decides: its
+// workers but the ones whose shard it handed off.
+func (p *Processor) decidingPartitions() []int32 {
+	return slices.Sorted(maps.Keys(p.Owned()))
 }
 
 func (p *Processor) ownedPartitions() []int32 {
@@ -523,6 +601,9 @@ func (p *Processor) commitOffsets(ctx context.Context) {
 	offsets := map[string]map[int32]kgo.EpochOffset{p.cfg.ProposalsTopic: {}, p.cfg.GrantsTopic: {}}
 	p.mu.Lock()
 	for n, w := range p.workers {
+		if w.adopted {
+			continue // the group assigns it to its holder
+		}
 		pos := w.position()
 		offsets[p.cfg.ProposalsTopic][n] = kgo.EpochOffset{Epoch: -1, Offset: pos.ProposalsOffset}
 		offsets[p.cfg.GrantsTopic][n] = kgo.EpochOffset{Epoch: -1, Offset: pos.GrantsOffset}
@@ -552,14 +633,24 @@ func (p *Processor) statsLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		p.refreshReplaySettings(ctx)
-		owned := p.ownedPartitions()
+		rctx, rcancel := context.WithTimeout(ctx, p.cfg.StatsInterval)
+		p.refreshReplaySettings(rctx)
+		rcancel()
+		// The gauges sum the shards that answer: a shard the probes find
+		// down is left out (as when its query fails) without a warning
+		// every interval.
+		owned := slices.DeleteFunc(p.decidingPartitions(), func(n int32) bool {
+			down, _ := p.health.watch(p.shards.For(n))
+			return down
+		})
 		if len(owned) == 0 {
 			p.metrics.InDoubt.Set(0)
 			p.metrics.InDoubtOldest.Set(0)
 			continue
 		}
-		n, oldest, err := p.shards.InDoubtStats(ctx, owned, p.cfg.Test.Clock.Now())
+		sctx, cancel := context.WithTimeout(ctx, p.cfg.StatsInterval)
+		n, oldest, err := p.shards.InDoubtStats(sctx, owned, p.cfg.Test.Clock.Now())
+		cancel()
 		if err != nil && ctx.Err() == nil {
 			p.log.Warn().Err(err).Msg("cannot read in-doubt statistics")
 		}

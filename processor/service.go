@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
@@ -87,11 +86,7 @@ func StartService(ctx context.Context, cfg ServiceConfig, log zerolog.Logger) (s
 		s.Close()
 		return nil, errors.New("service: the relay and the processor must name the same decisions and dead-letter topics")
 	}
-	var pools []*pgxpool.Pool
-	for _, one := range s.All() {
-		pools = append(pools, one.Pool())
-	}
-	relay, err := outbox.NewSharded(rcfg, func(p int32) *pgxpool.Pool { return s.For(p).Pool() }, pools, log, outbox.NewMetrics(cfg.Registerer))
+	relay, err := outbox.NewSharded(rcfg, relayShards{s}, log, outbox.NewMetrics(cfg.Registerer))
 	if err != nil {
 		s.Close()
 		return nil, err
@@ -111,6 +106,24 @@ func StartService(ctx context.Context, cfg ServiceConfig, log zerolog.Logger) (s
 	}
 	return &Service{Sink: s.Control(), Shards: s, Processor: p, Relay: relay, Metrics: metrics, log: log}, nil
 }
+
+// relayShards routes the relay's partitions as the shard map last read
+// says.
+type relayShards struct{ s *sink.Shards }
+
+var _ outbox.Shards = relayShards{}
+
+func (r relayShards) For(p int32) outbox.Shard { return relayShard(r.s.For(p)) }
+
+func (r relayShards) All() []outbox.Shard {
+	var out []outbox.Shard
+	for _, one := range r.s.All() {
+		out = append(out, relayShard(one))
+	}
+	return out
+}
+
+func relayShard(s *sink.Sink) outbox.Shard { return outbox.Shard{Name: s.Shard().Name, Pool: s.Pool()} }
 
 // Stop stops fetching, finishes the batches in flight, drains the relay
 // (bounded by ctx) and closes storage.

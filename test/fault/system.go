@@ -281,7 +281,15 @@ func (s *System) pending(ctx context.Context) string {
 		}
 	}
 	if n := s.Workload.PendingDoubt(); n > 0 {
-		return fmt.Sprintf("%d in-doubt authorizations not yet resolved", n)
+		// What PostgreSQL holds for them tells a resolve never decided from a
+		// decision decided but not seen by the workload.
+		ids := s.Workload.PendingDoubtIDs(5)
+		var detail string
+		_ = s.admin(qctx, func(c *pgx.Conn) error {
+			return c.QueryRow(qctx, `SELECT coalesce(string_agg(format('%s %s v%s token %s updated %s', authorization_id, state, version,
+				execution_token, updated_at), '; '), 'none in PostgreSQL') FROM authorizations WHERE authorization_id = ANY($1)`, ids).Scan(&detail)
+		})
+		return fmt.Sprintf("%d in-doubt authorizations not yet resolved (the workload has seen no resolve decision); in PostgreSQL: %s", n, detail)
 	}
 	var open int
 	err := s.admin(qctx, func(c *pgx.Conn) error {

@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # postgres.sh: a throwaway PostgreSQL cluster for tests (initdb + pg_ctl).
 #
-#   postgres.sh up|down|stop-immediate|start|status|url|psql [psql args...]
+#   postgres.sh up|down|stop-immediate|start|pause|resume|status|url|psql [psql args...]
 #   postgres.sh basebackup DIR|restore DIR|promote|detach
+#
+# pause SIGSTOPs the postmaster and every process it started (backends, checkpointer,
+# walwriter...): the server is stopped, not killed, so a client's open connections and
+# new ones hang instead of being refused, as with a frozen VM or a network blackhole.
+# resume SIGCONTs them all.
 #
 # Defaults: 127.0.0.1:55432, user postgres, trust auth, state in .infra/pg/ (data/,
 # postgres.log, the Unix socket). PG_PORT and PG_DIR override both; another port
@@ -220,11 +225,49 @@ stop() {
 	pid=$(server_pid)
 	[ -n "$pid" ] || return 0
 	d=$(real_dir)
+	local p
 	kill -CONT "$pid" 2>/dev/null || true
+	for p in $(PARENT=$pid children); do kill -CONT "$p" 2>/dev/null || true; done
 	if ! as_pg "$(bindir)/pg_ctl" -D "$d/data" -m "$1" -w -t 30 stop >/dev/null; then
 		log "pg_ctl stop -m $1 failed; sending SIGKILL to pid $pid"
 		kill9_pid "$pid"
 	fi
+}
+
+# children PID: the processes PID started (parsed from /proc/*/stat with builtins only:
+# a pause must be quick, or backends forked meanwhile would escape it).
+children() {
+	local f line rest
+	for f in /proc/[0-9]*/stat; do
+		read -r line 2>/dev/null <"$f" || continue
+		rest=${line##*) }
+		# shellcheck disable=SC2086 # the fields after the command name: state, ppid, ...
+		set -- $rest
+		[ "${2:-}" = "$PARENT" ] || continue
+		f=${f#/proc/}
+		echo "${f%/stat}"
+	done
+	return 0
+}
+
+# signal_tree SIG: the postmaster first (so it starts no new backend), then its
+# children; with STOP, again until every child is stopped (one being forked as
+# the postmaster stopped shows up on the next pass).
+signal_tree() {
+	local pid p pass left
+	pid=$(server_pid)
+	[ -n "$pid" ] || die "not running"
+	kill -"$1" "$pid" 2>/dev/null || true
+	for pass in 1 2 3 4 5; do
+		left=0
+		for p in $(PARENT=$pid children); do
+			if [ "$1" = STOP ] && [ "$(proc_state "$p")" = T ]; then continue; fi
+			kill -"$1" "$p" 2>/dev/null || true
+			left=1
+		done
+		[ "$1" = STOP ] && [ "$left" = 1 ] || break
+	done
+	return 0
 }
 
 status_word() {
@@ -275,6 +318,14 @@ stop-immediate)
 	stop immediate
 	log "stopped (immediate, crash-like); data kept in $PG_DIR"
 	;;
+pause)
+	signal_tree STOP
+	log "paused (SIGSTOP): connections hang until resume"
+	;;
+resume)
+	signal_tree CONT
+	log "resumed (SIGCONT)"
+	;;
 status)
 	s=$(status_word)
 	echo "$s"
@@ -286,7 +337,7 @@ psql)
 	psql_cmd "$@"
 	;;
 *)
-	echo "usage: $(basename "$0") up|down|stop-immediate|start|status|url|psql [args]|basebackup DIR|restore DIR|promote|detach" >&2
+	echo "usage: $(basename "$0") up|down|stop-immediate|start|pause|resume|status|url|psql [args]|basebackup DIR|restore DIR|promote|detach" >&2
 	exit 2
 	;;
 esac

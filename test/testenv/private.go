@@ -144,12 +144,24 @@ func privatePostgres(t testing.TB, env ...string) *Postgres {
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := FreeRange(t, 1)
-	p := &Postgres{t: t, Env: append([]string{"PG_PORT=" + strconv.Itoa(port), "PG_DIR=" + filepath.Join(dir, "pg")}, env...)}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	if _, err := Script(ctx, "postgres.sh", p.Env, "up"); err != nil {
-		t.Fatalf("testenv: start private PostgreSQL: %v", err)
+	var p *Postgres
+	for attempt := 1; ; attempt++ {
+		port := FreeRange(t, 1)
+		p = &Postgres{t: t, Env: append([]string{"PG_PORT=" + strconv.Itoa(port), "PG_DIR=" + filepath.Join(dir, fmt.Sprintf("pg%d", attempt))}, env...)}
+		_, err := Script(ctx, "postgres.sh", p.Env, "up")
+		if err == nil {
+			break
+		}
+		// A port free when it was picked can be taken meanwhile as the
+		// local end of some connection (it is inside the ephemeral range):
+		// pick another.
+		_, _ = Script(ctx, "postgres.sh", p.Env, "down")
+		if attempt == 3 || !strings.Contains(err.Error(), "Address already in use") {
+			t.Fatalf("testenv: start private PostgreSQL: %v", err)
+		}
+		t.Logf("testenv: private PostgreSQL could not bind port %d; trying another", port)
 	}
 	out, err := Script(ctx, "postgres.sh", p.Env, "url")
 	if err != nil {
