@@ -94,6 +94,11 @@ type Config struct {
 	// StatsInterval is how often backlog gauges are refreshed. Defaults to
 	// StatsIntervalDefault.
 	StatsInterval time.Duration
+	// ProposalsTopic and GrantsTopic are the processor's input topics: a
+	// record past PostgreSQL's head is believed to be a decision PostgreSQL
+	// lost only if it answers an input PostgreSQL had not decided
+	// (AnswersUndecided). Defaults to none: not checked.
+	ProposalsTopic, GrantsTopic string
 	// DatabaseTimeout bounds every PostgreSQL call of the relay: loading
 	// rows, marking them published and deleting them, admitting a
 	// partition (its epoch, publisher and resume point), parked-row checks

@@ -57,6 +57,7 @@ func (r *Relay) observe(t *Tail) {
 			fresh = append(fresh, f)
 		}
 	}
+	prev := r.tails[p]
 	if _, held := r.parts[p]; held {
 		r.tails[p] = tailStatus{at: time.Now(), foreign: t.Foreign, lastSeq: t.Head.LastSeq, aheadSeq: t.AheadSeq}
 	}
@@ -75,17 +76,10 @@ func (r *Relay) observe(t *Tail) {
 			Str("why", f.Why).Int64("last_seq", t.Head.LastSeq).
 			Msg("a record on the partition that mandated did not write (another producer has write access to the topic): never believed, the relay resumes after its own records only")
 	}
-	if t.State() == KafkaAhead {
+	if t.State() == KafkaAhead && (prev.aheadSeq != t.AheadSeq || prev.lastSeq != t.Head.LastSeq) {
 		log.Error().Int64("last_seq", t.Head.LastSeq).Int64("kafka_seq", t.AheadSeq).Int64("records", t.Behind()).
 			Msg("Kafka holds records that continue the partition's chain past PostgreSQL's last sequence: PostgreSQL lost committed batches (a restored backup, a promoted asynchronous replica) or another writer knows the head; the relay publishes only what PostgreSQL holds")
 	}
-}
-
-// forget drops a partition's tail status (it is not this relay's any more).
-func (r *Relay) forget(partition int32) {
-	r.mu.Lock()
-	delete(r.tails, partition)
-	r.mu.Unlock()
 }
 
 // Ready reports the partitions whose last tail read found records

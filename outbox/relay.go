@@ -110,6 +110,8 @@ type Relay struct {
 	// this relay committed (owned by the loop; see admitOne).
 	committed map[int32]int64
 
+	fences atomic.Int64 // numbers FencePredecessors' client ids
+
 	// What tail reads found (foreign.go), guarded by mu: per partition,
 	// the records reported as foreign, and the last read's status.
 	foreignSeen map[int32]map[foreignKey]bool
@@ -201,6 +203,7 @@ func (r *Relay) Assigned(partition int32, epoch int64) {
 	}
 	r.parts[partition] = &part{partition: partition, epoch: epoch,
 		log: r.log.With().Int32("partition", partition).Int64("epoch", epoch).Logger()}
+	delete(r.tails, partition) // what an earlier ownership found; read again on admission
 	r.poke()
 }
 
@@ -339,6 +342,9 @@ func (r *Relay) refreshStats() {
 }
 
 var errFenced = errors.New("outbox: relay fenced by a newer producer of its transactional id")
+
+// errRewound says a partition's PostgreSQL is behind the decisions topic.
+var errRewound = errors.New("outbox: PostgreSQL went back in time")
 
 // run runs sessions until the relay is stopped and drained.
 func (r *Relay) run() {
@@ -555,6 +561,7 @@ func (r *Relay) admit(ctx context.Context) {
 		}
 		if ps.stopping && now.After(ps.drainBy) {
 			delete(r.parts, ps.partition)
+			delete(r.tails, ps.partition)
 			continue
 		}
 		if !r.gate.up(r.st.shard(ps.partition)) {
@@ -592,6 +599,9 @@ func (r *Relay) admit(ctx context.Context) {
 	wg.Wait()
 	for i, ps := range todo {
 		switch res := results[i]; {
+		case errors.Is(res.err, errRewound):
+			ps.retry = 0
+			ps.retryAt = time.Now().Add(rewoundRecheck)
 		case res.err != nil:
 			if sh, ok := failedShard(res.err); ok {
 				r.gate.failed(sh, "admit", res.err)
@@ -663,6 +673,12 @@ func (r *Relay) admitOne(ctx context.Context, ps *part, floor int64) (bool, erro
 	if tail.Head.Epoch != ps.epoch {
 		return false, nil
 	}
+	if tail.State() == KafkaAhead {
+		// PostgreSQL went back in time: what it writes next would reuse
+		// sequences Kafka holds. Nothing is published until the partition
+		// is recovered (the processor does not decide it either).
+		return false, fmt.Errorf("%w: Kafka holds %d records past PostgreSQL's last sequence %d", errRewound, tail.Behind(), tail.Head.LastSeq)
+	}
 	// Only records on the partition's own chain, never past PostgreSQL's
 	// last sequence.
 	last := max(tail.ResumeAfter(), min(floor, tail.Head.LastSeq))
@@ -691,6 +707,31 @@ func (r *Relay) admitOne(ctx context.Context, ps *part, floor int64) (bool, erro
 		f(ps.partition, last)
 	}
 	return true, nil
+}
+
+// FencePredecessors fences the relay transactional ids that may have
+// published partition since its previous claim (predecessors), unless the
+// partition's epoch is no longer epoch or the recorded one is this relay's
+// own. The processor calls it after it claims a partition and before it
+// reads the partition's tail back: a predecessor's open transaction is
+// aborted (or its commit completed) first, so the tail read sees all it
+// will ever hold. The relay fences them again when it admits the
+// partition; fencing twice only bumps their producer epoch twice.
+func (r *Relay) FencePredecessors(ctx context.Context, partition int32, epoch int64) error {
+	cur, err := r.st.publisher(ctx, partition)
+	if err != nil {
+		return fmt.Errorf("read partition %d's epoch and publisher: %w", partition, err)
+	}
+	if cur.epoch != epoch {
+		return nil
+	}
+	for i, id := range r.predecessors(&part{partition: partition, epoch: epoch}, cur) {
+		clientID := fmt.Sprintf("%s-prefence-p%d-e%d-%d-%d", r.clientID, partition, epoch, i, r.fences.Add(1))
+		if err := r.fence(ctx, id, clientID); err != nil {
+			return fmt.Errorf("fence the previous publisher %s of partition %d: %w", id, partition, err)
+		}
+	}
+	return nil
 }
 
 // predecessors lists the transactional ids that may have published the
@@ -1034,8 +1075,12 @@ func (r *Relay) readTail(ctx context.Context, partition int32) (*Tail, error) {
 	cfg := r.cfg
 	tctx, cancel := context.WithTimeout(ctx, tailTimeout)
 	defer cancel()
-	tail, err := ReadTail(tctx, TailConfig{KafkaOpts: append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...)}, cfg.KafkaOpts...),
-		DecisionsTopic: cfg.DecisionsTopic, DeadLetterTopic: cfg.DeadLetterTopic}, partition,
+	tcfg := TailConfig{KafkaOpts: append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...)}, cfg.KafkaOpts...),
+		DecisionsTopic: cfg.DecisionsTopic, DeadLetterTopic: cfg.DeadLetterTopic}
+	if cfg.ProposalsTopic != "" {
+		tcfg.Accept = AnswersUndecided(cfg.ProposalsTopic, cfg.GrantsTopic)
+	}
+	tail, err := ReadTail(tctx, tcfg, partition,
 		func(ctx context.Context, partition int32, seqs []int64) (PostgresHead, map[int64]Row, error) {
 			return r.st.head(ctx, partition, seqs)
 		})

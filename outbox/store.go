@@ -430,10 +430,17 @@ func ReadHead(ctx context.Context, q Querier, partition int32, seqs []int64) (Po
 	if len(anchor) == len(head.Anchor) {
 		copy(head.Anchor[:], anchor)
 	}
-	if len(seqs) == 0 {
+	// Rows exist at or below the last sequence only.
+	var want []int64
+	for _, s := range seqs {
+		if s >= 1 && s <= head.LastSeq {
+			want = append(want, s)
+		}
+	}
+	if len(want) == 0 {
 		return head, rows, nil
 	}
-	res, err := q.Query(ctx, headRowsSQL, partition, seqs)
+	res, err := q.Query(ctx, headRowsSQL, partition, want)
 	if err != nil {
 		return head, nil, err
 	}

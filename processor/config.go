@@ -32,6 +32,8 @@ const (
 	GrantorKeyRefreshDefault    = 5 * time.Second
 	GroupProtocolDefault        = GroupProtocolConsumer
 	DBUnreachableHandoffDefault = 10 * time.Second
+	RewindCheckIntervalDefault  = time.Minute
+	RewoundRecheckDefault       = 5 * time.Second
 	ShardHandoffAfterDefault    = 10 * time.Second
 	ShardHandoffProbesDefault   = 5
 	ShardTakeBackProbesDefault  = 3
@@ -162,6 +164,26 @@ type Config struct {
 	GrantorKeyRefresh time.Duration
 	// Listener hears about ownership and commits. Defaults to none.
 	Listener PartitionListener
+	// RewindCheckInterval is how often a worker reads its partition's tail
+	// back from the decisions and dead-letter topics while it decides, to
+	// find a database that went back in time under it (a restored backup,
+	// a promoted asynchronous replica): Kafka holding decisions past
+	// PostgreSQL's head (rewind.go). Every claim checks first, whatever
+	// this says. Defaults to RewindCheckIntervalDefault; negative turns the
+	// periodic check off.
+	RewindCheckInterval time.Duration
+	// MinDecisionRetention is how long the decisions and dead-letter topics
+	// must keep records (their retention.ms; -1 is forever): at least the
+	// interval between PostgreSQL's backups, so that a database restored
+	// from the last backup can be rebuilt from the decisions. Start refuses
+	// topics that keep less, are compacted, or have a size limit
+	// (CheckDecisionRetention). Defaults to MinDecisionRetentionDefault;
+	// negative checks only compaction.
+	MinDecisionRetention time.Duration
+	// RewoundRecheck is how often a partition found rewound is checked
+	// again, to be claimed once recovered (mandatectl recover). Defaults to
+	// RewoundRecheckDefault.
+	RewoundRecheck time.Duration
 
 	// Test holds knobs for tests only.
 	Test TestConfig
@@ -226,6 +248,9 @@ func (c Config) WithDefaults() Config {
 	c.StatsInterval = cmp.Or(c.StatsInterval, StatsIntervalDefault)
 	c.FetchMaxWait = cmp.Or(c.FetchMaxWait, FetchMaxWaitDefault)
 	c.GrantorKeyRefresh = cmp.Or(c.GrantorKeyRefresh, GrantorKeyRefreshDefault)
+	c.RewindCheckInterval = cmp.Or(c.RewindCheckInterval, RewindCheckIntervalDefault)
+	c.RewoundRecheck = cmp.Or(c.RewoundRecheck, RewoundRecheckDefault)
+	c.MinDecisionRetention = cmp.Or(c.MinDecisionRetention, MinDecisionRetentionDefault)
 	if c.Test.Clock == nil {
 		c.Test.Clock = clock.Real{}
 	}

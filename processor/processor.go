@@ -42,6 +42,7 @@ type Processor struct {
 	// because of it.
 	unreachableSince time.Time
 	handedOff        bool
+	restarting       bool // restartSession runs (rewind.go)
 	// health is which shards the hand-off loop's probes last found down,
 	// and which ones this processor handed off.
 	health *shardHealth
@@ -95,6 +96,9 @@ func (p *Processor) PartitionCount() int32 { return p.partitions }
 func (p *Processor) Start(ctx context.Context) error {
 	n, err := CheckTopics(ctx, p.cfg.Brokers, p.cfg.KafkaOpts, p.cfg.ProposalsTopic, p.cfg.GrantsTopic, p.cfg.DecisionsTopic, p.cfg.DeadLetterTopic)
 	if err != nil {
+		return err
+	}
+	if err := CheckDecisionRetention(ctx, p.cfg.Brokers, p.cfg.KafkaOpts, p.cfg.MinDecisionRetention, p.cfg.DecisionsTopic, p.cfg.DeadLetterTopic); err != nil {
 		return err
 	}
 	p.partitions = n
@@ -251,7 +255,7 @@ func (p *Processor) Ready(ctx context.Context) error {
 	started, stopping, handedOff, client := p.started, p.stopping, p.handedOff, p.client
 	var fenced []int32
 	var causes []error
-	pending := p.pendingPartitions()
+	pending, waiting := p.pendingPartitions()
 	for n, w := range p.workers {
 		w.mu.Lock()
 		if w.fenced {
@@ -270,6 +274,9 @@ func (p *Processor) Ready(ctx context.Context) error {
 		return errors.New("out of the group: PostgreSQL did not answer; partitions handed to the others until it does")
 	case len(fenced) > 0:
 		return fmt.Errorf("fenced on partitions %v, not re-claimed yet: %w", fenced, errors.Join(causes...))
+	}
+	if len(waiting) > 0 {
+		return errors.Join(waiting...)
 	}
 	if err := p.shards.Ping(ctx); err != nil {
 		if released := p.releasedPartitions(); len(released) > 0 {
@@ -316,6 +323,8 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 	assigned := time.Now()
 	claims := make(map[int32]sink.Claim, len(nums))
 	var deferred []int32
+	why := map[int32]error{}
+	held := map[int32]sink.Claim{} // claimed, then deferred: kept, not claimed again
 	var mu sync.Mutex
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(8)
@@ -357,6 +366,19 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 			}
 			if err != nil {
 				return err
+			}
+			// A partition whose database went back in time (or that cannot
+			// be checked yet) is not decided: it waits, paused (rewind.go).
+			if err := p.checkInStep(gctx, n, c.Epoch); err != nil && ctx.Err() == nil {
+				if errors.Is(err, ErrRewound) {
+					p.reportRewound(err)
+				} else {
+					p.log.Warn().Err(err).Int32("partition", n).Msg("cannot check an assigned partition against the decisions topic: deciding it once it can be checked")
+				}
+				mu.Lock()
+				deferred, why[n], held[n] = append(deferred, n), err, c
+				mu.Unlock()
+				return nil
 			}
 			p.metrics.TakeoverSeconds.Observe(time.Since(start).Seconds())
 			p.metrics.Rebalance.PauseSeconds.Observe(time.Since(assigned).Seconds())
@@ -401,7 +423,7 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 		claimed = append(claimed, n)
 	}
 	p.client.ResumeFetchPartitions(map[string][]int32{p.cfg.ProposalsTopic: claimed, p.cfg.GrantsTopic: claimed})
-	p.startDeferredClaims(deferred, out)
+	p.startDeferredClaims(deferred, why, held, out)
 	return out, nil
 }
 

@@ -64,6 +64,17 @@ func (p *Processor) reclaim(w *worker, done string) error {
 	if err != nil {
 		return fmt.Errorf("re-claim: %w", err)
 	}
+	if c.ProposalsOffset < w.pos.ProposalsOffset || c.GrantsOffset < w.pos.GrantsOffset || c.NextSeq < w.pos.NextSeq {
+		// PostgreSQL stores less than this worker committed: the database
+		// went back in time. The records it lost were fetched past and
+		// must be fetched again, and the partition is decided only once
+		// it is in step with the decisions topic (rewind.go).
+		w.log.Error().Int64("stored_proposals_offset", c.ProposalsOffset).Int64("committed_proposals_offset", w.pos.ProposalsOffset).
+			Int64("stored_next_seq", c.NextSeq).Int64("committed_next_seq", w.pos.NextSeq).
+			Msg("PostgreSQL stores an older position than this worker committed: the database went back in time")
+		go p.restartSession(fmt.Sprintf("partition %d: PostgreSQL went back in time", w.partition))
+		return errStopped
+	}
 	p.metrics.TakeoverSeconds.Observe(c.Waited.Seconds())
 	p.metrics.PredecessorsKilled.Add(float64(c.Terminated))
 	next := newWorker(p, c)

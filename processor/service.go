@@ -40,8 +40,19 @@ type Service struct {
 }
 
 // StartService opens storage (applying migrations), starts the relay and
-// the processor, and returns once the processor has joined its group.
-func StartService(ctx context.Context, cfg ServiceConfig, log zerolog.Logger) (*Service, error) {
+// the processor, and returns once the processor has joined its group. A
+// start that fails unregisters the metrics it registered, so the caller
+// can try again with the same Registerer.
+func StartService(ctx context.Context, cfg ServiceConfig, log zerolog.Logger) (svc *Service, err error) {
+	if cfg.Registerer != nil {
+		reg := &undoRegisterer{Registerer: cfg.Registerer}
+		cfg.Registerer = reg
+		defer func() {
+			if err != nil {
+				reg.undo()
+			}
+		}()
+	}
 	if cfg.Sink.Instance == "" {
 		cfg.Sink.Instance = cfg.Processor.WithDefaults().Owner
 	}
@@ -70,6 +81,7 @@ func StartService(ctx context.Context, cfg ServiceConfig, log zerolog.Logger) (*
 	if rcfg.DeadLetterTopic == "" {
 		rcfg.DeadLetterTopic = pcfg.DeadLetterTopic
 	}
+	rcfg.ProposalsTopic, rcfg.GrantsTopic = pcfg.ProposalsTopic, pcfg.GrantsTopic
 	if rcfg.DecisionsTopic != pcfg.DecisionsTopic || rcfg.DeadLetterTopic != pcfg.DeadLetterTopic {
 		s.Close()
 		return nil, errors.New("service: the relay and the processor must name the same decisions and dead-letter topics")
@@ -132,4 +144,33 @@ func (svc *Service) Stop(ctx context.Context) error {
 // records another producer wrote, a chain past PostgreSQL's head).
 func (svc *Service) Ready(ctx context.Context) error {
 	return errors.Join(svc.Processor.Ready(ctx), svc.Relay.Ready(ctx))
+}
+
+// undoRegisterer remembers what it registered, to unregister it all.
+type undoRegisterer struct {
+	prometheus.Registerer
+	registered []prometheus.Collector
+}
+
+func (u *undoRegisterer) Register(c prometheus.Collector) error {
+	if err := u.Registerer.Register(c); err != nil {
+		return err
+	}
+	u.registered = append(u.registered, c)
+	return nil
+}
+
+func (u *undoRegisterer) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		if err := u.Register(c); err != nil {
+			panic(err)
+		}
+	}
+}
+
+func (u *undoRegisterer) undo() {
+	for _, c := range u.registered {
+		u.Registerer.Unregister(c)
+	}
+	u.registered = nil
 }

@@ -3,6 +3,7 @@ package processor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -195,6 +196,12 @@ func (w *worker) run() {
 		return
 	}
 	clk := w.p.cfg.Test.Clock
+	var checkC <-chan time.Time
+	if every := w.p.cfg.RewindCheckInterval; every > 0 {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		checkC = t.C
+	}
 	for {
 		var timer clock.Timer
 		var timerC <-chan time.Time
@@ -202,10 +209,13 @@ func (w *worker) run() {
 			timer = clk.NewTimer(max(at.Sub(clk.Now()), 0))
 			timerC = timer.C()
 		}
+		checkNow := false
 		select {
 		case <-w.ctx.Done():
 		case <-w.wake:
 		case <-timerC:
+		case <-checkC:
+			checkNow = true
 		}
 		if timer != nil {
 			timer.Stop()
@@ -215,6 +225,9 @@ func (w *worker) run() {
 		}
 		if w.isReleased() {
 			w.p.awaitTakeBack(w)
+			return
+		}
+		if checkNow && !w.stillInStep() {
 			return
 		}
 		for !w.isStopping() {
@@ -237,6 +250,31 @@ func (w *worker) run() {
 		if w.isStopping() {
 			return
 		}
+	}
+}
+
+// stillInStep reads the partition's tail back (rewind.go). A partition
+// whose database went back in time under its worker stops being decided:
+// the worker ends, and its processor joins the group again so that the
+// partition is claimed afresh — not before it is recovered — and fetched
+// again from what PostgreSQL stores.
+func (w *worker) stillInStep() bool {
+	err := w.p.checkInStep(w.ctx, w.partition, w.epoch)
+	switch {
+	case err == nil, errors.Is(err, errEpochMoved):
+		return true // a moved epoch: the next batch is fenced and finds out why
+	case errors.Is(err, ErrRewound):
+		w.p.reportRewound(err)
+		w.mu.Lock()
+		w.fenced, w.cause = true, err
+		w.mu.Unlock()
+		go w.p.restartSession(fmt.Sprintf("partition %d: PostgreSQL went back in time", w.partition))
+		return false
+	default:
+		if w.ctx.Err() == nil {
+			w.log.Warn().Err(err).Msg("periodic check against the decisions topic failed; trying again at the next")
+		}
+		return true
 	}
 }
 

@@ -27,6 +27,7 @@ type Options struct {
 	Seed          uint64 // 0: from MANDATED_FAULT_SEED or the clock
 	Nodes         int    // 1: a private broker; 3: a private three-node cluster; 0: the shared test broker
 	PrivatePG     bool   // a private PostgreSQL (needed to crash it)
+	PGProxy       bool   // mandated reaches the private PostgreSQL through a proxy (System.Proxy: a failover retargets it)
 	Partitions    int32  // default 4
 	Processors    int    // processes at start, default 2
 	MaxProcessors int    // default 3
@@ -50,6 +51,7 @@ type Options struct {
 type System struct {
 	Kafka          *Kafka
 	Postgres       *Postgres
+	Proxy          *testenv.Proxy // with Options.PGProxy
 	Brokers        []string
 	DatabaseURL    string
 	Spec           processor.TopicSpec
@@ -124,6 +126,10 @@ func Run(t *testing.T, o Options) *Result {
 			t.Fatal(err)
 		}
 		s.DatabaseURL = url
+		if o.PGProxy {
+			s.Proxy = testenv.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", s.Postgres.Port()))
+			s.DatabaseURL = s.Proxy.URL(url)
+		}
 	} else {
 		s.DatabaseURL = testenv.Database(t)
 	}
