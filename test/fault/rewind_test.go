@@ -118,6 +118,13 @@ func TestS13ADatabaseRestoredFromABackupIsRefusedThenRecoveredFromTheDecisions(t
 			sleepCtx(ctx, 4*time.Second) // the run goes on after the recovery
 		}}))
 	verifyClean(t, context.Background(), sys)
+	reportRecovery(t, "S-13: the restore", detect, took, recovered)
+}
+
+// reportRecovery requires that the recovery rebuilt some partition (the
+// fault lost published decisions) and logs the scenario's figures.
+func reportRecovery(t *testing.T, what string, detect, took time.Duration, recovered []verify.PartitionRecovery) {
+	t.Helper()
 	n, decisions := 0, 0
 	for _, r := range recovered {
 		if r.State == verify.RecoveryRecovered {
@@ -125,9 +132,9 @@ func TestS13ADatabaseRestoredFromABackupIsRefusedThenRecoveredFromTheDecisions(t
 			decisions += r.Decisions + r.DeadLetters
 		}
 	}
-	require.Positive(t, n, "the restore lost published decisions on some partition: %+v", recovered)
-	t.Logf("S-13: the restore was detected in %s; mandatectl recover rebuilt %d partitions from %d decisions in %s",
-		detect.Round(time.Millisecond), n, decisions, took.Round(time.Millisecond))
+	require.Positive(t, n, "%s lost no published decision on any partition: %+v", what, recovered)
+	t.Logf("%s was detected in %s; mandatectl recover rebuilt %d partitions from %d decisions in %s",
+		what, detect.Round(time.Millisecond), n, decisions, took.Round(time.Millisecond))
 }
 
 // S-13b: an asynchronous standby promoted after the primary is killed. The
@@ -160,14 +167,5 @@ func TestS13bAnAsynchronousStandbyPromotedAfterThePrimaryIsKilledIsRecovered(t *
 			sleepCtx(ctx, 4*time.Second)
 		}}))
 	verifyClean(t, context.Background(), sys)
-	n, decisions := 0, 0
-	for _, r := range recovered {
-		if r.State == verify.RecoveryRecovered {
-			n++
-			decisions += r.Decisions + r.DeadLetters
-		}
-	}
-	require.Positive(t, n, "the promoted standby lacked published decisions on some partition: %+v", recovered)
-	t.Logf("S-13b: the promoted standby was detected in %s; mandatectl recover rebuilt %d partitions from %d decisions in %s",
-		detect.Round(time.Millisecond), n, decisions, took.Round(time.Millisecond))
+	reportRecovery(t, "S-13b: the promoted standby", detect, took, recovered)
 }
