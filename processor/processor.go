@@ -26,7 +26,7 @@ type Processor struct {
 	log     zerolog.Logger
 	metrics *Metrics
 	keys    *keyring
-	tracer  trace.Tracer // nil: tracing off
+	tracer  trace.Tracer               // nil: tracing off
 	groups  map[*sink.Sink]*sink.Group // one committer per shard; nil without GroupCommit
 
 	partitions int32 // the topics' partition count
