@@ -35,10 +35,12 @@ import (
 	"github.com/mandated/mandated/client"
 	"github.com/mandated/mandated/cmd/internal/cli"
 	"github.com/mandated/mandated/gateway"
+	"github.com/mandated/mandated/internal/tracing"
 )
 
 type config struct {
 	kafka             cli.Kafka
+	tracing           cli.Tracing
 	databaseURL       string
 	databaseURLFile   string
 	dbMaxConns        int
@@ -66,6 +68,7 @@ type config struct {
 
 func (c *config) register(fs *flag.FlagSet) {
 	c.kafka.Register(fs)
+	c.tracing.Register(fs)
 	fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL URL of a role that may only read (README, \"The gateway's PostgreSQL role\"), e.g. postgres://mandated_gateway@db:5432/mandated?sslmode=verify-full (required without --shard-map)")
 	fs.StringVar(&c.databaseURLFile, "database-url-file", "", "file holding the PostgreSQL URL (a mounted secret); wins over --database-url")
 	fs.StringVar(&c.shardMap, "shard-map", "", "mandated's shard map (YAML): each status read goes to its mandate's shard, tokens to the control shard; replaces --database-url")
@@ -159,6 +162,24 @@ func run(args []string) int {
 		return 2
 	}
 
+	tp, shutdownTracing, err := c.tracing.Provider(context.Background(), "mandate-gateway")
+	if err != nil {
+		log.Error().Err(err).Msg("invalid configuration")
+		return 2
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = shutdownTracing(ctx)
+	}()
+	if tp != nil {
+		// The server spans (otelhttp) and the produce's (kotel): the record
+		// carries the request's trace to the processor.
+		gcfg.TracerProvider = tp
+		kopts = append(kopts, tracing.KafkaHooks(tp))
+		log.Info().Msg("tracing on: spans exported with OTLP")
+	}
+
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	var pool *pgxpool.Pool
@@ -201,7 +222,7 @@ func run(args []string) int {
 	}
 
 	ops := http.NewServeMux()
-	ops.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	ops.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, EnableOpenMetrics: true}))
 	ops.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	ops.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
