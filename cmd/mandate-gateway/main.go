@@ -21,6 +21,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -35,7 +36,9 @@ import (
 	"github.com/mandated/mandated/client"
 	"github.com/mandated/mandated/cmd/internal/cli"
 	"github.com/mandated/mandated/gateway"
+	"github.com/mandated/mandated/gateway/console"
 	"github.com/mandated/mandated/internal/tracing"
+	"github.com/mandated/mandated/sink"
 )
 
 type config struct {
@@ -64,6 +67,43 @@ type config struct {
 	shutdownTimeout   time.Duration
 	logFormat         string
 	logLevel          string
+	console           bool
+	consoleKeys       consoleKeys
+}
+
+// consoleKeys are the --console-signing-key flags: org=KEY_ID:FILE.
+type consoleKeys []string
+
+func (k *consoleKeys) String() string { return strings.Join(*k, ",") }
+
+func (k *consoleKeys) Set(v string) error {
+	for _, one := range strings.Split(v, ",") {
+		if one = strings.TrimSpace(one); one != "" {
+			*k = append(*k, one)
+		}
+	}
+	return nil
+}
+
+// signers reads the console's signing keys.
+func (k consoleKeys) signers() (map[string]*client.Signer, error) {
+	out := map[string]*client.Signer{}
+	for _, one := range k {
+		org, rest, ok1 := strings.Cut(one, "=")
+		id, file, ok2 := strings.Cut(rest, ":")
+		if !ok1 || !ok2 || org == "" || id == "" || file == "" {
+			return nil, fmt.Errorf("--console-signing-key %q: want org=KEY_ID:FILE", one)
+		}
+		if _, dup := out[org]; dup {
+			return nil, fmt.Errorf("--console-signing-key: org %s twice", org)
+		}
+		key, err := cli.ReadSigningKey(file)
+		if err != nil {
+			return nil, fmt.Errorf("--console-signing-key %s: %w", org, err)
+		}
+		out[org] = &client.Signer{KeyID: id, Key: key}
+	}
+	return out, nil
 }
 
 func (c *config) register(fs *flag.FlagSet) {
@@ -90,6 +130,8 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.maxRecordBytes, "max-record-bytes", gateway.MaxRecordBytesDefault, "the processors' --max-record-bytes: the record built around a body is decoded with it")
 	fs.IntVar(&c.maxInFlight, "max-in-flight-per-org", gateway.MaxInFlightPerOrgDefault, "commands of one org waiting at once (429 beyond)")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", gateway.MaxWaitDefault+5*time.Second, "bound on a graceful shutdown")
+	fs.BoolVar(&c.console, "console", true, "serve the operators' console under /console on --http-addr (operator tokens: mandatectl tokens create --operator)")
+	fs.Var(&c.consoleKeys, "console-signing-key", "org=KEY_ID:FILE: the console signs that org's resolves with this grantor key (PKCS#8 PEM), for an org that requires signed grantor commands (repeatable)")
 	fs.StringVar(&c.logFormat, "log-format", "auto", "json, console, or auto (console on a terminal)")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 }
@@ -219,6 +261,24 @@ func run(args []string) int {
 	if shards != nil {
 		srv.WithShards(shards)
 		go followShardMap(ctx, shards, c.shardMapPoll, log)
+	}
+	if c.console {
+		signers, err := c.consoleKeys.signers()
+		if err != nil {
+			log.Error().Err(err).Msg("invalid configuration")
+			return 2
+		}
+		operator := func() *sink.Operator { return sink.NewOperator(pool) }
+		if shards != nil {
+			operator = func() *sink.Operator { return sink.NewShardedOperator(shards.Pools()...) }
+		}
+		con, err := console.New(console.Config{Signers: signers, SecureCookie: certs != nil, Logger: &log},
+			console.Sources{Client: cl, Control: pool, Operator: operator})
+		if err != nil {
+			log.Error().Err(err).Msg("invalid configuration")
+			return 2
+		}
+		con.Register(srv.Mux())
 	}
 
 	ops := http.NewServeMux()
