@@ -194,7 +194,7 @@ func (c *Console) headers(h http.Handler) http.Handler {
 		hd.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 		hd.Set("X-Content-Type-Options", "nosniff")
 		hd.Set("X-Frame-Options", "DENY")
-		hd.Set("Referrer-Policy", "no-referrer")
+		hd.Set("Referrer-Policy", "same-origin")
 		hd.Set("Cache-Control", "no-store")
 		h.ServeHTTP(w, r)
 	})
@@ -251,10 +251,14 @@ func csrfToken(secret string) string {
 }
 
 // sameOrigin refuses a state-changing request another site made: a
-// browser names the origin of a form it posts (Origin, Sec-Fetch-Site).
+// browser names the origin of a form it posts (Sec-Fetch-Site, which a
+// page cannot forge, and Origin). A browser that sends Sec-Fetch-Site is
+// believed on it alone: under some referrer policies a same-origin form
+// is posted with "Origin: null". Without it, the Origin must name this
+// host (or be absent: a client that is not a browser).
 func sameOrigin(r *http.Request) bool {
-	if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" && site != "none" {
-		return false
+	if site := r.Header.Get("Sec-Fetch-Site"); site != "" {
+		return site == "same-origin" || site == "none"
 	}
 	origin := r.Header.Get("Origin")
 	if origin == "" || origin == "null" {
