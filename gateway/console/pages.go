@@ -401,7 +401,7 @@ func (c *Console) unavailable(w http.ResponseWriter, r *http.Request, s *session
 
 func funcs(now func() time.Time) template.FuncMap {
 	return template.FuncMap{
-		"age":  fmtAge,
+		"age": fmtAge,
 		"since": func(t time.Time) string {
 			if t.IsZero() {
 				return "—"
