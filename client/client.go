@@ -262,8 +262,15 @@ func (c *Client) produce(ctx context.Context, key partitioner.MandateKey, value 
 	// Not ProduceSync: franz-go cannot fail a record whose produce request
 	// was sent (an unreachable or paused broker leaves it in flight until
 	// the request times out), so ctx bounds the wait here, not the record.
+	// Nor may the record carry ctx's cancellation: franz-go fails every
+	// record buffered for the partition when the first record of a batch
+	// not sent yet is cancelled, so one caller giving up (an HTTP client
+	// that disconnects) would fail other callers' commands. The record
+	// keeps ctx's values (the trace span) and is bounded by the producer's
+	// delivery timeout; Produce runs aside so that ctx also bounds a wait
+	// for buffer space.
 	done := make(chan error, 1)
-	c.producer.Produce(ctx, r, func(_ *kgo.Record, err error) { done <- err })
+	go c.producer.Produce(context.WithoutCancel(ctx), r, func(_ *kgo.Record, err error) { done <- err })
 	select {
 	case err := <-done:
 		if err != nil {

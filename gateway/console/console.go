@@ -234,7 +234,7 @@ func (c *Console) operator(h func(http.ResponseWriter, *http.Request, session)) 
 			return
 		case err != nil:
 			c.log.Warn().Err(err).Msg("cannot check an operator token")
-			c.fail(w, r, nil, http.StatusServiceUnavailable, "PostgreSQL did not answer; try again.")
+			c.fail(w, r, nil, http.StatusServiceUnavailable, "PostgreSQL refused the read or did not answer (the gateway's log says which); try again.")
 			return
 		}
 		h(w, r, session{token: t, csrf: csrfToken(secret)})
@@ -317,7 +317,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		return
 	case err != nil:
 		c.log.Warn().Err(err).Msg("cannot check an operator token")
-		c.render(w, r, http.StatusServiceUnavailable, "login", nil, map[string]any{"Error": "PostgreSQL did not answer; try again."})
+		c.render(w, r, http.StatusServiceUnavailable, "login", nil, map[string]any{"Error": "PostgreSQL refused the read or did not answer (the gateway's log says which); try again."})
 		return
 	}
 	c.log.Info().Str("operator", t.ID).Str("name", t.Name).Msg("console: operator signed in")

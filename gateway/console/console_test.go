@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -58,6 +59,13 @@ type testBundle struct {
 // grantor commands and the console holds its key.
 func setup(t *testing.T) *testBundle {
 	t.Helper()
+	return setupAs(t, nil)
+}
+
+// setupAs is setup with the gateway's pool connecting as the URL dbURL
+// returns for the harness's database (nil: mandated's own role).
+func setupAs(t *testing.T, dbURL func(h *harness.Harness) string) *testBundle {
+	t.Helper()
 	h := harness.New(t, harness.Options{Partitions: 3})
 	h.Start("a")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -80,7 +88,11 @@ func setup(t *testing.T) *testBundle {
 	b.cl, err = client.New(ctx, client.Config{Brokers: h.Brokers, KafkaOpts: h.KafkaOpts, ProposalsTopic: h.Spec.Proposals,
 		GrantsTopic: h.Spec.Grants, DecisionsTopic: h.Spec.Decisions, FetchMaxWait: 50 * time.Millisecond})
 	require.NoError(t, err)
-	pcfg, err := pgxpool.ParseConfig(h.DatabaseURL)
+	poolURL := h.DatabaseURL
+	if dbURL != nil {
+		poolURL = dbURL(h)
+	}
+	pcfg, err := pgxpool.ParseConfig(poolURL)
 	require.NoError(t, err)
 	pcfg.ConnConfig.RuntimeParams["default_transaction_read_only"] = "on"
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
@@ -519,4 +531,86 @@ func csrfOf(t *testing.T, b *testBundle, hc *http.Client) string {
 	require.Positive(t, i, "a page carries the session's CSRF token")
 	rest := page[i+len(`name="csrf" value="`):]
 	return rest[:strings.Index(rest, `"`)]
+}
+
+// The console as deployed: the gateway's pool connects as the role of
+// deploy/postgres/gateway-role.sql, created from the file as written, and
+// every page answers 200 with its content, not a permission error.
+func TestTheConsoleReadsWithTheGatewaysDocumentedRole(t *testing.T) {
+	t.Parallel()
+	b := setupAs(t, func(h *harness.Harness) string {
+		role, password := gatewayRole(t, h.DatabaseURL)
+		u, err := url.Parse(h.DatabaseURL)
+		require.NoError(t, err)
+		u.User = url.UserPassword(role, password)
+		return u.String()
+	})
+	b.grant(t, "acme", "m-role", 2)
+	auth := b.inDoubt(t, "acme", "m-role", "worker-role")
+	recordVerify(t, b)
+	hc := &http.Client{Timeout: time.Minute}
+	for path, want := range map[string]string{
+		"/console/":                                            "<strong>1</strong> in doubt",
+		"/console/reconcile/acme/m-role/" + auth:               "worker-role",
+		"/console/mandates/acme/m-role":                        "worker-role",
+		"/console/partitions":                                  "Outbox backlog",
+		"/console/verify":                                      "Verified",
+		"/v1/orgs/acme/mandates/m-role/authorizations/" + auth: "in_doubt",
+	} {
+		req, err := http.NewRequest(http.MethodGet, b.base+path, nil)
+		require.NoError(t, err)
+		bearer := b.operator
+		if strings.HasPrefix(path, "/v1/") {
+			bearer = b.apiToken
+		}
+		req.Header.Set("Authorization", "Bearer "+bearer)
+		resp, err := hc.Do(req)
+		require.NoError(t, err)
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s: %s", path, body)
+		require.Contains(t, string(body), want, path)
+	}
+}
+
+// gatewayRole creates a login role with exactly the grants of
+// deploy/postgres/gateway-role.sql (as gateway/shards_test.go does) and
+// returns its name and password; it is dropped at cleanup.
+func gatewayRole(t *testing.T, dbURL string) (string, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	role, password := fmt.Sprintf("gw_console_%x", b), fmt.Sprintf("pw-%x", b)
+	sqlFile, err := os.ReadFile(filepath.Join("..", "..", "deploy", "postgres", "gateway-role.sql"))
+	require.NoError(t, err)
+	var code []string
+	for _, l := range strings.Split(string(sqlFile), "\n") {
+		if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "--") {
+			code = append(code, l)
+		}
+	}
+	admin, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	_, err = admin.Exec(ctx, fmt.Sprintf("CREATE ROLE %s LOGIN PASSWORD '%s'", role, password))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if c, err := pgx.Connect(ctx, dbURL); err == nil {
+			_, _ = c.Exec(ctx, "DROP OWNED BY "+role)
+			_, _ = c.Exec(ctx, "DROP ROLE IF EXISTS "+role)
+			c.Close(ctx)
+		}
+	})
+	for _, stmt := range strings.Split(strings.Join(code, " "), ";") {
+		if stmt = strings.TrimSpace(stmt); stmt != "" {
+			_, err := admin.Exec(ctx, strings.ReplaceAll(stmt, "mandated_gateway", role))
+			require.NoError(t, err, "%s", stmt)
+		}
+	}
+	return role, password
 }

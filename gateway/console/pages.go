@@ -69,12 +69,12 @@ func (c *Console) reconcileView(ctx context.Context, r *http.Request) (*reconcil
 		return nil, http.StatusNotFound, fmt.Sprintf("No authorization %s under %s.", id, key)
 	case err != nil:
 		c.log.Warn().Err(err).Msg("console: read an authorization")
-		return nil, http.StatusServiceUnavailable, "PostgreSQL did not answer; try again."
+		return nil, http.StatusServiceUnavailable, "PostgreSQL refused the read or did not answer (the gateway's log says which); try again."
 	}
 	modes, err := sink.SigningModes(ctx, c.src.Control)
 	if err != nil {
 		c.log.Warn().Err(err).Msg("console: read grant_signing")
-		return nil, http.StatusServiceUnavailable, "PostgreSQL did not answer; try again."
+		return nil, http.StatusServiceUnavailable, "PostgreSQL refused the read or did not answer (the gateway's log says which); try again."
 	}
 	v := &reconcileView{Key: key, Auth: a, Signing: modes[key.Org], Form: url.Values{}}
 	if v.Signing == "" {
@@ -394,7 +394,7 @@ func (c *Console) verifyPage(w http.ResponseWriter, r *http.Request, s session) 
 
 func (c *Console) unavailable(w http.ResponseWriter, r *http.Request, s *session, what string, err error) {
 	c.log.Warn().Err(err).Str("path", r.URL.Path).Msg("console: cannot " + what)
-	c.fail(w, r, s, http.StatusServiceUnavailable, "Cannot "+what+" now: PostgreSQL did not answer. Try again.")
+	c.fail(w, r, s, http.StatusServiceUnavailable, "Cannot "+what+" now: PostgreSQL refused the read or did not answer (the gateway's log says which). Try again.")
 }
 
 // ---- template functions
