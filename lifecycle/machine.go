@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -250,11 +251,16 @@ func (d *decider) bind(scope IdemScope, fp []byte, dec *wire.Decision) {
 		return
 	}
 	retention := d.st.Retention(scope.Org)
-	d.st.Idem[scope] = &IdemRecord{
+	rec := &IdemRecord{
 		Scope: scope, Fingerprint: fp, Mandate: d.cmd.Key, AuthorizationID: dec.AuthorizationID,
 		DecisionID: dec.DecisionID, Outcome: dec.Outcome, Reason: dec.Reason,
 		CreatedAt: d.now, ExpiresAt: d.now.Add(retention), New: true,
 	}
+	d.st.Idem[scope] = rec
+	if dec.Binds == nil {
+		dec.Binds = &wire.Binding{}
+	}
+	dec.Binds.Idempotency = &wire.KeyBinding{Operation: scope.Operation, Fingerprint: hex.EncodeToString(fp), ExpiresAt: rec.ExpiresAt}
 }
 
 func (d *decider) propose() {
@@ -401,7 +407,7 @@ func (d *decider) propose() {
 	a.DecisionID = dec.DecisionID
 	d.bind(scope, fp, dec)
 	if hasIntent {
-		d.bindIntent(iscope, a)
+		d.bindIntent(iscope, a, dec)
 	}
 }
 
@@ -459,8 +465,12 @@ func (d *decider) intent(scope IntentScope) (bool, *Authorization) {
 
 // bindIntent binds a new intent to its first authorization, or moves a
 // forked intent's lineage to the fork.
-func (d *decider) bindIntent(scope IntentScope, a *Authorization) {
+func (d *decider) bindIntent(scope IntentScope, a *Authorization, dec *wire.Decision) {
 	expires := d.now.Add(d.st.Retention(scope.Org))
+	if dec.Binds == nil {
+		dec.Binds = &wire.Binding{}
+	}
+	dec.Binds.Intent = &wire.IntentBinding{Operation: scope.Operation, RunID: scope.RunID, Step: scope.Step, Action: scope.Action, ExpiresAt: expires}
 	if rec := d.st.Intents[scope]; rec != nil {
 		rec.Head, rec.UpdatedAt, rec.ExpiresAt, rec.Dirty = a.Key, d.now, expires, true
 		return

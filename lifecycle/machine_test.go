@@ -294,7 +294,8 @@ func TestGrant(t *testing.T) {
 		require.Equal(t, t0, m.CreatedAt)
 		require.True(t, m.Dirty)
 		require.Equal(t, &wire.MandateView{Version: 1, TermsVersion: 1, Status: wire.MandateActive, UsesAllowed: 2, Currency: "EUR",
-			MaxAmount: 10_000, TotalLimit: ptr(int64(15_000)), ValidUntil: &until}, a.Mandate)
+			MaxAmount: 10_000, TotalLimit: ptr(int64(15_000)), ValidUntil: &until, Operations: []string{op}, Targets: []string{"customer-77"},
+			HoldSeconds: int64(hold / time.Second), ExecutionTimeout: int64(execLimit / time.Second)}, a.Mandate)
 	})
 
 	t.Run("a second grant replaces the terms and bumps the version", func(t *testing.T) {

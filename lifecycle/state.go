@@ -239,6 +239,7 @@ func authView(a *Authorization) *wire.AuthorizationView {
 		IdempotencyKey: a.IdempotencyKey, MandateVersion: a.MandateVersion,
 		Deadline: a.Deadline, ExternalRef: a.ExternalRef, CreatedAt: a.CreatedAt, UpdatedAt: a.UpdatedAt,
 		Executor: a.Executor, ExecutionToken: a.ExecutionToken, Result: a.Result,
+		Detail: a.Detail, Resolved: a.Resolved,
 	}
 	v.ForkOf = a.ForkOf
 	if !a.ExecutionDeadline.IsZero() {
@@ -256,6 +257,12 @@ func mandateView(m *Mandate) *wire.MandateView {
 		Version: m.Version, TermsVersion: m.TermsVersion, Status: m.Status, UsesAllowed: m.UsesAllowed, UsesHeld: m.UsesHeld,
 		UsesSpent: m.UsesSpent, UsesInDoubt: m.UsesInDoubt, Currency: m.Currency, MaxAmount: m.MaxAmount,
 		AmountHeld: m.AmountHeld, AmountSpent: m.AmountSpent, ReleaseCancel: m.ReleaseOnCancel,
+		Operations: m.Operations, Targets: m.Targets, HoldSeconds: int64(m.HoldWindow / time.Second),
+		ExecutionTimeout: int64(m.ExecutionTimeout / time.Second), Executions: m.Executions, LastAuthID: m.LastAuthID,
+	}
+	if !m.ValidFrom.IsZero() {
+		vf := m.ValidFrom
+		v.ValidFrom = &vf
 	}
 	if m.TotalLimit > 0 {
 		tl := m.TotalLimit

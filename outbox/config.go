@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"time"
 
@@ -21,6 +22,7 @@ const (
 	MinTxnIntervalDefault     = 10 * time.Millisecond
 	StatsIntervalDefault      = 5 * time.Second
 	MetadataMinAgeDefault     = 100 * time.Millisecond
+	DatabaseTimeoutDefault    = 2 * time.Second
 	TailCheckIntervalDefault  = time.Minute
 )
 
@@ -92,6 +94,21 @@ type Config struct {
 	// StatsInterval is how often backlog gauges are refreshed. Defaults to
 	// StatsIntervalDefault.
 	StatsInterval time.Duration
+	// ProposalsTopic and GrantsTopic are the processor's input topics: a
+	// record past PostgreSQL's head is believed to be a decision PostgreSQL
+	// lost only if it answers an input PostgreSQL had not decided
+	// (AnswersUndecided). Defaults to none: not checked.
+	ProposalsTopic, GrantsTopic string
+	// DatabaseTimeout bounds every PostgreSQL call of the relay: loading
+	// rows, marking them published and deleting them, admitting a
+	// partition (its epoch, publisher and resume point), parked-row checks
+	// and parking, the backlog gauges. A shard whose call fails or misses
+	// it is skipped: its partitions' rows wait while the other shards' are
+	// published, and a probe every 0.25-5 s (backing off) says when it
+	// answers again (mandated_outbox_shard_skipped). A shard that stops
+	// answering costs the others one DatabaseTimeout, once. Defaults to
+	// DatabaseTimeoutDefault.
+	DatabaseTimeout time.Duration
 	// TailCheckInterval is how often the relay reads back the tail of every
 	// partition it publishes, to report records another producer wrote
 	// there since it resumed (it always reads the tail when it resumes a
@@ -115,6 +132,15 @@ type TestConfig struct {
 	// partition it will carry (a test can pause the relay here, as SIGSTOP
 	// would).
 	BeforePublish func(partition int32, epoch int64)
+	// InTransaction is called inside each Kafka transaction once every
+	// record is produced, before the commit, with the partitions it
+	// carries (a test can pause the relay inside its open transaction).
+	InTransaction func(partitions []int32)
+	// InMark is called inside each PostgreSQL transaction that records
+	// published sequences (and deletes published rows), before its
+	// commit, with the call's context (under the database deadline), the
+	// shard and the partitions it marks.
+	InMark func(ctx context.Context, shard string, partitions []int32)
 }
 
 // WithDefaults returns a copy with every zero field set to its default.
@@ -130,6 +156,7 @@ func (c Config) WithDefaults() Config {
 	c.StatsInterval = cmp.Or(c.StatsInterval, StatsIntervalDefault)
 	c.MinTxnInterval = cmp.Or(c.MinTxnInterval, MinTxnIntervalDefault)
 	c.MetadataMinAge = cmp.Or(c.MetadataMinAge, MetadataMinAgeDefault)
+	c.DatabaseTimeout = cmp.Or(c.DatabaseTimeout, DatabaseTimeoutDefault)
 	c.TailCheckInterval = cmp.Or(c.TailCheckInterval, TailCheckIntervalDefault)
 	return c
 }
@@ -149,6 +176,8 @@ func (c Config) Validate() error {
 		return errors.New("outbox: MetadataMinAge must be at least 10ms (franz-go's floor)")
 	case c.Linger < 0:
 		return errors.New("outbox: Linger must not be negative")
+	case c.DatabaseTimeout < 100*time.Millisecond:
+		return errors.New("outbox: DatabaseTimeout must be at least 100ms")
 	}
 	return nil
 }

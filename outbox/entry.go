@@ -21,14 +21,18 @@ type Entry struct {
 	Offset     int64
 	Seq        int64 // the mandated-sequence header; -1 without one
 	HasSeq     bool
+	Epoch      int64 // the mandated-epoch header; -1 without one
 	// Chained says the record carries chain members (decisions in their
 	// JSON, dead letters in headers); Link is then what they say and what
 	// re-hashing the record gives.
 	Chained bool
 	Link    wire.Link
 	Problem string // why it is not a record mandated publishes (no sequence, bad chain members)
-	Key     []byte
-	Value   []byte
+	// Source is the input record a dead letter stands for (its headers);
+	// nil on decisions, which carry theirs in their JSON.
+	Source *wire.Source
+	Key    []byte
+	Value  []byte
 	// The producer that wrote it (-1 when Kafka does not say), for
 	// reports about records mandated did not write.
 	ProducerID    int64
@@ -39,7 +43,7 @@ type Entry struct {
 // ReadEntry reads a committed record of a decisions (deadLetter false) or
 // dead-letter topic: its sequence header and its chain members, re-hashed.
 func ReadEntry(r *kgo.Record, deadLetter bool) Entry {
-	e := Entry{Topic: r.Topic, Offset: r.Offset, Seq: -1, DeadLetter: deadLetter, Key: r.Key, Value: r.Value,
+	e := Entry{Topic: r.Topic, Offset: r.Offset, Seq: -1, Epoch: -1, DeadLetter: deadLetter, Key: r.Key, Value: r.Value,
 		ProducerID: r.ProducerID, ProducerEpoch: r.ProducerEpoch, Transactional: r.Attrs.IsTransactional()}
 	var prevH, hashH []byte
 	hdr := map[string][]byte{}
@@ -58,6 +62,9 @@ func ReadEntry(r *kgo.Record, deadLetter bool) Entry {
 		return e
 	}
 	e.Seq, e.HasSeq = seq, true
+	if epoch, err := wire.ParseInt64Header(hdr[wire.HeaderEpoch]); err == nil {
+		e.Epoch = epoch
+	}
 	if !deadLetter {
 		l, err := wire.DecisionLink(r.Value)
 		switch {
@@ -84,6 +91,7 @@ func ReadEntry(r *kgo.Record, deadLetter bool) Entry {
 	sp, _ := wire.ParseInt64Header(hdr[wire.HeaderSourcePart])
 	so, _ := wire.ParseInt64Header(hdr[wire.HeaderSourceOff])
 	e.Chained = true
+	e.Source = &wire.Source{Topic: string(hdr[wire.HeaderSourceTopic]), Partition: int32(sp), Offset: so}
 	e.Link.Computed = wire.DeadLetterHash(wire.DeadLetter{Partition: r.Partition, Sequence: seq, Epoch: epoch,
 		Reason: string(hdr[wire.HeaderReason]), Detail: string(hdr[wire.HeaderDetail]),
 		SourceTopic: string(hdr[wire.HeaderSourceTopic]), SourcePartition: int32(sp), SourceOffset: so,

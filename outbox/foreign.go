@@ -57,6 +57,7 @@ func (r *Relay) observe(t *Tail) {
 			fresh = append(fresh, f)
 		}
 	}
+	prev := r.tails[p]
 	if _, held := r.parts[p]; held {
 		r.tails[p] = tailStatus{at: time.Now(), foreign: t.Foreign, lastSeq: t.Head.LastSeq, aheadSeq: t.AheadSeq}
 	}
@@ -75,17 +76,10 @@ func (r *Relay) observe(t *Tail) {
 			Str("why", f.Why).Int64("last_seq", t.Head.LastSeq).
 			Msg("a record on the partition that mandated did not write (another producer has write access to the topic): never believed, the relay resumes after its own records only")
 	}
-	if t.State() == KafkaAhead {
+	if t.State() == KafkaAhead && (prev.aheadSeq != t.AheadSeq || prev.lastSeq != t.Head.LastSeq) {
 		log.Error().Int64("last_seq", t.Head.LastSeq).Int64("kafka_seq", t.AheadSeq).Int64("records", t.Behind()).
 			Msg("Kafka holds records that continue the partition's chain past PostgreSQL's last sequence: PostgreSQL lost committed batches (a restored backup, a promoted asynchronous replica) or another writer knows the head; the relay publishes only what PostgreSQL holds")
 	}
-}
-
-// forget drops a partition's tail status (it is not this relay's any more).
-func (r *Relay) forget(partition int32) {
-	r.mu.Lock()
-	delete(r.tails, partition)
-	r.mu.Unlock()
 }
 
 // Ready reports the partitions whose last tail read found records
@@ -143,7 +137,13 @@ func (r *Relay) checkLoop() {
 		r.mu.Unlock()
 		slices.Sort(parts)
 		for _, p := range parts {
+			if !r.gate.up(r.st.shard(p)) {
+				continue // its shard does not answer: checked at its next resume
+			}
 			if _, err := r.readTail(r.ctx, p); err != nil && r.ctx.Err() == nil {
+				if sh, ok := failedShard(err); ok {
+					r.gate.failed(sh, "tail check", err)
+				}
 				r.log.Warn().Err(err).Int32("partition", p).Msg("periodic tail check failed; trying again at the next")
 			}
 		}

@@ -3,6 +3,7 @@ package outbox
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -139,10 +140,11 @@ func (t *Tail) State() HeadState {
 // Classify places every entry (records of both topics of one partition, in
 // any order) against what PostgreSQL holds: head, and rows, the outbox and
 // parked rows it holds at some of the entries' sequences (and the ones
-// after them). accept, when set, may refuse a record that continues the
-// chain past PostgreSQL's head (it returns why; the record is then
-// Foreign). The verdicts are in entries' order.
-func Classify(head PostgresHead, rows map[int64]Row, entries []Entry, accept func(*Entry) string) (*Tail, []Verdict) {
+// after them). A record continuing the chain past PostgreSQL's head must
+// also look like what the relay writes (AsRelayWrites); accept, when set,
+// may refuse it too (it returns why; the record is then Foreign). The
+// verdicts are in entries' order.
+func Classify(head PostgresHead, rows map[int64]Row, entries []Entry, accept func(*PostgresHead, *Entry) string) (*Tail, []Verdict) {
 	t := &Tail{Head: head, AheadSeq: head.LastSeq, AheadHash: head.Hash, Read: len(entries)}
 	verdicts := make([]Verdict, len(entries))
 	why := make([]string, len(entries))
@@ -232,11 +234,13 @@ func Classify(head PostgresHead, rows map[int64]Row, entries []Entry, accept fun
 				if !e.Follows(s, prev) {
 					continue
 				}
-				if accept != nil {
-					if w := accept(e); w != "" {
-						verdicts[j], why[j] = Foreign, w
-						continue
-					}
+				w := AsRelayWrites(e)
+				if w == "" && accept != nil {
+					w = accept(&head, e)
+				}
+				if w != "" {
+					verdicts[j], why[j] = Foreign, w
+					continue
 				}
 				if len(next) > 0 && e.Link.Claimed != hash {
 					fork = true
@@ -278,6 +282,61 @@ func Classify(head PostgresHead, rows map[int64]Row, entries []Entry, accept fun
 	return t, verdicts
 }
 
+// AsRelayWrites says why a record is not one the relay could have written,
+// or "": the relay writes only in transactions, and every record it writes
+// carries the epoch that decided it in the mandated-epoch header.
+func AsRelayWrites(e *Entry) string {
+	switch {
+	case !e.Transactional:
+		return "written outside a transaction (the relay writes only in transactions)"
+	case e.Epoch < 1:
+		return "no " + wire.HeaderEpoch + " header (the relay writes one on every record)"
+	}
+	return ""
+}
+
+// AnswersUndecided refuses a record past PostgreSQL's head that is not a
+// decision of the partition, at its sequence and epoch, or that answers an
+// input record PostgreSQL had already decided when it went back (its
+// source offset is below the next offset PostgreSQL stores for that
+// topic): PostgreSQL's own answer to that input is at or below its head.
+// What a database restored from a backup lost always answers inputs from
+// the stored offsets on.
+func AnswersUndecided(proposalsTopic, grantsTopic string) func(*PostgresHead, *Entry) string {
+	return func(head *PostgresHead, e *Entry) string {
+		src := e.Source
+		if !e.DeadLetter {
+			d, err := wire.ParseDecision(e.Value)
+			if err != nil {
+				return err.Error()
+			}
+			switch {
+			case d.Partition != head.Partition, d.Sequence != e.Seq, d.Epoch != e.Epoch, d.MandateKey != string(e.Key):
+				return fmt.Sprintf("its JSON (partition %d, sequence %d, epoch %d, mandate %q) does not match where it is and its headers",
+					d.Partition, d.Sequence, d.Epoch, d.MandateKey)
+			}
+			src = d.Source
+		}
+		if src == nil {
+			return "" // a deadline or a consequence: no input of its own
+		}
+		stored := int64(-1)
+		switch src.Topic {
+		case proposalsTopic:
+			stored = head.ProposalsOffset
+		case grantsTopic:
+			stored = head.GrantsOffset
+		default:
+			return fmt.Sprintf("it answers a record of topic %q, not an input topic", src.Topic)
+		}
+		if src.Partition != head.Partition || src.Offset < stored {
+			return fmt.Sprintf("it answers %s/%d offset %d, which PostgreSQL had decided (its next offset is %d)",
+				src.Topic, src.Partition, src.Offset, stored)
+		}
+		return ""
+	}
+}
+
 // HeadSource reads a partition's head and the outbox and parked rows it
 // holds at some sequences, in one snapshot (LoadHead).
 type HeadSource func(ctx context.Context, partition int32, seqs []int64) (PostgresHead, map[int64]Row, error)
@@ -291,9 +350,22 @@ type TailConfig struct {
 	// further read goes back four times as far. Defaults to TailWindowDefault.
 	Window int64
 	// Accept may refuse a record that continues the chain past PostgreSQL's
-	// head (see Classify). Defaults to accepting every one.
-	Accept func(*Entry) string
+	// head (see Classify). Defaults to accepting every one the relay could
+	// have written.
+	Accept func(*PostgresHead, *Entry) string
+	// SettleTimeout bounds the wait for the transactions open on the
+	// partitions when the read starts to end (their records are part of
+	// the tail; see ReadTail). Defaults to SettleTimeoutDefault.
+	SettleTimeout time.Duration
 }
+
+// SettleTimeoutDefault bounds ReadTail's wait for open transactions: more
+// than the relay's transaction timeout, after which the broker aborts them.
+const SettleTimeoutDefault = 20 * time.Second
+
+// ErrOpenTransaction says a transaction open on a partition when its tail
+// was to be read did not end within TailConfig.SettleTimeout.
+var ErrOpenTransaction = errors.New("outbox: a transaction open on the partition did not end")
 
 // TailWindowDefault is how far a tail read looks back first: the last
 // records of a partition in step (a few transactions' worth).
@@ -302,13 +374,36 @@ const TailWindowDefault = 64
 // ReadTail reads partition's committed tail on both topics (read_committed)
 // back from their last stable offsets and classifies it against
 // PostgreSQL's head, read after the tail so that every record read was
-// committed in PostgreSQL first. Each topic is read back until its records
+// committed in PostgreSQL first. It first waits until every transaction
+// open on the partition when it starts has ended (the last stable offset
+// reaches the high watermark seen then): a predecessor's transaction still
+// in flight holds records the tail must show — after a database went back
+// in time, the very records it lost. Each topic is read back until its records
 // reach one that is on the chain (or one below what can be checked, or its
 // log start): mandated publishes a partition in sequence order, so its
 // records above that one are all in what was read, whatever another
 // producer appended after them.
 func ReadTail(ctx context.Context, cfg TailConfig, partition int32, load HeadSource) (*Tail, error) {
 	window := cmp.Or(cfg.Window, TailWindowDefault)
+	// Each read back classifies everything read so far again: a record's
+	// acceptance (a JSON parse for a decision) is worked out once.
+	accept := cfg.Accept
+	if accept != nil {
+		type at struct {
+			topic  string
+			offset int64
+		}
+		seen := map[at]string{}
+		accept = func(h *PostgresHead, e *Entry) string {
+			k := at{e.Topic, e.Offset}
+			if w, ok := seen[k]; ok {
+				return w
+			}
+			w := cfg.Accept(h, e)
+			seen[k] = w
+			return w
+		}
+	}
 	cl, err := kgo.NewClient(cfg.KafkaOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka client: %w", err)
@@ -324,10 +419,32 @@ func ReadTail(ctx context.Context, cfg TailConfig, partition int32, load HeadSou
 		done       bool
 	}
 	sides := []*side{{topic: cfg.DecisionsTopic}, {topic: cfg.DeadLetterTopic, dl: true}}
+	settle := time.Now().Add(cmp.Or(cfg.SettleTimeout, SettleTimeoutDefault))
 	for _, sd := range sides {
-		ends, err := adm.ListCommittedOffsets(ctx, sd.topic)
+		hwms, err := adm.ListEndOffsets(ctx, sd.topic)
 		if err != nil {
-			return nil, fmt.Errorf("list the last stable offsets of %s: %w", sd.topic, err)
+			return nil, fmt.Errorf("list the end offsets of %s: %w", sd.topic, err)
+		}
+		hwm, ok := hwms.Lookup(sd.topic, partition)
+		if !ok || hwm.Err != nil {
+			return nil, fmt.Errorf("no end offset for %s/%d: %v", sd.topic, partition, hwm.Err)
+		}
+		var ends kadm.ListedOffsets
+		for {
+			if ends, err = adm.ListCommittedOffsets(ctx, sd.topic); err != nil {
+				return nil, fmt.Errorf("list the last stable offsets of %s: %w", sd.topic, err)
+			}
+			if end, ok := ends.Lookup(sd.topic, partition); !ok || end.Err != nil || end.Offset >= hwm.Offset {
+				break
+			}
+			if time.Now().After(settle) {
+				return nil, fmt.Errorf("%w: %s/%d's last stable offset is still below %d", ErrOpenTransaction, sd.topic, partition, hwm.Offset)
+			}
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(50 * time.Millisecond):
+			}
 		}
 		starts, err := adm.ListStartOffsets(ctx, sd.topic)
 		if err != nil {
@@ -372,7 +489,7 @@ func ReadTail(ctx context.Context, cfg TailConfig, partition int32, load HeadSou
 		if err != nil {
 			return nil, fmt.Errorf("read partition %d's head: %w", partition, err)
 		}
-		tail, verdicts := Classify(head, rows, all, cfg.Accept)
+		tail, verdicts := Classify(head, rows, all, accept)
 		finished := true
 		i := 0
 		for _, sd := range sides {
@@ -392,6 +509,10 @@ func ReadTail(ctx context.Context, cfg TailConfig, partition int32, load HeadSou
 		}
 	}
 }
+
+// rewoundRecheck is how often the relay reads a rewound partition's tail
+// again (observe logs it only when it changes).
+const rewoundRecheck = 5 * time.Second
 
 // tailTimeout bounds one tail read.
 const tailTimeout = 45 * time.Second

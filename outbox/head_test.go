@@ -40,7 +40,9 @@ func published(rows []outbox.Row) []outbox.Entry {
 		rec.Offset = next[rec.Topic]
 		next[rec.Topic]++
 		rec.ProducerID = 7
-		out = append(out, outbox.ReadEntry(rec, rec.Topic == "dl"))
+		e := outbox.ReadEntry(rec, rec.Topic == "dl")
+		e.Transactional = true // as the relay writes
+		out = append(out, e)
 	}
 	return out
 }
@@ -75,6 +77,13 @@ func forged(seq string, value []byte, off int64) outbox.Entry {
 		rec.Headers = []kgo.RecordHeader{{Key: wire.HeaderSequence, Value: []byte(seq)}}
 	}
 	return outbox.ReadEntry(rec, false)
+}
+
+// asRelay makes a forgery look like what the relay writes: in a
+// transaction, with an epoch header.
+func asRelay(e outbox.Entry) outbox.Entry {
+	e.Transactional, e.Epoch = true, 1
+	return e
 }
 
 func TestClassifyBelievesOnlyRecordsOnThePartitionsOwnChain(t *testing.T) {
@@ -135,15 +144,20 @@ func TestClassifyBelievesOnlyRecordsOnThePartitionsOwnChain(t *testing.T) {
 		head: pgHead(rows[:18], 15), rows: outboxAbove(rows[:18], 15), entries: published(rows),
 		want: want{published: 18, aheadSeq: 30, state: outbox.KafkaAhead},
 	}, {
-		name: "one record chained onto the head by another producer is ahead until PostgreSQL writes that sequence",
+		name: "a record chained onto the head outside a transaction is foreign: the relay writes only in transactions",
 		head: pgHead(rows, 30), rows: outboxAbove(rows, 30),
 		entries: append(published(rows), forged("31", chainedOnto(rows[29], 31), 100)),
+		want:    want{published: 30, aheadSeq: 30, state: outbox.InStep, foreign: []int64{100}},
+	}, {
+		name: "one record chained onto the head as the relay writes is ahead: nothing tells it from a restored database",
+		head: pgHead(rows, 30), rows: outboxAbove(rows, 30),
+		entries: append(published(rows), asRelay(forged("31", chainedOnto(rows[29], 31), 100))),
 		want:    want{published: 30, aheadSeq: 31, state: outbox.KafkaAhead},
 	}, {
 		name: "two different records continuing the chain at one sequence are a fork: both foreign",
 		head: pgHead(rows, 30), rows: outboxAbove(rows, 30),
-		entries: append(published(rows), forged("31", chainedOnto(rows[29], 31), 100),
-			forged("31", chainedOnto(rows[29], 31, "again"), 101)),
+		entries: append(published(rows), asRelay(forged("31", chainedOnto(rows[29], 31), 100)),
+			asRelay(forged("31", chainedOnto(rows[29], 31, "again"), 101))),
 		want: want{published: 30, aheadSeq: 30, state: outbox.InStep, foreign: []int64{100, 101}},
 	}, {
 		name: "a record without a sequence header is foreign",

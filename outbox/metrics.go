@@ -18,6 +18,11 @@ type Metrics struct {
 	Deleted        prometheus.Counter
 	Gaps           prometheus.Counter
 	ForeignRecords *prometheus.CounterVec
+	// ShardErrors counts the relay's PostgreSQL calls (and probes) to a
+	// shard that failed or missed their deadline.
+	ShardErrors *prometheus.CounterVec
+	// ShardSkipped is 1 while the relay skips a shard.
+	ShardSkipped *prometheus.GaugeVec
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: none).
@@ -81,10 +86,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "mandated_relay_foreign_records_total",
 			Help: "Records on a decisions or dead-letter partition that are not on the partition's chain as PostgreSQL holds it (another producer wrote them), found by the relay's tail reads; each counted once per process, never believed.",
 		}, []string{"partition"}),
+		ShardErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mandated_outbox_shard_errors_total",
+			Help: "Relay calls to a shard's PostgreSQL (and probes of a skipped shard) that failed or missed the relay's database deadline, by shard.",
+		}, []string{"shard"}),
+		ShardSkipped: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "mandated_outbox_shard_skipped",
+			Help: "1 while the relay skips a shard that does not answer (its partitions' rows wait; the other shards' are published), else 0.",
+		}, []string{"shard"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Published, m.PublishSeconds, m.TxnSeconds, m.PublishErrors, m.Parked, m.RowByRow, m.ParkedRows,
-			m.Backlog, m.OldestAge, m.Resumes, m.Fenced, m.Deleted, m.Gaps, m.ForeignRecords)
+			m.Backlog, m.OldestAge, m.Resumes, m.Fenced, m.Deleted, m.Gaps, m.ForeignRecords, m.ShardErrors, m.ShardSkipped)
 	}
 	return m
 }

@@ -81,10 +81,22 @@ import (
 // failure restarts the session from the tails, and rows are deterministic
 // by sequence in the outbox, so nothing doubles and nothing is lost.
 //
+// Shards. The partitions of one transaction may live in several databases
+// (a shard map). Every PostgreSQL call runs under Config.DatabaseTimeout,
+// one shard's calls concurrently with the others'; a shard whose call fails
+// or misses the deadline is skipped (shardGate): a transaction carries only
+// rows of shards that answered in its cycle, the skipped shard's rows wait,
+// and a probe in the background says when it answers again. The mark comes
+// after the Kafka commit, so it can still fail for a shard that stopped
+// answering in between: the relay keeps the published sequence in memory
+// and writes the mark once the shard answers; were the relay to restart
+// first, it resumes from the topics' tails, which hold the transaction.
+//
 // Relay implements processor.PartitionListener.
 type Relay struct {
 	cfg     Config
 	st      store
+	gate    *shardGate
 	log     zerolog.Logger
 	metrics *Metrics
 	txnID   string
@@ -99,6 +111,8 @@ type Relay struct {
 	// committed is, per partition, the highest sequence a transaction of
 	// this relay committed (owned by the loop; see admitOne).
 	committed map[int32]int64
+
+	fences atomic.Int64 // numbers FencePredecessors' client ids
 
 	// What tail reads found (foreign.go), guarded by mu: per partition,
 	// the records reported as foreign, and the last read's status.
@@ -115,13 +129,12 @@ type Relay struct {
 
 // New returns a relay; it publishes once partitions are Assigned.
 func New(cfg Config, pool *pgxpool.Pool, log zerolog.Logger, m *Metrics) (*Relay, error) {
-	return NewSharded(cfg, func(int32) *pgxpool.Pool { return pool }, []*pgxpool.Pool{pool}, log, m)
+	return NewSharded(cfg, oneShard{Shard{Name: SingleShardName, Pool: pool}}, log, m)
 }
 
-// NewSharded is New over several databases: route returns the pool of a
-// partition's shard, all lists every shard's pool once (for the parked-row
-// count).
-func NewSharded(cfg Config, route func(partition int32) *pgxpool.Pool, all []*pgxpool.Pool, log zerolog.Logger, m *Metrics) (*Relay, error) {
+// NewSharded is New over several databases: shards routes each partition
+// to its shard's.
+func NewSharded(cfg Config, shards Shards, log zerolog.Logger, m *Metrics) (*Relay, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -135,12 +148,13 @@ func NewSharded(cfg Config, route func(partition int32) *pgxpool.Pool, all []*pg
 	}
 	txnID := fmt.Sprintf("%s.%s.proc.%s", cfg.TransactionalIDPrefix, cfg.DecisionsTopic, hex.EncodeToString(nonce[:]))
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &Relay{cfg: cfg, st: store{pool: route, all: all}, metrics: m, txnID: txnID,
+	r := &Relay{cfg: cfg, st: store{shards: shards, timeout: cfg.DatabaseTimeout}, metrics: m, txnID: txnID,
 		clientID: "mandated-relay-" + hex.EncodeToString(nonce[:]),
 		log:      log.With().Str("component", "relay").Str("transactional_id", txnID).Logger(),
 		parts:    map[int32]*part{}, committed: map[int32]int64{}, wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel,
 		foreignSeen: map[int32]map[foreignKey]bool{}, tails: map[int32]tailStatus{},
 		stats: make(chan struct{}), done: make(chan struct{})}
+	r.gate = newShardGate(cfg.DatabaseTimeout, r.log, m, r.poke)
 	r.wg.Add(2)
 	go func() { defer r.wg.Done(); r.statsLoop() }()
 	if cfg.TailCheckInterval > 0 {
@@ -191,6 +205,7 @@ func (r *Relay) Assigned(partition int32, epoch int64) {
 	}
 	r.parts[partition] = &part{partition: partition, epoch: epoch,
 		log: r.log.With().Int32("partition", partition).Int64("epoch", epoch).Logger()}
+	delete(r.tails, partition) // what an earlier ownership found; read again on admission
 	r.poke()
 }
 
@@ -242,10 +257,12 @@ func (r *Relay) Stop(ctx context.Context) error {
 	case <-r.done:
 		r.cancel()
 		r.wg.Wait()
+		r.gate.wait()
 		return nil
 	case <-ctx.Done():
 		r.cancel()
 		r.wg.Wait()
+		r.gate.wait()
 		return ctx.Err()
 	}
 }
@@ -259,37 +276,77 @@ func (r *Relay) statsLoop() {
 			return
 		case <-t.C:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.StatsInterval)
-		r.mu.Lock()
-		parts := make([]*part, 0, len(r.parts))
-		for _, ps := range r.parts {
-			parts = append(parts, ps)
+		r.refreshStats()
+	}
+}
+
+// refreshStats reads every owned partition's backlog and every shard's
+// parked rows, a shard at a time concurrently under the deadline, skipping
+// the shards the loop skips: a shard that does not answer keeps its last
+// values.
+func (r *Relay) refreshStats() {
+	ctx := r.ctx
+	byShard := map[*pgxpool.Pool][]backlogReq{}
+	shards := map[*pgxpool.Pool]Shard{}
+	r.mu.Lock()
+	for _, ps := range r.parts {
+		sh := r.st.shard(ps.partition)
+		shards[sh.Pool] = sh
+		byShard[sh.Pool] = append(byShard[sh.Pool], backlogReq{partition: ps.partition, after: ps.published.Load()})
+	}
+	r.mu.Unlock()
+	for _, sh := range r.st.shards.All() {
+		shards[sh.Pool] = sh
+	}
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		oldest   time.Duration
+		parked   int64
+		parkedOK = true
+	)
+	now := time.Now()
+	for pool, sh := range shards {
+		if !r.gate.up(sh) {
+			mu.Lock()
+			parkedOK = false
+			mu.Unlock()
+			continue
 		}
-		r.mu.Unlock()
-		var oldest time.Duration
-		for _, ps := range parts {
-			n, age, err := r.st.backlog(ctx, ps.partition, ps.published.Load(), time.Now())
-			if err != nil {
-				continue
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			reqs := byShard[pool]
+			if len(reqs) > 0 {
+				if err := r.st.backlogs(ctx, sh, reqs); err == nil {
+					for _, q := range reqs {
+						r.metrics.Backlog.WithLabelValues(strconv.Itoa(int(q.partition))).Set(float64(q.rows))
+						if q.oldest != nil {
+							mu.Lock()
+							oldest = max(oldest, now.Sub(*q.oldest))
+							mu.Unlock()
+						}
+					}
+				}
 			}
-			r.metrics.Backlog.WithLabelValues(strconv.Itoa(int(ps.partition))).Set(float64(n))
-			oldest = max(oldest, age)
-		}
-		r.metrics.OldestAge.Set(oldest.Seconds())
-		var parked int64
-		var perr error
-		for _, pool := range r.st.all {
-			n, err := countParked(ctx, pool)
-			parked, perr = parked+n, errors.Join(perr, err)
-		}
-		if perr == nil {
-			r.metrics.ParkedRows.Set(float64(parked))
-		}
-		cancel()
+			n, err := r.st.parked(ctx, sh)
+			mu.Lock()
+			parked += n
+			parkedOK = parkedOK && err == nil
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	r.metrics.OldestAge.Set(oldest.Seconds())
+	if parkedOK {
+		r.metrics.ParkedRows.Set(float64(parked))
 	}
 }
 
 var errFenced = errors.New("outbox: relay fenced by a newer producer of its transactional id")
+
+// errRewound says a partition's PostgreSQL is behind the decisions topic.
+var errRewound = errors.New("outbox: PostgreSQL went back in time")
 
 // run runs sessions until the relay is stopped and drained.
 func (r *Relay) run() {
@@ -396,16 +453,13 @@ func (r *Relay) session() (progressed bool, err error) {
 		if ctx.Err() != nil {
 			return progressed, nil
 		}
+		r.gate.probeDue(ctx)
 		r.admit(ctx)
 		held, pending, closing := r.held()
 		if closing && len(held) == 0 && pending == 0 {
 			return progressed, nil
 		}
-		batch, err := r.load(ctx, held, rotate)
-		if err != nil {
-			r.metrics.PublishErrors.WithLabelValues("database").Inc()
-			return progressed, fmt.Errorf("load outbox rows: %w", err)
-		}
+		batch := r.load(ctx, held, rotate)
 		rotate++
 		if len(batch.rows) > 0 && batch.total() < cfg.MaxRows && !batch.draining {
 			if wait := cfg.MinTxnInterval - time.Since(lastEnd); wait > 0 {
@@ -418,24 +472,36 @@ func (r *Relay) session() (progressed bool, err error) {
 					return progressed, nil
 				case <-time.After(wait):
 				}
-				if batch, err = r.load(ctx, held, rotate); err != nil {
-					r.metrics.PublishErrors.WithLabelValues("database").Inc()
-					return progressed, fmt.Errorf("load outbox rows: %w", err)
-				}
+				batch = r.load(ctx, held, rotate)
 			}
 		}
-		// A stopping partition with nothing left (or out of time) ends.
+		// A stopping partition with nothing left (or out of time) ends;
+		// so does one whose shard does not answer (its next owner
+		// publishes it).
 		for _, ps := range held {
-			if r.stopping(ps) && (len(batch.rows[ps]) == 0 || r.drainedBy(ps)) {
-				delete(batch.rows, ps)
-				r.drop(ps, "drained")
+			if !r.stopping(ps) {
+				continue
 			}
+			switch {
+			case len(batch.rows[ps]) == 0 && !batch.skipped[ps]:
+				r.drop(ps, "drained")
+			case r.drainedBy(ps):
+				r.drop(ps, "out of drain time")
+			case batch.skipped[ps]:
+				r.drop(ps, "its shard does not answer")
+			default:
+				continue
+			}
+			delete(batch.rows, ps)
 		}
 		if len(batch.rows) == 0 {
 			r.recordAll(ctx, held, nil, true)
 			wait := cfg.IdlePoll
 			if pending > 0 {
 				wait = min(wait, 50*time.Millisecond)
+			}
+			if next := r.gate.nextProbe(); next > 0 {
+				wait = min(wait, next)
 			}
 			idle.Reset(wait)
 			select {
@@ -457,16 +523,16 @@ func (r *Relay) session() (progressed bool, err error) {
 		}
 		done, err := r.publish(ctx, cl, batch, order)
 		lastEnd = time.Now()
-		if err != nil {
-			return progressed, err
-		}
-		if len(done) == 0 {
-			continue // a refused row is parked; read again
-		}
-		progressed = true
 		for _, s := range done {
 			r.committed[s.ps.partition] = max(r.committed[s.ps.partition], s.last)
 		}
+		if err != nil {
+			return progressed || len(done) > 0, err
+		}
+		if len(done) == 0 {
+			continue // a refused row is parked (or its shard skipped); read again
+		}
+		progressed = true
 		if err := failpoint.Inject(ctx, failpoint.RelayAfterProduceBeforeMark); err != nil {
 			return progressed, err
 		}
@@ -497,7 +563,11 @@ func (r *Relay) admit(ctx context.Context) {
 		}
 		if ps.stopping && now.After(ps.drainBy) {
 			delete(r.parts, ps.partition)
+			delete(r.tails, ps.partition)
 			continue
+		}
+		if !r.gate.up(r.st.shard(ps.partition)) {
+			continue // admitted once its shard answers (the probe wakes the loop)
 		}
 		todo = append(todo, ps)
 	}
@@ -531,7 +601,13 @@ func (r *Relay) admit(ctx context.Context) {
 	wg.Wait()
 	for i, ps := range todo {
 		switch res := results[i]; {
+		case errors.Is(res.err, errRewound):
+			ps.retry = 0
+			ps.retryAt = time.Now().Add(rewoundRecheck)
 		case res.err != nil:
+			if sh, ok := failedShard(res.err); ok {
+				r.gate.failed(sh, "admit", res.err)
+			}
 			ps.retry = min(max(2*ps.retry, 50*time.Millisecond), 5*time.Second)
 			ps.retryAt = time.Now().Add(ps.retry)
 			ps.log.Warn().Err(res.err).Dur("backoff", ps.retry).Msg("relay cannot resume the partition yet")
@@ -599,13 +675,23 @@ func (r *Relay) admitOne(ctx context.Context, ps *part, floor int64) (bool, erro
 	if tail.Head.Epoch != ps.epoch {
 		return false, nil
 	}
+	if tail.State() == KafkaAhead {
+		// PostgreSQL went back in time: what it writes next would reuse
+		// sequences Kafka holds. Nothing is published until the partition
+		// is recovered (the processor does not decide it either).
+		return false, fmt.Errorf("%w: Kafka holds %d records past PostgreSQL's last sequence %d", errRewound, tail.Behind(), tail.Head.LastSeq)
+	}
 	// Only records on the partition's own chain, never past PostgreSQL's
 	// last sequence.
 	last := max(tail.ResumeAfter(), min(floor, tail.Head.LastSeq))
 	// What a predecessor published but could not record (it died between
 	// the Kafka commit and the mark) is recorded now, so the backlog and
 	// housekeeping see it.
-	if _, err := r.st.mark(ctx, ps.partition, ps.epoch, last); err != nil {
+	if _, err := r.st.mark(ctx, ps.partition, ps.epoch, last); locked(err) {
+		// A predecessor paused inside its mark transaction holds the row
+		// until PostgreSQL ends its session: the next pass records it.
+		ps.log.Info().Err(err).Msg("the published sequence is locked by a predecessor's mark; recording it later")
+	} else if err != nil {
 		r.metrics.PublishErrors.WithLabelValues("database").Inc()
 		return false, fmt.Errorf("record the resumed sequence: %w", err)
 	}
@@ -623,6 +709,31 @@ func (r *Relay) admitOne(ctx context.Context, ps *part, floor int64) (bool, erro
 		f(ps.partition, last)
 	}
 	return true, nil
+}
+
+// FencePredecessors fences the relay transactional ids that may have
+// published partition since its previous claim (predecessors), unless the
+// partition's epoch is no longer epoch or the recorded one is this relay's
+// own. The processor calls it after it claims a partition and before it
+// reads the partition's tail back: a predecessor's open transaction is
+// aborted (or its commit completed) first, so the tail read sees all it
+// will ever hold. The relay fences them again when it admits the
+// partition; fencing twice only bumps their producer epoch twice.
+func (r *Relay) FencePredecessors(ctx context.Context, partition int32, epoch int64) error {
+	cur, err := r.st.publisher(ctx, partition)
+	if err != nil {
+		return fmt.Errorf("read partition %d's epoch and publisher: %w", partition, err)
+	}
+	if cur.epoch != epoch {
+		return nil
+	}
+	for i, id := range r.predecessors(&part{partition: partition, epoch: epoch}, cur) {
+		clientID := fmt.Sprintf("%s-prefence-p%d-e%d-%d-%d", r.clientID, partition, epoch, i, r.fences.Add(1))
+		if err := r.fence(ctx, id, clientID); err != nil {
+			return fmt.Errorf("fence the previous publisher %s of partition %d: %w", id, partition, err)
+		}
+	}
+	return nil
 }
 
 // predecessors lists the transactional ids that may have published the
@@ -696,7 +807,8 @@ func (r *Relay) drop(ps *part, why string) {
 // batch is one transaction's rows, by partition.
 type batch struct {
 	rows     map[*part][]Row
-	draining bool // a stopping partition has rows: no waiting
+	skipped  map[*part]bool // held, but its shard does not answer: no rows this cycle
+	draining bool           // a stopping partition has rows: no waiting
 }
 
 func (b batch) total() int {
@@ -720,14 +832,25 @@ func (b batch) order() []*part {
 // load reads the next rows of the held partitions, at most MaxRows in all:
 // each partition's fair share first (the order rotates, so with more
 // partitions than MaxRows each gets its turn), then what the quiet
-// partitions left to the busy ones. One query per shard and pass.
-func (r *Relay) load(ctx context.Context, held []*part, rotate int) (batch, error) {
-	b := batch{rows: map[*part][]Row{}}
-	if len(held) == 0 {
-		return b, nil
+// partitions left to the busy ones. One query per shard and pass, the
+// shards concurrently, each under the deadline. A shard that is skipped,
+// or whose query (or parked-row check) fails or misses the deadline in this
+// cycle, contributes no row at all: its partitions are in skipped.
+func (r *Relay) load(ctx context.Context, held []*part, rotate int) batch {
+	b := batch{rows: map[*part][]Row{}, skipped: map[*part]bool{}}
+	var usable []*part
+	for _, ps := range held {
+		if r.gate.up(r.st.shard(ps.partition)) {
+			usable = append(usable, ps)
+		} else {
+			b.skipped[ps] = true
+		}
+	}
+	if len(usable) == 0 {
+		return b
 	}
 	maxRows := r.cfg.MaxRows
-	k := min(len(held), maxRows)
+	k := min(len(usable), maxRows)
 	share, extra := maxRows/k, maxRows%k
 	limits := map[*part]int{}
 	for i := range k {
@@ -735,18 +858,16 @@ func (r *Relay) load(ctx context.Context, held []*part, rotate int) (batch, erro
 		if i < extra {
 			limit++
 		}
-		limits[held[(rotate+i)%len(held)]] = limit
+		limits[usable[(rotate+i)%len(usable)]] = limit
 	}
 	after := func(ps *part) int64 { return ps.last }
-	if err := r.loadPass(ctx, b, limits, after); err != nil {
-		return b, err
-	}
+	r.loadPass(ctx, b, limits, after)
 	// Second pass: what the partitions with fewer rows than their share
 	// left goes to the ones that filled theirs.
 	if left := maxRows - b.total(); left > 0 {
 		var full []*part
 		for ps, limit := range limits {
-			if len(b.rows[ps]) == limit {
+			if len(b.rows[ps]) == limit && !b.skipped[ps] {
 				full = append(full, ps)
 			}
 		}
@@ -763,16 +884,18 @@ func (r *Relay) load(ctx context.Context, held []*part, rotate int) (batch, erro
 				}
 			}
 			lastLoaded := func(ps *part) int64 { rows := b.rows[ps]; return rows[len(rows)-1].Seq }
-			if err := r.loadPass(ctx, b, more, lastLoaded); err != nil {
-				return b, err
-			}
+			r.loadPass(ctx, b, more, lastLoaded)
 		}
 	}
 	for ps, rows := range b.rows {
+		if b.skipped[ps] {
+			continue
+		}
 		if len(rows) > 0 && rows[0].Seq != ps.last+1 {
 			skip, err := r.gap(ctx, ps, rows[0].Seq)
 			if err != nil {
-				return b, err
+				r.skipShard(b, r.st.shard(ps.partition), "parked check", err)
+				continue
 			}
 			if !skip {
 				delete(b.rows, ps)
@@ -780,34 +903,69 @@ func (r *Relay) load(ctx context.Context, held []*part, rotate int) (batch, erro
 			}
 			ps.last = rows[0].Seq - 1
 		}
+	}
+	for ps, rows := range b.rows {
 		if len(rows) > 0 && r.stopping(ps) {
 			b.draining = true
 		}
 	}
-	return b, nil
+	return b
+}
+
+// skipShard takes every row of sh out of b (a transaction never carries
+// rows of a shard that did not answer in its cycle) and skips sh.
+func (r *Relay) skipShard(b batch, sh Shard, what string, err error) {
+	r.gate.failed(sh, what, err)
+	for ps := range b.rows {
+		if r.st.shard(ps.partition).Pool == sh.Pool {
+			delete(b.rows, ps)
+			b.skipped[ps] = true
+		}
+	}
 }
 
 // loadPass loads limits[ps] rows after after(ps) for each partition,
-// appending to b.
-func (r *Relay) loadPass(ctx context.Context, b batch, limits map[*part]int, after func(*part) int64) error {
-	byPool := map[*pgxpool.Pool][]loadReq{}
+// appending to b: one query per shard, concurrently, each under the
+// deadline. A shard that fails is skipped (skipShard).
+func (r *Relay) loadPass(ctx context.Context, b batch, limits map[*part]int, after func(*part) int64) {
+	type shardLoad struct {
+		sh   Shard
+		reqs []loadReq
+		rows []Row
+		err  error
+	}
+	byPool := map[*pgxpool.Pool]*shardLoad{}
 	parts := map[int32]*part{}
 	for ps, limit := range limits {
-		pool := r.st.pool(ps.partition)
-		byPool[pool] = append(byPool[pool], loadReq{partition: ps.partition, after: after(ps), limit: limit})
+		sh := r.st.shard(ps.partition)
+		l := byPool[sh.Pool]
+		if l == nil {
+			l = &shardLoad{sh: sh}
+			byPool[sh.Pool] = l
+		}
+		l.reqs = append(l.reqs, loadReq{partition: ps.partition, after: after(ps), limit: limit})
 		parts[ps.partition] = ps
 	}
-	for pool, reqs := range byPool {
-		rows, err := r.st.loadMany(ctx, pool, reqs)
-		if err != nil {
-			return err
+	var wg sync.WaitGroup
+	for _, l := range byPool {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l.rows, l.err = r.st.loadMany(ctx, l.sh, l.reqs)
+		}()
+	}
+	wg.Wait()
+	for _, l := range byPool {
+		if l.err != nil {
+			r.metrics.PublishErrors.WithLabelValues("database").Inc()
+			r.skipShard(b, l.sh, "load", l.err)
+			continue
 		}
-		for _, row := range rows {
+		for _, row := range l.rows {
 			ps := parts[row.Partition]
 			b.rows[ps] = append(b.rows[ps], row)
 		}
 	}
-	return nil
 }
 
 // span is what one transaction did for a partition: rows first..last are
@@ -823,8 +981,12 @@ const housekeepChunk = 256
 
 // recordAll notes each partition's last published sequence and deletes
 // published rows, a bounded range at a time, once a chunk has accumulated
-// or whenever the relay is idle: one round trip per shard. With idle, every
-// held partition is considered; otherwise the ones in done.
+// or whenever the relay is idle: one round trip per shard, the shards
+// concurrently, each under the deadline. With idle, every held partition
+// is considered; otherwise the ones in done. A shard that fails is
+// skipped; its partitions' marks are written once it answers again (the
+// published sequence is kept in memory, and housekept stays behind it, so
+// the next idle pass writes them).
 func (r *Relay) recordAll(ctx context.Context, held []*part, done []span, idle bool) {
 	var parts []*part
 	if idle {
@@ -834,30 +996,72 @@ func (r *Relay) recordAll(ctx context.Context, held []*part, done []span, idle b
 			parts = append(parts, s.ps)
 		}
 	}
-	byPool := map[*pgxpool.Pool][]recordReq{}
+	type shardRecord struct {
+		sh   Shard
+		reqs []recordReq
+		err  error
+	}
+	byPool := map[*pgxpool.Pool]*shardRecord{}
 	for _, ps := range parts {
 		if ps.last == 0 || idle && ps.housekept >= ps.last {
+			continue
+		}
+		sh := r.st.shard(ps.partition)
+		if !r.gate.up(sh) {
 			continue
 		}
 		to := ps.housekept
 		if idle || ps.last-ps.housekept >= housekeepChunk {
 			to = min(ps.last, ps.housekept+int64(r.cfg.HousekeepBatch))
 		}
-		pool := r.st.pool(ps.partition)
-		byPool[pool] = append(byPool[pool], recordReq{partition: ps.partition, epoch: ps.epoch, seq: ps.last,
+		rec := byPool[sh.Pool]
+		if rec == nil {
+			rec = &shardRecord{sh: sh}
+			byPool[sh.Pool] = rec
+		}
+		rec.reqs = append(rec.reqs, recordReq{partition: ps.partition, epoch: ps.epoch, seq: ps.last,
 			deleteAfter: ps.housekept, deleteTo: to})
+	}
+	if len(byPool) == 0 {
+		return
 	}
 	byPart := map[int32]*part{}
 	for _, ps := range parts {
 		byPart[ps.partition] = ps
 	}
-	for pool, reqs := range byPool {
-		if err := r.st.recordMany(ctx, pool, reqs); err != nil {
-			r.metrics.PublishErrors.WithLabelValues("database").Inc()
-			r.log.Warn().Err(err).Msg("cannot record the published sequences; Kafka stays the authority")
+	var wg sync.WaitGroup
+	for _, rec := range byPool {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			inTx := func(ctx context.Context) error {
+				if f := r.cfg.Test.InMark; f != nil {
+					partitions := make([]int32, len(rec.reqs))
+					for i, q := range rec.reqs {
+						partitions[i] = q.partition
+					}
+					f(ctx, rec.sh.Name, partitions)
+				}
+				return failpoint.Inject(ctx, failpoint.RelayInMark)
+			}
+			rec.err = r.st.recordMany(ctx, rec.sh, rec.reqs, inTx)
+		}()
+	}
+	wg.Wait()
+	for _, rec := range byPool {
+		if locked(rec.err) {
+			r.log.Info().Err(rec.err).Str("shard", rec.sh.Name).
+				Msg("published sequences locked by another relay's mark (a predecessor paused inside its transaction); recording them on a later pass")
 			continue
 		}
-		for _, q := range reqs {
+		if rec.err != nil {
+			r.metrics.PublishErrors.WithLabelValues("database").Inc()
+			r.gate.failed(rec.sh, "mark", rec.err)
+			r.log.Warn().Err(rec.err).Str("shard", rec.sh.Name).
+				Msg("cannot record the published sequences; Kafka stays the authority, and they are recorded once the shard answers")
+			continue
+		}
+		for _, q := range rec.reqs {
 			r.metrics.Deleted.Add(float64(q.deleted))
 			if q.marked {
 				byPart[q.partition].housekept = q.deleteTo
@@ -873,10 +1077,14 @@ func (r *Relay) readTail(ctx context.Context, partition int32) (*Tail, error) {
 	cfg := r.cfg
 	tctx, cancel := context.WithTimeout(ctx, tailTimeout)
 	defer cancel()
-	tail, err := ReadTail(tctx, TailConfig{KafkaOpts: append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...)}, cfg.KafkaOpts...),
-		DecisionsTopic: cfg.DecisionsTopic, DeadLetterTopic: cfg.DeadLetterTopic}, partition,
+	tcfg := TailConfig{KafkaOpts: append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...)}, cfg.KafkaOpts...),
+		DecisionsTopic: cfg.DecisionsTopic, DeadLetterTopic: cfg.DeadLetterTopic}
+	if cfg.ProposalsTopic != "" {
+		tcfg.Accept = AnswersUndecided(cfg.ProposalsTopic, cfg.GrantsTopic)
+	}
+	tail, err := ReadTail(tctx, tcfg, partition,
 		func(ctx context.Context, partition int32, seqs []int64) (PostgresHead, map[int64]Row, error) {
-			return LoadHead(ctx, r.st.pool(partition), partition, seqs)
+			return r.st.head(ctx, partition, seqs)
 		})
 	if err != nil {
 		return nil, fmt.Errorf("read the tail of partition %d: %w", partition, err)
@@ -908,8 +1116,10 @@ func (r *Relay) gap(ctx context.Context, ps *part, next int64) (bool, error) {
 // refused row are then published one row per transaction, and only a row
 // refused alone is parked. The other partitions' rows go again in the next
 // transaction. An empty result means nothing was published (a single
-// refused row was parked). Any other failure aborts the transaction and
-// ends the session, which resumes from Kafka's tails.
+// refused row was parked, or its shard did not answer the park and is
+// skipped until it does). Any other failure aborts the transaction and
+// ends the session, which resumes from Kafka's tails; what was committed
+// before it (rows published one per transaction) is returned with it.
 func (r *Relay) publish(ctx context.Context, cl *kgo.Client, b batch, order []*part) ([]span, error) {
 	var rows []Row
 	for _, ps := range order {
@@ -928,6 +1138,17 @@ func (r *Relay) publish(ctx context.Context, cl *kgo.Client, b batch, order []*p
 		return done, nil
 	}
 	var done []span
+	// skip handles a park that failed: a shard that does not answer is
+	// skipped (the refused row stays in its outbox, and is refused and
+	// parked again once the shard answers); anything else ends the session.
+	skip := func(err error) error {
+		sh, ok := failedShard(err)
+		if !ok {
+			return err
+		}
+		r.gate.failed(sh, "park", err)
+		return nil
+	}
 	for _, ps := range order {
 		prow := b.rows[ps]
 		hit := false
@@ -942,36 +1163,44 @@ func (r *Relay) publish(ctx context.Context, cl *kgo.Client, b batch, order []*p
 			continue
 		case len(prow) == 1:
 			if err := r.park(ctx, ps, prow[0].Seq, refused[rowKey{ps.partition, prow[0].Seq}]); err != nil {
-				return nil, err
+				if err := skip(err); err != nil {
+					return done, err
+				}
 			}
 		default:
 			r.metrics.RowByRow.Inc()
 			ps.log.Warn().Int("rows", len(prow)).Int64("first_seq", prow[0].Seq).Int64("last_seq", prow[len(prow)-1].Seq).
 				Msg("the broker refused a transaction's records; publishing this partition's rows one per transaction")
-			if err := r.publishRowByRow(ctx, cl, ps, prow); err != nil {
-				return nil, err
+			n, err := r.publishRowByRow(ctx, cl, ps, prow)
+			if n > 0 {
+				done = append(done, span{ps, prow[0].Seq, prow[n-1].Seq})
 			}
-			done = append(done, span{ps, prow[0].Seq, prow[len(prow)-1].Seq})
+			if err != nil {
+				if err := skip(err); err != nil {
+					return done, err
+				}
+			}
 		}
 	}
 	return done, nil
 }
 
 // publishRowByRow publishes rows one per transaction, in order, parking
-// each row the broker refuses alone.
-func (r *Relay) publishRowByRow(ctx context.Context, cl *kgo.Client, ps *part, rows []Row) error {
+// each row the broker refuses alone. It returns how many rows it
+// published or parked, in order, before any error.
+func (r *Relay) publishRowByRow(ctx context.Context, cl *kgo.Client, ps *part, rows []Row) (int, error) {
 	for i := range rows {
 		refused, err := r.produceTxn(ctx, cl, rows[i:i+1])
 		if err != nil {
-			return err
+			return i, err
 		}
 		if why, ok := refused[rowKey{rows[i].Partition, rows[i].Seq}]; ok {
 			if err := r.park(ctx, ps, rows[i].Seq, why); err != nil {
-				return err
+				return i, err
 			}
 		}
 	}
-	return nil
+	return len(rows), nil
 }
 
 // park moves a row the broker refused alone to outbox_parked.
@@ -1051,6 +1280,14 @@ func (r *Relay) produceTxn(ctx context.Context, cl *kgo.Client, rows []Row) (map
 		}
 		return refused, nil
 	}
+	// Every record is produced; the transaction is open until EndTransaction.
+	if f := cfg.Test.InTransaction; f != nil {
+		f(partitionsOf(rows))
+	}
+	if err := failpoint.Inject(ctx, failpoint.RelayInTransaction); err != nil {
+		_ = abort(ctx, cl)
+		return nil, err
+	}
 	if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
 		r.metrics.PublishErrors.WithLabelValues("commit").Inc()
 		_ = abort(ctx, cl)
@@ -1063,6 +1300,18 @@ func (r *Relay) produceTxn(ctx context.Context, cl *kgo.Client, rows []Row) (map
 		tracing.Observe(r.metrics.PublishSeconds, now.Sub(rows[i].CreatedAt).Seconds(), traced[i])
 	}
 	return nil, nil
+}
+
+// partitionsOf lists the partitions rows belong to, in order of first
+// appearance.
+func partitionsOf(rows []Row) []int32 {
+	var out []int32
+	for i := range rows {
+		if len(out) == 0 || out[len(out)-1] != rows[i].Partition && !slices.Contains(out, rows[i].Partition) {
+			out = append(out, rows[i].Partition)
+		}
+	}
+	return out
 }
 
 func abort(ctx context.Context, cl *kgo.Client) error {

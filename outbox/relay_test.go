@@ -27,6 +27,7 @@ import (
 type testBundle struct {
 	t        *testing.T
 	sink     *sink.Sink
+	url      string
 	pool     *pgxpool.Pool
 	brokers  []string
 	spec     processor.TopicSpec
@@ -41,12 +42,24 @@ func setup(t *testing.T, partitions int32) *testBundle {
 
 func setupOn(t *testing.T, partitions int32, brokers []string, dbURL string) *testBundle {
 	t.Helper()
+	return setupOnWith(t, partitions, brokers, sink.Config{DatabaseURL: dbURL})
+}
+
+// setupWith is setup with a sink configuration of the test's own.
+func setupWith(t *testing.T, partitions int32, cfg sink.Config) *testBundle {
+	t.Helper()
+	cfg.DatabaseURL = testenv.Database(t)
+	return setupOnWith(t, partitions, testenv.KafkaBrokers(t), cfg)
+}
+
+func setupOnWith(t *testing.T, partitions int32, brokers []string, cfg sink.Config) *testBundle {
+	t.Helper()
 	ctx := context.Background()
-	s, err := sink.Open(ctx, sink.Config{DatabaseURL: dbURL}, zerolog.Nop())
+	s, err := sink.Open(ctx, cfg, zerolog.Nop())
 	require.NoError(t, err)
 	t.Cleanup(s.Close)
 	require.NoError(t, s.EnsurePartitionCount(ctx, partitions))
-	b := &testBundle{t: t, sink: s, pool: s.Pool(), brokers: brokers, txnID: testenv.Name(t, "relay")}
+	b := &testBundle{t: t, sink: s, url: cfg.DatabaseURL, pool: s.Pool(), brokers: brokers, txnID: testenv.Name(t, "relay")}
 	b.spec = processor.TopicSpec{
 		Proposals: testenv.Name(t, "p"), Grants: testenv.Name(t, "g"), Decisions: testenv.Name(t, "d"),
 		DeadLetter: testenv.Name(t, "dl"), Partitions: partitions, ReplicationFactor: 1,
@@ -55,6 +68,16 @@ func setupOn(t *testing.T, partitions int32, brokers []string, dbURL string) *te
 	require.NoError(t, err)
 	b.received = newReceived(t, b.brokers, b.spec.Decisions)
 	return b
+}
+
+// openSink opens a sink of the test's own on cfg's database and returns its
+// pool (the relay's connections, with the sink's session settings).
+func openSink(t *testing.T, cfg sink.Config) *pgxpool.Pool {
+	t.Helper()
+	s, err := sink.Open(context.Background(), cfg, zerolog.Nop())
+	require.NoError(t, err)
+	t.Cleanup(s.Close)
+	return s.Pool()
 }
 
 // claim gives partition p a new epoch.
@@ -126,12 +149,22 @@ func writeRows(ctx context.Context, tx pgx.Tx, p int32, epoch int64, payloads []
 }
 
 func (b *testBundle) relay(mods ...func(*outbox.Config)) *outbox.Relay {
+	return b.relayWith(nil, mods...)
+}
+
+// relayWith is relay with metrics of the test's own.
+func (b *testBundle) relayWith(m *outbox.Metrics, mods ...func(*outbox.Config)) *outbox.Relay {
+	return b.relayOn(b.pool, m, mods...)
+}
+
+// relayOn is relayWith on connections of its own.
+func (b *testBundle) relayOn(pool *pgxpool.Pool, m *outbox.Metrics, mods ...func(*outbox.Config)) *outbox.Relay {
 	cfg := outbox.Config{Brokers: b.brokers, DecisionsTopic: b.spec.Decisions, DeadLetterTopic: b.spec.DeadLetter,
 		TransactionalIDPrefix: b.txnID, IdlePoll: 100 * time.Millisecond}
 	for _, m := range mods {
 		m(&cfg)
 	}
-	r, err := outbox.New(cfg, b.pool, zerolog.Nop(), nil)
+	r, err := outbox.New(cfg, pool, zerolog.Nop(), m)
 	require.NoError(b.t, err)
 	b.t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

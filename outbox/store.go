@@ -9,16 +9,38 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/mandated/mandated/wire"
 )
 
 // store is the relay's SQL. Every query is here, named. Each partition's
-// rows are in its shard's database (pool).
+// rows are in its shard's database. Every call runs under the relay's
+// deadline (Config.DatabaseTimeout), and a failed one is a *shardError
+// naming the shard, which the relay then skips (shardGate): a shard that
+// does not answer must never hold the relay's loop, whose one Kafka
+// transaction carries every other shard's rows too.
 type store struct {
-	pool func(partition int32) *pgxpool.Pool
-	all  []*pgxpool.Pool
+	shards  Shards
+	timeout time.Duration
+}
+
+// shard returns partition's shard.
+func (s store) shard(partition int32) Shard { return s.shards.For(partition) }
+
+// call runs fn against sh under the deadline; a failure names sh.
+func call[T any](ctx context.Context, s store, sh Shard, fn func(ctx context.Context, pool *pgxpool.Pool) (T, error)) (T, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	v, err := fn(ctx, sh.Pool)
+	if err != nil {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			err = fmt.Errorf("no answer within %s: %w", s.timeout, err)
+		}
+		return v, &shardError{shard: sh, err: err}
+	}
+	return v, nil
 }
 
 // loadManySQL reads the next rows of several partitions at once (one
@@ -37,18 +59,20 @@ type loadReq struct {
 	limit     int
 }
 
-// loadMany reads the rows reqs ask for from one shard's pool, in partition
-// and sequence order.
-func (s store) loadMany(ctx context.Context, pool *pgxpool.Pool, reqs []loadReq) ([]Row, error) {
+// loadMany reads the rows reqs ask for from one shard, in partition and
+// sequence order.
+func (s store) loadMany(ctx context.Context, sh Shard, reqs []loadReq) ([]Row, error) {
 	parts, afters, limits := make([]int32, len(reqs)), make([]int64, len(reqs)), make([]int32, len(reqs))
 	for i, q := range reqs {
 		parts[i], afters[i], limits[i] = q.partition, q.after, int32(q.limit)
 	}
-	rows, err := pool.Query(ctx, loadManySQL, parts, afters, limits)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, scanRow)
+	return call(ctx, s, sh, func(ctx context.Context, pool *pgxpool.Pool) ([]Row, error) {
+		rows, err := pool.Query(ctx, loadManySQL, parts, afters, limits)
+		if err != nil {
+			return nil, err
+		}
+		return pgx.CollectRows(rows, scanRow)
+	})
 }
 
 func scanRow(r pgx.CollectableRow) (Row, error) {
@@ -78,21 +102,22 @@ type publisherState struct {
 
 // publisher reads a partition's epoch and recorded publisher.
 func (s store) publisher(ctx context.Context, partition int32) (publisherState, error) {
-	var st publisherState
-	err := s.pool(partition).QueryRow(ctx, `SELECT coalesce(max(epoch), 0), coalesce(max(publisher), ''), coalesce(max(publisher_epoch), 0)
+	return call(ctx, s, s.shard(partition), func(ctx context.Context, pool *pgxpool.Pool) (publisherState, error) {
+		var st publisherState
+		err := pool.QueryRow(ctx, `SELECT coalesce(max(epoch), 0), coalesce(max(publisher), ''), coalesce(max(publisher_epoch), 0)
 		FROM mandated_partitions WHERE partition = $1`, partition).Scan(&st.epoch, &st.publisher, &st.publisherEpoch)
-	return st, err
+		return st, err
+	})
 }
 
 // recordPublisher records txnID as the partition's publisher under epoch;
 // false when the partition's epoch is no longer epoch (nothing recorded).
 func (s store) recordPublisher(ctx context.Context, partition int32, epoch int64, txnID string) (bool, error) {
-	tag, err := s.pool(partition).Exec(ctx, `UPDATE mandated_partitions SET publisher = $3, publisher_epoch = $2
+	return call(ctx, s, s.shard(partition), func(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
+		tag, err := pool.Exec(ctx, `UPDATE mandated_partitions SET publisher = $3, publisher_epoch = $2
 		WHERE partition = $1 AND epoch = $2`, partition, epoch, txnID)
-	if err != nil {
-		return false, err
-	}
-	return tag.RowsAffected() == 1, nil
+		return tag.RowsAffected() == 1, err
+	})
 }
 
 // recordReq notes seq as a partition's published sequence (under epoch)
@@ -106,11 +131,21 @@ type recordReq struct {
 }
 
 // recordMany is record for several partitions of one shard: one round
-// trip, one transaction with an asynchronous commit.
-func (s store) recordMany(ctx context.Context, pool *pgxpool.Pool, reqs []recordReq) error {
+// trip, one transaction with an asynchronous commit. inTx runs inside the
+// transaction before its COMMIT (failpoints, a test's pause); an error
+// from it rolls the transaction back.
+func (s store) recordMany(ctx context.Context, sh Shard, reqs []recordReq, inTx func(context.Context) error) error {
+	_, err := call(ctx, s, sh, func(ctx context.Context, pool *pgxpool.Pool) (struct{}, error) {
+		return struct{}{}, s.recordTx(ctx, pool, reqs, inTx)
+	})
+	return err
+}
+
+func (s store) recordTx(ctx context.Context, pool *pgxpool.Pool, reqs []recordReq, inTx func(context.Context) error) error {
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		var b pgx.Batch
 		b.Queue(`SET LOCAL synchronous_commit = off`)
+		b.Queue(s.lockTimeoutSQL())
 		for _, q := range reqs {
 			b.Queue(markSQL, q.partition, q.epoch, q.seq)
 			if q.deleteTo > q.deleteAfter {
@@ -119,8 +154,10 @@ func (s store) recordMany(ctx context.Context, pool *pgxpool.Pool, reqs []record
 		}
 		br := tx.SendBatch(ctx, &b)
 		defer br.Close()
-		if _, err := br.Exec(); err != nil {
-			return err
+		for range 2 {
+			if _, err := br.Exec(); err != nil {
+				return err
+			}
 		}
 		for i := range reqs {
 			q := &reqs[i]
@@ -137,7 +174,10 @@ func (s store) recordMany(ctx context.Context, pool *pgxpool.Pool, reqs []record
 				q.deleted = tag.RowsAffected()
 			}
 		}
-		return nil
+		if err := br.Close(); err != nil {
+			return err
+		}
+		return inTx(ctx)
 	})
 }
 
@@ -153,6 +193,25 @@ ON CONFLICT (partition) DO UPDATE SET published_seq = GREATEST(
     EXCLUDED.published_seq),
   updated_at = now()`
 
+// markLockTimeout bounds how long a mark waits for a row lock. A mark
+// waits only for another mark of the same partition: a predecessor's,
+// which takes milliseconds unless it is paused inside its transaction (then
+// until PostgreSQL's idle_in_transaction_session_timeout ends its
+// session). That is no reason to skip the shard, nor to hold the relay's
+// loop: the mark gives up with lock_not_available (locked) and is written
+// on a later pass.
+const markLockTimeout = 100 * time.Millisecond
+
+func (s store) lockTimeoutSQL() string {
+	return fmt.Sprintf(`SET LOCAL lock_timeout = %d`, min(markLockTimeout, s.timeout/4).Milliseconds())
+}
+
+// locked reports a statement that gave up waiting for a row lock.
+func locked(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
+
 // housekeepSQL deletes a range of published rows, never past the
 // published sequence PostgreSQL recorded (the mark is written first, in
 // the same transaction). A range predicate keeps the plan an index range
@@ -162,39 +221,48 @@ ON CONFLICT (partition) DO UPDATE SET published_seq = GREATEST(
 const housekeepSQL = `DELETE FROM outbox WHERE partition = $1 AND seq > $2
   AND seq <= LEAST($3, coalesce((SELECT published_seq FROM relay_progress WHERE partition = $1), 0))`
 
-// epoch returns the partition's current epoch.
-func (s store) epoch(ctx context.Context, partition int32) (int64, error) {
-	var e int64
-	err := s.pool(partition).QueryRow(ctx, `SELECT coalesce((SELECT epoch FROM mandated_partitions WHERE partition = $1), 0)`, partition).Scan(&e)
-	return e, err
-}
-
 // mark records seq as published. It never moves backwards, and a relay
 // whose partition epoch is no longer current marks nothing.
+// A row locked by another mark gives up after lockTimeoutSQL (locked).
 func (s store) mark(ctx context.Context, partition int32, epoch, seq int64) (bool, error) {
-	tag, err := s.pool(partition).Exec(ctx, markSQL, partition, epoch, seq)
-	if err != nil {
-		return false, err
-	}
-	return tag.RowsAffected() == 1, nil
+	return call(ctx, s, s.shard(partition), func(ctx context.Context, pool *pgxpool.Pool) (marked bool, err error) {
+		err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, s.lockTimeoutSQL()); err != nil {
+				return err
+			}
+			tag, err := tx.Exec(ctx, markSQL, partition, epoch, seq)
+			marked = tag.RowsAffected() == 1
+			return err
+		})
+		return marked, err
+	})
 }
 
 // housekeptUpTo returns the lowest sequence still in a partition's outbox, minus
 // one (or after, when the outbox is empty): where housekeeping stands.
 func (s store) housekeptUpTo(ctx context.Context, partition int32, after int64) (int64, error) {
-	var first *int64
-	if err := s.pool(partition).QueryRow(ctx, `SELECT min(seq) FROM outbox WHERE partition = $1`, partition).Scan(&first); err != nil {
-		return 0, err
-	}
-	if first == nil {
-		return after, nil
-	}
-	return *first - 1, nil
+	return call(ctx, s, s.shard(partition), func(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
+		var first *int64
+		if err := pool.QueryRow(ctx, `SELECT min(seq) FROM outbox WHERE partition = $1`, partition).Scan(&first); err != nil {
+			return 0, err
+		}
+		if first == nil {
+			return after, nil
+		}
+		return *first - 1, nil
+	})
 }
 
 // park moves a row the broker refuses for good out of the outbox, with why.
 func (s store) park(ctx context.Context, partition int32, epoch, seq int64, reason string) error {
-	return pgx.BeginFunc(ctx, s.pool(partition), func(tx pgx.Tx) error {
+	_, err := call(ctx, s, s.shard(partition), func(ctx context.Context, pool *pgxpool.Pool) (struct{}, error) {
+		return struct{}{}, parkTx(ctx, pool, partition, epoch, seq, reason)
+	})
+	return err
+}
+
+func parkTx(ctx context.Context, pool *pgxpool.Pool, partition int32, epoch, seq int64, reason string) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		var current int64
 		if err := tx.QueryRow(ctx, `SELECT epoch FROM mandated_partitions WHERE partition = $1 FOR SHARE`, partition).Scan(&current); err != nil {
 			return err
@@ -219,22 +287,42 @@ func (s store) park(ctx context.Context, partition int32, epoch, seq int64, reas
 
 // parkedBetween counts parked rows with after < seq < before.
 func (s store) parkedBetween(ctx context.Context, partition int32, after, before int64) (int64, error) {
-	var n int64
-	err := s.pool(partition).QueryRow(ctx, `SELECT count(*) FROM outbox_parked WHERE partition = $1 AND seq > $2 AND seq < $3`,
-		partition, after, before).Scan(&n)
-	return n, err
+	return call(ctx, s, s.shard(partition), func(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
+		var n int64
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox_parked WHERE partition = $1 AND seq > $2 AND seq < $3`,
+			partition, after, before).Scan(&n)
+		return n, err
+	})
 }
 
-// backlog returns the unpublished rows of a partition and the oldest one's age.
-func (s store) backlog(ctx context.Context, partition int32, after int64, now time.Time) (int64, time.Duration, error) {
-	var n int64
-	var oldest *time.Time
-	err := s.pool(partition).QueryRow(ctx, `SELECT count(*), min(created_at) FROM outbox WHERE partition = $1 AND seq > $2`,
-		partition, after).Scan(&n, &oldest)
-	if err != nil || oldest == nil {
-		return n, 0, err
-	}
-	return n, now.Sub(*oldest), nil
+// backlogReq asks for the unpublished rows of a partition (after sequence
+// after): how many (out), and the oldest one's creation (out).
+type backlogReq struct {
+	partition int32
+	after     int64
+	rows      int64
+	oldest    *time.Time
+}
+
+// backlogs fills reqs, partitions of one shard, in one round trip.
+func (s store) backlogs(ctx context.Context, sh Shard, reqs []backlogReq) error {
+	_, err := call(ctx, s, sh, func(ctx context.Context, pool *pgxpool.Pool) (struct{}, error) {
+		var b pgx.Batch
+		for i := range reqs {
+			q := &reqs[i]
+			b.Queue(`SELECT count(*), min(created_at) FROM outbox WHERE partition = $1 AND seq > $2`, q.partition, q.after).
+				QueryRow(func(r pgx.Row) error { return r.Scan(&q.rows, &q.oldest) })
+		}
+		return struct{}{}, pool.SendBatch(ctx, &b).Close()
+	})
+	return err
+}
+
+// parked counts a shard's parked rows.
+func (s store) parked(ctx context.Context, sh Shard) (int64, error) {
+	return call(ctx, s, sh, func(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
+		return countParked(ctx, pool)
+	})
 }
 
 // ParkedRow is a row the broker refused, for operators.
@@ -293,6 +381,19 @@ UNION ALL
 SELECT seq, kind, record_key, CASE WHEN hash IS NULL THEN payload END, prev_hash, hash
 FROM outbox_parked WHERE partition = $1 AND seq = ANY($2)`
 
+// head is LoadHead in partition's shard, under the deadline.
+func (s store) head(ctx context.Context, partition int32, seqs []int64) (PostgresHead, map[int64]Row, error) {
+	type loaded struct {
+		head PostgresHead
+		rows map[int64]Row
+	}
+	l, err := call(ctx, s, s.shard(partition), func(ctx context.Context, pool *pgxpool.Pool) (loaded, error) {
+		head, rows, err := LoadHead(ctx, pool, partition, seqs)
+		return loaded{head, rows}, err
+	})
+	return l.head, l.rows, err
+}
+
 // Querier is a pool, a connection or a transaction.
 type Querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
@@ -333,10 +434,17 @@ func ReadHead(ctx context.Context, q Querier, partition int32, seqs []int64) (Po
 	if len(anchor) == len(head.Anchor) {
 		copy(head.Anchor[:], anchor)
 	}
-	if len(seqs) == 0 {
+	// Rows exist at or below the last sequence only.
+	var want []int64
+	for _, s := range seqs {
+		if s >= 1 && s <= head.LastSeq {
+			want = append(want, s)
+		}
+	}
+	if len(want) == 0 {
 		return head, rows, nil
 	}
-	res, err := q.Query(ctx, headRowsSQL, partition, seqs)
+	res, err := q.Query(ctx, headRowsSQL, partition, want)
 	if err != nil {
 		return head, nil, err
 	}

@@ -92,6 +92,19 @@ type RebalanceMetrics struct {
 	// ShardDownAborts counts workers given up while their shard did not
 	// answer, aborted at once instead of waited for.
 	ShardDownAborts *prometheus.CounterVec
+	// ShardHandoffs counts the times this processor handed one shard's
+	// partitions off (release.go), by shard.
+	ShardHandoffs *prometheus.CounterVec
+	// TakeBacks counts partitions claimed back after their shard answered
+	// again.
+	TakeBacks prometheus.Counter
+	// Adoptions counts partitions adopted from a processor cut from their
+	// shard (adopt.go).
+	Adoptions prometheus.Counter
+	// Released is how many partitions assigned here are handed off now;
+	// Adopted how many adopted partitions are decided here now.
+	Released prometheus.Gauge
+	Adopted  prometheus.Gauge
 }
 
 func newRebalanceMetrics() *RebalanceMetrics {
@@ -125,9 +138,30 @@ func newRebalanceMetrics() *RebalanceMetrics {
 			Name: "mandated_rebalance_shard_down_aborts_total",
 			Help: "Partitions given up while their shard did not answer: their batch in flight was aborted at once instead of waited for (it cannot commit), by reason: revoked, lost, shutdown, db_unreachable.",
 		}, []string{"reason"}),
+		ShardHandoffs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mandated_rebalance_shard_handoffs_total",
+			Help: "Times this processor handed the partitions of one shard off: its probes of that shard failed ShardHandoffProbes times in a row over --shard-handoff-after while another shard answered. By shard.",
+		}, []string{"shard"}),
+		TakeBacks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mandated_rebalance_shard_takebacks_total",
+			Help: "Partitions this processor claimed back once the shard it had handed off answered its probes again.",
+		}),
+		Adoptions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mandated_rebalance_adoptions_total",
+			Help: "Partitions this processor adopted: their holder was cut from their shard (not seen there for --shard-handoff-after, seen on another).",
+		}),
+		Released: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "mandated_rebalance_partitions_handed_off",
+			Help: "Partitions assigned to this processor whose shard it handed off (it does not decide them; an adopter does).",
+		}),
+		Adopted: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "mandated_rebalance_partitions_adopted",
+			Help: "Partitions this processor decides as an adopter (counted in mandated_partitions_owned too).",
+		}),
 	}
 }
 
 func (m *RebalanceMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.Assigned, m.Revoked, m.PauseSeconds, m.Handoffs, m.HandedOff, m.PartitionsAll, m.ShardDownAborts}
+	return []prometheus.Collector{m.Assigned, m.Revoked, m.PauseSeconds, m.Handoffs, m.HandedOff, m.PartitionsAll, m.ShardDownAborts,
+		m.ShardHandoffs, m.TakeBacks, m.Adoptions, m.Released, m.Adopted}
 }

@@ -33,6 +33,11 @@ const (
 	GrantorKeyRefreshDefault    = 5 * time.Second
 	GroupProtocolDefault        = GroupProtocolConsumer
 	DBUnreachableHandoffDefault = 10 * time.Second
+	RewindCheckIntervalDefault  = time.Minute
+	RewoundRecheckDefault       = 5 * time.Second
+	ShardHandoffAfterDefault    = 10 * time.Second
+	ShardHandoffProbesDefault   = 5
+	ShardTakeBackProbesDefault  = 3
 )
 
 // Group protocols: how partitions are assigned to processors.
@@ -100,6 +105,25 @@ type Config struct {
 	// group so that others decide them; it rejoins when PostgreSQL answers.
 	// Negative: never hand off. Defaults to DBUnreachableHandoffDefault.
 	DBUnreachableHandoff time.Duration
+	// ShardHandoffAfter is how long one shard of several must fail this
+	// processor's probes (at least ShardHandoffProbes of them in a row)
+	// while another answers before it hands that shard's partitions off:
+	// it stops deciding them, and a processor that reaches the shard adopts
+	// them once their holder has not been seen there for as long (and is
+	// seen on another shard). It takes them back after ShardTakeBackProbes
+	// probes in a row answer. Negative: never hand one shard off (a
+	// processor that reaches no shard still leaves the group after
+	// DBUnreachableHandoff). Defaults to ShardHandoffAfterDefault.
+	ShardHandoffAfter time.Duration
+	// ShardHandoffProbes is how many probes of a shard in a row must fail,
+	// over at least ShardHandoffAfter, before its partitions are handed
+	// off: a slow probe that sometimes answers never does. Defaults to
+	// ShardHandoffProbesDefault.
+	ShardHandoffProbes int
+	// ShardTakeBackProbes is how many probes of a shard in a row must
+	// answer before a processor that handed its partitions off claims
+	// them back. Defaults to ShardTakeBackProbesDefault.
+	ShardTakeBackProbes int
 	// MaxBatch caps the records decided in one transaction. Defaults to
 	// MaxBatchDefault.
 	MaxBatch int
@@ -148,6 +172,26 @@ type Config struct {
 	GrantorKeyRefresh time.Duration
 	// Listener hears about ownership and commits. Defaults to none.
 	Listener PartitionListener
+	// RewindCheckInterval is how often a worker reads its partition's tail
+	// back from the decisions and dead-letter topics while it decides, to
+	// find a database that went back in time under it (a restored backup,
+	// a promoted asynchronous replica): Kafka holding decisions past
+	// PostgreSQL's head (rewind.go). Every claim checks first, whatever
+	// this says. Defaults to RewindCheckIntervalDefault; negative turns the
+	// periodic check off.
+	RewindCheckInterval time.Duration
+	// MinDecisionRetention is how long the decisions and dead-letter topics
+	// must keep records (their retention.ms; -1 is forever): at least the
+	// interval between PostgreSQL's backups, so that a database restored
+	// from the last backup can be rebuilt from the decisions. Start refuses
+	// topics that keep less, are compacted, or have a size limit
+	// (CheckDecisionRetention). Defaults to MinDecisionRetentionDefault;
+	// negative checks only compaction.
+	MinDecisionRetention time.Duration
+	// RewoundRecheck is how often a partition found rewound is checked
+	// again, to be claimed once recovered (mandatectl recover). Defaults to
+	// RewoundRecheckDefault.
+	RewoundRecheck time.Duration
 
 	// Test holds knobs for tests only.
 	Test TestConfig
@@ -165,6 +209,12 @@ type TestConfig struct {
 	// committers (concurrently when more than one is in flight); it must
 	// not block.
 	OnGroupCommit func(sink.GroupStats)
+	// ShardProbeInterval is how often every shard is probed. Defaults to
+	// a tenth of DBUnreachableHandoff, between 100 ms and 1 s.
+	ShardProbeInterval time.Duration
+	// ShardProbe is called before each probe of a shard; an error fails
+	// the probe without reaching the shard (a flapping network).
+	ShardProbe func(shard string) error
 }
 
 // BatchReport describes one committed batch, for tests and logs.
@@ -188,6 +238,9 @@ func (c Config) WithDefaults() Config {
 	c.Owner = cmp.Or(c.Owner, c.InstanceID)
 	c.GroupProtocol = cmp.Or(c.GroupProtocol, GroupProtocolDefault)
 	c.DBUnreachableHandoff = cmp.Or(c.DBUnreachableHandoff, DBUnreachableHandoffDefault)
+	c.ShardHandoffAfter = cmp.Or(c.ShardHandoffAfter, ShardHandoffAfterDefault)
+	c.ShardHandoffProbes = cmp.Or(c.ShardHandoffProbes, ShardHandoffProbesDefault)
+	c.ShardTakeBackProbes = cmp.Or(c.ShardTakeBackProbes, ShardTakeBackProbesDefault)
 	if c.Owner == "" {
 		host, _ := os.Hostname()
 		c.Owner = fmt.Sprintf("%s-%d", cmp.Or(host, "mandated"), os.Getpid())
@@ -203,6 +256,9 @@ func (c Config) WithDefaults() Config {
 	c.StatsInterval = cmp.Or(c.StatsInterval, StatsIntervalDefault)
 	c.FetchMaxWait = cmp.Or(c.FetchMaxWait, FetchMaxWaitDefault)
 	c.GrantorKeyRefresh = cmp.Or(c.GrantorKeyRefresh, GrantorKeyRefreshDefault)
+	c.RewindCheckInterval = cmp.Or(c.RewindCheckInterval, RewindCheckIntervalDefault)
+	c.RewoundRecheck = cmp.Or(c.RewoundRecheck, RewoundRecheckDefault)
+	c.MinDecisionRetention = cmp.Or(c.MinDecisionRetention, MinDecisionRetentionDefault)
 	if c.Test.Clock == nil {
 		c.Test.Clock = clock.Real{}
 	}
@@ -232,6 +288,12 @@ func (c Config) Validate() error {
 		return fmt.Errorf("processor: GroupProtocol must be %q or %q, not %q", GroupProtocolConsumer, GroupProtocolClassic, c.GroupProtocol)
 	case c.DBUnreachableHandoff > 0 && c.DBUnreachableHandoff < time.Second:
 		return errors.New("processor: DBUnreachableHandoff must be at least 1s (or negative: never)")
+	case c.ShardHandoffAfter > 0 && c.ShardHandoffAfter < time.Second:
+		return errors.New("processor: ShardHandoffAfter must be at least 1s (or negative: never)")
+	case c.ShardHandoffProbes < 1, c.ShardTakeBackProbes < 1:
+		return errors.New("processor: ShardHandoffProbes and ShardTakeBackProbes must be positive")
+	case c.Test.ShardProbeInterval < 0:
+		return errors.New("processor: Test.ShardProbeInterval must not be negative")
 	case c.PurgeBatch < 1:
 		return errors.New("processor: PurgeBatch must be positive")
 	case c.GrantorKeyRefresh < 0:

@@ -49,6 +49,9 @@ type Metrics struct {
 	// ShardUp is 1 per shard while its database answers this instance's
 	// probe, else 0 (labelled with the shard's partitions).
 	ShardUp *prometheus.GaugeVec
+	// Rewound is, per partition whose claim found Kafka ahead of
+	// PostgreSQL, how many decisions Kafka holds past PostgreSQL's head.
+	Rewound *prometheus.GaugeVec
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: none).
@@ -200,8 +203,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "mandated_shard_up",
 		Help: "1 while the shard's PostgreSQL answers this instance's probe (every second or so), else 0: a shard that does not answer stalls its partitions only.",
 	}, []string{"shard", "partitions"})
+	m.Rewound = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "mandated_partition_rewound",
+		Help: "Decisions the decisions topic holds past PostgreSQL's head on a partition assigned here: PostgreSQL went back in time (a restored backup, a promoted asynchronous replica). The partition is not decided until mandatectl recover rebuilds it; 0 once it is.",
+	}, []string{"partition"})
 	if reg != nil {
-		reg.MustRegister(m.IntentReplays, m.Forks, m.PossibleReplays, m.IntentsPurged, m.ShardUp, m.RequestAnswers, m.RequestAnswersPurged)
+		reg.MustRegister(m.IntentReplays, m.Forks, m.PossibleReplays, m.IntentsPurged, m.ShardUp, m.RequestAnswers, m.RequestAnswersPurged, m.Rewound)
 	}
 	m.Rebalance = newRebalanceMetrics()
 	if reg != nil {

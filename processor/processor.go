@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -42,8 +44,12 @@ type Processor struct {
 	// because of it.
 	unreachableSince time.Time
 	handedOff        bool
-	// health is which shards the hand-off loop's probes last found down.
+	restarting       bool // restartSession runs (rewind.go)
+	// health is which shards the hand-off loop's probes last found down,
+	// and which ones this processor handed off.
 	health *shardHealth
+	// adopter fetches the partitions adopted here (adopt.go).
+	adopter adopter
 
 	cancel     context.CancelFunc // ends the processor's loops
 	loops      sync.WaitGroup
@@ -95,6 +101,9 @@ func (p *Processor) PartitionCount() int32 { return p.partitions }
 func (p *Processor) Start(ctx context.Context) error {
 	n, err := CheckTopics(ctx, p.cfg.Brokers, p.cfg.KafkaOpts, p.cfg.ProposalsTopic, p.cfg.GrantsTopic, p.cfg.DecisionsTopic, p.cfg.DeadLetterTopic)
 	if err != nil {
+		return err
+	}
+	if err := CheckDecisionRetention(ctx, p.cfg.Brokers, p.cfg.KafkaOpts, p.cfg.MinDecisionRetention, p.cfg.DecisionsTopic, p.cfg.DeadLetterTopic); err != nil {
 		return err
 	}
 	p.partitions = n
@@ -172,6 +181,7 @@ func (p *Processor) leave(ctx context.Context, grace time.Duration, reason strin
 	p.mu.Unlock()
 	owned := p.ownedPartitions()
 	p.stopWorkers(owned, grace, reason)
+	p.closeAdopter()
 	p.metrics.Rebalance.Revoked.WithLabelValues(reason).Add(float64(len(owned)))
 	p.commitOffsets(ctx)
 	cancel()
@@ -209,17 +219,36 @@ func (p *Processor) Stop(ctx context.Context) error {
 	p.cancel() // the hand-off loop may not rejoin now
 	p.loops.Wait()
 	p.leave(ctx, grace, "shutdown", false)
+	p.closeAdopter() // left already (handed off): its adopted workers are stopped
 	p.log.Info().Msg("processor stopped")
 	return nil
 }
 
-// Owned returns the partitions this processor holds, with their epochs.
+// Owned returns the partitions this processor decides, with their epochs:
+// the ones the group assigns it (less those whose shard it handed off) and
+// the ones it adopted.
 func (p *Processor) Owned() map[int32]int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := make(map[int32]int64, len(p.workers))
 	for n, w := range p.workers {
-		out[n] = w.epoch
+		if !w.isReleased() {
+			out[n] = w.epoch
+		}
+	}
+	return out
+}
+
+// Adopted returns the partitions this processor adopted (adopt.go), with
+// their epochs.
+func (p *Processor) Adopted() map[int32]int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := map[int32]int64{}
+	for n, w := range p.workers {
+		if w.adopted {
+			out[n] = w.epoch
+		}
 	}
 	return out
 }
@@ -231,7 +260,7 @@ func (p *Processor) Ready(ctx context.Context) error {
 	started, stopping, handedOff, client := p.started, p.stopping, p.handedOff, p.client
 	var fenced []int32
 	var causes []error
-	pending := p.pendingPartitions()
+	pending, waiting := p.pendingPartitions()
 	for n, w := range p.workers {
 		w.mu.Lock()
 		if w.fenced {
@@ -251,7 +280,13 @@ func (p *Processor) Ready(ctx context.Context) error {
 	case len(fenced) > 0:
 		return fmt.Errorf("fenced on partitions %v, not re-claimed yet: %w", fenced, errors.Join(causes...))
 	}
+	if len(waiting) > 0 {
+		return errors.Join(waiting...)
+	}
 	if err := p.shards.Ping(ctx); err != nil {
+		if released := p.releasedPartitions(); len(released) > 0 {
+			return fmt.Errorf("postgres: %w (partitions %v are handed off to the processors that reach their shard)", err, released)
+		}
 		return fmt.Errorf("postgres: %w", err)
 	}
 	if len(pending) > 0 {
@@ -293,14 +328,37 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 	assigned := time.Now()
 	claims := make(map[int32]sink.Claim, len(nums))
 	var deferred []int32
+	why := map[int32]error{}
+	held := map[int32]sink.Claim{} // claimed, then deferred: kept, not claimed again
 	var mu sync.Mutex
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(8)
 	sharded := len(p.shards.All()) > 1
 	for n := range nums {
+		s := p.shards.For(n)
+		cut, _ := p.health.watchCut(s)
+		down, _ := p.health.watch(s)
+		if sharded && (cut || down || s.SetUpLate()) {
+			// Its shard does not answer (or this processor handed it off:
+			// adopted meanwhile): the partition waits, the others start.
+			mu.Lock()
+			deferred = append(deferred, n)
+			mu.Unlock()
+			continue
+		}
 		g.Go(func() error {
 			start := time.Now()
-			c, err := p.shards.For(n).Claim(gctx, n, p.cfg.Owner)
+			cctx := gctx
+			if sharded {
+				// A shard that stops answering now (a stopped server: its
+				// claim would wait ClaimTimeout) must not hold the others'
+				// partitions: past the bound the claim goes on in the
+				// background.
+				var cancel context.CancelFunc
+				cctx, cancel = context.WithTimeout(gctx, max(assignClaimWait, 2*s.Config().TakeoverGrace))
+				defer cancel()
+			}
+			c, err := s.Claim(cctx, n, p.cfg.Owner)
 			if err != nil && (sharded || isMoved(err)) && ctx.Err() == nil {
 				// Its shard does not answer, or it moved to another shard
 				// (moved.go): the others need not wait for it.
@@ -313,6 +371,19 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 			}
 			if err != nil {
 				return err
+			}
+			// A partition whose database went back in time (or that cannot
+			// be checked yet) is not decided: it waits, paused (rewind.go).
+			if err := p.checkInStep(gctx, n, c.Epoch); err != nil && ctx.Err() == nil {
+				if errors.Is(err, ErrRewound) {
+					p.reportRewound(err)
+				} else {
+					p.log.Warn().Err(err).Int32("partition", n).Msg("cannot check an assigned partition against the decisions topic: deciding it once it can be checked")
+				}
+				mu.Lock()
+				deferred, why[n], held[n] = append(deferred, n), err, c
+				mu.Unlock()
+				return nil
 			}
 			p.metrics.TakeoverSeconds.Observe(time.Since(start).Seconds())
 			p.metrics.Rebalance.PauseSeconds.Observe(time.Since(assigned).Seconds())
@@ -350,16 +421,22 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 			l.Assigned(n, c.Epoch)
 		}
 	}
-	p.metrics.PartitionsOwned.Set(float64(len(p.workers)))
+	p.refreshOwned()
 	p.metrics.Rebalance.Assigned.Add(float64(len(claims)))
 	claimed := make([]int32, 0, len(claims))
 	for n := range claims {
 		claimed = append(claimed, n)
 	}
 	p.client.ResumeFetchPartitions(map[string][]int32{p.cfg.ProposalsTopic: claimed, p.cfg.GrantsTopic: claimed})
-	p.startDeferredClaims(deferred, out)
+	p.startDeferredClaims(deferred, why, held, out)
 	return out, nil
 }
+
+// assignClaimWait bounds, with several shards, how long an assignment
+// waits for one partition's claim (at least twice the takeover grace, so
+// that a takeover of a stuck predecessor fits) before claiming it in the
+// background.
+const assignClaimWait = 5 * time.Second
 
 // onRevoked stops the workers of revoked or lost partitions and waits for
 // them: a partition is never decided by two workers of one process.
@@ -416,6 +493,9 @@ func (p *Processor) stopWorkers(nums []int32, grace time.Duration, reason string
 
 // workerExited forgets a worker that stopped (revoked, fenced, or closed).
 func (p *Processor) workerExited(w *worker) {
+	if w.adopted {
+		p.stopConsumingAdopted(w)
+	}
 	p.mu.Lock()
 	if p.workers[w.partition] != w {
 		// Handed over to a successor (re-claimed after a fence), or
@@ -424,9 +504,8 @@ func (p *Processor) workerExited(w *worker) {
 		return
 	}
 	delete(p.workers, w.partition)
-	owned := len(p.workers)
+	p.refreshOwned()
 	p.mu.Unlock()
-	p.metrics.PartitionsOwned.Set(float64(owned))
 	p.metrics.PartitionEpoch.DeleteLabelValues(strconv.Itoa(int(w.partition)))
 	for _, topic := range []string{p.cfg.ProposalsTopic, p.cfg.GrantsTopic} {
 		p.metrics.ConsumerLag.DeleteLabelValues(topic, strconv.Itoa(int(w.partition)))
@@ -435,6 +514,27 @@ func (p *Processor) workerExited(w *worker) {
 		l.Revoked(w.partition)
 	}
 	w.log.Info().Int64("proposals_offset", w.pos.ProposalsOffset).Int64("grants_offset", w.pos.GrantsOffset).Msg("partition released")
+}
+
+// releasedPartitions returns the partitions assigned here whose shard
+// this processor handed off.
+func (p *Processor) releasedPartitions() []int32 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []int32
+	for n, w := range p.workers {
+		if w.isReleased() {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// decidingPartitions returns the partitions this processor decides: its
+// workers but the ones whose shard it handed off.
+func (p *Processor) decidingPartitions() []int32 {
+	return slices.Sorted(maps.Keys(p.Owned()))
 }
 
 func (p *Processor) ownedPartitions() []int32 {
@@ -506,6 +606,9 @@ func (p *Processor) commitOffsets(ctx context.Context) {
 	offsets := map[string]map[int32]kgo.EpochOffset{p.cfg.ProposalsTopic: {}, p.cfg.GrantsTopic: {}}
 	p.mu.Lock()
 	for n, w := range p.workers {
+		if w.adopted {
+			continue // the group assigns it to its holder
+		}
 		pos := w.position()
 		offsets[p.cfg.ProposalsTopic][n] = kgo.EpochOffset{Epoch: -1, Offset: pos.ProposalsOffset}
 		offsets[p.cfg.GrantsTopic][n] = kgo.EpochOffset{Epoch: -1, Offset: pos.GrantsOffset}
@@ -535,14 +638,24 @@ func (p *Processor) statsLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		p.refreshReplaySettings(ctx)
-		owned := p.ownedPartitions()
+		rctx, rcancel := context.WithTimeout(ctx, p.cfg.StatsInterval)
+		p.refreshReplaySettings(rctx)
+		rcancel()
+		// The gauges sum the shards that answer: a shard the probes find
+		// down is left out (as when its query fails) without a warning
+		// every interval.
+		owned := slices.DeleteFunc(p.decidingPartitions(), func(n int32) bool {
+			down, _ := p.health.watch(p.shards.For(n))
+			return down
+		})
 		if len(owned) == 0 {
 			p.metrics.InDoubt.Set(0)
 			p.metrics.InDoubtOldest.Set(0)
 			continue
 		}
-		n, oldest, err := p.shards.InDoubtStats(ctx, owned, p.cfg.Test.Clock.Now())
+		sctx, cancel := context.WithTimeout(ctx, p.cfg.StatsInterval)
+		n, oldest, err := p.shards.InDoubtStats(sctx, owned, p.cfg.Test.Clock.Now())
+		cancel()
 		if err != nil && ctx.Err() == nil {
 			p.log.Warn().Err(err).Msg("cannot read in-doubt statistics")
 		}

@@ -2,6 +2,7 @@ package processor
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,7 +23,7 @@ func (p *Processor) purgeLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		for _, n := range p.ownedPartitions() {
+		for _, n := range p.decidingPartitions() {
 			p.purgePartition(ctx, n)
 		}
 	}
@@ -42,11 +43,15 @@ func (p *Processor) purgePartition(ctx context.Context, n int32) {
 func (p *Processor) purgeKind(ctx context.Context, n int32, what string,
 	purge func(context.Context, int32, time.Time, int) (int64, error), purged prometheus.Counter) {
 	until := time.Now().Add(p.cfg.PurgeInterval / 8)
+	// The share is a deadline too: a shard that does not answer (a stopped
+	// server) must not hold the purge of every other shard's partitions.
+	ctx, cancel := context.WithDeadline(ctx, until)
+	defer cancel()
 	var total int64
 	for ctx.Err() == nil {
 		k, err := purge(ctx, n, p.cfg.Test.Clock.Now(), p.cfg.PurgeBatch)
 		if err != nil {
-			if ctx.Err() == nil {
+			if ctx.Err() == nil || !errors.Is(ctx.Err(), context.Canceled) {
 				p.log.Warn().Err(err).Int32("partition", n).Msgf("purge of expired %s failed; next interval retries", what)
 			}
 			break

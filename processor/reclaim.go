@@ -31,8 +31,9 @@ func (p *Processor) recoverFenced(w *worker) bool {
 		if w.isStopping() || w.ctx.Err() != nil {
 			return false
 		}
-		err := p.reclaim(w)
+		err := p.reclaim(w, "fenced partition re-claimed: still assigned here")
 		if err == nil {
+			p.metrics.Reclaims.Inc()
 			return true
 		}
 		if errors.Is(err, errStopped) {
@@ -52,16 +53,27 @@ func (p *Processor) recoverFenced(w *worker) bool {
 	}
 }
 
-// reclaim claims a new epoch for a fenced worker's partition, if the group
-// still assigns it here, and starts a successor with the fenced worker's
-// records.
-func (p *Processor) reclaim(w *worker) error {
+// reclaim claims a new epoch for a fenced (or released) worker's
+// partition, if the group still assigns it here, and starts a successor
+// with the worker's records; done is the log line.
+func (p *Processor) reclaim(w *worker, done string) error {
 	if err := p.stillAssigned(w.ctx, w.partition); err != nil {
 		return err
 	}
 	c, err := p.shards.For(w.partition).Claim(w.ctx, w.partition, p.cfg.Owner)
 	if err != nil {
 		return fmt.Errorf("re-claim: %w", err)
+	}
+	if c.ProposalsOffset < w.pos.ProposalsOffset || c.GrantsOffset < w.pos.GrantsOffset || c.NextSeq < w.pos.NextSeq {
+		// PostgreSQL stores less than this worker committed: the database
+		// went back in time. The records it lost were fetched past and
+		// must be fetched again, and the partition is decided only once
+		// it is in step with the decisions topic (rewind.go).
+		w.log.Error().Int64("stored_proposals_offset", c.ProposalsOffset).Int64("committed_proposals_offset", w.pos.ProposalsOffset).
+			Int64("stored_next_seq", c.NextSeq).Int64("committed_next_seq", w.pos.NextSeq).
+			Msg("PostgreSQL stores an older position than this worker committed: the database went back in time")
+		go p.restartSession(fmt.Sprintf("partition %d: PostgreSQL went back in time", w.partition))
+		return errStopped
 	}
 	p.metrics.TakeoverSeconds.Observe(c.Waited.Seconds())
 	p.metrics.PredecessorsKilled.Add(float64(c.Terminated))
@@ -73,11 +85,11 @@ func (p *Processor) reclaim(w *worker) error {
 		return errStopped
 	}
 	p.workers[w.partition] = next
+	p.refreshOwned()
 	p.mu.Unlock()
-	p.metrics.Reclaims.Inc()
 	p.metrics.PartitionEpoch.WithLabelValues(strconv.Itoa(int(w.partition))).Set(float64(c.Epoch))
-	next.log.Warn().Int64("fenced_epoch", w.epoch).Int64("proposals_offset", c.ProposalsOffset).
-		Int64("grants_offset", c.GrantsOffset).Int64("next_seq", c.NextSeq).Msg("fenced partition re-claimed: still assigned here")
+	next.log.Warn().Int64("previous_epoch", w.epoch).Int64("proposals_offset", c.ProposalsOffset).
+		Int64("grants_offset", c.GrantsOffset).Int64("next_seq", c.NextSeq).Msg(done)
 	if l := p.cfg.Listener; l != nil {
 		l.Assigned(w.partition, c.Epoch)
 	}
@@ -161,8 +173,8 @@ func (w *worker) handOver(next *worker) bool {
 	if w.stopping {
 		return false
 	}
-	next.inbox, next.paused, next.hwm = w.inbox, w.paused, w.hwm
-	w.inbox, w.paused, w.hwm = nil, false, map[string]int64{}
+	next.inbox, next.paused, next.hwm, next.seen = w.inbox, w.paused, w.hwm, w.seen
+	w.inbox, w.paused, w.hwm, w.seen = nil, false, map[string]int64{}, map[string]int64{}
 	w.next = next
 	return true
 }

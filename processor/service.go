@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
@@ -41,8 +40,19 @@ type Service struct {
 }
 
 // StartService opens storage (applying migrations), starts the relay and
-// the processor, and returns once the processor has joined its group.
-func StartService(ctx context.Context, cfg ServiceConfig, log zerolog.Logger) (*Service, error) {
+// the processor, and returns once the processor has joined its group. A
+// start that fails unregisters the metrics it registered, so the caller
+// can try again with the same Registerer.
+func StartService(ctx context.Context, cfg ServiceConfig, log zerolog.Logger) (svc *Service, err error) {
+	if cfg.Registerer != nil {
+		reg := &undoRegisterer{Registerer: cfg.Registerer}
+		cfg.Registerer = reg
+		defer func() {
+			if err != nil {
+				reg.undo()
+			}
+		}()
+	}
 	if cfg.Sink.Instance == "" {
 		cfg.Sink.Instance = cfg.Processor.WithDefaults().Owner
 	}
@@ -71,15 +81,12 @@ func StartService(ctx context.Context, cfg ServiceConfig, log zerolog.Logger) (*
 	if rcfg.DeadLetterTopic == "" {
 		rcfg.DeadLetterTopic = pcfg.DeadLetterTopic
 	}
+	rcfg.ProposalsTopic, rcfg.GrantsTopic = pcfg.ProposalsTopic, pcfg.GrantsTopic
 	if rcfg.DecisionsTopic != pcfg.DecisionsTopic || rcfg.DeadLetterTopic != pcfg.DeadLetterTopic {
 		s.Close()
 		return nil, errors.New("service: the relay and the processor must name the same decisions and dead-letter topics")
 	}
-	var pools []*pgxpool.Pool
-	for _, one := range s.All() {
-		pools = append(pools, one.Pool())
-	}
-	relay, err := outbox.NewSharded(rcfg, func(p int32) *pgxpool.Pool { return s.For(p).Pool() }, pools, log, outbox.NewMetrics(cfg.Registerer))
+	relay, err := outbox.NewSharded(rcfg, relayShards{s}, log, outbox.NewMetrics(cfg.Registerer))
 	if err != nil {
 		s.Close()
 		return nil, err
@@ -100,6 +107,24 @@ func StartService(ctx context.Context, cfg ServiceConfig, log zerolog.Logger) (*
 	return &Service{Sink: s.Control(), Shards: s, Processor: p, Relay: relay, Metrics: metrics, log: log}, nil
 }
 
+// relayShards routes the relay's partitions as the shard map last read
+// says.
+type relayShards struct{ s *sink.Shards }
+
+var _ outbox.Shards = relayShards{}
+
+func (r relayShards) For(p int32) outbox.Shard { return relayShard(r.s.For(p)) }
+
+func (r relayShards) All() []outbox.Shard {
+	var out []outbox.Shard
+	for _, one := range r.s.All() {
+		out = append(out, relayShard(one))
+	}
+	return out
+}
+
+func relayShard(s *sink.Sink) outbox.Shard { return outbox.Shard{Name: s.Shard().Name, Pool: s.Pool()} }
+
 // Stop stops fetching, finishes the batches in flight, drains the relay
 // (bounded by ctx) and closes storage.
 func (svc *Service) Stop(ctx context.Context) error {
@@ -119,4 +144,33 @@ func (svc *Service) Stop(ctx context.Context) error {
 // records another producer wrote, a chain past PostgreSQL's head).
 func (svc *Service) Ready(ctx context.Context) error {
 	return errors.Join(svc.Processor.Ready(ctx), svc.Relay.Ready(ctx))
+}
+
+// undoRegisterer remembers what it registered, to unregister it all.
+type undoRegisterer struct {
+	prometheus.Registerer
+	registered []prometheus.Collector
+}
+
+func (u *undoRegisterer) Register(c prometheus.Collector) error {
+	if err := u.Registerer.Register(c); err != nil {
+		return err
+	}
+	u.registered = append(u.registered, c)
+	return nil
+}
+
+func (u *undoRegisterer) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		if err := u.Register(c); err != nil {
+			panic(err)
+		}
+	}
+}
+
+func (u *undoRegisterer) undo() {
+	for _, c := range u.registered {
+		u.Registerer.Unregister(c)
+	}
+	u.registered = nil
 }

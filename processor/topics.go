@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -97,3 +98,56 @@ func EnsureTopics(ctx context.Context, brokers []string, opts []kgo.Opt, spec To
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// MinDecisionRetentionDefault is how long the decisions and dead-letter
+// topics must keep records at least (Config.MinDecisionRetention).
+const MinDecisionRetentionDefault = 7 * 24 * time.Hour
+
+// CheckDecisionRetention checks what recovering a database that went back
+// in time needs of the decisions and dead-letter topics: they are never
+// compacted (compaction drops records the chain and the recovery need),
+// they keep records for at least min (the interval between backups: a
+// database restored from a backup older than the retention cannot be
+// rebuilt from the decisions), and no size limit deletes records earlier
+// (retention.bytes -1). min < 0 skips the retention checks.
+func CheckDecisionRetention(ctx context.Context, brokers []string, opts []kgo.Opt, min time.Duration, decisions, deadLetter string) error {
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...)}, opts...)...)
+	if err != nil {
+		return fmt.Errorf("processor: kafka client: %w", err)
+	}
+	defer cl.Close()
+	cfgs, err := kadm.NewClient(cl).DescribeTopicConfigs(ctx, decisions, deadLetter)
+	if err != nil {
+		return fmt.Errorf("processor: describe the configs of %s and %s: %w", decisions, deadLetter, err)
+	}
+	var problems []error
+	for _, name := range []string{decisions, deadLetter} {
+		rc, err := cfgs.On(name, nil)
+		if err != nil {
+			return fmt.Errorf("processor: describe the config of %s: %w", name, err)
+		}
+		vals := map[string]string{}
+		for _, c := range rc.Configs {
+			if c.Value != nil {
+				vals[c.Key] = *c.Value
+			}
+		}
+		if policy := vals["cleanup.policy"]; strings.Contains(policy, "compact") {
+			problems = append(problems, fmt.Errorf("topic %q is compacted (cleanup.policy=%s): compaction drops records the decision chain and a recovery from the decisions need; use cleanup.policy=delete", name, policy))
+		}
+		if min < 0 {
+			continue
+		}
+		if ms, err := strconv.ParseInt(vals["retention.ms"], 10, 64); err == nil && ms >= 0 && time.Duration(ms)*time.Millisecond < min {
+			problems = append(problems, fmt.Errorf("topic %q keeps records for %s (retention.ms=%d), less than the %s required (--min-decision-retention: the interval between PostgreSQL backups): a database restored from an older backup could not be rebuilt from the decisions",
+				name, time.Duration(ms)*time.Millisecond, ms, min))
+		}
+		if b, err := strconv.ParseInt(vals["retention.bytes"], 10, 64); err == nil && b >= 0 {
+			problems = append(problems, fmt.Errorf("topic %q has retention.bytes=%d: a size limit deletes records before retention.ms says; set it to -1", name, b))
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("processor: the decisions topics do not keep what recovery needs: %w", errors.Join(problems...))
+	}
+	return nil
+}

@@ -3,6 +3,7 @@ package processor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -41,14 +42,27 @@ type worker struct {
 	pending   atomic.Int64                  // deadlines.len(), for other goroutines
 	published atomic.Pointer[sink.Position] // pos, for other goroutines
 
+	// adopted: claimed from a processor cut from the partition's shard
+	// (adopt.go), not assigned here by the consumer group; fed by the
+	// adoption client kc. It stops when fenced: its holder took it back.
+	adopted bool
+	kc      *kgo.Client
+
 	mu       sync.Mutex
 	inbox    []*kgo.Record
+	seen     map[string]int64 // the highest offset pushed, per topic
 	paused   bool
 	hwm      map[string]int64
 	stopping bool
 	fenced   bool
 	cause    error   // why a fenced worker is not re-claimed yet
 	next     *worker // the successor a fenced worker handed its partition to
+	// released: its shard does not answer this processor, which handed
+	// the shard's partitions off (release.go); it decides nothing, keeps
+	// what it fetched, and is claimed again once the shard is back.
+	released  bool
+	releasedC chan struct{}      // closed at release
+	attempt   context.CancelFunc // cancels the commit attempt in flight
 
 	wake   chan struct{}
 	ctx    context.Context // cancelled to abort an in-flight batch
@@ -56,7 +70,10 @@ type worker struct {
 	done   chan struct{}
 }
 
-var errStopped = errors.New("processor: worker stopped")
+var (
+	errStopped  = errors.New("processor: worker stopped")
+	errReleased = errors.New("processor: the partition's shard is handed off by this processor")
+)
 
 // maxDuePerBatch bounds the deadlines applied in one batch.
 const maxDuePerBatch = 5000
@@ -68,8 +85,9 @@ func newWorker(p *Processor, c sink.Claim) *worker {
 		log:       p.log.With().Int32("partition", c.Partition).Int64("epoch", c.Epoch).Str("shard", p.shards.For(c.Partition).Shard().Name).Logger(),
 		store:     p.shards.For(c.Partition),
 		pos:       sink.Position{ProposalsOffset: c.ProposalsOffset, GrantsOffset: c.GrantsOffset, NextSeq: c.NextSeq},
-		deadlines: newDeadlineQueue(), hwm: map[string]int64{},
-		wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel, done: make(chan struct{}),
+		deadlines: newDeadlineQueue(), hwm: map[string]int64{}, seen: map[string]int64{},
+		releasedC: make(chan struct{}),
+		wake:      make(chan struct{}, 1), ctx: ctx, cancel: cancel, done: make(chan struct{}),
 	}
 	pos := w.pos
 	w.published.Store(&pos)
@@ -81,11 +99,34 @@ func (w *worker) position() sink.Position { return *w.published.Load() }
 
 func (w *worker) highWater() int { return 4 * w.p.cfg.MaxBatch }
 
+// client is the Kafka client that fetches the partition: the group
+// session's, or the adoption client.
+func (w *worker) client() *kgo.Client {
+	if w.kc != nil {
+		return w.kc
+	}
+	return w.p.client
+}
+
 // push hands the worker fetched records; it never blocks. Past the high
 // water mark the partition's fetching pauses until the worker catches up.
+// A record at or below an offset already pushed is dropped: a fetch
+// buffered before the partition's consumption was restarted elsewhere
+// (an adoption's) must not put records twice, or out of order, in the
+// inbox.
 func (w *worker) push(records []*kgo.Record, topic string, hwm int64) {
 	w.mu.Lock()
-	w.inbox = append(w.inbox, records...)
+	seen, ok := w.seen[topic]
+	for _, r := range records {
+		if ok && r.Offset <= seen {
+			continue
+		}
+		w.inbox = append(w.inbox, r)
+		seen, ok = r.Offset, true
+	}
+	if ok {
+		w.seen[topic] = seen
+	}
 	w.hwm[topic] = hwm
 	pause := !w.paused && len(w.inbox) >= w.highWater()
 	if pause {
@@ -93,7 +134,7 @@ func (w *worker) push(records []*kgo.Record, topic string, hwm int64) {
 	}
 	w.mu.Unlock()
 	if pause {
-		w.p.client.PauseFetchPartitions(w.p.topicPartitions(w.partition))
+		w.client().PauseFetchPartitions(w.p.topicPartitions(w.partition))
 	}
 	w.poke()
 }
@@ -117,7 +158,7 @@ func (w *worker) take(max int) []*kgo.Record {
 	}
 	w.mu.Unlock()
 	if resume {
-		w.p.client.ResumeFetchPartitions(w.p.topicPartitions(w.partition))
+		w.client().ResumeFetchPartitions(w.p.topicPartitions(w.partition))
 	}
 	return batch
 }
@@ -154,9 +195,18 @@ func (w *worker) run() {
 	defer close(w.done)
 	defer w.p.workerExited(w)
 	if err := w.loadDeadlines(); err != nil {
+		if errors.Is(err, errReleased) {
+			w.p.awaitTakeBack(w)
+		}
 		return
 	}
 	clk := w.p.cfg.Test.Clock
+	var checkC <-chan time.Time
+	if every := w.p.cfg.RewindCheckInterval; every > 0 {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		checkC = t.C
+	}
 	for {
 		var timer clock.Timer
 		var timerC <-chan time.Time
@@ -164,10 +214,13 @@ func (w *worker) run() {
 			timer = clk.NewTimer(max(at.Sub(clk.Now()), 0))
 			timerC = timer.C()
 		}
+		checkNow := false
 		select {
 		case <-w.ctx.Done():
 		case <-w.wake:
 		case <-timerC:
+		case <-checkC:
+			checkNow = true
 		}
 		if timer != nil {
 			timer.Stop()
@@ -175,10 +228,22 @@ func (w *worker) run() {
 		if w.ctx.Err() != nil {
 			return
 		}
+		if w.isReleased() {
+			w.p.awaitTakeBack(w)
+			return
+		}
+		if checkNow && !w.stillInStep() {
+			return
+		}
 		for !w.isStopping() {
 			worked, err := w.step()
 			if err != nil {
-				if errors.Is(err, sink.ErrFenced) {
+				switch {
+				case errors.Is(err, errReleased):
+					w.p.awaitTakeBack(w)
+				case errors.Is(err, sink.ErrFenced) && w.adopted:
+					w.log.Info().Msg("adopted partition claimed by another processor (its holder is back, or the group assigned it): stopping")
+				case errors.Is(err, sink.ErrFenced):
 					w.p.recoverFenced(w)
 				}
 				return
@@ -190,6 +255,31 @@ func (w *worker) run() {
 		if w.isStopping() {
 			return
 		}
+	}
+}
+
+// stillInStep reads the partition's tail back (rewind.go). A partition
+// whose database went back in time under its worker stops being decided:
+// the worker ends, and its processor joins the group again so that the
+// partition is claimed afresh — not before it is recovered — and fetched
+// again from what PostgreSQL stores.
+func (w *worker) stillInStep() bool {
+	err := w.p.checkInStep(w.ctx, w.partition, w.epoch)
+	switch {
+	case err == nil, errors.Is(err, errEpochMoved):
+		return true // a moved epoch: the next batch is fenced and finds out why
+	case errors.Is(err, ErrRewound):
+		w.p.reportRewound(err)
+		w.mu.Lock()
+		w.fenced, w.cause = true, err
+		w.mu.Unlock()
+		go w.p.restartSession(fmt.Sprintf("partition %d: PostgreSQL went back in time", w.partition))
+		return false
+	default:
+		if w.ctx.Err() == nil {
+			w.log.Warn().Err(err).Msg("periodic check against the decisions topic failed; trying again at the next")
+		}
+		return true
 	}
 }
 
@@ -207,8 +297,14 @@ func (w *worker) loadDeadlines() error {
 		if w.ctx.Err() != nil {
 			return w.ctx.Err()
 		}
+		if w.isReleased() {
+			return errReleased
+		}
 		w.log.Error().Err(err).Msg("cannot load pending deadlines; retrying")
-		if !sleepCtx(w.ctx, backoff) {
+		if !w.sleepUnlessReleased(backoff) {
+			if w.isReleased() {
+				return errReleased
+			}
 			return w.ctx.Err()
 		}
 		backoff = min(backoff*2, 5*time.Second)
@@ -249,7 +345,7 @@ func (w *worker) step() (bool, error) {
 	// commit when it goes on, whatever happened meanwhile (S-08a).
 	_ = failpoint.Inject(w.ctx, failpoint.BeforeBatch)
 	err := w.commitIsolating(items, due, now)
-	if errors.Is(err, sink.ErrFenced) {
+	if errors.Is(err, sink.ErrFenced) || errors.Is(err, errReleased) {
 		w.unshift(recs) // a successor re-claiming the partition decides them
 	}
 	return true, err
@@ -406,7 +502,12 @@ func (w *worker) commit(items []item, due []lifecycle.AuthKey, now time.Time) er
 	backoff := 50 * time.Millisecond
 	for {
 		start := time.Now()
-		res, err := w.p.commitBatch(w.ctx, w.store, b)
+		actx, ok := w.beginAttempt()
+		if !ok {
+			return errReleased
+		}
+		res, err := w.p.commitBatch(actx, w.store, b)
+		w.endAttempt()
 		w.countRetries(res.Retries)
 		if err == nil {
 			span.SetAttributes(attribute.Int("mandated.decisions", len(decisions)), attribute.Int("mandated.attempts", res.Attempts))
@@ -432,13 +533,22 @@ func (w *worker) commit(items []item, due []lifecycle.AuthKey, now time.Time) er
 			return err
 		case w.ctx.Err() != nil:
 			return errStopped
+		case w.isReleased():
+			// Handed off: the batch is abandoned, and whoever claims the
+			// partition next resumes from the stored position, which a
+			// COMMIT that did reach PostgreSQL advanced (the claim waits
+			// for the partition row it holds).
+			return errReleased
 		}
 		// The database is unreachable or the batch kept conflicting: keep
 		// the batch and try again. The outcome of the last COMMIT may be
 		// unknown, which the sink resolves by reading the position back.
 		b.Retry = true
 		w.log.Error().Err(err).Dur("backoff", backoff).Msg("batch commit failed; retrying")
-		if !sleepCtx(w.ctx, backoff) {
+		if !w.sleepUnlessReleased(backoff) {
+			if w.isReleased() {
+				return errReleased
+			}
 			return errStopped
 		}
 		backoff = min(backoff*2, 5*time.Second)
@@ -637,6 +747,68 @@ func deadLetterRow(st *lifecycle.State, partition int32, epoch int64, it item, n
 		Partition: partition, Seq: seq, Epoch: epoch, Kind: outbox.KindDeadLetter,
 		Key: capped(it.rec.Key), Payload: capped(it.rec.Value), Reason: string(it.rej.Reason), Detail: it.rej.Detail,
 		SourceTopic: it.rec.Topic, SourcePartition: it.rec.Partition, SourceOffset: it.rec.Offset, CreatedAt: now,
+	}
+}
+
+// beginAttempt returns the context of one commit attempt, which a release
+// cancels; false once the worker is released.
+func (w *worker) beginAttempt() (context.Context, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.released {
+		return nil, false
+	}
+	ctx, cancel := context.WithCancel(w.ctx)
+	w.attempt = cancel
+	return ctx, true
+}
+
+func (w *worker) endAttempt() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.attempt != nil {
+		w.attempt()
+		w.attempt = nil
+	}
+}
+
+// release stops the worker deciding, at once (its commit attempt in
+// flight is cancelled), without ending it: see awaitTakeBack. false if it
+// was released, stopping or adopted already.
+func (w *worker) release() bool {
+	w.mu.Lock()
+	if w.released || w.stopping || w.adopted {
+		w.mu.Unlock()
+		return false
+	}
+	w.released = true
+	close(w.releasedC)
+	if w.attempt != nil {
+		w.attempt()
+	}
+	w.mu.Unlock()
+	w.poke()
+	return true
+}
+
+func (w *worker) isReleased() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.released
+}
+
+// sleepUnlessReleased waits d; false if the worker was stopped or
+// released meanwhile.
+func (w *worker) sleepUnlessReleased(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-w.ctx.Done():
+		return false
+	case <-w.releasedC:
+		return false
+	case <-t.C:
+		return true
 	}
 }
 

@@ -177,6 +177,12 @@ func sameOutsideMoves(stored, want []int32, moves map[int32]Move) bool {
 // batch transaction holding the partition row (paused, partitioned), the
 // claim waits TakeoverGrace and then terminates that session.
 func (s *Sink) Claim(ctx context.Context, partition int32, owner string) (Claim, error) {
+	return s.claim(ctx, partition, owner, nil)
+}
+
+// claim is Claim; with adopt, only if adopt's check passes inside the
+// claim's transaction (Adopt).
+func (s *Sink) claim(ctx context.Context, partition int32, owner string, adopt func(context.Context, pgx.Tx) error) (Claim, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.ClaimTimeout)
 	defer cancel()
 	if err := s.setUpLate(ctx); err != nil {
@@ -210,6 +216,11 @@ func (s *Sink) Claim(ctx context.Context, partition int32, owner string) (Claim,
 			}
 			if err := checkPartitionCount(ctx, tx, count); err != nil {
 				return err
+			}
+			if adopt != nil {
+				if err := adopt(ctx, tx); err != nil {
+					return err
+				}
 			}
 			return tx.QueryRow(ctx, `INSERT INTO mandated_partitions (partition, epoch, owner) VALUES ($1, 1, $2)
 				ON CONFLICT (partition) DO UPDATE

@@ -233,18 +233,30 @@ func (sh *Shards) InDoubtStats(ctx context.Context, partitions []int32, now time
 		s := sh.For(p)
 		by[s] = append(by[s], p)
 	}
-	var total int64
-	var oldest time.Duration
-	var errs []error
+	// The shards concurrently: one that does not answer holds only its own.
+	var (
+		total  int64
+		oldest time.Duration
+		errs   []error
+		mu     sync.Mutex
+		wg     sync.WaitGroup
+	)
 	for s, ps := range by {
-		n, o, err := s.InDoubtStats(ctx, ps, now)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("shard %s: %w", s.shard.Name, err))
-			continue
-		}
-		total += n
-		oldest = max(oldest, o)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n, o, err := s.InDoubtStats(ctx, ps, now)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, fmt.Errorf("shard %s: %w", s.shard.Name, err))
+				return
+			}
+			total += n
+			oldest = max(oldest, o)
+		}()
 	}
+	wg.Wait()
 	return total, oldest, errors.Join(errs...)
 }
 

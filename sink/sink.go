@@ -72,10 +72,25 @@ func open(ctx context.Context, cfg Config, shard Shard, control *Sink, log zerol
 		return nil, fmt.Errorf("sink: connect: %w", err)
 	}
 	s := &Sink{cfg: cfg, pool: pool, log: log, retention: map[string]time.Duration{}, shard: shard, control: control}
+	// Another shard's outage must not keep this process from deciding the
+	// partitions of the shards that answer: a shard other than the control
+	// shard that does not answer (refused, or stopped: then nothing answers
+	// at all, so the check has a deadline) is set up by its first claim.
+	answers := func() error {
+		pctx, cancel := context.WithTimeout(ctx, shardAnswerTimeout)
+		defer cancel()
+		return pool.Ping(pctx)
+	}
+	if control != nil {
+		if err := answers(); err != nil {
+			log.Error().Err(err).Str("partitions", shard.Range()).
+				Msg("shard does not answer at start: its partitions wait until it does; the others start now")
+			s.lateSetup = true
+			return s, nil
+		}
+	}
 	if err := s.migrate(ctx); err != nil {
-		if control != nil && pool.Ping(ctx) != nil {
-			// Another shard's outage must not keep this process from
-			// deciding the partitions of the shards that answer.
+		if control != nil && answers() != nil {
 			log.Error().Err(err).Str("partitions", shard.Range()).
 				Msg("shard does not answer at start: its partitions wait until it does; the others start now")
 			s.lateSetup = true
@@ -99,6 +114,10 @@ func open(ctx context.Context, cfg Config, shard Shard, control *Sink, log zerol
 	return s, nil
 }
 
+// shardAnswerTimeout is how long a shard other than the control shard has
+// to answer at start before its setup waits for its first claim.
+const shardAnswerTimeout = 5 * time.Second
+
 func (s *Sink) migrate(ctx context.Context) error {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
@@ -113,6 +132,14 @@ func (s *Sink) migrate(ctx context.Context) error {
 		s.log.Info().Ints("versions", applied).Msg("schema migrations applied")
 	}
 	return nil
+}
+
+// SetUpLate reports whether the shard did not answer at start and waits
+// for its first claim to be migrated and checked (setUpLate).
+func (s *Sink) SetUpLate() bool {
+	s.setupMu.Lock()
+	defer s.setupMu.Unlock()
+	return s.lateSetup
 }
 
 // setUpLate migrates a shard that did not answer at start and checks its

@@ -5,26 +5,46 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/mandated/mandated/wire"
 )
 
-// rebuild is the state the decisions alone describe. It reads only the
-// views decisions carry (an authorization's state and version, a mandate's
-// counters), never their outcome or reason, so decisions with outcomes and
-// reasons it has never heard of rebuild the same way.
+// rebuild is the state the decisions alone describe: the one
+// implementation of "state from the log", which verify compares with
+// PostgreSQL and Recover writes to it. It reads only the views decisions
+// carry (an authorization's state and version, a mandate's counters and
+// terms) and what they bound, never their outcome or reason, so decisions
+// with outcomes and reasons it has never heard of rebuild the same way.
 type rebuild struct {
 	mandates map[string]*rbMandate
 	history  []Drift
 	toCheck  map[string]string // mandate key → the first decision of the current group that changed it
 	order    []string
+
+	// Recovering: what the decisions bound, in order, and the last input
+	// offset each input topic's records were answered up to.
+	recovering bool
+	keys       []binding
+	intents    []binding
+	sources    map[string]int64
+}
+
+// binding is a decision that bound a key or an intent.
+type binding struct {
+	d       *wire.Decision
+	key     *wire.KeyBinding
+	intent  *wire.IntentBinding
+	mandate string
 }
 
 type rbMandate struct {
-	view     wire.MandateView
-	viewAt   string // the decision that last showed its counters
-	complete bool   // its history starts at its first grant: counters can be added up from its authorizations
-	auths    map[string]*rbAuth
+	view      wire.MandateView
+	viewAt    string    // the decision that last showed its counters
+	viewTime  time.Time // when the decision that last changed its version was decided
+	firstTime time.Time // when the first decision that showed it was decided
+	complete  bool      // its history starts at its first grant: counters can be added up from its authorizations
+	auths     map[string]*rbAuth
 }
 
 type rbAuth struct {
@@ -33,10 +53,20 @@ type rbAuth struct {
 	amount        int64
 	spentOnCancel bool // cancelled under a mandate that spends on cancel
 	at            string
+	view          wire.AuthorizationView // the latest view
+	first         string                 // the first decision that showed it (the reservation)
 }
 
 func newRebuild() *rebuild {
-	return &rebuild{mandates: map[string]*rbMandate{}, toCheck: map[string]string{}}
+	return &rebuild{mandates: map[string]*rbMandate{}, toCheck: map[string]string{}, sources: map[string]int64{}}
+}
+
+// source notes that an input record was answered (a decision's source or
+// a dead letter's).
+func (rb *rebuild) source(src *wire.Source) {
+	if src != nil {
+		rb.sources[src.Topic] = max(rb.sources[src.Topic], src.Offset+1)
+	}
 }
 
 // apply folds one decision into the rebuild.
@@ -48,9 +78,18 @@ func (rb *rebuild) apply(d *wire.Decision) {
 	if d.Source != nil || d.Command == wire.CommandTimer {
 		rb.flushChecks()
 	}
+	if rb.recovering {
+		rb.source(d.Source)
+		if b := d.Binds; b != nil && b.Idempotency != nil {
+			rb.keys = append(rb.keys, binding{d: d, key: b.Idempotency, mandate: d.MandateKey})
+		}
+		if b := d.Binds; b != nil && b.Intent != nil {
+			rb.intents = append(rb.intents, binding{d: d, intent: b.Intent, mandate: d.MandateKey})
+		}
+	}
 	m := rb.mandates[d.MandateKey]
 	if m == nil && (d.Mandate != nil || d.Authorization != nil) {
-		m = &rbMandate{auths: map[string]*rbAuth{}}
+		m = &rbMandate{auths: map[string]*rbAuth{}, firstTime: d.DecidedAt}
 		m.complete = d.Mandate != nil && d.Mandate.Version == 1 && d.Outcome == wire.OutcomeGranted
 		rb.mandates[d.MandateKey] = m
 	}
@@ -60,7 +99,7 @@ func (rb *rebuild) apply(d *wire.Decision) {
 	if v := d.Authorization; v != nil {
 		a := m.auths[v.ID]
 		if a == nil {
-			a = &rbAuth{}
+			a = &rbAuth{first: d.DecisionID}
 			m.auths[v.ID] = a
 		}
 		if v.Version >= a.version {
@@ -68,9 +107,13 @@ func (rb *rebuild) apply(d *wire.Decision) {
 				a.spentOnCancel = !d.Mandate.ReleaseCancel
 			}
 			a.state, a.version, a.amount, a.at = v.State, v.Version, v.Amount.MinorUnits, d.DecisionID
+			a.view = *v
 		}
 	}
 	if d.Mandate != nil && d.Mandate.Version >= m.view.Version {
+		if d.Mandate.Version > m.view.Version {
+			m.viewTime = d.DecidedAt
+		}
 		m.view, m.viewAt = *d.Mandate, d.DecisionID
 		if _, ok := rb.toCheck[d.MandateKey]; !ok {
 			rb.toCheck[d.MandateKey] = d.DecisionID

@@ -3,7 +3,12 @@
 // (read_committed), checks the hash chain and the sequence, rebuilds every
 // mandate's counters and every authorization's state from the decisions
 // alone, and compares them with PostgreSQL's state at the same point of the
-// history. It only reads: it never writes to Kafka or PostgreSQL.
+// history. Run only reads: it never writes to Kafka or PostgreSQL.
+//
+// Recover (recover.go) is the one exception, for a database that went back
+// in time: it rebuilds the state the decisions past PostgreSQL's head show,
+// with the same rebuild, and writes it (mandatectl recover). It never
+// writes to Kafka.
 //
 // The auditor stands above what it audits (test/layout): it imports sink and
 // outbox (and the floors below them), and neither may import it. It must

@@ -96,6 +96,9 @@ type Decision struct {
 	DecidedAt       time.Time          `json:"decided_at"`
 	SentAt          *time.Time         `json:"sent_at,omitempty"`   // the command's sent_at, echoed for latency
 	SignedBy        string             `json:"signed_by,omitempty"` // the grantor key whose signature was verified
+	// Binds is what the decision bound for later commands: an idempotency
+	// key, an intent (recovery rebuilds their records from it).
+	Binds *Binding `json:"binds,omitempty"`
 	// PrevHash and Hash chain the partition's decisions (see chain.go):
 	// set by the sink when it writes the outbox row, always the last two
 	// members of the published JSON. Fields added to Decision go above.
@@ -119,10 +122,16 @@ type AuthorizationView struct {
 	Executor          string     `json:"executor,omitempty"`        // the begin that won
 	ExecutionToken    int64      `json:"execution_token,omitempty"` // its fencing token
 	// Result is the provider's answer the winning commit recorded (a JSON object).
-	Result    json.RawMessage `json:"result,omitempty"`
-	ForkOf    string          `json:"fork_of,omitempty"` // the authorization of the same intent it superseded
-	CreatedAt time.Time       `json:"created_at"`
-	UpdatedAt time.Time       `json:"updated_at"`
+	Result json.RawMessage `json:"result,omitempty"`
+	ForkOf string          `json:"fork_of,omitempty"` // the authorization of the same intent it superseded
+	// Detail is what the command that last moved it said (a cancel's
+	// reason or proof, report_unknown's detail, resolve's evidence).
+	Detail string `json:"detail,omitempty"`
+	// Resolved is set once reconciliation settled the execution: the
+	// executor's token acts no more.
+	Resolved  bool      `json:"resolved,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
 // MandateView is a mandate as a decision shows it.
@@ -144,6 +153,46 @@ type MandateView struct {
 	AmountSpent   int64         `json:"amount_spent_minor_units"`
 	ValidUntil    *time.Time    `json:"valid_until,omitempty"`
 	ReleaseCancel bool          `json:"release_on_cancel"`
+	// The rest of the grant's terms and the mandate's running state, so
+	// that the decisions alone rebuild the mandate (mandatectl recover).
+	// Decisions written before they were added lack them.
+	Operations       []string   `json:"operations,omitempty"`
+	Targets          []string   `json:"targets,omitempty"` // empty: any target
+	ValidFrom        *time.Time `json:"valid_from,omitempty"`
+	HoldSeconds      int64      `json:"hold_seconds,omitempty"`
+	ExecutionTimeout int64      `json:"execution_timeout_seconds,omitempty"`
+	Executions       int64      `json:"executions,omitempty"`            // the last execution token handed out
+	LastAuthID       string     `json:"last_authorization_id,omitempty"` // the authorization that last took a use
+}
+
+// Binding is what a decision bound for later commands. An idempotency key
+// is bound by the first answer about authority for it (its key is the
+// decision's idempotency_key); an intent by the proposal that reserved its
+// first authorization, and moved to each fork.
+type Binding struct {
+	Idempotency *KeyBinding    `json:"idempotency,omitempty"`
+	Intent      *IntentBinding `json:"intent,omitempty"`
+}
+
+// KeyBinding is a bound idempotency key: its scope's operation (the
+// proposal's, or grantor:grant / grantor:revoke), the fingerprint of the
+// command's material fields (lower-case hex SHA-256) that a reuse must
+// match, and when it may be purged.
+type KeyBinding struct {
+	Operation   string    `json:"operation"`
+	Fingerprint string    `json:"fingerprint"`
+	ExpiresAt   time.Time `json:"expires_at"`
+}
+
+// IntentBinding is a bound intent: its scope (the proposal's operation and
+// the intent's facts) and when it may be purged (never while its latest
+// authorization is live).
+type IntentBinding struct {
+	Operation string    `json:"operation"`
+	RunID     string    `json:"run_id"`
+	Step      string    `json:"step"`
+	Action    string    `json:"action"`
+	ExpiresAt time.Time `json:"expires_at"`
 }
 
 // Source is the Kafka record a decision answers.

@@ -65,6 +65,21 @@ func (d *Decision) Encode() ([]byte, error) {
 		}
 		b = append(b, `,"release_on_cancel":`...)
 		b = strconv.AppendBool(b, m.ReleaseCancel)
+		b = appendStrings(b, "operations", m.Operations)
+		b = appendStrings(b, "targets", m.Targets)
+		if m.ValidFrom != nil {
+			b = appendTimeField(b, "valid_from", *m.ValidFrom)
+		}
+		if m.HoldSeconds != 0 {
+			b = appendIntField(b, "hold_seconds", m.HoldSeconds)
+		}
+		if m.ExecutionTimeout != 0 {
+			b = appendIntField(b, "execution_timeout_seconds", m.ExecutionTimeout)
+		}
+		if m.Executions != 0 {
+			b = appendIntField(b, "executions", m.Executions)
+		}
+		b = appendStrField(b, "last_authorization_id", m.LastAuthID, true)
 		b = append(b, '}')
 	}
 	if d.HomePartition != nil {
@@ -82,6 +97,29 @@ func (d *Decision) Encode() ([]byte, error) {
 		b = appendTimeField(b, "sent_at", *d.SentAt)
 	}
 	b = appendStrField(b, "signed_by", d.SignedBy, true)
+	if bd := d.Binds; bd != nil {
+		b = append(b, `,"binds":{`...)
+		if k := bd.Idempotency; k != nil {
+			b = append(b, `"idempotency":{"operation":`...)
+			b = appendString(b, k.Operation)
+			b = appendStrField(b, "fingerprint", k.Fingerprint, false)
+			b = appendTimeField(b, "expires_at", k.ExpiresAt)
+			b = append(b, '}')
+		}
+		if in := bd.Intent; in != nil {
+			if bd.Idempotency != nil {
+				b = append(b, ',')
+			}
+			b = append(b, `"intent":{"operation":`...)
+			b = appendString(b, in.Operation)
+			b = appendStrField(b, "run_id", in.RunID, false)
+			b = appendStrField(b, "step", in.Step, false)
+			b = appendStrField(b, "action", in.Action, false)
+			b = appendTimeField(b, "expires_at", in.ExpiresAt)
+			b = append(b, '}')
+		}
+		b = append(b, '}')
+	}
 	// The chain members come last, in this order: Seal appends them to an
 	// encoding without them, and the canonical form strips the hash member.
 	b = appendStrField(b, "prev_hash", d.PrevHash, true)
@@ -118,9 +156,30 @@ func appendAuthorization(b []byte, a *AuthorizationView) []byte {
 		b = append(b, a.Result...)
 	}
 	b = appendStrField(b, "fork_of", a.ForkOf, true)
+	b = appendStrField(b, "detail", a.Detail, true)
+	if a.Resolved {
+		b = append(b, `,"resolved":true`...)
+	}
 	b = appendTimeField(b, "created_at", a.CreatedAt)
 	b = appendTimeField(b, "updated_at", a.UpdatedAt)
 	return append(b, '}')
+}
+
+// appendStrings writes a string array member, omitted when empty.
+func appendStrings(b []byte, name string, vs []string) []byte {
+	if len(vs) == 0 {
+		return b
+	}
+	b = append(b, ',', '"')
+	b = append(b, name...)
+	b = append(b, '"', ':', '[')
+	for i, v := range vs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendString(b, v)
+	}
+	return append(b, ']')
 }
 
 func appendIntField(b []byte, name string, v int64) []byte {

@@ -39,6 +39,9 @@ func randomDecision(r *rand.Rand) *Decision {
 			}
 			d.Authorization.Executor, d.Authorization.ExecutionToken, d.Authorization.Result = text(), r.Int64N(100)+1, res
 		}
+		if r.IntN(2) == 0 {
+			d.Authorization.ForkOf, d.Authorization.Detail, d.Authorization.Resolved = text(), text(), r.IntN(2) == 0
+		}
 	}
 	if r.IntN(3) == 0 {
 		d.HeldBy = &AuthorizationView{ID: text(), State: StateReserved, Deadline: tm}
@@ -50,6 +53,19 @@ func randomDecision(r *rand.Rand) *Decision {
 			d.Mandate.TotalLimit = &tl
 			d.Mandate.ValidUntil = &tm
 		}
+		if r.IntN(2) == 0 {
+			d.Mandate.Operations, d.Mandate.Targets, d.Mandate.ValidFrom = []string{text(), text()}, []string{text()}, &tm
+			d.Mandate.HoldSeconds, d.Mandate.ExecutionTimeout, d.Mandate.Executions, d.Mandate.LastAuthID = 300, r.Int64N(1e6), r.Int64N(9), text()
+		}
+	}
+	switch r.IntN(4) {
+	case 1:
+		d.Binds = &Binding{Idempotency: &KeyBinding{Operation: text(), Fingerprint: text(), ExpiresAt: tm}}
+	case 2:
+		d.Binds = &Binding{Intent: &IntentBinding{Operation: text(), RunID: text(), Step: text(), Action: text(), ExpiresAt: tm}}
+	case 3:
+		d.Binds = &Binding{Idempotency: &KeyBinding{Operation: text(), Fingerprint: text(), ExpiresAt: tm},
+			Intent: &IntentBinding{Operation: text(), RunID: text(), Step: text(), Action: text(), ExpiresAt: tm}}
 	}
 	if r.IntN(3) == 0 {
 		h := r.Int32()

@@ -160,6 +160,8 @@ func PlanACLs(roles ACLRoles, scope ACLScope) ([]ACL, error) {
 	for _, t := range []string{scope.DecisionsTopic, scope.DeadLetterTopic} {
 		topic("mandated", r.Mandated, kadm.OpWrite, t)
 		topic("mandated", r.Mandated, kadm.OpRead, t) // the relay resumes after what it finds there
+		// Start checks they can back a recovery: not compacted, retained long enough.
+		topic("mandated", r.Mandated, kadm.OpDescribeConfigs, t)
 	}
 	for _, p := range r.Mandated {
 		out = append(out,

@@ -144,6 +144,7 @@ func commands() map[string]command {
 		"grantor-keys":   {"grantor signing keys and each org's grant_signing (generate, add, revoke, list, require, relax)", groups[0], runGrantorKeys},
 		"shards":         {"move a partition to another shard; drop the copy a move left (move, drop-moved, moves)", groups[2], runShards},
 		"verify":         {"prove the decisions' hash chain and find drift from PostgreSQL", groups[2], runVerify},
+		"recover":        {"rebuild partitions whose database went back in time from the decisions topic", groups[2], runRecover},
 		"tokens":         {"create, revoke or list the HTTP gateway's per-org bearer tokens", groups[0], runTokens},
 		"repartition":    {"change the partition count (fenced, drained, one transaction; then the topics grow)", groups[2], runRepartition},
 	}

@@ -211,7 +211,10 @@ partitions and is an explicit migration, never a side effect.`,
 func runTopicsCheck(a *app, args []string) int {
 	f := a.newFlagSet("topics check", "[flags]",
 		`Check that the proposals, grants, decisions and dead-letter topics exist and
-share one partition count, as the daemon does at start, and show their
+share one partition count, and that the decisions and dead-letter topics
+keep what a recovery from the decisions needs (no compaction, no size limit,
+retention.ms at least --min-decision-retention: the interval between
+PostgreSQL backups), as the daemon does at start, and show their
 partitions, replication and retention. With --database-url, also check that
 the partition count is the one the database was set up with.`,
 		"mandatectl topics check",
@@ -223,6 +226,7 @@ the partition count is the one the database was set up with.`,
 	var db dbConn
 	db.register(f)
 	timeout := f.Duration("timeout", time.Minute, "bound on the check")
+	minRet := f.Duration("min-decision-retention", processor.MinDecisionRetentionDefault, "the least retention of the decisions and dead-letter topics (the daemon's flag of the same name)")
 	pos, code, ok := f.parse(args)
 	if !ok {
 		return code
@@ -243,6 +247,10 @@ the partition count is the one the database was set up with.`,
 	seeds, _ := kc.SeedBrokers()
 	n, err := processor.CheckTopics(ctx, seeds, opts, topics.proposals, topics.grants, topics.decisions, topics.deadLetter)
 	if err != nil {
+		a.errorf("topics check: %v", err)
+		return exitFailed
+	}
+	if err := processor.CheckDecisionRetention(ctx, seeds, opts, *minRet, topics.decisions, topics.deadLetter); err != nil {
 		a.errorf("topics check: %v", err)
 		return exitFailed
 	}

@@ -28,6 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/plugin/kprom"
 
@@ -62,6 +63,12 @@ type config struct {
 	instanceID           string
 	groupProtocol        string
 	dbHandoff            time.Duration
+	rewindCheck          time.Duration
+	minDecisionRetention time.Duration
+	tailCheck            time.Duration
+	shardHandoff         time.Duration
+	shardHandoffProbes   int
+	shardTakeBackProbes  int
 	maxBatch             int
 	groupCommit          bool
 	groupCommitsInFlight int
@@ -74,6 +81,7 @@ type config struct {
 	relayLinger          time.Duration
 	relayMinInterval     time.Duration
 	relayTxnPrefix       string
+	relayDBTimeout       time.Duration
 	httpAddr             string
 	shutdownTimeout      time.Duration
 	logFormat            string
@@ -101,7 +109,13 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.owner, "owner", "", "name of this instance in the partitions table (default --instance-id, else <hostname>-<pid>)")
 	fs.StringVar(&c.instanceID, "instance-id", "", "static group membership id, unique per instance (in Kubernetes the StatefulSet pod name): a restart within the session timeout moves no partition")
 	fs.StringVar(&c.groupProtocol, "group-protocol", processor.GroupProtocolDefault, "consumer (KIP-848, Kafka 4.0+: incremental, only moved partitions pause) or classic (eager range: every rebalance pauses every partition)")
+	fs.DurationVar(&c.rewindCheck, "rewind-check-interval", processor.RewindCheckIntervalDefault, "how often each partition's worker reads its tail back from the decisions topic to find a database that went back in time under it (every claim checks first); negative: only at claims")
+	fs.DurationVar(&c.minDecisionRetention, "min-decision-retention", processor.MinDecisionRetentionDefault, "the least retention.ms of the decisions and dead-letter topics (-1 in Kafka is forever): at least the interval between PostgreSQL backups, so that a restored database can be rebuilt from the decisions (mandatectl recover); start refuses less, compaction and retention.bytes; negative: check compaction only")
+	fs.DurationVar(&c.tailCheck, "relay-tail-check-interval", outbox.TailCheckIntervalDefault, "how often the relay reads its partitions' tails back to report records another producer wrote; negative: only when it resumes a partition")
 	fs.DurationVar(&c.dbHandoff, "db-unreachable-handoff", processor.DBUnreachableHandoffDefault, "leave the group after PostgreSQL has not answered this long (Kafka still does) so that others decide the partitions; rejoin when it answers; negative: never")
+	fs.DurationVar(&c.shardHandoff, "shard-handoff-after", processor.ShardHandoffAfterDefault, "with a shard map: hand the partitions of one shard off after it has not answered this process this long (while another shard does), for a process that reaches it to adopt; and adopt a partition whose holder a shard has not seen this long; negative: never")
+	fs.IntVar(&c.shardHandoffProbes, "shard-handoff-probes", processor.ShardHandoffProbesDefault, "failed probes in a row (over --shard-handoff-after at least) before one shard's partitions are handed off")
+	fs.IntVar(&c.shardTakeBackProbes, "shard-takeback-probes", processor.ShardTakeBackProbesDefault, "answered probes in a row before the partitions of a shard handed off are claimed back")
 	fs.IntVar(&c.maxBatch, "max-batch", processor.MaxBatchDefault, "most records of one partition decided in one batch")
 	fs.BoolVar(&c.groupCommit, "group-commit", false, "commit the ready batches of every owned partition of a shard in one PostgreSQL transaction (each under its own fence): less PostgreSQL CPU per decision, more latency under load; false: one transaction per partition batch")
 	fs.IntVar(&c.groupCommitsInFlight, "group-commits-in-flight", sink.GroupMaxInFlightDefault, "most group commits running at once per shard (batches handed over meanwhile wait and go together in the next)")
@@ -113,6 +127,7 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.relayTxnTimeout, "relay-transaction-timeout", outbox.TransactionTimeoutDefault, "Kafka transaction timeout of the relay")
 	fs.DurationVar(&c.relayLinger, "relay-linger", 0, "relay producer linger (the relay batches per transaction itself)")
 	fs.DurationVar(&c.relayMinInterval, "relay-min-transaction-interval", outbox.MinTxnIntervalDefault, "least time from the end of the relay's Kafka transaction to the start of the next (rows committed meanwhile join it); negative: none")
+	fs.DurationVar(&c.relayDBTimeout, "relay-database-timeout", outbox.DatabaseTimeoutDefault, "bound of every PostgreSQL call of the relay; a shard that misses it is skipped (its partitions' rows wait, the other shards' are published) and probed until it answers")
 	fs.StringVar(&c.relayTxnPrefix, "relay-transactional-id-prefix", outbox.TransactionalIDDefault, "prefix of the relay's transactional id (one per process: <prefix>.<decisions topic>.proc.<random>)")
 	fs.StringVar(&c.httpAddr, "http-addr", ":8080", "address of the /metrics, /healthz and /readyz server")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 30*time.Second, "bound on a graceful shutdown")
@@ -158,14 +173,16 @@ func (c *config) serviceConfig(log zerolog.Logger, reg prometheus.Registerer) (p
 			IdleInTxTimeout: c.idleInTxTimeout, TakeoverGrace: c.takeoverGrace, Retention: c.retention},
 		Shards: shards,
 		Processor: processor.Config{Brokers: brokers, KafkaOpts: kopts, ClientHooks: hooks, Group: c.group, Owner: c.owner,
-			InstanceID: c.instanceID, GroupProtocol: c.groupProtocol, DBUnreachableHandoff: c.dbHandoff,
+			InstanceID: c.instanceID, GroupProtocol: c.groupProtocol, DBUnreachableHandoff: c.dbHandoff, RewindCheckInterval: c.rewindCheck,
+			MinDecisionRetention: c.minDecisionRetention,
+			ShardHandoffAfter:    c.shardHandoff, ShardHandoffProbes: c.shardHandoffProbes, ShardTakeBackProbes: c.shardTakeBackProbes,
 			ProposalsTopic: c.proposalsTopic, GrantsTopic: c.grantsTopic, DecisionsTopic: c.decisionsTopic,
 			DeadLetterTopic: c.deadLetterTopic, MaxBatch: c.maxBatch, GroupCommit: c.groupCommit, GroupCommitsInFlight: c.groupCommitsInFlight, MaxRecordBytes: c.maxRecordBytes,
 			SessionTimeout: c.sessionTimeout, RebalanceTimeout: c.rebalanceTimeout, GrantorKeyRefresh: c.grantorKeyTTL},
 		Relay: outbox.Config{Brokers: brokers, KafkaOpts: kopts, ClientHooks: hooks, DecisionsTopic: c.decisionsTopic,
 			DeadLetterTopic: c.deadLetterTopic, TransactionalIDPrefix: c.relayTxnPrefix, MaxRows: c.relayMaxRows,
-			IdlePoll: c.relayIdlePoll, TransactionTimeout: c.relayTxnTimeout, Linger: c.relayLinger,
-			MinTxnInterval: c.relayMinInterval},
+			IdlePoll: c.relayIdlePoll, TransactionTimeout: c.relayTxnTimeout, Linger: c.relayLinger, TailCheckInterval: c.tailCheck,
+			MinTxnInterval: c.relayMinInterval, DatabaseTimeout: c.relayDBTimeout},
 		Registerer: reg,
 	}
 	// Validate every component now, so a bad flag is named before anything connects.
@@ -250,10 +267,10 @@ func run(args []string) int {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	svc, ok := startWithRetry(cfg, log, state, sigs)
+	svc, code, ok := startWithRetry(cfg, log, state, sigs)
 	if !ok {
 		_ = srv.Close()
-		return 0
+		return code
 	}
 	for _, s := range svc.Shards.All() {
 		reg.MustRegister(sink.NewPoolCollector(s))
@@ -301,8 +318,10 @@ type serving struct {
 
 // startWithRetry starts the service, retrying with backoff while Kafka or
 // PostgreSQL are unreachable or the topics are not there yet; every failure
-// is logged and shown by /readyz. A signal abandons the start (false).
-func startWithRetry(cfg processor.ServiceConfig, log zerolog.Logger, state *serving, sigs <-chan os.Signal) (*processor.Service, bool) {
+// is logged and shown by /readyz. A signal abandons the start (false, exit
+// code 0); so does Kafka refusing mandated's credentials (exit code 1):
+// retrying the same password cannot help.
+func startWithRetry(cfg processor.ServiceConfig, log zerolog.Logger, state *serving, sigs <-chan os.Signal) (*processor.Service, int, bool) {
 	backoff := time.Second
 	for attempt := 1; ; attempt++ {
 		ctx, cancel := context.WithCancel(context.Background())
@@ -320,11 +339,15 @@ func startWithRetry(cfg processor.ServiceConfig, log zerolog.Logger, state *serv
 		cancel()
 		if err == nil {
 			state.svc.Store(svc)
-			return svc, true
+			return svc, 0, true
 		}
 		if canceled {
 			log.Info().Msg("signal during start-up: exiting")
-			return nil, false
+			return nil, 0, false
+		}
+		if errors.Is(err, kerr.SaslAuthenticationFailed) {
+			log.Error().Err(err).Msg("Kafka refused mandated's SASL credentials: exiting (check --kafka-sasl-user and the password)")
+			return nil, 1, false
 		}
 		msg := err.Error()
 		state.lastErr.Store(&msg)
@@ -332,7 +355,7 @@ func startWithRetry(cfg processor.ServiceConfig, log zerolog.Logger, state *serv
 		select {
 		case <-sigs:
 			log.Info().Msg("signal during start-up: exiting")
-			return nil, false
+			return nil, 0, false
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, 15*time.Second)

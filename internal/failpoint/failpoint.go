@@ -39,6 +39,8 @@ const (
 	BeforeClaim                 = "before_claim"                    // processor: a partition assigned, epoch not yet bumped
 	RelayAfterProduceBeforeMark = "relay_after_produce_before_mark" // relay: Kafka transaction committed, PostgreSQL not marked
 	RelayBeforeProduce          = "relay_before_produce"            // relay: rows read, nothing produced
+	RelayInTransaction          = "relay_in_transaction"            // relay: every record of the Kafka transaction produced, not committed
+	RelayInMark                 = "relay_in_mark"                   // relay: published sequences written in PostgreSQL, not committed
 
 	// mandatectl shards move (sink.MovePartition and the map file write):
 	// each is a point where an operator's tool can die.

@@ -276,6 +276,27 @@ func (c *Cluster) scrape() {
 	c.mu.Unlock()
 }
 
+// Readyz returns the /readyz answers of the running members, "name: body".
+func (c *Cluster) Readyz() []string {
+	c.mu.Lock()
+	var ps []*procs.Process
+	for _, m := range c.members {
+		if m.p != nil && !m.p.Exited() {
+			ps = append(ps, m.p)
+		}
+	}
+	c.mu.Unlock()
+	var out []string
+	for _, p := range ps {
+		code, body, err := p.Get("/readyz")
+		if err != nil {
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s: %d %s", p.Name, code, strings.TrimSpace(body)))
+	}
+	return out
+}
+
 // MaxLag returns the highest total consumer lag seen.
 func (c *Cluster) MaxLag() float64 {
 	c.mu.Lock()

@@ -17,5 +17,6 @@ type (
 var (
 	PrivateKafka    = testenv.PrivateKafka
 	PrivatePostgres = testenv.PrivatePostgres
+	PrivateStandby  = testenv.PrivateStandby
 	script          = testenv.Script
 )

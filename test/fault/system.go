@@ -27,6 +27,7 @@ type Options struct {
 	Seed          uint64 // 0: from MANDATED_FAULT_SEED or the clock
 	Nodes         int    // 1: a private broker; 3: a private three-node cluster; 0: the shared test broker
 	PrivatePG     bool   // a private PostgreSQL (needed to crash it)
+	PGProxy       bool   // mandated reaches the private PostgreSQL through a proxy (System.Proxy: a failover retargets it)
 	Partitions    int32  // default 4
 	Processors    int    // processes at start, default 2
 	MaxProcessors int    // default 3
@@ -50,6 +51,7 @@ type Options struct {
 type System struct {
 	Kafka          *Kafka
 	Postgres       *Postgres
+	Proxy          *testenv.Proxy // with Options.PGProxy
 	Brokers        []string
 	DatabaseURL    string
 	Spec           processor.TopicSpec
@@ -124,6 +126,10 @@ func Run(t *testing.T, o Options) *Result {
 			t.Fatal(err)
 		}
 		s.DatabaseURL = url
+		if o.PGProxy {
+			s.Proxy = testenv.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", s.Postgres.Port()))
+			s.DatabaseURL = s.Proxy.URL(url)
+		}
 	} else {
 		s.DatabaseURL = testenv.Database(t)
 	}
@@ -275,7 +281,15 @@ func (s *System) pending(ctx context.Context) string {
 		}
 	}
 	if n := s.Workload.PendingDoubt(); n > 0 {
-		return fmt.Sprintf("%d in-doubt authorizations not yet resolved", n)
+		// What PostgreSQL holds for them tells a resolve never decided from a
+		// decision decided but not seen by the workload.
+		ids := s.Workload.PendingDoubtIDs(5)
+		var detail string
+		_ = s.admin(qctx, func(c *pgx.Conn) error {
+			return c.QueryRow(qctx, `SELECT coalesce(string_agg(format('%s %s v%s token %s updated %s', authorization_id, state, version,
+				execution_token, updated_at), '; '), 'none in PostgreSQL') FROM authorizations WHERE authorization_id = ANY($1)`, ids).Scan(&detail)
+		})
+		return fmt.Sprintf("%d in-doubt authorizations not yet resolved (the workload has seen no resolve decision); in PostgreSQL: %s", n, detail)
 	}
 	var open int
 	err := s.admin(qctx, func(c *pgx.Conn) error {

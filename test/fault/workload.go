@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -597,6 +598,19 @@ func (w *Workload) PendingDoubt() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return len(w.inDoubt)
+}
+
+// PendingDoubtIDs returns up to n of the in-doubt authorizations awaiting
+// resolution, so that a drain that times out can say which.
+func (w *Workload) PendingDoubtIDs(n int) []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var ids []string
+	for id := range w.inDoubt {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids[:min(n, len(ids))]
 }
 
 // Answers returns what callers saw.

@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # postgres.sh: a throwaway PostgreSQL cluster for tests (initdb + pg_ctl).
 #
-#   postgres.sh up|down|stop-immediate|start|status|url|psql [psql args...]
+#   postgres.sh up|down|stop-immediate|start|pause|resume|status|url|psql [psql args...]
+#   postgres.sh basebackup DIR|restore DIR|promote|detach
+#
+# pause SIGSTOPs the postmaster and every process it started (backends, checkpointer,
+# walwriter...): the server is stopped, not killed, so a client's open connections and
+# new ones hang instead of being refused, as with a frozen VM or a network blackhole.
+# resume SIGCONTs them all.
 #
 # Defaults: 127.0.0.1:55432, user postgres, trust auth, state in .infra/pg/ (data/,
 # postgres.log, the Unix socket). PG_PORT and PG_DIR override both; another port
@@ -14,7 +20,16 @@
 # When initdb is on neither PATH nor /usr/lib/postgresql/*/bin, Debian's postgresql
 # package is installed with apt-get (root only).
 #
-# Environment: PG_PORT, PG_DIR, PG_START_TIMEOUT (s, 60).
+# Backups and replicas (the fault suite's "database that went back in time"): the
+# server takes replication connections as initdb sets it up (wal_level replica,
+# pg_hba's replication lines, trust on loopback). basebackup DIR writes a base backup
+# (pg_basebackup, WAL streamed) to DIR/data; restore DIR crash-stops the server,
+# replaces its data with that backup and starts it: a restore from a backup. With
+# PG_STANDBY_OF=PORT, up creates the cluster as an asynchronous streaming standby of
+# the server on PORT instead of with initdb; promote makes it a primary; detach makes
+# it stop receiving WAL (it lags from then on, as a replica whose primary died does).
+#
+# Environment: PG_PORT, PG_DIR, PG_START_TIMEOUT (s, 60), PG_STANDBY_OF.
 set -euo pipefail
 # shellcheck source=common.sh source-path=SCRIPTDIR
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -26,6 +41,7 @@ else
 	PG_DIR=${PG_DIR:-$STATE_ROOT/pg-$PG_PORT}
 fi
 PG_START_TIMEOUT=${PG_START_TIMEOUT:-60}
+PG_STANDBY_OF=${PG_STANDBY_OF:-}
 
 url() { echo "postgres://postgres@127.0.0.1:$PG_PORT/postgres?sslmode=disable"; }
 
@@ -124,6 +140,53 @@ $preload
 EOF
 }
 
+# init_standby: the cluster as a streaming standby of the server on PG_STANDBY_OF.
+init_standby() {
+	local b d
+	b=$(bindir)
+	make_dir
+	d=$(real_dir)
+	as_pg "$b/pg_basebackup" -h 127.0.0.1 -p "$PG_STANDBY_OF" -U postgres -D "$d/data" -X stream -c fast -R >"$d/initdb.log" 2>&1 ||
+		{
+			cat "$d/initdb.log" >&2
+			die "pg_basebackup from 127.0.0.1:$PG_STANDBY_OF failed"
+		}
+	# The copied postgresql.conf is the primary's: this server's own port and
+	# socket directory win (later settings override earlier ones).
+	cat >>"$d/data/postgresql.conf" <<EOF
+
+# --- test/infra/postgres.sh: standby of 127.0.0.1:$PG_STANDBY_OF ---
+port = $PG_PORT
+unix_socket_directories = '$d'
+EOF
+}
+
+# basebackup DIR: a base backup of this server in DIR/data.
+basebackup() {
+	local b
+	[ -n "${1:-}" ] || die "usage: basebackup DIR"
+	[ -n "$(server_pid)" ] || die "not running"
+	b=$(bindir)
+	mkdir -p "$1"
+	if is_root; then chown postgres: "$1"; fi
+	chmod 700 "$1"
+	as_pg "$b/pg_basebackup" -h 127.0.0.1 -p "$PG_PORT" -U postgres -D "$1/data" -X stream -c fast ||
+		die "pg_basebackup of 127.0.0.1:$PG_PORT failed"
+	log "base backup of 127.0.0.1:$PG_PORT in $1/data"
+}
+
+# restore DIR: crash-stop, replace the data with the base backup in DIR/data, start.
+restore() {
+	local d
+	[ -n "${1:-}" ] && [ -e "$1/data/PG_VERSION" ] || die "usage: restore DIR (a base backup in DIR/data)"
+	stop immediate
+	d=$(real_dir)
+	rm -rf "$d/data"
+	mv "$1/data" "$d/data"
+	start
+	log "restored the base backup of $1"
+}
+
 start() {
 	local b d pid
 	b=$(bindir)
@@ -162,11 +225,49 @@ stop() {
 	pid=$(server_pid)
 	[ -n "$pid" ] || return 0
 	d=$(real_dir)
+	local p
 	kill -CONT "$pid" 2>/dev/null || true
+	for p in $(PARENT=$pid children); do kill -CONT "$p" 2>/dev/null || true; done
 	if ! as_pg "$(bindir)/pg_ctl" -D "$d/data" -m "$1" -w -t 30 stop >/dev/null; then
 		log "pg_ctl stop -m $1 failed; sending SIGKILL to pid $pid"
 		kill9_pid "$pid"
 	fi
+}
+
+# children PID: the processes PID started (parsed from /proc/*/stat with builtins only:
+# a pause must be quick, or backends forked meanwhile would escape it).
+children() {
+	local f line rest
+	for f in /proc/[0-9]*/stat; do
+		read -r line 2>/dev/null <"$f" || continue
+		rest=${line##*) }
+		# shellcheck disable=SC2086 # the fields after the command name: state, ppid, ...
+		set -- $rest
+		[ "${2:-}" = "$PARENT" ] || continue
+		f=${f#/proc/}
+		echo "${f%/stat}"
+	done
+	return 0
+}
+
+# signal_tree SIG: the postmaster first (so it starts no new backend), then its
+# children; with STOP, again until every child is stopped (one being forked as
+# the postmaster stopped shows up on the next pass).
+signal_tree() {
+	local pid p pass left
+	pid=$(server_pid)
+	[ -n "$pid" ] || die "not running"
+	kill -"$1" "$pid" 2>/dev/null || true
+	for pass in 1 2 3 4 5; do
+		left=0
+		for p in $(PARENT=$pid children); do
+			if [ "$1" = STOP ] && [ "$(proc_state "$p")" = T ]; then continue; fi
+			kill -"$1" "$p" 2>/dev/null || true
+			left=1
+		done
+		[ "$1" = STOP ] && [ "$left" = 1 ] || break
+	done
+	return 0
 }
 
 status_word() {
@@ -187,9 +288,21 @@ up)
 	if [ -n "$(server_pid)" ]; then
 		log "already running at $(url) (pid $(server_pid))"
 	else
-		[ -e "$PG_DIR/data/PG_VERSION" ] || init
+		if [ ! -e "$PG_DIR/data/PG_VERSION" ]; then
+			if [ -n "$PG_STANDBY_OF" ]; then init_standby; else init; fi
+		fi
 		start
 	fi
+	;;
+basebackup) basebackup "${2:-}" ;;
+restore) restore "${2:-}" ;;
+promote)
+	as_pg "$(bindir)/pg_ctl" -D "$(real_dir)/data" -w -t "$PG_START_TIMEOUT" promote >/dev/null
+	log "promoted: a primary now"
+	;;
+detach)
+	psql_cmd -q -c "ALTER SYSTEM SET primary_conninfo = ''" -c 'SELECT pg_reload_conf()' >/dev/null
+	log "stopped receiving WAL from its primary"
 	;;
 start) start ;;
 down)
@@ -205,6 +318,14 @@ stop-immediate)
 	stop immediate
 	log "stopped (immediate, crash-like); data kept in $PG_DIR"
 	;;
+pause)
+	signal_tree STOP
+	log "paused (SIGSTOP): connections hang until resume"
+	;;
+resume)
+	signal_tree CONT
+	log "resumed (SIGCONT)"
+	;;
 status)
 	s=$(status_word)
 	echo "$s"
@@ -216,7 +337,7 @@ psql)
 	psql_cmd "$@"
 	;;
 *)
-	echo "usage: $(basename "$0") up|down|stop-immediate|start|status|url|psql [args]" >&2
+	echo "usage: $(basename "$0") up|down|stop-immediate|start|pause|resume|status|url|psql [args]|basebackup DIR|restore DIR|promote|detach" >&2
 	exit 2
 	;;
 esac

@@ -15,6 +15,8 @@
 # use what the variable names. MANDATED_TEST_CLUSTER=0 leaves the cluster out (its
 # tests skip). GO_TEST_FLAGS adds flags (e.g. -v, -run X); TEST_PKGS defaults to ./...;
 # GO_TEST_RACE set to empty drops -race (`make rebalance` measures uninstrumented binaries).
+# GO_TEST_TIMEOUT (45m) is go test's per-package limit: test/fault runs its scenarios one
+# after another and passes go test's 10-minute default on a loaded machine.
 set -uo pipefail
 # shellcheck source=common.sh source-path=SCRIPTDIR
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -156,7 +158,7 @@ env | grep '^MANDATED_TEST_' | grep -v PASSWORD | sort | sed 's/^/    /' >&2
 # --- 3. tests ------------------------------------------------------------------
 t0=$SECONDS
 # shellcheck disable=SC2086 # GO_TEST_FLAGS and TEST_PKGS are word lists
-go test ${GO_TEST_RACE--race} -count=1 ${GO_TEST_FLAGS:-} ${TEST_PKGS:-./...}
+go test ${GO_TEST_RACE--race} -count=1 -timeout "${GO_TEST_TIMEOUT:-45m}" ${GO_TEST_FLAGS:-} ${TEST_PKGS:-./...}
 rc=$?
 phase "go test ${GO_TEST_RACE--race}" $((SECONDS - t0))
 exit "$rc"

@@ -135,16 +135,33 @@ type Postgres struct {
 // PrivatePostgres starts a PostgreSQL of this test's own.
 func PrivatePostgres(t testing.TB) *Postgres {
 	t.Helper()
+	return privatePostgres(t)
+}
+
+func privatePostgres(t testing.TB, env ...string) *Postgres {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "mandated-pg-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := FreeRange(t, 1)
-	p := &Postgres{t: t, Env: []string{"PG_PORT=" + strconv.Itoa(port), "PG_DIR=" + filepath.Join(dir, "pg")}}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	if _, err := Script(ctx, "postgres.sh", p.Env, "up"); err != nil {
-		t.Fatalf("testenv: start private PostgreSQL: %v", err)
+	var p *Postgres
+	for attempt := 1; ; attempt++ {
+		port := FreeRange(t, 1)
+		p = &Postgres{t: t, Env: append([]string{"PG_PORT=" + strconv.Itoa(port), "PG_DIR=" + filepath.Join(dir, fmt.Sprintf("pg%d", attempt))}, env...)}
+		_, err := Script(ctx, "postgres.sh", p.Env, "up")
+		if err == nil {
+			break
+		}
+		// A port free when it was picked can be taken meanwhile as the
+		// local end of some connection (it is inside the ephemeral range):
+		// pick another.
+		_, _ = Script(ctx, "postgres.sh", p.Env, "down")
+		if attempt == 3 || !strings.Contains(err.Error(), "Address already in use") {
+			t.Fatalf("testenv: start private PostgreSQL: %v", err)
+		}
+		t.Logf("testenv: private PostgreSQL could not bind port %d; trying another", port)
 	}
 	out, err := Script(ctx, "postgres.sh", p.Env, "url")
 	if err != nil {
@@ -162,7 +179,46 @@ func PrivatePostgres(t testing.TB) *Postgres {
 	return p
 }
 
-// Do runs "stop-immediate" (a crash) or "start".
+// PrivateStandby starts an asynchronous streaming standby of primary (a
+// base backup of it, following its WAL), of this test's own; Do("detach")
+// makes it stop following, Do("promote") a primary.
+func PrivateStandby(t testing.TB, primary *Postgres) *Postgres {
+	t.Helper()
+	return privatePostgres(t, "PG_STANDBY_OF="+strconv.Itoa(primary.Port()))
+}
+
+// Port is the server's port.
+func (p *Postgres) Port() int {
+	for _, e := range p.Env {
+		if v, ok := strings.CutPrefix(e, "PG_PORT="); ok {
+			n, _ := strconv.Atoi(v)
+			return n
+		}
+	}
+	return 0
+}
+
+// Basebackup takes a base backup of the running server (pg_basebackup) into
+// dir, which must not exist (its parent must be reachable by the server's
+// user: os.TempDir() is).
+func (p *Postgres) Basebackup(ctx context.Context, dir string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, err := Script(ctx, "postgres.sh", p.Env, "basebackup", dir)
+	return err
+}
+
+// Restore crash-stops the server, replaces its data with the base backup in
+// dir and starts it: the database goes back to when the backup was taken.
+func (p *Postgres) Restore(ctx context.Context, dir string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, err := Script(ctx, "postgres.sh", p.Env, "restore", dir)
+	return err
+}
+
+// Do runs "stop-immediate" (a crash), "start", or on a standby "detach" or
+// "promote".
 func (p *Postgres) Do(ctx context.Context, verb string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()

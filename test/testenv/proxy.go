@@ -49,6 +49,18 @@ func (p *Proxy) URL(rawURL string) string {
 	return u.String()
 }
 
+// Retarget sends new connections to target (host:port) and drops the open
+// ones, as a failover moving a virtual address to a promoted replica does.
+func (p *Proxy) Retarget(target string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.target = target
+	for c := range p.conns {
+		_ = c.Close()
+	}
+	clear(p.conns)
+}
+
 // Cut silences every connection, open and new.
 func (p *Proxy) Cut() {
 	p.mu.Lock()
@@ -91,7 +103,10 @@ func (p *Proxy) accept() {
 		if p.isCut() {
 			continue // held open, never answered, closed by Restore
 		}
-		up, err := net.Dial("tcp", p.target)
+		p.mu.Lock()
+		target := p.target
+		p.mu.Unlock()
+		up, err := net.Dial("tcp", target)
 		if err != nil {
 			_ = c.Close()
 			continue

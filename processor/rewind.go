@@ -1,0 +1,142 @@
+package processor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/mandated/mandated/outbox"
+)
+
+// A database that went back in time. Every guarantee rests on PostgreSQL
+// never losing a committed batch; a restore from a backup, a failover to an
+// asynchronous replica or a point-in-time recovery to the wrong target
+// loses some, while the decisions topic already holds what the relay
+// published of them. Deciding on such a partition would decide those
+// inputs again (a second reservation of a spent use) and reuse sequences
+// with other content. So before a partition is claimed, and every
+// RewindCheckInterval while its worker decides, its tail is read back and
+// classified against PostgreSQL's head (outbox.ReadTail): decisions on
+// Kafka that continue the chain past PostgreSQL's head mean the database
+// went back. Such a partition is not decided, and not published: it waits,
+// paused, named by /readyz, mandated_partition_rewound and the log with the
+// command that rebuilds it from the decisions (mandatectl recover), and is
+// claimed once it is in step again.
+
+// ErrRewound says PostgreSQL's head of a partition is behind the decisions
+// topic: the database went back in time.
+var ErrRewound = errors.New("processor: PostgreSQL went back in time")
+
+// RewoundError is ErrRewound with the figures.
+type RewoundError struct {
+	Partition int32
+	LastSeq   int64 // PostgreSQL's last sequence
+	KafkaSeq  int64 // the last sequence of the chain on Kafka
+}
+
+func (e *RewoundError) Error() string {
+	return fmt.Sprintf("%v on partition %d: the decisions topic holds %d decisions past its last sequence %d (up to %d); not deciding it until `mandatectl recover --partition %d` rebuilds it from them",
+		ErrRewound, e.Partition, e.KafkaSeq-e.LastSeq, e.LastSeq, e.KafkaSeq, e.Partition)
+}
+
+func (e *RewoundError) Unwrap() error { return ErrRewound }
+
+// errEpochMoved says the partition's epoch is not the one checked under:
+// another claimant (or a move, or a recovery) took it since. The claim or
+// batch that follows finds out what happened; it is not a rewind.
+var errEpochMoved = errors.New("processor: the partition's epoch moved")
+
+// predecessorFencer is the relay's side of the check (outbox.Relay).
+type predecessorFencer interface {
+	FencePredecessors(ctx context.Context, partition int32, epoch int64) error
+}
+
+// checkInStep reads partition n's tail back and returns a *RewoundError
+// when Kafka holds decisions past PostgreSQL's head. With epoch > 0 the
+// check holds only under that epoch (errEpochMoved otherwise): a copy left
+// on a shard the partition moved away from is behind the topic too.
+func (p *Processor) checkInStep(ctx context.Context, n int32, epoch int64) error {
+	pool := p.shards.For(n).Pool()
+	ctx, cancel := context.WithTimeout(ctx, 45*time.Second)
+	defer cancel()
+	// The partition's previous publisher is fenced first: its open
+	// transaction ends now, not at its timeout (ReadTail waits for it).
+	if f, ok := p.cfg.Listener.(predecessorFencer); ok && epoch > 0 {
+		if err := f.FencePredecessors(ctx, n, epoch); err != nil {
+			return fmt.Errorf("processor: check partition %d against the decisions topic: %w", n, err)
+		}
+	}
+	tail, err := outbox.ReadTail(ctx, outbox.TailConfig{
+		KafkaOpts:      append([]kgo.Opt{kgo.SeedBrokers(p.cfg.Brokers...)}, p.cfg.KafkaOpts...),
+		DecisionsTopic: p.cfg.DecisionsTopic, DeadLetterTopic: p.cfg.DeadLetterTopic,
+		Accept: outbox.AnswersUndecided(p.cfg.ProposalsTopic, p.cfg.GrantsTopic),
+	}, n, func(ctx context.Context, partition int32, seqs []int64) (outbox.PostgresHead, map[int64]outbox.Row, error) {
+		return outbox.LoadHead(ctx, pool, partition, seqs)
+	})
+	if err != nil {
+		return fmt.Errorf("processor: check partition %d against the decisions topic: %w", n, err)
+	}
+	if epoch > 0 && tail.Head.Epoch != epoch {
+		return fmt.Errorf("%w: partition %d is at epoch %d, not %d", errEpochMoved, n, tail.Head.Epoch, epoch)
+	}
+	label := strconv.Itoa(int(n))
+	if tail.State() != outbox.KafkaAhead {
+		p.metrics.Rewound.WithLabelValues(label).Set(0)
+		return nil
+	}
+	p.metrics.Rewound.WithLabelValues(label).Set(float64(tail.Behind()))
+	return &RewoundError{Partition: n, LastSeq: tail.Head.LastSeq, KafkaSeq: tail.AheadSeq}
+}
+
+// reportRewound logs a partition found rewound (once per finding).
+func (p *Processor) reportRewound(err error) {
+	var re *RewoundError
+	if !errors.As(err, &re) {
+		return
+	}
+	p.log.Error().Int32("partition", re.Partition).Int64("last_seq", re.LastSeq).Int64("kafka_seq", re.KafkaSeq).
+		Int64("behind", re.KafkaSeq-re.LastSeq).Str("run", fmt.Sprintf("mandatectl recover --partition %d", re.Partition)).
+		Msg("PostgreSQL went back in time: the decisions topic holds decisions it lost (a restored backup, a promoted asynchronous replica?); the partition is not decided until it is recovered (docs/operations.md, \"A database that went back in time\")")
+}
+
+// restartSession leaves the consumer group and joins it again, so that
+// every partition is assigned afresh and fetched from the position
+// PostgreSQL stores (deferred claims fetch from the start and drop what is
+// below it). A worker that finds its database went back under it cannot
+// go on from the offsets it already fetched past: what the database lost
+// must be fetched again. At most one restart runs at a time.
+func (p *Processor) restartSession(reason string) {
+	p.mu.Lock()
+	if p.restarting || p.stopping || p.handedOff || p.client == nil {
+		p.mu.Unlock()
+		return
+	}
+	p.restarting = true
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		p.restarting = false
+		p.mu.Unlock()
+	}()
+	p.log.Warn().Str("reason", reason).Msg("leaving the consumer group and joining again: every partition is claimed afresh from the position PostgreSQL stores")
+	ctx := context.Background()
+	p.leave(ctx, time.Second, reason, false)
+	for {
+		p.mu.Lock()
+		stop := p.stopping || p.handedOff
+		p.mu.Unlock()
+		if stop {
+			return
+		}
+		err := p.join(ctx)
+		if err == nil {
+			return
+		}
+		p.log.Error().Err(err).Msg("cannot join the group again; retrying")
+		time.Sleep(time.Second)
+	}
+}
