@@ -77,6 +77,14 @@ const insertOutboxSQL = `INSERT INTO outbox (partition, seq, epoch, kind, record
 SELECT * FROM unnest($1::int[], $2::bigint[], $3::bigint[], $4::smallint[], $5::bytea[], $6::bytea[], $7::text[], $8::text[],
   $9::text[], $10::int[], $11::bigint[], $12::timestamptz[], $13::bytea[], $14::bytea[])`
 
+// insertOutboxTracedSQL is insertOutboxSQL for a batch with a traced
+// record: the rows' W3C trace context too (NULL for the others). A batch
+// with none writes no trace column at all: tracing off costs nothing here.
+const insertOutboxTracedSQL = `INSERT INTO outbox (partition, seq, epoch, kind, record_key, payload, reason, detail, source_topic,
+  source_partition, source_offset, created_at, prev_hash, hash, trace_parent)
+SELECT * FROM unnest($1::int[], $2::bigint[], $3::bigint[], $4::smallint[], $5::bytea[], $6::bytea[], $7::text[], $8::text[],
+  $9::text[], $10::int[], $11::bigint[], $12::timestamptz[], $13::bytea[], $14::bytea[], $15::text[])`
+
 const advancePartitionSQL = `UPDATE mandated_partitions SET proposals_offset = $3, grants_offset = $4, next_seq = $5, head_hash = $9, updated_at = now()
 WHERE partition = $1 AND epoch = $2 AND proposals_offset = $6 AND grants_offset = $7 AND next_seq = $8`
 
@@ -248,7 +256,14 @@ func (w *writeSet) outbox(rows []outbox.Row) {
 	reason, detail, srcTopic := make([]string, n), make([]string, n), make([]string, n)
 	created := make([]pgtype.Timestamptz, n)
 	prev, hash := make([][]byte, n), make([][]byte, n)
+	var traces []*string
 	for i, r := range rows {
+		if r.TraceParent != "" {
+			if traces == nil {
+				traces = make([]*string, n)
+			}
+			traces[i] = &rows[i].TraceParent
+		}
 		if r.Chained() {
 			prev[i], hash[i] = rows[i].PrevHash[:], rows[i].Hash[:]
 		}
@@ -257,7 +272,11 @@ func (w *writeSet) outbox(rows []outbox.Row) {
 		reason[i], detail[i], srcTopic[i], srcPart[i], srcOff[i] = r.Reason, r.Detail, r.SourceTopic, r.SourcePartition, r.SourceOffset
 		created[i] = tstz(r.CreatedAt)
 	}
-	w.queue(insertOutboxSQL, []any{part, seq, epoch, kind, key, payload, reason, detail, srcTopic, srcPart, srcOff, created, prev, hash},
+	sql, args := insertOutboxSQL, []any{part, seq, epoch, kind, key, payload, reason, detail, srcTopic, srcPart, srcOff, created, prev, hash}
+	if traces != nil {
+		sql, args = insertOutboxTracedSQL, append(args, traces)
+	}
+	w.queue(sql, args,
 		expectRows("insert outbox", n))
 }
 
