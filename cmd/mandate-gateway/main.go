@@ -209,11 +209,7 @@ func run(args []string) int {
 		log.Error().Err(err).Msg("invalid configuration")
 		return 2
 	}
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = shutdownTracing(ctx)
-	}()
+	defer shutdownTracing()
 	if tp != nil {
 		// The server spans (otelhttp) and the produce's (kotel): the record
 		// carries the request's trace to the processor.

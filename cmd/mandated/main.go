@@ -233,11 +233,7 @@ func run(args []string) int {
 		log.Error().Err(err).Msg("invalid configuration")
 		return 2
 	}
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = shutdownTracing(ctx)
-	}()
+	defer shutdownTracing()
 	if tp != nil {
 		// The decode and batch commit spans; the relay's publish spans come
 		// from its producer's hooks, for decisions of traced records only.

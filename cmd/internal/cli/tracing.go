@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"os"
+	"time"
 
 	"go.opentelemetry.io/otel/trace"
 
@@ -26,15 +27,23 @@ func (t *Tracing) Register(fs *flag.FlagSet) {
 }
 
 // Provider returns the tracer provider (nil when tracing is off) and its
-// shutdown, which flushes the spans not exported yet.
-func (t *Tracing) Provider(ctx context.Context, service string) (trace.TracerProvider, func(context.Context) error, error) {
+// shutdown, which flushes the spans not exported yet (for 5 s at most).
+func (t *Tracing) Provider(ctx context.Context, service string) (trace.TracerProvider, func(), error) {
 	endpoint := t.Endpoint
 	for _, env := range []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"} {
 		if endpoint == "" {
 			endpoint = os.Getenv(env)
 		}
 	}
-	tp, shutdown, err := tracing.NewProvider(ctx, tracing.Config{Endpoint: endpoint, ServiceName: service, SampleRatio: t.SampleRatio})
+	tp, flush, err := tracing.NewProvider(ctx, tracing.Config{Endpoint: endpoint, ServiceName: service, SampleRatio: t.SampleRatio})
+	shutdown := func() {
+		if flush == nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = flush(ctx)
+	}
 	if err != nil || tp == nil {
 		return nil, shutdown, err // a nil interface, not a nil *TracerProvider
 	}
