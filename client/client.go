@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -261,8 +262,15 @@ func (c *Client) produce(ctx context.Context, key partitioner.MandateKey, value 
 	// Not ProduceSync: franz-go cannot fail a record whose produce request
 	// was sent (an unreachable or paused broker leaves it in flight until
 	// the request times out), so ctx bounds the wait here, not the record.
+	// Nor may the record carry ctx's cancellation: franz-go fails every
+	// record buffered for the partition when the first record of a batch
+	// not sent yet is cancelled, so one caller giving up (an HTTP client
+	// that disconnects) would fail other callers' commands. The record
+	// keeps ctx's values (the trace span) and is bounded by the producer's
+	// delivery timeout; Produce runs aside so that ctx also bounds a wait
+	// for buffer space.
 	done := make(chan error, 1)
-	c.producer.Produce(ctx, r, func(_ *kgo.Record, err error) { done <- err })
+	go c.producer.Produce(context.WithoutCancel(ctx), r, func(_ *kgo.Record, err error) { done <- err })
 	select {
 	case err := <-done:
 		if err != nil {
@@ -275,6 +283,12 @@ func (c *Client) produce(ctx context.Context, key partitioner.MandateKey, value 
 }
 
 func (c *Client) encode(cmd Command) ([]byte, partitioner.MandateKey, wire.CommandType, error) {
+	return encodeCommand(cmd, nil, wire.Limits{MaxRecordBytes: c.cfg.MaxRecordBytes})
+}
+
+// encodeCommand builds cmd's record ("v" and "sent_at" added), signs it when
+// signer is not nil, and checks it with the processor's decoder.
+func encodeCommand(cmd Command, signer *Signer, limits wire.Limits) ([]byte, partitioner.MandateKey, wire.CommandType, error) {
 	m, err := cmd.fields()
 	if err != nil {
 		return nil, partitioner.MandateKey{}, "", err
@@ -293,12 +307,62 @@ func (c *Client) encode(cmd Command) ([]byte, partitioner.MandateKey, wire.Comma
 	if err != nil {
 		return nil, partitioner.MandateKey{}, "", &InvalidCommandError{Reason: wire.ReasonIDInvalid, Detail: err.Error()}
 	}
-	parsed, rej := wire.Decode(key.Bytes(), value, wire.Limits{MaxRecordBytes: c.cfg.MaxRecordBytes})
+	if signer != nil {
+		if value, err = wire.SignCommand(value, signer.KeyID, signer.Key); err != nil {
+			return nil, key, "", fmt.Errorf("client: sign: %w", err)
+		}
+	}
+	parsed, rej := wire.Decode(key.Bytes(), value, limits)
 	if rej != nil {
 		return nil, key, "", &InvalidCommandError{Reason: rej.Reason, Detail: rej.Detail}
 	}
 	return value, key, parsed.Type, nil
 }
+
+// Signer signs the grantor commands (grant, revoke, resolve) Record
+// builds: Ed25519 with a key registered for the org under KeyID
+// (wire.SignCommand; see the README's "Signed grants").
+type Signer struct {
+	KeyID string
+	Key   ed25519.PrivateKey
+}
+
+// Record returns cmd as the record the processor decodes, and its mandate
+// key: its JSON with "v" and "sent_at", signed by signer when it is not
+// nil, checked with the processor's decoder. Produce it with SubmitExact.
+// mandatectl reconcile and the gateway's console build their resolves
+// with it.
+func Record(cmd Command, signer *Signer) ([]byte, partitioner.MandateKey, error) {
+	value, key, _, err := encodeCommand(cmd, signer, wire.Limits{})
+	return value, key, err
+}
+
+// EndOffsets returns the end offset (the next offset to be written) of
+// every partition of the topics: how far a consumer has to go.
+func (c *Client) EndOffsets(ctx context.Context, topics ...string) (map[string]map[int32]int64, error) {
+	ends, err := kadm.NewClient(c.producer).ListEndOffsets(ctx, topics...)
+	if err != nil {
+		return nil, fmt.Errorf("client: list end offsets: %w", err)
+	}
+	out := map[string]map[int32]int64{}
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Err != nil {
+			return
+		}
+		if out[o.Topic] == nil {
+			out[o.Topic] = map[int32]int64{}
+		}
+		out[o.Topic][o.Partition] = o.Offset
+	})
+	if err := ends.Error(); err != nil {
+		return out, fmt.Errorf("client: list end offsets: %w", err)
+	}
+	return out, nil
+}
+
+// GrantsTopic is the topic the control plane's commands (grant, revoke,
+// resolve) go to.
+func (c *Client) GrantsTopic() string { return c.cfg.GrantsTopic }
 
 // Await waits for the decision answering the record at src. It returns a
 // *NoDecisionError (errors.Is ErrNoDecision) when ctx ends first.

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mandated/mandated/wire"
 )
@@ -60,6 +61,12 @@ type Config struct {
 	QueryTimeout time.Duration
 	// Logger receives one event per failed request. Defaults to zerolog.Nop().
 	Logger *zerolog.Logger
+	// TracerProvider traces each API request (otelhttp: the caller's W3C
+	// traceparent is its parent) and gives the request duration histogram
+	// its exemplars; the produce's span and the record's traceparent header
+	// come from the client's Kafka hooks (tracing.KafkaHooks). Defaults to
+	// nil: tracing off, the handler unwrapped.
+	TracerProvider trace.TracerProvider
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.

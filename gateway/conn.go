@@ -45,9 +45,10 @@ func (l problemListener) Accept() (net.Conn, error) {
 // problemConn rewrites net/http's own error answers. net/http writes them
 // straight to the connection, in one Write, as a whole response: a status
 // line, "Content-Type: text/plain; charset=utf-8" and "Connection: close",
-// and a short text. Every answer of the gateway's handlers has a JSON (or
-// YAML) Content-Type, so a complete header block with a 4xx or 5xx status
-// and no "Content-Type: application/" is one of those and nothing else.
+// and a short text. Every answer of the API's handlers has a JSON (or
+// YAML) Content-Type and the console's pages are text/html, so a complete
+// header block with a 4xx or 5xx status and a text/plain Content-Type is
+// one of those and nothing else.
 //
 // net/http's plain "400 Bad Request" does not say why; the connection
 // notes whether what it read since its last answer held a control
@@ -89,7 +90,7 @@ func rewriteServerError(p []byte, sawControl bool) ([]byte, bool) {
 		return nil, false
 	}
 	head := string(p[:end])
-	if strings.Contains(strings.ToLower(head), "\r\ncontent-type: application/") {
+	if !strings.Contains(strings.ToLower(head), "\r\ncontent-type: text/plain") {
 		return nil, false
 	}
 	line, _, _ := strings.Cut(head, "\r\n")

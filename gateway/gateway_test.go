@@ -24,10 +24,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/goleak"
 
 	"github.com/mandated/mandated/client"
 	"github.com/mandated/mandated/gateway"
+	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/test/harness"
 	"github.com/mandated/mandated/test/testenv"
@@ -101,13 +103,15 @@ func (b *testBundle) stopFirstGateway(t *testing.T) {
 type options struct {
 	startProcessor bool
 	cfg            gateway.Config
+	kafkaOpts      []kgo.Opt                      // every client's, the gateway's too
+	configure      func(*processor.ServiceConfig) // the processor's
 }
 
 // setup runs a real pipeline (harness), a gateway on a real listener with a
 // read-only pool, and tokens for two orgs.
 func setup(t *testing.T, o options) *testBundle {
 	t.Helper()
-	h := harness.New(t, harness.Options{Partitions: 3})
+	h := harness.New(t, harness.Options{Partitions: 3, KafkaOpts: o.kafkaOpts, Configure: o.configure})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	rw, err := pgx.Connect(ctx, h.DatabaseURL)

@@ -23,8 +23,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mandated/mandated/client"
+	"github.com/mandated/mandated/internal/tracing"
 	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/wire"
 )
@@ -119,8 +122,19 @@ func (s *Server) notFound(w http.ResponseWriter, r *http.Request) {
 }
 
 // Handler serves the API (the operational endpoints are the caller's: see
-// cmd/mandate-gateway).
-func (s *Server) Handler() http.Handler { return s.mux }
+// cmd/mandate-gateway), traced by otelhttp when Config.TracerProvider is
+// set.
+func (s *Server) Handler() http.Handler {
+	if s.cfg.TracerProvider == nil {
+		return s.mux
+	}
+	return otelhttp.NewHandler(s.mux, "mandate-gateway", otelhttp.WithTracerProvider(s.cfg.TracerProvider),
+		otelhttp.WithPropagators(tracing.Propagator))
+}
+
+// Mux is the API's router, for a caller that adds routes of its own beside
+// the API's (the console, under /console).
+func (s *Server) Mux() *http.ServeMux { return s.mux }
 
 // HTTPServer returns an http.Server for the handler with the configured
 // timeouts and header limit. Serve it with Server.Serve.
@@ -174,9 +188,11 @@ func (s *Server) route(pattern, name string, h http.HandlerFunc) {
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		rec := &statusRecorder{ResponseWriter: w}
+		span := trace.SpanFromContext(r.Context())
+		span.SetName(pattern)
 		h(rec, r)
 		s.metrics.requests.WithLabelValues(name, strconv.Itoa(rec.code)).Inc()
-		s.metrics.duration.WithLabelValues(name).Observe(time.Since(start).Seconds())
+		tracing.Observe(s.metrics.duration.WithLabelValues(name), time.Since(start).Seconds(), span.SpanContext())
 		if rec.code >= 500 {
 			s.log.Warn().Str("route", name).Int("status", rec.code).Str("path", r.URL.Path).Msg("request failed")
 		}

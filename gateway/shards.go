@@ -84,6 +84,13 @@ func (sh *Shards) Control() *pgxpool.Pool {
 	return l.pools[l.m.Control()]
 }
 
+// Pools returns every shard's pool, as the map last read says (the
+// console reads across all of them).
+func (sh *Shards) Pools() []*pgxpool.Pool {
+	l := sh.layout.Load()
+	return append([]*pgxpool.Pool(nil), l.pools...)
+}
+
 // For returns the pool and the name of the shard that owns partition p as
 // the map last read says (the control shard's for a partition no shard
 // names: reads there find nothing).

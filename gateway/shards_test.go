@@ -54,7 +54,7 @@ func gatewayRole(t *testing.T, urls ...string) (string, string) {
 			stmts = append(stmts, strings.ReplaceAll(s, "mandated_gateway", role))
 		}
 	}
-	require.Len(t, stmts, 3, "the documented grants")
+	require.Len(t, stmts, 4, "the documented grants")
 	admin, err := pgx.Connect(ctx, urls[0])
 	require.NoError(t, err)
 	defer admin.Close(ctx)

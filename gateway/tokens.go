@@ -22,6 +22,18 @@ import (
 // to brute-force), and the lookup is by hash, so no comparison leaks timing.
 const tokenPrefix = "mgw_"
 
+// An operator token (the console's) is "mop_" + token id (without its
+// "ot_") + "_" + 32 random bytes, stored as SHA-256 in operator_tokens: a
+// kind of its own, which the API refuses, as the console refuses API
+// tokens.
+const operatorTokenPrefix = "mop_"
+
+// The kinds of token.
+const (
+	KindAPI      = "api"      // an org's caller of the API (gateway_tokens)
+	KindOperator = "operator" // an operator of the console (operator_tokens)
+)
+
 var tokenEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
 
 // Errors of the token store.
@@ -33,7 +45,8 @@ var (
 // Token is a stored token, without its secret.
 type Token struct {
 	ID        string     `json:"token_id"`
-	Org       string     `json:"org"`
+	Kind      string     `json:"kind"`
+	Org       string     `json:"org,omitempty"` // "" for an operator token: it acts for the deployment
 	Name      string     `json:"name"`
 	CreatedAt time.Time  `json:"created_at"`
 	RevokedAt *time.Time `json:"revoked_at,omitempty"`
@@ -73,7 +86,7 @@ func CreateToken(ctx context.Context, db Execer, org, name string) (Token, strin
 	if err != nil {
 		return Token{}, "", err
 	}
-	t := Token{ID: "gt_" + idPart, Org: org, Name: name}
+	t := Token{ID: "gt_" + idPart, Kind: KindAPI, Org: org, Name: name}
 	token := tokenPrefix + idPart + "_" + secret
 	err = db.QueryRow(ctx, `INSERT INTO gateway_tokens (token_id, org, name, token_hash) VALUES ($1, $2, $3, $4) RETURNING created_at`,
 		t.ID, org, name, hashToken(token)).Scan(&t.CreatedAt)
@@ -83,9 +96,35 @@ func CreateToken(ctx context.Context, db Execer, org, name string) (Token, strin
 	return t, token, nil
 }
 
-// RevokeToken revokes a token by id; revoking a revoked token is a no-op.
+// CreateOperatorToken stores a new operator token (the console's) and
+// returns it with its secret, which is shown once and never stored.
+func CreateOperatorToken(ctx context.Context, db Execer, name string) (Token, string, error) {
+	idPart, err := randomBase32(10)
+	if err != nil {
+		return Token{}, "", err
+	}
+	secret, err := randomBase32(32)
+	if err != nil {
+		return Token{}, "", err
+	}
+	t := Token{ID: "ot_" + idPart, Kind: KindOperator, Name: name}
+	token := operatorTokenPrefix + idPart + "_" + secret
+	err = db.QueryRow(ctx, `INSERT INTO operator_tokens (token_id, name, token_hash) VALUES ($1, $2, $3) RETURNING created_at`,
+		t.ID, name, hashToken(token)).Scan(&t.CreatedAt)
+	if err != nil {
+		return Token{}, "", fmt.Errorf("gateway: store operator token: %w", err)
+	}
+	return t, token, nil
+}
+
+// RevokeToken revokes a token by id (an API token's gt_..., an operator
+// token's ot_...); revoking a revoked token is a no-op.
 func RevokeToken(ctx context.Context, db Execer, id string) error {
-	tag, err := db.Exec(ctx, `UPDATE gateway_tokens SET revoked_at = coalesce(revoked_at, now()) WHERE token_id = $1`, id)
+	table := "gateway_tokens"
+	if strings.HasPrefix(id, "ot_") {
+		table = "operator_tokens"
+	}
+	tag, err := db.Exec(ctx, `UPDATE `+table+` SET revoked_at = coalesce(revoked_at, now()) WHERE token_id = $1`, id)
 	if err != nil {
 		return fmt.Errorf("gateway: revoke token: %w", err)
 	}
@@ -95,16 +134,20 @@ func RevokeToken(ctx context.Context, db Execer, id string) error {
 	return nil
 }
 
-// ListTokens lists the tokens of org (all orgs when org is empty).
+// ListTokens lists the API tokens of org (all orgs when org is empty, and
+// then the operator tokens too).
 func ListTokens(ctx context.Context, db Execer, org string) ([]Token, error) {
-	rows, err := db.Query(ctx, `SELECT token_id, org, name, created_at, revoked_at FROM gateway_tokens
-		WHERE $1 = '' OR org = $1 ORDER BY org, created_at, token_id`, org)
+	rows, err := db.Query(ctx, `SELECT token_id, 'api', org, name, created_at, revoked_at FROM gateway_tokens
+		WHERE $1 = '' OR org = $1
+		UNION ALL
+		SELECT token_id, 'operator', '', name, created_at, revoked_at FROM operator_tokens WHERE $1 = ''
+		ORDER BY 2, 3, 5, 1`, org)
 	if err != nil {
 		return nil, fmt.Errorf("gateway: list tokens: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Token, error) {
 		var t Token
-		err := r.Scan(&t.ID, &t.Org, &t.Name, &t.CreatedAt, &t.RevokedAt)
+		err := r.Scan(&t.ID, &t.Kind, &t.Org, &t.Name, &t.CreatedAt, &t.RevokedAt)
 		return t, err
 	})
 	if err != nil {
@@ -113,12 +156,30 @@ func ListTokens(ctx context.Context, db Execer, org string) ([]Token, error) {
 	return out, nil
 }
 
+// LookupOperatorToken returns the live operator token a secret is: an API
+// token, an unknown or a revoked one is ErrTokenInvalid.
+func LookupOperatorToken(ctx context.Context, db Execer, token string) (Token, error) {
+	if !strings.HasPrefix(token, operatorTokenPrefix) || len(token) > 200 {
+		return Token{}, ErrTokenInvalid
+	}
+	t := Token{Kind: KindOperator}
+	err := db.QueryRow(ctx, `SELECT token_id, name, created_at FROM operator_tokens
+		WHERE token_hash = $1 AND revoked_at IS NULL`, hashToken(token)).Scan(&t.ID, &t.Name, &t.CreatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Token{}, ErrTokenInvalid
+	}
+	if err != nil {
+		return Token{}, fmt.Errorf("gateway: look up operator token: %w", err)
+	}
+	return t, nil
+}
+
 // lookupToken returns the org a live token belongs to.
 func lookupToken(ctx context.Context, db Execer, token string) (Token, error) {
 	if !strings.HasPrefix(token, tokenPrefix) || len(token) > 200 {
 		return Token{}, ErrTokenInvalid
 	}
-	var t Token
+	t := Token{Kind: KindAPI}
 	err := db.QueryRow(ctx, `SELECT token_id, org, name, created_at FROM gateway_tokens
 		WHERE token_hash = $1 AND revoked_at IS NULL`, hashToken(token)).Scan(&t.ID, &t.Org, &t.Name, &t.CreatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {

@@ -16,8 +16,10 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mandated/mandated/internal/failpoint"
+	"github.com/mandated/mandated/internal/tracing"
 )
 
 // Relay publishes the outbox rows of every partition its process owns to
@@ -1232,13 +1234,25 @@ func (r *Relay) produceTxn(ctx context.Context, cl *kgo.Client, rows []Row) (map
 		refused = map[rowKey]error{}
 		failed  error
 	)
+	traced := make(map[int]trace.SpanContext)
 	for i := range rows {
 		row := &rows[i]
 		rec := row.Record(cfg.DecisionsTopic, cfg.DeadLetterTopic)
+		if row.TraceParent != "" {
+			// The decision carries the trace of the command it answers: with
+			// tracing on, the producer's hooks (tracing.KafkaHooks) make a
+			// publish span, a child of it, and put that in the header.
+			rec.Context = tracing.WithRemote(ctx, row.TraceParent)
+		}
 		wg.Add(1)
-		cl.Produce(ctx, rec, func(_ *kgo.Record, err error) {
+		cl.Produce(ctx, rec, func(rec *kgo.Record, err error) {
 			defer wg.Done()
 			if err == nil {
+				if row.TraceParent != "" {
+					mu.Lock()
+					traced[i] = trace.SpanContextFromContext(rec.Context)
+					mu.Unlock()
+				}
 				return
 			}
 			mu.Lock()
@@ -1283,7 +1297,7 @@ func (r *Relay) produceTxn(ctx context.Context, cl *kgo.Client, rows []Row) (map
 	r.metrics.TxnSeconds.Observe(now.Sub(start).Seconds())
 	for i := range rows {
 		r.metrics.Published.WithLabelValues(rows[i].Kind.String()).Inc()
-		r.metrics.PublishSeconds.Observe(now.Sub(rows[i].CreatedAt).Seconds())
+		tracing.Observe(r.metrics.PublishSeconds, now.Sub(rows[i].CreatedAt).Seconds(), traced[i])
 	}
 	return nil, nil
 }

@@ -46,6 +46,13 @@ type Row struct {
 	// The chain (see Chain): zero on rows written before migration 0008.
 	PrevHash, Hash wire.ChainHash
 
+	// TraceParent is the W3C trace context of the record the row answers
+	// (the processor's decode span, or the record's own traceparent), ""
+	// for none (migration 0042). The relay publishes it as the record's
+	// traceparent header, a child publish span's when tracing is on. The
+	// chain does not cover it: headers are not hashed.
+	TraceParent string
+
 	// Answer, on a decision answering a record the HTTP gateway produced
 	// (wire.HeaderRequest), is that request's record: the sink keeps the
 	// decision in request_answers in the same transaction. It is not part
@@ -77,6 +84,9 @@ func (r *Row) Record(decisionsTopic, deadLetterTopic string) *kgo.Record {
 			{Key: wire.HeaderSequence, Value: []byte(strconv.FormatInt(r.Seq, 10))},
 			{Key: wire.HeaderEpoch, Value: []byte(strconv.FormatInt(r.Epoch, 10))},
 		},
+	}
+	if r.TraceParent != "" {
+		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: wire.HeaderTraceParent, Value: []byte(r.TraceParent)})
 	}
 	if r.Kind != KindDeadLetter {
 		return rec

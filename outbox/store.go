@@ -47,7 +47,7 @@ func call[T any](ctx context.Context, s store, sh Shard, fn func(ctx context.Con
 // round trip per shard for a whole relay transaction): for each partition
 // w.p, at most w.lim rows after w.after, in sequence order.
 const loadManySQL = `SELECT o.partition, o.seq, o.epoch, o.kind, o.record_key, o.payload, o.reason, o.detail, o.source_topic,
-  o.source_partition, o.source_offset, o.created_at, o.prev_hash, o.hash
+  o.source_partition, o.source_offset, o.created_at, o.prev_hash, o.hash, o.trace_parent
 FROM unnest($1::integer[], $2::bigint[], $3::integer[]) AS w(p, after, lim)
 CROSS JOIN LATERAL (SELECT * FROM outbox WHERE partition = w.p AND seq > w.after ORDER BY seq LIMIT w.lim) o
 ORDER BY o.partition, o.seq`
@@ -79,8 +79,12 @@ func scanRow(r pgx.CollectableRow) (Row, error) {
 	var row Row
 	var kind int16
 	var prev, hash []byte
+	var traceParent *string
 	err := r.Scan(&row.Partition, &row.Seq, &row.Epoch, &kind, &row.Key, &row.Payload, &row.Reason, &row.Detail,
-		&row.SourceTopic, &row.SourcePartition, &row.SourceOffset, &row.CreatedAt, &prev, &hash)
+		&row.SourceTopic, &row.SourcePartition, &row.SourceOffset, &row.CreatedAt, &prev, &hash, &traceParent)
+	if traceParent != nil {
+		row.TraceParent = *traceParent
+	}
 	row.Kind = Kind(kind)
 	copy(row.PrevHash[:], prev)
 	copy(row.Hash[:], hash)

@@ -1,11 +1,16 @@
 package processor
 
 import (
+	"context"
 	"fmt"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/mandated/mandated/internal/tracing"
 	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/wire"
 )
@@ -35,6 +40,10 @@ type item struct {
 	// (wire.HeaderRequest), "" for none: its answer is kept as the
 	// request's record.
 	request string
+	// trace is the record's trace context (its traceparent header), or,
+	// with tracing on, its decode span's: stored with the decisions that
+	// answer it. Invalid for a record without one.
+	trace trace.SpanContext
 }
 
 // classify decodes a record and decides which path it takes. A record that
@@ -42,6 +51,34 @@ type item struct {
 // authority (grant, revoke) and reconciliation (resolve) are only accepted
 // from the grants topic, the privileged control plane.
 func (p *Processor) classify(r *kgo.Record) item {
+	parent, ok := tracing.FromHeaders(r.Headers)
+	if !ok {
+		return p.classifyRecord(r)
+	}
+	if p.tracer == nil {
+		it := p.classifyRecord(r)
+		it.trace = parent
+		return it
+	}
+	_, span := p.tracer.Start(trace.ContextWithRemoteSpanContext(context.Background(), parent), "mandated.decode",
+		trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
+			attribute.String("messaging.destination.name", r.Topic),
+			attribute.Int("messaging.destination.partition.id", int(r.Partition)),
+			attribute.Int64("messaging.kafka.offset", r.Offset)))
+	it := p.classifyRecord(r)
+	it.trace = span.SpanContext()
+	if it.rej != nil {
+		span.SetStatus(codes.Error, string(it.rej.Reason))
+	}
+	if it.cmd != nil {
+		span.SetAttributes(attribute.String("mandated.command", string(it.cmd.Type)), attribute.String("mandated.mandate", it.cmd.Key.String()))
+	}
+	span.End()
+	return it
+}
+
+// classifyRecord is classify without the trace.
+func (p *Processor) classifyRecord(r *kgo.Record) item {
 	it := item{home: -1, rec: r, src: wire.Source{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset}}
 	if r.Topic == p.cfg.ProposalsTopic { // the gateway produces nothing else
 		it.request = requestOf(r)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mandated/mandated/internal/clock"
 	"github.com/mandated/mandated/sink"
@@ -68,6 +69,13 @@ type Config struct {
 	// ClientHooks returns the hooks (kprom metrics) for a client with the
 	// given id; one set per client. Defaults to none.
 	ClientHooks func(clientID string) []kgo.Hook
+	// TracerProvider traces each record that carries a W3C traceparent
+	// header (a "mandated.decode" span, its child) and each batch holding
+	// one ("mandated.batch.commit", linked to them), and stores the decode
+	// span's context with the decisions (the relay publishes it as their
+	// traceparent). Defaults to nil: tracing off, no span started (a
+	// record's traceparent is then stored with its decisions as it came).
+	TracerProvider trace.TracerProvider
 	// Group is the consumer group id. Defaults to GroupDefault.
 	Group string
 	// ProposalsTopic carries agents' commands. Defaults to ProposalsTopicDefault.

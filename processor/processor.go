@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/mandated/mandated/internal/failpoint"
@@ -27,6 +28,7 @@ type Processor struct {
 	log     zerolog.Logger
 	metrics *Metrics
 	keys    *keyring
+	tracer  trace.Tracer               // nil: tracing off
 	groups  map[*sink.Sink]*sink.Group // one committer per shard; nil without GroupCommit
 
 	partitions int32 // the topics' partition count
@@ -73,6 +75,9 @@ func NewSharded(cfg Config, shards *sink.Shards, log zerolog.Logger, m *Metrics)
 	}
 	p := &Processor{cfg: cfg, shards: shards, log: log.With().Str("component", "processor").Logger(), metrics: m,
 		workers: map[int32]*worker{}, pending: map[int32]*pendingClaim{}, health: newShardHealth()}
+	if cfg.TracerProvider != nil {
+		p.tracer = cfg.TracerProvider.Tracer("github.com/mandated/mandated/processor")
+	}
 	if cfg.GroupCommit {
 		p.groups = map[*sink.Sink]*sink.Group{}
 		for _, s := range shards.All() {

@@ -45,6 +45,10 @@ func TestARevocationOfAPartitionWhoseShardIsDownDoesNotStallTheMembersOtherShard
 	h := harness.New(t, harness.Options{Partitions: n, Configure: func(c *processor.ServiceConfig) {
 		c.Shards = m
 		c.Processor.DBUnreachableHandoff = 2 * time.Second // one shard down must not hand every partition off
+		// Nor hand shard b's partitions off (the hand-off of one shard,
+		// after 10 s by default): their workers would end before the
+		// revocation this test is about, and a slow machine gets there.
+		c.Processor.ShardHandoffAfter = -1
 	}})
 	one := h.Start("one")
 	testWaitFor(t, func() bool { return len(one.Service.Processor.Owned()) == n }, "one owns the eight partitions")

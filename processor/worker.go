@@ -11,9 +11,14 @@ import (
 
 	"github.com/rs/zerolog"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/mandated/mandated/internal/clock"
 	"github.com/mandated/mandated/internal/failpoint"
+	"github.com/mandated/mandated/internal/tracing"
 	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/sink"
@@ -480,6 +485,12 @@ func (w *worker) commit(items []item, due []lifecycle.AuthKey, now time.Time) er
 				if it.request != "" && it.kind != itemDeadLetter {
 					answer(rows[first:], decisions[len(decisions)-(len(rows)-first):], it, st.Retention, now)
 				}
+				if it.trace.IsValid() {
+					tp := tracing.Format(it.trace)
+					for i := first; i < len(rows); i++ {
+						rows[i].TraceParent = tp
+					}
+				}
 			}
 			return rows, nil
 		},
@@ -489,6 +500,8 @@ func (w *worker) commit(items []item, due []lifecycle.AuthKey, now time.Time) er
 		b.BeforeCommit = func(ctx context.Context) error { return failpoint.Inject(ctx, failpoint.BeforeCommit) }
 	}
 
+	span := w.batchSpan(items, len(due))
+	defer span.End()
 	backoff := 50 * time.Millisecond
 	for {
 		start := time.Now()
@@ -500,8 +513,13 @@ func (w *worker) commit(items []item, due []lifecycle.AuthKey, now time.Time) er
 		w.endAttempt()
 		w.countRetries(res.Retries)
 		if err == nil {
-			w.committed(b, res, items, due, decisions, time.Since(start))
+			span.SetAttributes(attribute.Int("mandated.decisions", len(decisions)), attribute.Int("mandated.attempts", res.Attempts))
+			w.committed(b, res, items, due, decisions, time.Since(start), span.SpanContext())
 			return nil
+		}
+		span.RecordError(err)
+		if errors.Is(err, sink.ErrFenced) || errors.Is(err, sink.ErrRecordFault) || w.ctx.Err() != nil {
+			span.SetStatus(codes.Error, err.Error())
 		}
 		switch {
 		case errors.Is(err, sink.ErrFenced):
@@ -551,7 +569,32 @@ func (w *worker) countRetries(causes []string) {
 
 // committed does what follows a commit: track the new position and
 // deadlines, count, and wake the relay.
-func (w *worker) committed(b *sink.Batch, res sink.Result, items []item, due []lifecycle.AuthKey, decisions []wire.Decision, took time.Duration) {
+// batchSpan starts the "mandated.batch.commit" span of a batch holding a
+// sampled traced record, linked to each such record's decode span (a batch
+// answers many traces: links, not one parent). Without tracing, or with
+// no sampled record, it is a no-op span.
+func (w *worker) batchSpan(items []item, due int) trace.Span {
+	if w.p.tracer == nil {
+		return noopSpan
+	}
+	var links []trace.Link
+	for _, it := range items {
+		if it.trace.IsSampled() {
+			links = append(links, trace.Link{SpanContext: it.trace})
+		}
+	}
+	if len(links) == 0 {
+		return noopSpan
+	}
+	_, span := w.p.tracer.Start(context.Background(), "mandated.batch.commit", trace.WithLinks(links...),
+		trace.WithAttributes(attribute.Int("mandated.partition", int(w.partition)), attribute.Int64("mandated.epoch", w.epoch),
+			attribute.Int("mandated.records", len(items)), attribute.Int("mandated.deadlines", due)))
+	return span
+}
+
+var noopSpan = noop.Span{}
+
+func (w *worker) committed(b *sink.Batch, res sink.Result, items []item, due []lifecycle.AuthKey, decisions []wire.Decision, took time.Duration, batch trace.SpanContext) {
 	w.pos = res.Position
 	pos := w.pos
 	w.published.Store(&pos)
@@ -585,11 +628,11 @@ func (w *worker) committed(b *sink.Batch, res sink.Result, items []item, due []l
 			m.RequestAnswers.Inc()
 		}
 	}
-	m.CommitSeconds.Observe(took.Seconds())
+	tracing.Observe(m.CommitSeconds, took.Seconds(), batch)
 	commitTime := time.Now()
 	for _, it := range items {
 		if !it.rec.Timestamp.IsZero() {
-			m.DecisionLatency.Observe(commitTime.Sub(it.rec.Timestamp).Seconds())
+			tracing.Observe(m.DecisionLatency, commitTime.Sub(it.rec.Timestamp).Seconds(), it.trace)
 		}
 		switch it.kind {
 		case itemReject:

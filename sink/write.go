@@ -101,6 +101,18 @@ SELECT * FROM unnest($1::int[], $2::bigint[], $3::bigint[], $4::smallint[], $5::
 const insertOutboxSQL = `WITH w AS (` + insertOutboxRows + ` RETURNING 1)
 SELECT mandated_expect_rows(count(*), $15, 'insert outbox') FROM w`
 
+// insertOutboxTracedRows is insertOutboxRows for a batch with a traced
+// record: the rows' W3C trace context too (NULL for the others, migration
+// 0042). A batch with none writes no trace column at all: tracing off
+// costs nothing here.
+const insertOutboxTracedRows = `INSERT INTO outbox (partition, seq, epoch, kind, record_key, payload, reason, detail, source_topic,
+  source_partition, source_offset, created_at, prev_hash, hash, trace_parent)
+SELECT * FROM unnest($1::int[], $2::bigint[], $3::bigint[], $4::smallint[], $5::bytea[], $6::bytea[], $7::text[], $8::text[],
+  $9::text[], $10::int[], $11::bigint[], $12::timestamptz[], $13::bytea[], $14::bytea[], $15::text[])`
+
+const insertOutboxTracedSQL = `WITH w AS (` + insertOutboxTracedRows + ` RETURNING 1)
+SELECT mandated_expect_rows(count(*), $16, 'insert outbox') FROM w`
+
 const advancePartitionRows = `UPDATE mandated_partitions SET proposals_offset = $3, grants_offset = $4, next_seq = $5, head_hash = $9, updated_at = now()
 WHERE partition = $1 AND epoch = $2 AND proposals_offset = $6 AND grants_offset = $7 AND next_seq = $8`
 

@@ -126,8 +126,12 @@ func (w *writeSet) flush() {
 		q(updateIntentsSQL, []any{c.org, c.op, c.run, c.step, c.act, c.lmid, c.laid, c.hmid, c.haid, c.updated, c.expires, c.tid, c.mid}, len(c.org))
 	}
 	if c := &w.outbox; len(c.part) > 0 {
-		q(insertOutboxSQL, []any{c.part, c.seq, c.epoch, c.kind, c.key, c.payload, c.reason, c.detail, c.srcTopic, c.srcPart,
-			c.srcOff, c.created, c.prev, c.hash}, len(c.part))
+		sql, args := insertOutboxSQL, []any{c.part, c.seq, c.epoch, c.kind, c.key, c.payload, c.reason, c.detail, c.srcTopic,
+			c.srcPart, c.srcOff, c.created, c.prev, c.hash}
+		if c.traced {
+			sql, args = insertOutboxTracedSQL, append(args, c.traces)
+		}
+		q(sql, args, len(c.part))
 	}
 	if c := &w.answers; len(c.id) > 0 {
 		// A request answered twice (a record decided again after a lost
@@ -273,6 +277,8 @@ type outboxCols struct {
 	key, payload, prev, hash [][]byte
 	reason, detail, srcTopic []string
 	created                  []pgtype.Timestamptz
+	traces                   []*string // NULL for a row without a trace context
+	traced                   bool      // some row has one (insertOutboxTracedSQL)
 }
 
 func (c *outboxCols) add(r outbox.Row) {
@@ -286,6 +292,11 @@ func (c *outboxCols) add(r outbox.Row) {
 	c.srcPart, c.srcOff = append(c.srcPart, r.SourcePartition), append(c.srcOff, r.SourceOffset)
 	c.created = append(c.created, tstz(r.CreatedAt))
 	c.prev, c.hash = append(c.prev, prev), append(c.hash, hash)
+	var trace *string
+	if r.TraceParent != "" {
+		trace, c.traced = &r.TraceParent, true
+	}
+	c.traces = append(c.traces, trace)
 }
 
 // answerCols are the request records (migration 0024) of the rows that

@@ -236,3 +236,11 @@ const (
 // answers the record under that id for the org's retention, so any gateway
 // instance can answer the request's status URL.
 const HeaderRequest = "mandated-request"
+
+// HeaderTraceParent is the W3C trace context header ("traceparent"). A
+// command record may carry it (the gateway's produce does when tracing is
+// on); the processor keeps it with the decisions answering the record, and
+// the relay publishes it on them, so a decision carries the trace of the
+// command it answers. It is not covered by the decision chain (the chain
+// hashes the record's value), and it decides nothing.
+const HeaderTraceParent = "traceparent"

@@ -1,6 +1,8 @@
 package wire
 
 import (
+	"encoding/json"
+	"os"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -30,4 +32,27 @@ func TestIntentKeySeparatesFieldBoundaries(t *testing.T) {
 	require.NotEqual(t, IntentKey("a", "bc", "x"), IntentKey("ab", "c", "x"))
 	require.NotEqual(t, IntentKey("run", "1", "a"), IntentKey("run", "1", "b"))
 	require.Equal(t, IntentKey("run", "1", "a"), IntentKey("run", "1", "a"))
+}
+
+// The shared golden vectors (testdata/intent_keys.json, computed with
+// Python's hashlib) are read by this test and by the Python package's
+// (clients/python/tests/test_intent_key.py): both languages derive the same
+// key from the same facts, UTF-8 and empty fields included.
+func TestIntentKeyMatchesTheSharedVectors(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("testdata/intent_keys.json")
+	require.NoError(t, err)
+	var file struct {
+		Vectors []struct {
+			RunID  string `json:"run_id"`
+			Step   string `json:"step"`
+			Action string `json:"action"`
+			Key    string `json:"key"`
+		} `json:"vectors"`
+	}
+	require.NoError(t, json.Unmarshal(b, &file))
+	require.GreaterOrEqual(t, len(file.Vectors), 8)
+	for _, v := range file.Vectors {
+		require.Equal(t, v.Key, IntentKey(v.RunID, v.Step, v.Action), "IntentKey(%q, %q, %q)", v.RunID, v.Step, v.Action)
+	}
 }

@@ -21,6 +21,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -35,10 +36,14 @@ import (
 	"github.com/mandated/mandated/client"
 	"github.com/mandated/mandated/cmd/internal/cli"
 	"github.com/mandated/mandated/gateway"
+	"github.com/mandated/mandated/gateway/console"
+	"github.com/mandated/mandated/internal/tracing"
+	"github.com/mandated/mandated/sink"
 )
 
 type config struct {
 	kafka             cli.Kafka
+	tracing           cli.Tracing
 	databaseURL       string
 	databaseURLFile   string
 	dbMaxConns        int
@@ -62,10 +67,48 @@ type config struct {
 	shutdownTimeout   time.Duration
 	logFormat         string
 	logLevel          string
+	console           bool
+	consoleKeys       consoleKeys
+}
+
+// consoleKeys are the --console-signing-key flags: org=KEY_ID:FILE.
+type consoleKeys []string
+
+func (k *consoleKeys) String() string { return strings.Join(*k, ",") }
+
+func (k *consoleKeys) Set(v string) error {
+	for _, one := range strings.Split(v, ",") {
+		if one = strings.TrimSpace(one); one != "" {
+			*k = append(*k, one)
+		}
+	}
+	return nil
+}
+
+// signers reads the console's signing keys.
+func (k consoleKeys) signers() (map[string]*client.Signer, error) {
+	out := map[string]*client.Signer{}
+	for _, one := range k {
+		org, rest, ok1 := strings.Cut(one, "=")
+		id, file, ok2 := strings.Cut(rest, ":")
+		if !ok1 || !ok2 || org == "" || id == "" || file == "" {
+			return nil, fmt.Errorf("--console-signing-key %q: want org=KEY_ID:FILE", one)
+		}
+		if _, dup := out[org]; dup {
+			return nil, fmt.Errorf("--console-signing-key: org %s twice", org)
+		}
+		key, err := cli.ReadSigningKey(file)
+		if err != nil {
+			return nil, fmt.Errorf("--console-signing-key %s: %w", org, err)
+		}
+		out[org] = &client.Signer{KeyID: id, Key: key}
+	}
+	return out, nil
 }
 
 func (c *config) register(fs *flag.FlagSet) {
 	c.kafka.Register(fs)
+	c.tracing.Register(fs)
 	fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL URL of a role that may only read (README, \"The gateway's PostgreSQL role\"), e.g. postgres://mandated_gateway@db:5432/mandated?sslmode=verify-full (required without --shard-map)")
 	fs.StringVar(&c.databaseURLFile, "database-url-file", "", "file holding the PostgreSQL URL (a mounted secret); wins over --database-url")
 	fs.StringVar(&c.shardMap, "shard-map", "", "mandated's shard map (YAML): each status read goes to its mandate's shard, tokens to the control shard; replaces --database-url")
@@ -87,6 +130,8 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.maxRecordBytes, "max-record-bytes", gateway.MaxRecordBytesDefault, "the processors' --max-record-bytes: the record built around a body is decoded with it")
 	fs.IntVar(&c.maxInFlight, "max-in-flight-per-org", gateway.MaxInFlightPerOrgDefault, "commands of one org waiting at once (429 beyond)")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", gateway.MaxWaitDefault+5*time.Second, "bound on a graceful shutdown")
+	fs.BoolVar(&c.console, "console", true, "serve the operators' console under /console on --http-addr (operator tokens: mandatectl tokens create --operator)")
+	fs.Var(&c.consoleKeys, "console-signing-key", "org=KEY_ID:FILE: the console signs that org's resolves with this grantor key (PKCS#8 PEM), for an org that requires signed grantor commands (repeatable)")
 	fs.StringVar(&c.logFormat, "log-format", "auto", "json, console, or auto (console on a terminal)")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 }
@@ -159,6 +204,20 @@ func run(args []string) int {
 		return 2
 	}
 
+	tp, shutdownTracing, err := c.tracing.Provider(context.Background(), "mandate-gateway")
+	if err != nil {
+		log.Error().Err(err).Msg("invalid configuration")
+		return 2
+	}
+	defer shutdownTracing()
+	if tp != nil {
+		// The server spans (otelhttp) and the produce's (kotel): the record
+		// carries the request's trace to the processor.
+		gcfg.TracerProvider = tp
+		kopts = append(kopts, tracing.KafkaHooks(tp))
+		log.Info().Msg("tracing on: spans exported with OTLP")
+	}
+
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	var pool *pgxpool.Pool
@@ -199,9 +258,27 @@ func run(args []string) int {
 		srv.WithShards(shards)
 		go followShardMap(ctx, shards, c.shardMapPoll, log)
 	}
+	if c.console {
+		signers, err := c.consoleKeys.signers()
+		if err != nil {
+			log.Error().Err(err).Msg("invalid configuration")
+			return 2
+		}
+		operator := func() *sink.Operator { return sink.NewOperator(pool) }
+		if shards != nil {
+			operator = func() *sink.Operator { return sink.NewShardedOperator(shards.Pools()...) }
+		}
+		con, err := console.New(console.Config{Signers: signers, SecureCookie: certs != nil, Logger: &log},
+			console.Sources{Client: cl, Control: pool, Operator: operator})
+		if err != nil {
+			log.Error().Err(err).Msg("invalid configuration")
+			return 2
+		}
+		con.Register(srv.Mux())
+	}
 
 	ops := http.NewServeMux()
-	ops.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	ops.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, EnableOpenMetrics: true}))
 	ops.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	ops.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)

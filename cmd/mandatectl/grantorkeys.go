@@ -13,6 +13,8 @@ import (
 	"sort"
 	"time"
 
+	"github.com/mandated/mandated/client"
+	"github.com/mandated/mandated/cmd/internal/cli"
 	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/wire"
@@ -353,13 +355,11 @@ func grantorPublicKeyPEM(pub ed25519.PublicKey) string {
 	return string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}))
 }
 
-func readGrantorPrivateKey(path string) (ed25519.PrivateKey, error) {
-	return readPEMKey[ed25519.PrivateKey](path, "PRIVATE KEY", x509.ParsePKCS8PrivateKey)
-}
+func readGrantorPrivateKey(path string) (ed25519.PrivateKey, error) { return cli.ReadSigningKey(path) }
 
 // readPEMKey reads the one PEM block of type blockType in path and parses
 // it into an Ed25519 key of type K.
-func readPEMKey[K ed25519.PublicKey | ed25519.PrivateKey](path, blockType string, parse func([]byte) (any, error)) (K, error) {
+func readPEMKey[K ed25519.PublicKey](path, blockType string, parse func([]byte) (any, error)) (K, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
@@ -388,6 +388,24 @@ type signingFlags struct {
 func (s *signingFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&s.keyFile, "signing-key-file", "", "sign the command with this grantor private key (PKCS#8 PEM)")
 	fs.StringVar(&s.keyID, "signing-key-id", "", "the id the signing key is registered under (required with --signing-key-file)")
+}
+
+// signer returns the signer the flags name, nil when no key was given.
+func (s *signingFlags) signer() (*client.Signer, error) {
+	if s.keyFile == "" {
+		if s.keyID != "" {
+			return nil, errors.New("--signing-key-id needs --signing-key-file")
+		}
+		return nil, nil
+	}
+	if s.keyID == "" {
+		return nil, errors.New("--signing-key-id is required with --signing-key-file")
+	}
+	priv, err := cli.ReadSigningKey(s.keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("--signing-key-file: %w", err)
+	}
+	return &client.Signer{KeyID: s.keyID, Key: priv}, nil
 }
 
 // sign returns value signed, or value itself when no key was given.

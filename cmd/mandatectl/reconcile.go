@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/mandated/mandated/client"
 	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/wire"
@@ -119,33 +120,28 @@ decision came within --timeout.`,
 		a.errorf("reconcile: %s is %s, not in doubt: nothing to reconcile (only an in-doubt execution is resolved)", *auth, cur.State)
 		return exitFailed
 	}
-	body := map[string]any{"v": wire.SchemaVersion, "type": string(wire.CmdResolve), "org": key.Org, "mandate_id": key.MandateID,
-		"authorization_id": *auth, "sent_at": time.Now().UTC().Format(time.RFC3339Nano)}
+	resolve := client.Resolve{AuthorizationRef: client.AuthorizationRef{Org: key.Org, MandateID: key.MandateID, AuthorizationID: *auth},
+		Outcome: wire.ResolveCancelled, Evidence: *evidence, ExecutionToken: cur.ExecutionToken}
 	if *committed != "" {
-		body["outcome"], body["external_ref"] = string(wire.ResolveCommitted), *committed
-	} else {
-		body["outcome"] = string(wire.ResolveCancelled)
+		resolve.Outcome, resolve.ExternalRef = wire.ResolveCommitted, *committed
 	}
-	if *evidence != "" {
-		body["evidence"] = *evidence
+	if *token != 0 {
+		resolve.ExecutionToken = *token
 	}
-	switch {
-	case *token != 0:
-		body["execution_token"] = *token
-	case cur.ExecutionToken != 0:
-		body["execution_token"] = cur.ExecutionToken
-	}
-	value, err := json.Marshal(body)
+	signer, err := signing.signer()
 	if err != nil {
-		a.errorf("reconcile: encode: %v", err)
-		return exitFailed
-	}
-	if value, err = signing.sign(value); err != nil {
 		return f.usageErr("%v", err)
 	}
-	if _, rej := wire.Decode(key.Bytes(), value, wire.Limits{}); rej != nil {
-		a.errorf("reconcile: the resolve is invalid (%s): %s", rej.Reason, rej.Detail)
+	// The same record the gateway's console sends (client.Record).
+	value, _, err := client.Record(resolve, signer)
+	var inv *client.InvalidCommandError
+	switch {
+	case errors.As(err, &inv):
+		a.errorf("reconcile: the resolve is invalid (%s): %s", inv.Reason, inv.Detail)
 		return exitUsage
+	case err != nil:
+		a.errorf("reconcile: %v", err)
+		return exitFailed
 	}
 	opts, err := kc.opts(a)
 	if err != nil {

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -10,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/push"
 
+	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/verify"
 	"github.com/mandated/mandated/wire"
 )
@@ -36,14 +39,16 @@ takes a bare hash with one --partition (read from its start to find it).
 
 With --pushgateway or --metrics-file it exports mandated_verify_* metrics
 (deploy/kubernetes/verify-cronjob.yaml runs it hourly; an alert fires on
-drift). Exit codes: 0 verified, 1 a break, a drift or a failure, 2 a usage
+drift). With --record it stores the run's result in verify_runs on the
+(control) database, what the gateway's console shows as the last verify;
+this needs a role that may insert there. Exit codes: 0 verified, 1 a break, a drift or a failure, 2 a usage
 error.`,
 		"mandatectl verify",
 		"mandatectl verify --partition 3 --json",
 		"mandatectl verify --checkpoint > checkpoints-$(date +%F).txt",
 		"mandatectl verify --since \"$(paste -sd, checkpoints-2026-11-30.txt)\"",
 		"mandatectl verify --partition 3 --since 7d0c3f3316bfedb8f4b66bb35927e8a678cf1fba424c457851d631fca30c5251",
-		"mandatectl verify --pushgateway http://pushgateway:9091")
+		"mandatectl verify --pushgateway http://pushgateway:9091 --record")
 	var kc kafkaConn
 	kc.register(f)
 	var topics topicNames
@@ -59,6 +64,7 @@ error.`,
 	timeout := f.Duration("timeout", 0, "bound on the whole run (0: none)")
 	pushURL := f.String("pushgateway", "", "push mandated_verify_* metrics to this Prometheus Pushgateway (job mandated_verify)")
 	metricsFile := f.String("metrics-file", "", "write mandated_verify_* metrics to this file (node exporter textfile format)")
+	record := f.Bool("record", false, "store the result in verify_runs (the console's last verify page); needs a role that may insert there")
 	pos, code, ok := f.parse(args)
 	if !ok {
 		return code
@@ -120,6 +126,11 @@ error.`,
 	metrics.Observe(start, rep, err)
 	if code := exportVerifyMetrics(a, metrics, err == nil, *pushURL, *metricsFile); code != exitOK && err == nil {
 		return code
+	}
+	if *record {
+		if code := recordVerifyRun(a, &db, start, rep, err); code != exitOK && err == nil {
+			return code
+		}
 	}
 	if err != nil {
 		a.errorf("verify: %v", err)
@@ -220,4 +231,51 @@ func exportVerifyMetrics(a *app, m *verify.Metrics, completed bool, pushURL, fil
 		}
 	}
 	return code
+}
+
+// maxRecordedReport bounds the report stored with a run (verify_runs).
+const maxRecordedReport = 1 << 20
+
+// recordVerifyRun stores the run's result in verify_runs on the control
+// database (a connection of its own: the verify's pools are read-only).
+func recordVerifyRun(a *app, db *dbConn, start time.Time, rep *verify.Report, runErr error) int {
+	run := sink.VerifyRun{StartedAt: start, FinishedAt: time.Now(), Completed: runErr == nil}
+	run.Host, _ = os.Hostname()
+	if runErr != nil {
+		run.Error = runErr.Error()
+	}
+	if rep != nil {
+		run.OK = runErr == nil && rep.OK()
+		run.Partitions, run.Records, run.Breaks, run.Drifts = len(rep.Partitions), rep.Records, len(rep.Breaks), len(rep.Drifts)
+		for _, p := range rep.Partitions {
+			if !p.Complete && p.From >= 0 {
+				run.Incomplete++
+			}
+		}
+		b, err := json.Marshal(rep)
+		if err == nil && len(b) > maxRecordedReport {
+			short := *rep
+			short.Breaks, short.Drifts = short.Breaks[:min(len(short.Breaks), 100)], short.Drifts[:min(len(short.Drifts), 100)]
+			b, err = json.Marshal(short)
+			run.Truncated = true
+		}
+		if err == nil && len(b) <= maxRecordedReport {
+			run.Report = b
+		}
+	}
+	ctx, cancel := withTimeout(context.WithoutCancel(a.ctx), 30*time.Second)
+	defer cancel()
+	conn, err := db.conn(ctx)
+	if err != nil {
+		a.errorf("verify: record the run: %v", err)
+		return exitFailed
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	id, err := sink.RecordVerifyRun(ctx, conn, run)
+	if err != nil {
+		a.errorf("verify: record the run: %v", err)
+		return exitFailed
+	}
+	a.errorf("verify: recorded as run %d (the console's last verify)", id)
+	return exitOK
 }

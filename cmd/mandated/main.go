@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -33,6 +34,7 @@ import (
 
 	"github.com/mandated/mandated/cmd/internal/cli"
 	"github.com/mandated/mandated/internal/failpoint"
+	"github.com/mandated/mandated/internal/tracing"
 	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/sink"
@@ -41,7 +43,8 @@ import (
 
 // config is everything mandated can be told.
 type config struct {
-	kafka cli.Kafka
+	kafka   cli.Kafka
+	tracing cli.Tracing
 
 	databaseURL          string
 	databaseURLFile      string
@@ -89,6 +92,7 @@ type config struct {
 
 func (c *config) register(fs *flag.FlagSet) {
 	c.kafka.Register(fs)
+	c.tracing.Register(fs)
 	fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL URL, e.g. postgres://mandated@db:5432/mandated?sslmode=verify-full&sslrootcert=/etc/ca.pem (required)")
 	fs.StringVar(&c.databaseURLFile, "database-url-file", "", "file holding the PostgreSQL URL (a mounted secret); wins over --database-url")
 	fs.StringVar(&c.shardMap, "shard-map", "", "YAML file mapping partition ranges to PostgreSQL databases (README, \"Scaling out PostgreSQL\"); replaces --database-url")
@@ -223,6 +227,19 @@ func run(args []string) int {
 	if err != nil {
 		log.Error().Err(err).Msg("invalid configuration")
 		return 2
+	}
+	tp, shutdownTracing, err := c.tracing.Provider(context.Background(), "mandated")
+	if err != nil {
+		log.Error().Err(err).Msg("invalid configuration")
+		return 2
+	}
+	defer shutdownTracing()
+	if tp != nil {
+		// The decode and batch commit spans; the relay's publish spans come
+		// from its producer's hooks, for decisions of traced records only.
+		cfg.Processor.TracerProvider = tp
+		cfg.Relay.KafkaOpts = append(slices.Clone(cfg.Relay.KafkaOpts), tracing.KafkaHooks(tp))
+		log.Info().Msg("tracing on: spans exported with OTLP")
 	}
 
 	ln, err := net.Listen("tcp", c.httpAddr)
@@ -363,7 +380,7 @@ func watchReady(svc *processor.Service, g prometheus.Gauge, stop <-chan struct{}
 
 func routes(state *serving, reg *prometheus.Registry) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, EnableOpenMetrics: true}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		_, _ = w.Write([]byte("ok\n"))

@@ -17,3 +17,9 @@ GRANT SELECT ON gateway_tokens, mandated_meta TO mandated_gateway;
 -- Status reads: an authorization, a proposal's key, a request's answer and
 -- how far its partition is consumed; a partition moved to another shard.
 GRANT SELECT ON authorizations, idempotency_keys, request_answers, mandated_partitions, mandated_moves TO mandated_gateway;
+-- The operators' console (/console, on by default): operator tokens, the
+-- in-doubt queue and a mandate's page (its terms and authorizations), the
+-- partitions (the outbox backlog, the relay's progress, parked rows), the
+-- orgs' signing modes and the last verify (mandatectl verify --record).
+-- gateway/console's tests run the console as this role.
+GRANT SELECT ON operator_tokens, mandates, outbox, outbox_parked, relay_progress, org_grant_signing, verify_runs TO mandated_gateway;

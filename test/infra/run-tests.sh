@@ -2,7 +2,8 @@
 # run-tests.sh: what `make test` does.
 #
 #  1. go mod download; resolve the Kafka jars (Maven Central, cached per version);
-#     PostgreSQL binaries come from apt-get when missing (postgres.sh does that).
+#     PostgreSQL binaries come from apt-get when missing (postgres.sh does that);
+#     python3 with venv, pip and pytest, and Debian's chromium, likewise.
 #  2. Start every test server that is not already running, all at once:
 #     Kafka (19092), the SASL/SCRAM broker (19192), PostgreSQL (55432) and the
 #     three-node cluster (29092-29097).
@@ -72,6 +73,22 @@ phase "go mod download" $((SECONDS - t0))
 t0=$SECONDS
 "$INFRA_DIR/kafka-libs.sh" >/dev/null || die "could not resolve the Kafka jars"
 phase "Kafka $KAFKA_VERSION jars" $((SECONDS - t0))
+
+# The Python package's tests (gateway/python_test.go) need python3 with venv,
+# pip and pytest; the console's browser tests (gateway/console) need Debian's
+# chromium. Missing ones are installed (apt-get as root; pytest with pip, or
+# Debian's python3-pytest where pip may not install into the system's python),
+# else make test stops here saying what is missing: those tests fail, never skip.
+t0=$SECONDS
+command -v python3 >/dev/null || apt_install python3 python3-venv python3-pip
+python3 -c 'import venv, ensurepip' 2>/dev/null || apt_install python3-venv
+python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip
+if ! python3 -c 'import pytest' 2>/dev/null; then
+	python3 -m pip install --quiet pytest >&2 || apt_install python3-pytest
+	python3 -c 'import pytest' 2>/dev/null || die "pytest is not importable by $(command -v python3)"
+fi
+command -v chromium >/dev/null || command -v chromium-browser >/dev/null || apt_install chromium
+phase "python3, pytest, chromium" $((SECONDS - t0))
 
 # --- 2. servers ------------------------------------------------------------------
 # want NAME: start server NAME in the background unless it is running.

@@ -10,7 +10,9 @@
 //
 // MANDATED_GATEWAY_PROBE_CLIENTS (16), MANDATED_GATEWAY_PROBE_DURATION (30s)
 // and MANDATED_GATEWAY_PROBE_REPORT (a file the figures are appended to)
-// change it. Build it without -race: the figures are the binaries' own.
+// change it. MANDATED_GATEWAY_PROBE_TRACING=1 turns tracing on in both
+// binaries (--otlp-endpoint: a collector the test serves, which accepts
+// and counts every export), every request sampled: the cost of traces. Build it without -race: the figures are the binaries' own.
 package probe
 
 import (
@@ -20,12 +22,14 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -54,18 +58,36 @@ type stack struct {
 	base  string
 	token string
 	gw    *procs.Process
+	// exports and exportedBytes count the OTLP exports the collector took
+	// (tracing on).
+	exports, exportedBytes atomic.Int64
 }
 
-func startStack(t *testing.T, partitions int32) *stack {
+// startStack starts mandated and mandate-gateway over a new harness; with
+// tracing, both export their spans to a collector the test serves.
+func startStack(t *testing.T, partitions int32, tracing bool) *stack {
 	t.Helper()
 	h := harness.New(t, harness.Options{Partitions: partitions})
-	p := procs.StartMandated(t, "mandated", []string{
+	s := &stack{h: h}
+	var traceArgs []string
+	if tracing {
+		collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			n, _ := io.Copy(io.Discard, r.Body)
+			s.exports.Add(1)
+			s.exportedBytes.Add(n)
+			w.Header().Set("Content-Type", "application/x-protobuf")
+			w.WriteHeader(http.StatusOK) // an empty ExportTraceServiceResponse: everything accepted
+		}))
+		t.Cleanup(collector.Close)
+		traceArgs = []string{"--otlp-endpoint", collector.URL, "--trace-sample-ratio", "1"}
+	}
+	p := procs.StartMandated(t, "mandated", append([]string{
 		"--brokers", joinComma(h.Brokers), "--database-url", h.DatabaseURL,
 		"--proposals-topic", h.Spec.Proposals, "--grants-topic", h.Spec.Grants,
 		"--decisions-topic", h.Spec.Decisions, "--dead-letter-topic", h.Spec.DeadLetter,
 		"--group", h.Group, "--relay-transactional-id-prefix", h.TxnPrefix,
 		"--log-level", "warn",
-	}, nil)
+	}, traceArgs...), nil)
 	p.WaitReady(2 * time.Minute)
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -84,6 +106,7 @@ func startStack(t *testing.T, partitions int32) *stack {
 		"--decisions-topic", h.Spec.Decisions, "--http-addr", fmt.Sprintf("127.0.0.1:%d", port),
 		"--log-format", "json", "--log-level", "warn",
 	}
+	args = append(args, traceArgs...)
 	readyz := port
 	// /readyz is on a listener of its own where the binary has --ops-addr
 	// (the probe also measures builds from before it).
@@ -94,7 +117,8 @@ func startStack(t *testing.T, partitions int32) *stack {
 	gw := procs.Start(t, "gateway", bin, args, nil)
 	gw.HTTP = fmt.Sprintf("127.0.0.1:%d", readyz)
 	gw.WaitReady(time.Minute)
-	return &stack{h: h, base: fmt.Sprintf("http://127.0.0.1:%d", port), token: token, gw: gw}
+	s.base, s.token, s.gw = fmt.Sprintf("http://127.0.0.1:%d", port), token, gw
+	return s
 }
 
 // sample is one request's route and latency.
@@ -202,7 +226,8 @@ func TestGatewayProbe(t *testing.T) {
 	require.NoError(t, err)
 	warmup := min(5*time.Second, duration/5)
 
-	s := startStack(t, 4)
+	tracing := os.Getenv("MANDATED_GATEWAY_PROBE_TRACING") == "1"
+	s := startStack(t, 4, tracing)
 	for i := range clients {
 		d := s.h.SendAwait(map[string]any{"type": "grant", "org": "acme", "mandate_id": fmt.Sprintf("probe-m%d", i), "uses": 1000000,
 			"max_amount": map[string]any{"minor_units": 20000, "currency": "EUR"}, "operations": []string{"payment.refund"}})
@@ -253,6 +278,12 @@ func TestGatewayProbe(t *testing.T) {
 			line(r, byRoute[r])
 		}
 		rev := strings.TrimSpace(envOr("MANDATED_GATEWAY_PROBE_LABEL", "this build"))
+		if tracing {
+			require.Positive(t, s.exports.Load(), "tracing on: the collector took no export")
+			rev += fmt.Sprintf(", tracing on (%d OTLP exports, %d bytes, so far)", s.exports.Load(), s.exportedBytes.Load())
+		} else {
+			rev += ", tracing off"
+		}
 		load, _ := os.ReadFile("/proc/loadavg") // the machine may be shared
 		report := fmt.Sprintf("\n### gateway probe: %s, %d clients, %s, %s, load %s\n\n| requests | count | per second | p50 ms | p99 ms | max ms |\n|---|---|---|---|---|---|\n%s\n",
 			rev, clients, duration, time.Now().UTC().Format(time.RFC3339), strings.Join(strings.Fields(string(load))[:3], " "), strings.Join(lines, "\n"))

@@ -1,0 +1,153 @@
+"""Decisions and authorizations as the gateway answers them."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+TERMINAL_STATES = frozenset({"committed", "cancelled", "expired", "revoked"})
+
+
+def intent_key(run_id: str, step: str, action: str) -> str:
+    """An idempotency key derived from stable workflow facts (the
+    orchestrator's run id, the step, the action), equal to Go's
+    ``wire.IntentKey``: ``"ik_"`` + the lower-case unpadded base32 of the
+    first 20 bytes of SHA-256(run_id NUL step NUL action). The same facts
+    give the same key in every process and after every restore: never a
+    call-time UUID."""
+    for name, v in (("run_id", run_id), ("step", step), ("action", action)):
+        if not isinstance(v, str):
+            raise TypeError(f"{name} must be a str, not {type(v).__name__}")
+    digest = hashlib.sha256(b"\0".join(s.encode("utf-8") for s in (run_id, step, action))).digest()[:20]
+    return "ik_" + base64.b32encode(digest).decode("ascii").lower().rstrip("=")
+
+
+class Decision:
+    """One decision as published on the decisions topic (wire v1). ``raw``
+    is the whole JSON object; the common members are attributes."""
+
+    def __init__(self, raw: Dict[str, Any]):
+        self.raw = raw
+
+    def __repr__(self) -> str:
+        return (f"Decision(outcome={self.outcome!r}, reason={self.reason!r}, "
+                f"authorization_id={self.authorization_id!r}, state={self.state!r})")
+
+    def __getitem__(self, key: str) -> Any:
+        return self.raw[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.raw.get(key, default)
+
+    @property
+    def outcome(self) -> str:
+        return self.raw.get("outcome", "")
+
+    @property
+    def reason(self) -> str:
+        return self.raw.get("reason", "")
+
+    @property
+    def detail(self) -> str:
+        return self.raw.get("detail", "")
+
+    @property
+    def org(self) -> str:
+        return self.raw.get("org", "")
+
+    @property
+    def mandate_id(self) -> str:
+        return self.raw.get("mandate_id", "")
+
+    @property
+    def authorization_id(self) -> str:
+        return self.raw.get("authorization_id", "")
+
+    @property
+    def decision_id(self) -> str:
+        return self.raw.get("decision_id", "")
+
+    @property
+    def original_outcome(self) -> str:
+        return self.raw.get("original_outcome", "")
+
+    @property
+    def authorization(self) -> Dict[str, Any]:
+        return self.raw.get("authorization") or {}
+
+    @property
+    def state(self) -> str:
+        """The authorization's state after this decision ("" when the
+        decision is about no authorization)."""
+        return self.authorization.get("state", "")
+
+    @property
+    def execution_token(self) -> int:
+        """The execution token in force (0 when none)."""
+        return int(self.raw.get("execution_token") or self.authorization.get("execution_token") or 0)
+
+    @property
+    def external_ref(self) -> str:
+        return self.authorization.get("external_ref", "")
+
+    @property
+    def result(self) -> Optional[Dict[str, Any]]:
+        return self.authorization.get("result")
+
+    @property
+    def held_by(self) -> Dict[str, Any]:
+        return self.raw.get("held_by") or {}
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+@dataclass(frozen=True)
+class AuthorizationRef:
+    """Names one authorization: what ``execute`` needs. ``ref(decision)``
+    makes one from a proposal's decision."""
+
+    org: str
+    mandate_id: str
+    authorization_id: str
+
+    @classmethod
+    def of(cls, approval: Any) -> "AuthorizationRef":
+        if isinstance(approval, AuthorizationRef):
+            return approval
+        if isinstance(approval, Decision):
+            return cls(approval.org, approval.mandate_id, approval.authorization_id)
+        if isinstance(approval, dict):
+            return cls(approval["org"], approval["mandate_id"], approval["authorization_id"])
+        raise TypeError("an approval is an AuthorizationRef, a Decision or a dict with org, mandate_id and authorization_id")
+
+
+def ref(decision: Decision) -> AuthorizationRef:
+    """The authorization a decision is about (Go's ``client.RefOf``)."""
+    return AuthorizationRef.of(decision)
+
+
+@dataclass
+class Effect:
+    """What the function given to ``execute`` returns: the provider's
+    reference and, optionally, a JSON object recorded with the commit and
+    shown to every later caller."""
+
+    external_ref: str
+    result: Optional[Dict[str, Any]] = None
+
+
+@dataclass
+class Execution:
+    """What ``execute`` observed. ``ran`` is True for the one call that ran
+    the function; ``external_ref`` and ``result`` are the committed
+    effect's, the same for the winner and every loser."""
+
+    ran: bool = False
+    external_ref: str = ""
+    result: Optional[Dict[str, Any]] = None
+    decision: Optional[Decision] = None
+    authorization: Dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,160 @@
+"""Typed errors: one class per problem status of the gateway (RFC 9457
+problem details, whose ``reason`` is a wire reason code), and the errors of
+``execute``.
+
+Catch ``ProblemError`` for any answer the gateway refused, ``Refused`` for a
+command that did not fit the authorization's state (it carries the
+decision), ``InDoubt`` when the outcome of an effect cannot be known.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Type
+
+
+class MandatedError(Exception):
+    """Base class of every error this package raises."""
+
+
+class ProblemError(MandatedError):
+    """The gateway answered with problem details (4xx or 5xx).
+
+    ``reason`` is the wire reason code (``already_executing``,
+    ``idempotency_key_reused``, ``unauthenticated``, ...); ``decision`` is
+    the decision the problem carries when one was made (a refusal, a
+    conflict), else None.
+    """
+
+    def __init__(self, status: int, problem: Dict[str, Any], retry_after: Optional[float] = None):
+        self.status = status
+        self.problem = problem
+        self.reason: str = problem.get("reason", "")
+        self.type: str = problem.get("type", "")
+        self.title: str = problem.get("title", "")
+        self.detail: str = problem.get("detail", "")
+        self.instance: str = problem.get("instance", "")
+        self.retry_after = retry_after
+        from .decision import Decision  # import cycle: decision imports nothing of errors at load
+
+        raw = problem.get("decision")
+        self.decision: Optional[Decision] = Decision(raw) if isinstance(raw, dict) else None
+        super().__init__(f"{status} {self.reason}: {self.detail}" if self.detail else f"{status} {self.reason}")
+
+
+class InvalidCommand(ProblemError):
+    """400, 413 or 415: the command is invalid; ``reason`` is the decoder's
+    (``field_invalid``, ``unknown_field``, ``too_large``, ...). Sending it
+    again will not help."""
+
+
+class Unauthenticated(ProblemError):
+    """401: no bearer token, or an unknown or revoked one."""
+
+
+class Forbidden(ProblemError):
+    """403: the token acts for another org, or the command belongs to the
+    control plane (``control_plane_only``)."""
+
+
+class NotFound(ProblemError):
+    """404: no such authorization, request, route, or no decision bound to a
+    key."""
+
+
+class MethodNotAllowed(ProblemError):
+    """405: the resource does not take this method."""
+
+
+class Refused(ProblemError):
+    """409: the command did not fit (a refusal, or ``stale_version``). The
+    decision says why and shows the authorization's current state."""
+
+
+class AlreadyExecuting(Refused):
+    """409 ``already_executing``: another executor won the begin. The
+    decision names it (``held_by``) and, once settled, its outcome and
+    result. Never a licence to run the effect."""
+
+
+class IdempotencyConflict(ProblemError):
+    """422: the same Idempotency-Key was used with another payload."""
+
+
+class TooManyInFlight(ProblemError):
+    """429: too many commands of the org are waiting; retry after
+    ``retry_after`` seconds with the same Idempotency-Key."""
+
+
+class Unavailable(ProblemError):
+    """503: Kafka did not acknowledge in time, or PostgreSQL did not answer.
+    The command may still be decided: retry with the same Idempotency-Key
+    (and, for a begin, the same executor)."""
+
+
+class NoDecision(MandatedError):
+    """The command was accepted (202) but not decided before the deadline.
+    It will still be decided: its own answer is at ``status_url``; a retry
+    must use the same Idempotency-Key."""
+
+    def __init__(self, message: str, request_id: str = "", status_url: str = ""):
+        super().__init__(message)
+        self.request_id = request_id
+        self.status_url = status_url
+
+
+class InDoubt(MandatedError):
+    """``execute`` cannot know whether the effect happened: the winner's
+    outcome was not seen before the deadline, or the effect's outcome is
+    unknown and was reported so. The function was not run by this call
+    unless ``execution.ran`` says so. Never run the effect yourself: a
+    reconciler resolves it."""
+
+    def __init__(self, message: str, execution: Any = None):
+        super().__init__(message)
+        self.execution = execution
+
+
+class NotCommitted(MandatedError):
+    """``execute``: the authorization ended without an effect (cancelled,
+    expired, revoked) or could not be begun."""
+
+    def __init__(self, message: str, execution: Any = None):
+        super().__init__(message)
+        self.execution = execution
+
+
+class NotExecuted(Exception):
+    """Raise it (or a subclass) from the function given to ``execute`` when
+    the provider definitely did not perform the effect (it refused the
+    request): ``execute`` then cancels with the message as proof."""
+
+
+class OutcomeUnknown(Exception):
+    """Raise it from the function given to ``execute`` when it cannot tell
+    whether the provider performed the effect (a timeout, a lost
+    connection): ``execute`` reports the outcome unknown and the use stays
+    held until a reconciler resolves it. Any other exception is treated the
+    same way (failing closed)."""
+
+
+_BY_STATUS: Dict[int, Type[ProblemError]] = {
+    400: InvalidCommand,
+    401: Unauthenticated,
+    403: Forbidden,
+    404: NotFound,
+    405: MethodNotAllowed,
+    409: Refused,
+    413: InvalidCommand,
+    415: InvalidCommand,
+    422: IdempotencyConflict,
+    429: TooManyInFlight,
+    503: Unavailable,
+}
+
+
+def problem_error(status: int, problem: Dict[str, Any], retry_after: Optional[float] = None) -> ProblemError:
+    """The typed error for a problem answer."""
+    if status == 409 and problem.get("reason") == "already_executing":
+        return AlreadyExecuting(status, problem, retry_after)
+    cls = _BY_STATUS.get(status, ProblemError)
+    return cls(status, problem, retry_after)
