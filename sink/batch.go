@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/outbox"
@@ -80,26 +81,20 @@ func (s *Sink) Commit(ctx context.Context, b *Batch) (Result, error) {
 	}
 }
 
+// attempt runs the batch once: a group commit of one part (commitParts),
+// so that a batch of its own takes the same two round trips.
 func (s *Sink) attempt(ctx context.Context, b *Batch, res *Result) error {
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	if err != nil {
-		return fmt.Errorf("begin: %w", err)
+	outs, errs, err := s.commitParts(ctx, []*groupReq{{ctx: ctx, b: b, retried: res.Attempts > 1 || b.Retry}})
+	if err == nil {
+		err = errs[0]
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
-
-	out, err := s.write(ctx, tx, b, res.Attempts > 1 || b.Retry, ctx)
 	if err != nil {
 		return err
 	}
+	out := outs[0]
 	if out.AlreadyStored {
 		res.Position, res.AlreadyStored = out.Position, true
 		return nil
-	}
-	if err := tx.Commit(ctx); err != nil {
-		if errors.Is(interpretError(err), ErrRetryable) {
-			return err
-		}
-		return retry("commit_unknown", "commit outcome unknown: %v", err)
 	}
 	res.Position, res.State, res.Rows = out.Position, out.State, out.Rows
 	return nil
@@ -113,56 +108,6 @@ type written struct {
 	AlreadyStored bool
 }
 
-// write runs one batch inside tx: lock the partition row and check the
-// fence, load, decide, write, and run BeforeCommit (with hookCtx). retried
-// says an earlier attempt's outcome is unknown, so finding the batch stored
-// is success.
-func (s *Sink) write(ctx context.Context, tx pgx.Tx, b *Batch, retried bool, hookCtx context.Context) (written, error) {
-	p := &part{b: b, retried: retried}
-	// Phase one, one round trip: the fence, the mandates, the idempotency keys.
-	var lb pgx.Batch
-	p.queueLoad(&lb)
-	br := tx.SendBatch(ctx, &lb)
-	err := s.readLoad(p, br)
-	if cerr := br.Close(); err == nil && cerr != nil {
-		err = fmt.Errorf("load idempotency keys and intents: %w", cerr)
-	}
-	if err != nil {
-		return written{}, err
-	}
-	if p.already {
-		return written{Position: p.stored, AlreadyStored: true}, nil
-	}
-
-	// Phase two: the authorizations.
-	if err := loadAuths(ctx, tx, p.st, b.Needs); err != nil {
-		return written{}, fmt.Errorf("load authorizations: %w", err)
-	}
-	if err := loadRecent(ctx, tx, p.st, b.Needs); err != nil {
-		return written{}, fmt.Errorf("load recent authorizations: %w", err)
-	}
-
-	if err := p.decide(); err != nil {
-		return written{}, err
-	}
-
-	// Phase three, one round trip: every write and the new position.
-	wr := tx.SendBatch(ctx, &p.w.batch)
-	if err := p.readWrites(wr); err != nil {
-		wr.Close()
-		return written{}, err
-	}
-	if err := wr.Close(); err != nil {
-		return written{}, err
-	}
-	if b.BeforeCommit != nil {
-		if err := b.BeforeCommit(hookCtx); err != nil {
-			return written{}, err
-		}
-	}
-	return p.written(), nil
-}
-
 // part is one batch on its way through a transaction: the batch's own
 // transaction (write), or one part of a group commit (Group).
 type part struct {
@@ -172,17 +117,28 @@ type part struct {
 	stored  Position // under the partition lock
 	head    []byte   // the chain head stored with the fence
 	already bool     // an earlier attempt committed the batch
+	fence   error    // ErrFenced: the partition is not this owner's
 	st      *lifecycle.State
+	tids    rowTIDs // the loaded rows' addresses, for the updates
 	out     []outbox.Row
 	to      Position
-	w       writeSet // phase three
+	newHead []byte   // the chain head after out
+	w       writeSet // phase two, unmerged
+
+	// What phase one queued besides the mandates and the keys.
+	intents, auths, recent bool
 }
 
-// queueLoad queues phase one: the partition lock (the fence), the
-// mandates, the idempotency keys and the intents: four results.
-func (p *part) queueLoad(lb *pgx.Batch) {
+// queueLock queues the part's partition lock (the fence).
+func (p *part) queueLock(lb *pgx.Batch) { lb.Queue(lockPartitionSQL, p.b.Partition) }
+
+// queueLoads queues the part's loads: the mandates, the idempotency keys,
+// and when the batch needs them the intents, the authorizations
+// (loadAuthsSQL finds the ones the mandates, keys and intents point at
+// itself) and the recent authorizations of the possible-replay check.
+// With the locks, everything a transaction reads goes in one round trip.
+func (p *part) queueLoads(lb *pgx.Batch) {
 	b := p.b
-	lb.Queue(lockPartitionSQL, b.Partition)
 	var orgs, ids []string
 	for k := range b.Needs.Mandates {
 		orgs, ids = append(orgs, k.Org), append(ids, k.MandateID)
@@ -194,56 +150,66 @@ func (p *part) queueLoad(lb *pgx.Batch) {
 		iOps, iKeys = append(iOps, k.Operation), append(iKeys, k.Key)
 	}
 	lb.Queue(loadIdemSQL, iOrgs, iMids, iOps, iKeys)
-	queueLoadIntents(lb, b.Needs)
+	p.intents = queueLoadIntents(lb, b.Needs)
+	p.auths = queueLoadAuths(lb, b.Needs)
+	p.recent = queueLoadRecent(lb, b.Needs)
 }
 
-// readLoad reads phase one's four results and checks the fence. ErrFenced
-// (or p.already) leaves the transaction usable; any other error is the
-// database's, after which the transaction is not.
-func (s *Sink) readLoad(p *part, br pgx.BatchResults) error {
-	b := p.b
-	var epoch int64
-	var setting string
-	err := br.QueryRow().Scan(&epoch, &p.stored.ProposalsOffset, &p.stored.GrantsOffset, &p.stored.NextSeq, &p.head, &setting)
-	var fence error
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		fence = fmt.Errorf("%w: partition %d has never been claimed", ErrFenced, b.Partition)
-	case err != nil:
-		return fmt.Errorf("lock partition %d: %w", b.Partition, err)
-	case epoch != b.Epoch:
-		fence = fmt.Errorf("%w: partition %d is at epoch %d, this owner holds %d", ErrFenced, b.Partition, epoch, b.Epoch)
-	case p.stored != b.From:
-		if p.stored.ProposalsOffset == b.To.ProposalsOffset && p.stored.GrantsOffset == b.To.GrantsOffset && p.retried {
-			// An earlier attempt committed; its acknowledgement was lost.
-			p.already = true
-		} else {
-			fence = fmt.Errorf("%w: partition %d stores position %+v, this owner expected %+v", ErrFenced, b.Partition, p.stored, b.From)
+// loads counts the results queueLoads queued.
+func (p *part) loads() int {
+	n := 2
+	for _, q := range []bool{p.intents, p.auths, p.recent} {
+		if q {
+			n++
 		}
 	}
-	if fence != nil || p.already {
-		// Nothing else of the batch is needed; pass over its loads.
-		for range 3 {
+	return n
+}
+
+// readLock reads the part's lock and checks the fence: p.fence (ErrFenced)
+// or p.already leave the transaction usable; an error returned is the
+// database's, after which the transaction is not.
+func (p *part) readLock(br pgx.BatchResults) error {
+	b := p.b
+	var epoch int64
+	var setting, planning string
+	err := br.QueryRow().Scan(&epoch, &p.stored.ProposalsOffset, &p.stored.GrantsOffset, &p.stored.NextSeq, &p.head, &setting, &planning)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("lock partition %d: %w", b.Partition, err)
+	}
+	p.checkFence(err == nil, epoch)
+	return nil
+}
+
+// readLoads reads what queueLoads queued into the part's state (or passes
+// over it for a fenced or already stored part). An error is the
+// database's, after which the transaction is not usable.
+func (s *Sink) readLoads(p *part, br pgx.BatchResults) error {
+	b := p.b
+	if p.fence != nil || p.already {
+		for range p.loads() {
 			if _, err := br.Exec(); err != nil {
 				return fmt.Errorf("load partition %d: %w", b.Partition, err)
 			}
 		}
-		return fence
+		return nil
 	}
-	st := lifecycle.NewState(b.Partition, epoch, p.stored.NextSeq, s.Retention)
+	st := lifecycle.NewState(b.Partition, b.Epoch, p.stored.NextSeq, s.Retention)
 	st.Replay = b.Needs.Replay
-	p.st = st
+	p.st, p.tids = st, newRowTIDs()
 	rows, err := br.Query()
 	if err != nil {
 		return fmt.Errorf("load mandates: %w", err)
 	}
 	for rows.Next() {
-		m, err := scanMandate(rows)
+		var tid pgtype.TID
+		m, err := scanMandate(rows, &tid)
 		if err != nil {
 			rows.Close()
 			return fmt.Errorf("load mandates: %w", err)
 		}
 		st.Mandates[m.Key] = m
+		p.tids.mandates[m.Key] = tid
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -261,18 +227,30 @@ func (s *Sink) readLoad(p *part, br pgx.BatchResults) error {
 		rows.Close()
 		err = rows.Err()
 	}
-	if err == nil {
-		err = loadIntents(br, st)
-	}
 	if err != nil {
-		return fmt.Errorf("load idempotency keys and intents: %w", err)
+		return fmt.Errorf("load idempotency keys: %w", err)
+	}
+	if p.intents {
+		if err := loadIntents(br, st, &p.tids); err != nil {
+			return fmt.Errorf("load intents: %w", err)
+		}
+	}
+	if p.auths {
+		if err := readAuths(br, st, &p.tids); err != nil {
+			return fmt.Errorf("load authorizations: %w", err)
+		}
+	}
+	if p.recent {
+		if err := readRecent(br, st, &p.tids); err != nil {
+			return fmt.Errorf("load recent authorizations: %w", err)
+		}
 	}
 	return nil
 }
 
-// decide decides the batch against the loaded state and queues phase
-// three: every write and the new position. ErrRecordFault: a mandate the
-// decisions leave invalid. Nothing is written yet either way.
+// decide decides the batch against the loaded state, for addTo.
+// ErrRecordFault: a mandate the decisions leave invalid. Nothing is
+// written yet either way.
 func (p *part) decide() error {
 	b, st := p.b, p.st
 	out, err := b.Decide(st)
@@ -295,27 +273,41 @@ func (p *part) decide() error {
 	}
 	newHead := outbox.Chain(out, prev)
 
-	p.out = out
-	p.w.mandates(st)
-	p.w.auths(st)
-	p.w.idem(st)
-	p.w.intents(st)
-	p.w.outbox(out)
-	p.w.answers(out)
+	p.out, p.newHead = out, newHead[:]
 	p.to = Position{ProposalsOffset: b.To.ProposalsOffset, GrantsOffset: b.To.GrantsOffset, NextSeq: st.NextSeq}
-	p.w.queue(advancePartitionSQL, []any{b.Partition, b.Epoch, p.to.ProposalsOffset, p.to.GrantsOffset, p.to.NextSeq,
-		p.stored.ProposalsOffset, p.stored.GrantsOffset, p.stored.NextSeq, newHead[:]}, expectRows("advance partition", 1))
 	return nil
 }
 
-// readWrites checks phase three's results.
-func (p *part) readWrites(br pgx.BatchResults) error {
-	for _, check := range p.w.checks {
-		if err := check(br); err != nil {
-			return err
+// addTo adds what the part decided to w: its writes and the advance of
+// its position.
+func (p *part) addTo(w *writeSet) {
+	w.add(p.st, p.tids, p.out, advance{partition: p.b.Partition, epoch: p.b.Epoch, from: p.stored, to: p.to, head: p.newHead})
+}
+
+// bindsTwice reports an idempotency key or intent scope the part binds
+// that bound (the scopes earlier parts of its group bind) already holds,
+// and adds the part's scopes to bound otherwise.
+func (p *part) bindsTwice(bound map[any]bool) (any, bool) {
+	var mine []any
+	for _, r := range p.st.Idem {
+		if r.New {
+			mine = append(mine, r.Scope)
 		}
 	}
-	return nil
+	for _, r := range p.st.Intents {
+		if r.New {
+			mine = append(mine, r.Scope)
+		}
+	}
+	for _, k := range mine {
+		if bound[k] {
+			return k, true
+		}
+	}
+	for _, k := range mine {
+		bound[k] = true
+	}
+	return nil, false
 }
 
 // written is what the part wrote, once committed.
@@ -327,18 +319,20 @@ func (p *part) written() written {
 }
 
 // loadIntents reads the intents of phase one's batch.
-func loadIntents(br pgx.BatchResults, st *lifecycle.State) error {
+func loadIntents(br pgx.BatchResults, st *lifecycle.State, tids *rowTIDs) error {
 	rows, err := br.Query()
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
 	for rows.Next() {
-		r, err := scanIntent(rows)
+		var tid pgtype.TID
+		r, err := scanIntent(rows, &tid)
 		if err != nil {
 			return err
 		}
 		st.Intents[r.Scope] = r
+		tids.intents[r.Scope] = tid
 	}
 	return rows.Err()
 }

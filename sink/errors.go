@@ -27,6 +27,10 @@ var (
 	ErrNotFound = errors.New("sink: not found")
 )
 
+// rowsCode is the SQLSTATE mandated_expect_rows raises when a batch's write
+// touched another number of rows than it meant to (migration 0036).
+const rowsCode = "MD002"
+
 // retryable is an ErrRetryable with a short cause for metrics.
 type retryable struct {
 	cause string
@@ -71,6 +75,8 @@ func interpretError(err error) error {
 		switch {
 		case pgErr.Code == movedCode:
 			return interpretMoved(pgErr)
+		case pgErr.Code == rowsCode:
+			return retry("version", "%s", pgErr.Message)
 		case pgErr.Code == "40001":
 			return retry("serialization", "%s", pgErr.Message)
 		case pgErr.Code == "40P01":

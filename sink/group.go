@@ -7,11 +7,14 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Defaults for GroupConfig.
@@ -227,27 +230,41 @@ func (g *Group) commit(reqs []*groupReq) {
 	}
 }
 
-// setPartitionSQL declares, in a group commit's transaction, the partition
-// whose writes follow (what lockPartitionSQL declares in a batch's own
-// transaction), for the guard triggers.
-const setPartitionSQL = `SELECT set_config('mandated.partition', $1::int::text, true)`
+// setPartitionSQL declares, in a group commit's transaction, the
+// partitions whose writes follow (what lockPartitionSQL declares in a
+// batch's own transaction), for the guard triggers: one partition before
+// each part's writes, or every part's, as a comma-separated list, before
+// the writes of a merged group (migration 0038).
+const setPartitionSQL = `SELECT set_config('mandated.partition', $1::text, true)`
+
+// lockPartitionsSQL is lockPartitionSQL for the parts of a merged group
+// commit: their partition rows, locked in partition order (two groups over
+// the same partitions queue, they do not deadlock).
+const lockPartitionsSQL = `SELECT partition, epoch, proposals_offset, grants_offset, next_seq, head_hash,
+  set_config('plan_cache_mode', 'force_generic_plan', true)
+FROM mandated_partitions WHERE partition = ANY($1::int[]) ORDER BY partition FOR NO KEY UPDATE`
 
 // commitParts runs every request's batch as a part of one transaction and
 // commits it. errs holds each part's own failure; txErr is the
 // transaction's, which fails every part without one.
 //
-// The parts go through the transaction together, one round trip per
-// phase for all of them (phase one: every fence and load; phase two: the
-// authorizations; phase three: every write), so a group commit costs about
-// what one batch's transaction does. A part whose fence fails, or whose
-// decisions the state machine or the mandate checks refuse, has written
-// nothing: it is left out of the later phases and fails alone. A part whose
-// writes the database refuses (a refused record, a version moved, a key
-// taken) or whose BeforeCommit fails has written into the transaction: the
-// transaction is rolled back and the group runs again without that part,
-// so only its own batch fails and nothing of it is committed.
+// The parts go through the transaction together, in two round trips for
+// all of them (phase one: every fence and every load; phase two: every
+// write and the COMMIT), so a group commit costs about what one batch's
+// transaction does. Several parts are merged: their loads are one statement
+// per table, and so are their writes, whatever the number of parts. A part
+// whose fence fails, or whose decisions the state machine or the mandate
+// checks refuse, has written nothing: it is left out of phase two and fails
+// alone. When the database refuses a merged write (a refused record, a
+// version moved, a key taken), nobody can tell whose row it was: the
+// transaction is rolled back and the group runs again unmerged, each part's
+// writes its own statements, so that a part whose writes are refused, or
+// whose BeforeCommit fails, is the one that fails: the transaction is
+// rolled back and the group runs again without it, and nothing of it is
+// committed.
 func (s *Sink) commitParts(ctx context.Context, reqs []*groupReq) (outs []written, errs []error, txErr error) {
 	outs, errs = make([]written, len(reqs)), make([]error, len(reqs))
+	merge := len(reqs) > 1
 	for {
 		var live []int
 		for i := range reqs {
@@ -258,36 +275,130 @@ func (s *Sink) commitParts(ctx context.Context, reqs []*groupReq) (outs []writte
 		if len(live) == 0 {
 			return outs, errs, nil
 		}
-		again, err := s.attemptParts(ctx, reqs, live, outs, errs)
+		var again, split bool
+		var err error
+		if merge && len(live) > 1 {
+			again, split, err = s.attemptMerged(ctx, reqs, live, outs, errs)
+			if split {
+				merge = false
+				continue
+			}
+		} else {
+			again, err = s.attemptParts(ctx, reqs, live, outs, errs)
+		}
 		if err != nil || !again {
 			return outs, errs, err
 		}
 	}
 }
 
-// attemptParts runs the live parts in one transaction. It reports again
-// when a part failed after writing (its errs entry set, the transaction
-// rolled back); outs is set only when the transaction committed.
-func (s *Sink) attemptParts(ctx context.Context, reqs []*groupReq, live []int, outs []written, errs []error) (again bool, txErr error) {
-	// BEGIN goes in phase one's round trip. A connection released inside
-	// a transaction (an error, a cancelled context) is closed by the pool.
+// commitOutcome reads a COMMIT's answer: nil when it committed; a
+// retryable error when PostgreSQL refused it; commit_unknown when the
+// answer was lost (the connection broke), which the caller resolves by
+// reading the stored position back.
+func commitOutcome(tag pgconn.CommandTag, err error) error {
+	if err != nil {
+		if errors.Is(interpretError(err), ErrRetryable) {
+			return err
+		}
+		return retry("commit_unknown", "commit outcome unknown: %v", err)
+	}
+	if tag.String() != "COMMIT" {
+		return fmt.Errorf("commit: PostgreSQL rolled the transaction back (%s)", tag)
+	}
+	return nil
+}
+
+// tx is a group commit's transaction on one connection: BEGIN goes in
+// phase one's round trip; a transaction not committed is rolled back (a
+// connection released inside a transaction is closed by the pool).
+type tx struct {
+	conn *pgxpool.Conn
+	done bool
+}
+
+func (s *Sink) begin(ctx context.Context) (*tx, error) {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
-		return false, fmt.Errorf("begin: %w", err)
+		return nil, fmt.Errorf("begin: %w", err)
 	}
-	defer conn.Release()
-	done := false
-	defer func() {
-		if !done {
-			_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+	return &tx{conn: conn}, nil
+}
+
+func (t *tx) end(ctx context.Context) {
+	if !t.done {
+		_, _ = t.conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+	}
+	t.conn.Release()
+}
+
+// commit sends phase two's batch (ending with COMMIT unless hooks must run
+// first), reads it with read, runs the hooks, and commits. A non-nil part
+// error from read or a hook means the transaction is lost (rolled back by
+// end); err is the transaction's own.
+func (t *tx) commit(ctx context.Context, wb *pgx.Batch, hooks bool, read func(pgx.BatchResults) error,
+	runHooks func() error) (partErr error, err error) {
+	if !hooks {
+		wb.Queue("COMMIT")
+	}
+	br := t.conn.SendBatch(ctx, wb)
+	if err := read(br); err != nil {
+		br.Close()
+		return err, nil
+	}
+	if !hooks {
+		t.done = true // the COMMIT was sent: nothing to roll back
+		tag, err := br.Exec()
+		if cerr := br.Close(); err == nil {
+			err = cerr
 		}
-	}()
+		return nil, commitOutcome(tag, err)
+	}
+	if err := br.Close(); err != nil {
+		return nil, fmt.Errorf("write: %w", err)
+	}
+	if err := runHooks(); err != nil {
+		return err, nil
+	}
+	t.done = true
+	tag, err := t.conn.Exec(ctx, "COMMIT")
+	return nil, commitOutcome(tag, err)
+}
+
+// runHook runs a part's BeforeCommit. The hook ends with its batch's owner
+// too, not only with the transaction: a paused failpoint must not hold the
+// others.
+func runHook(ctx context.Context, req *groupReq) error {
+	if req.b.BeforeCommit == nil {
+		return nil
+	}
+	hookCtx, hookCancel := context.WithCancel(ctx)
+	defer hookCancel()
+	stop := context.AfterFunc(req.ctx, hookCancel)
+	defer stop()
+	return req.b.BeforeCommit(hookCtx)
+}
+
+// attemptParts runs the live parts in one transaction, each with its own
+// statements. It reports again when a part failed after writing (its errs
+// entry set, the transaction rolled back); outs is set only when the
+// transaction committed.
+func (s *Sink) attemptParts(ctx context.Context, reqs []*groupReq, live []int, outs []written, errs []error) (again bool, txErr error) {
+	t, err := s.begin(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer t.end(ctx)
 
 	parts := make([]*part, len(live))
 	var lb pgx.Batch
+	lb.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	for j, i := range live {
 		parts[j] = &part{b: reqs[i].b, retried: reqs[i].retried}
-		parts[j].queueLoad(&lb)
+		parts[j].queueLock(&lb)
+	}
+	for _, p := range parts {
+		p.queueLoads(&lb)
 	}
 	// active: the parts still going (not fenced, not already stored).
 	active := func(yield func(int, *part) bool) {
@@ -298,56 +409,32 @@ func (s *Sink) attemptParts(ctx context.Context, reqs []*groupReq, live []int, o
 		}
 	}
 
-	// Phase one: every part's fence and loads.
-	lb.QueuedQueries = append([]*pgx.QueuedQuery{{SQL: "BEGIN ISOLATION LEVEL READ COMMITTED"}}, lb.QueuedQueries...)
-	br := conn.SendBatch(ctx, &lb)
+	// Phase one, one round trip: BEGIN, every part's fence, every part's
+	// loads.
+	br := t.conn.SendBatch(ctx, &lb)
 	if _, err := br.Exec(); err != nil {
 		br.Close()
 		return false, fmt.Errorf("begin: %w", err)
 	}
 	for j, i := range live {
-		if err := s.readLoad(parts[j], br); err != nil {
+		if err := parts[j].readLock(br); err != nil {
+			br.Close()
 			errs[i] = interpretError(err)
-			if !errors.Is(err, ErrFenced) {
-				br.Close()
-				return true, nil // the database refused this part's statement: the transaction is lost
-			}
+			return true, nil // the database refused this part's statement: the transaction is lost
+		}
+	}
+	for j, i := range live {
+		if err := s.readLoads(parts[j], br); err != nil {
+			br.Close()
+			errs[i] = interpretError(err)
+			return true, nil
+		}
+		if parts[j].fence != nil {
+			errs[i] = parts[j].fence
 		}
 	}
 	if err := br.Close(); err != nil {
 		return false, fmt.Errorf("load: %w", err)
-	}
-
-	// Phase two: the authorizations.
-	var ab pgx.Batch
-	type queued struct{ auths, recent bool }
-	q := map[int]queued{}
-	for i, p := range active {
-		q[i] = queued{queueLoadAuths(&ab, p.st, p.b.Needs), queueLoadRecent(&ab, p.b.Needs)}
-	}
-	if ab.Len() > 0 {
-		br := conn.SendBatch(ctx, &ab)
-		for i, p := range active {
-			var err error
-			if q[i].auths {
-				if err = readAuths(br, p.st); err != nil {
-					err = fmt.Errorf("load authorizations: %w", err)
-				}
-			}
-			if err == nil && q[i].recent {
-				if err = readRecent(br, p.st); err != nil {
-					err = fmt.Errorf("load recent authorizations: %w", err)
-				}
-			}
-			if err != nil {
-				br.Close()
-				errs[i] = interpretError(err)
-				return true, nil
-			}
-		}
-		if err := br.Close(); err != nil {
-			return false, fmt.Errorf("load authorizations: %w", err)
-		}
 	}
 
 	// Decide: a refusal here has written nothing.
@@ -357,58 +444,49 @@ func (s *Sink) attemptParts(ctx context.Context, reqs []*groupReq, live []int, o
 		}
 	}
 
-	// Phase three: every part's writes, each after declaring its partition.
+	// Phase two: every part's writes, each after declaring its partition
+	// (a lone part was declared by its lock), and COMMIT in the same round
+	// trip unless a part has a hook to run before it.
 	var wb pgx.Batch
+	hooks := false
 	for _, p := range active {
-		wb.Queue(setPartitionSQL, p.b.Partition)
-		for _, qq := range p.w.batch.QueuedQueries {
-			wb.Queue(qq.SQL, qq.Arguments...)
+		hooks = hooks || p.b.BeforeCommit != nil
+		if len(live) > 1 {
+			wb.Queue(setPartitionSQL, fmt.Sprint(p.b.Partition))
 		}
+		p.addTo(&p.w)
+		p.w.flush()
+		wb.QueuedQueries = append(wb.QueuedQueries, p.w.batch.QueuedQueries...)
 	}
-	if wb.Len() > 0 {
-		br := conn.SendBatch(ctx, &wb)
+	partErr, err := t.commit(ctx, &wb, hooks, func(br pgx.BatchResults) error {
 		for i, p := range active {
-			_, err := br.Exec()
+			var err error
+			if len(live) > 1 {
+				_, err = br.Exec()
+			}
 			if err == nil {
-				err = p.readWrites(br)
+				err = p.w.read(br)
 			}
 			if err != nil {
-				br.Close()
 				errs[i] = interpretError(err)
-				return true, nil
+				return err
 			}
 		}
-		if err := br.Close(); err != nil {
-			return false, fmt.Errorf("write: %w", err)
+		return nil
+	}, func() error {
+		for i := range active {
+			if err := runHook(ctx, reqs[i]); err != nil {
+				errs[i] = interpretError(err)
+				return err
+			}
 		}
+		return nil
+	})
+	if partErr != nil {
+		return true, nil
 	}
-	for i, p := range active {
-		if p.b.BeforeCommit == nil {
-			continue
-		}
-		// The hook ends with its batch's owner too, not only with the
-		// transaction: a paused failpoint must not hold the others.
-		hookCtx, hookCancel := context.WithCancel(ctx)
-		stop := context.AfterFunc(reqs[i].ctx, hookCancel)
-		err := p.b.BeforeCommit(hookCtx)
-		stop()
-		hookCancel()
-		if err != nil {
-			errs[i] = interpretError(err)
-			return true, nil
-		}
-	}
-
-	done = true
-	tag, err := conn.Exec(ctx, "COMMIT")
 	if err != nil {
-		if errors.Is(interpretError(err), ErrRetryable) {
-			return false, err
-		}
-		return false, retry("commit_unknown", "commit outcome unknown: %v", err)
-	}
-	if tag.String() != "COMMIT" {
-		return false, fmt.Errorf("commit: PostgreSQL rolled the transaction back (%s)", tag)
+		return false, err
 	}
 	for j, i := range live {
 		if errs[i] == nil {
@@ -416,4 +494,123 @@ func (s *Sink) attemptParts(ctx context.Context, reqs []*groupReq, live []int, o
 		}
 	}
 	return false, nil
+}
+
+// attemptMerged runs the live parts in one transaction with merged
+// statements: one lock statement for every partition, one load per table,
+// one write per table and kind. It reports split when the database refused
+// a merged write (whose part nobody can tell: the group is to run again
+// unmerged), again when a part was dropped after phase one; outs is set
+// only when the transaction committed.
+func (s *Sink) attemptMerged(ctx context.Context, reqs []*groupReq, live []int, outs []written, errs []error) (again, split bool, txErr error) {
+	t, err := s.begin(ctx)
+	if err != nil {
+		return false, false, err
+	}
+	defer t.end(ctx)
+
+	parts := make([]*part, len(live))
+	partitions := make([]int32, len(live))
+	for j, i := range live {
+		parts[j] = &part{b: reqs[i].b, retried: reqs[i].retried}
+		partitions[j] = reqs[i].b.Partition
+	}
+	var lb pgx.Batch
+	lb.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
+	lb.Queue(lockPartitionsSQL, partitions)
+	loads := queueMergedLoads(&lb, parts)
+
+	// Phase one, one round trip: BEGIN, the fences, the loads.
+	br := t.conn.SendBatch(ctx, &lb)
+	if _, err := br.Exec(); err != nil {
+		br.Close()
+		return false, false, fmt.Errorf("begin: %w", err)
+	}
+	if err := readLocks(br, parts); err != nil {
+		br.Close()
+		return false, false, err
+	}
+	for j, i := range live {
+		if parts[j].fence != nil {
+			errs[i] = parts[j].fence
+		}
+	}
+	if err := s.readMergedLoads(br, parts, loads); err != nil {
+		br.Close()
+		return false, true, nil // a load refused: let the parts find whose, unmerged
+	}
+	if err := br.Close(); err != nil {
+		return false, false, fmt.Errorf("load: %w", err)
+	}
+
+	// Decide: a refusal here has written nothing. A part that would bind
+	// an idempotency key or an intent another part of the group binds too
+	// (one key used for two mandates at once) waits for a later group, so
+	// that one statement never inserts a key twice.
+	bound := map[any]bool{}
+	var partitionList []string
+	var w writeSet
+	hooks := false
+	for j, i := range live {
+		p := parts[j]
+		if errs[i] != nil || p.already {
+			continue
+		}
+		if err := p.decide(); err != nil {
+			errs[i] = interpretError(err)
+			continue
+		}
+		if scope, ok := p.bindsTwice(bound); ok {
+			errs[i] = retry("unique", "partition %d binds %v, which another batch of its group commit binds too", p.b.Partition, scope)
+			continue
+		}
+		hooks = hooks || p.b.BeforeCommit != nil
+		partitionList = append(partitionList, fmt.Sprint(p.b.Partition))
+		p.addTo(&w)
+	}
+	if len(partitionList) > 0 {
+		w.batch.QueuedQueries = append([]*pgx.QueuedQuery{{SQL: setPartitionSQL, Arguments: []any{strings.Join(partitionList, ",")}}},
+			w.batch.QueuedQueries...)
+		w.flush()
+	}
+	refused := false
+	partErr, err := t.commit(ctx, &w.batch, hooks, func(br pgx.BatchResults) error {
+		if len(partitionList) == 0 {
+			return nil
+		}
+		if _, err := br.Exec(); err != nil {
+			refused = true
+			return err
+		}
+		if err := w.read(br); err != nil {
+			refused = true
+			return err
+		}
+		return nil
+	}, func() error {
+		for j, i := range live {
+			if errs[i] != nil || parts[j].already {
+				continue
+			}
+			if err := runHook(ctx, reqs[i]); err != nil {
+				errs[i] = interpretError(err)
+				return err
+			}
+		}
+		return nil
+	})
+	switch {
+	case partErr != nil && refused:
+		return false, true, nil
+	case partErr != nil:
+		return true, false, nil // a hook failed: its part is out
+	case err != nil:
+		return false, false, err
+	}
+	for j, i := range live {
+		if errs[i] == nil {
+			outs[i] = parts[j].written()
+		}
+	}
+	return false, false, nil
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/mandated/mandated/lifecycle"
@@ -63,14 +64,15 @@ const (
 	// recoverInsertPartitionSQL creates a partition the restored database
 	// never claimed (its chain anchor with it, by trigger).
 	recoverInsertPartitionSQL = `INSERT INTO mandated_partitions (partition, epoch, owner) VALUES ($1, 1, $2)`
-	recoverMandatesSQL        = `SELECT m.org, m.mandate_id, m.version FROM mandates m
+	recoverMandatesSQL        = `SELECT m.org, m.mandate_id, m.version, m.ctid FROM mandates m
 JOIN unnest($1::text[], $2::text[]) AS u(org, mandate_id) USING (org, mandate_id)`
-	recoverAuthsSQL = `SELECT a.org, a.mandate_id, a.authorization_id, a.version FROM authorizations a
+	recoverAuthsSQL = `SELECT a.org, a.mandate_id, a.authorization_id, a.version, a.ctid FROM authorizations a
 JOIN unnest($1::text[], $2::text[], $3::text[]) AS u(org, mandate_id, authorization_id) USING (org, mandate_id, authorization_id)`
 	recoverKeysSQL = `SELECT k.org, k.mandate_id, k.operation, k.idempotency_key FROM idempotency_keys k
 JOIN unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS u(org, mandate_id, operation, idempotency_key)
   USING (org, mandate_id, operation, idempotency_key)`
-	recoverIntentsSQL = `SELECT i.org, i.mandate_id, i.operation, i.run_id, i.step, i.action, i.head_mandate_id, i.head_authorization_id FROM intents i
+	recoverIntentsSQL = `SELECT i.org, i.mandate_id, i.operation, i.run_id, i.step, i.action, i.head_mandate_id, i.head_authorization_id, i.ctid
+FROM intents i
 JOIN unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) AS u(org, mandate_id, operation, run_id, step, action)
   USING (org, mandate_id, operation, run_id, step, action)`
 	recoverAdvanceSQL = `UPDATE mandated_partitions SET epoch = epoch + 1, owner = $2, claimed_at = now(), next_seq = $3, head_hash = $4,
@@ -115,15 +117,14 @@ func Recover(ctx context.Context, pool *pgxpool.Pool, r Recovery) (RecoveryResul
 			return fmt.Errorf("%w: partition %d is at sequence %d (head %x), the decisions were read after %d (head %x)",
 				ErrRecoveryMoved, r.Partition, last, head, r.FromSeq, r.FromHead)
 		}
-		st, err := recoveryState(ctx, tx, r)
+		tids := newRowTIDs()
+		st, err := recoveryState(ctx, tx, r, &tids)
 		if err != nil {
 			return err
 		}
 		var w writeSet
-		w.mandates(st)
-		w.auths(st)
-		w.idem(st)
-		w.intents(st)
+		w.addState(st, tids)
+		w.flush()
 		for _, m := range st.Mandates {
 			if m.Dirty {
 				res.Mandates++
@@ -144,13 +145,11 @@ func Recover(ctx context.Context, pool *pgxpool.Pool, r Recovery) (RecoveryResul
 				res.Intents++
 			}
 		}
-		if len(w.checks) > 0 {
+		if w.n > 0 {
 			br := tx.SendBatch(ctx, &w.batch)
-			for _, check := range w.checks {
-				if err := check(br); err != nil {
-					br.Close()
-					return fmt.Errorf("write the rebuilt rows of partition %d: %w", r.Partition, err)
-				}
+			if err := w.read(br); err != nil {
+				br.Close()
+				return fmt.Errorf("write the rebuilt rows of partition %d: %w", r.Partition, err)
 			}
 			if err := br.Close(); err != nil {
 				return fmt.Errorf("write the rebuilt rows of partition %d: %w", r.Partition, err)
@@ -181,7 +180,11 @@ func Recover(ctx context.Context, pool *pgxpool.Pool, r Recovery) (RecoveryResul
 // the working set the batch statements write: rows it lacks as new, rows
 // it holds at an older version as changed (compare-and-set on that
 // version), the rest untouched.
-func recoveryState(ctx context.Context, tx pgx.Tx, r Recovery) (*lifecycle.State, error) {
+//
+// The rows it holds are updated at the addresses read here (tids), as a
+// batch updates what it loaded: the partition row is locked, so nothing
+// else moves them before the writes.
+func recoveryState(ctx context.Context, tx pgx.Tx, r Recovery, tids *rowTIDs) (*lifecycle.State, error) {
 	st := lifecycle.NewState(r.Partition, 0, r.ToSeq+1, nil)
 
 	var orgs, ids []string
@@ -196,11 +199,12 @@ func recoveryState(ctx context.Context, tx pgx.Tx, r Recovery) (*lifecycle.State
 	for rows.Next() {
 		var k partitioner.MandateKey
 		var v int64
-		if err := rows.Scan(&k.Org, &k.MandateID, &v); err != nil {
+		var tid pgtype.TID
+		if err := rows.Scan(&k.Org, &k.MandateID, &v, &tid); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read mandates: %w", err)
 		}
-		held[k] = v
+		held[k], tids.mandates[k] = v, tid
 	}
 	rows.Close()
 	for _, m := range r.Mandates {
@@ -220,11 +224,12 @@ func recoveryState(ctx context.Context, tx pgx.Tx, r Recovery) (*lifecycle.State
 	for rows.Next() {
 		var k lifecycle.AuthKey
 		var v int64
-		if err := rows.Scan(&k.Mandate.Org, &k.Mandate.MandateID, &k.ID, &v); err != nil {
+		var tid pgtype.TID
+		if err := rows.Scan(&k.Mandate.Org, &k.Mandate.MandateID, &k.ID, &v, &tid); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read authorizations: %w", err)
 		}
-		heldAuth[k] = v
+		heldAuth[k], tids.auths[k] = v, tid
 	}
 	rows.Close()
 	for _, a := range r.Auths {
@@ -269,12 +274,13 @@ func recoveryState(ctx context.Context, tx pgx.Tx, r Recovery) (*lifecycle.State
 	for rows.Next() {
 		var s lifecycle.IntentScope
 		var h lifecycle.AuthKey
-		if err := rows.Scan(&s.Org, &s.MandateID, &s.Operation, &s.RunID, &s.Step, &s.Action, &h.Mandate.MandateID, &h.ID); err != nil {
+		var tid pgtype.TID
+		if err := rows.Scan(&s.Org, &s.MandateID, &s.Operation, &s.RunID, &s.Step, &s.Action, &h.Mandate.MandateID, &h.ID, &tid); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read intents: %w", err)
 		}
 		h.Mandate.Org = s.Org
-		heldIntent[s] = h
+		heldIntent[s], tids.intents[s] = h, tid
 	}
 	rows.Close()
 	for _, in := range r.Intents {

@@ -248,6 +248,8 @@ func TestAnExecutionTokenAndItsExecutorNeverChangeAndTheCounterNeverGoesBack(t *
 		{"another executor", []string{`UPDATE authorizations SET begin_key = 'loser' WHERE authorization_id = 'au_e'`}, "cannot change"},
 		{"a counter going back", []string{`UPDATE mandates SET executions = executions + 3 WHERE mandate_id = 'm5'`,
 			`UPDATE mandates SET executions = 1 WHERE mandate_id = 'm5'`}, "cannot go back"},
+		{"a terms version going back", []string{`UPDATE mandates SET version = version + 2, terms_version = version + 2 WHERE mandate_id = 'm5'`,
+			`UPDATE mandates SET terms_version = 1 WHERE mandate_id = 'm5'`}, "terms version of acme/m5 cannot go back"},
 		{"a result on an executing authorization", []string{`UPDATE authorizations SET result = '{}' WHERE authorization_id = 'au_e'`}, "result_only_when_committed"},
 	} {
 		stmts := []func(pgx.Tx) error{insert}
@@ -369,4 +371,72 @@ func TestMigration0008AnchorsExistingPartitionsAfterTheirLastSequence(t *testing
 		want := wire.Anchor(v.p, v.after)
 		require.Equal(t, want[:], sum)
 	}
+}
+
+// A batch sends its writes and its COMMIT in one round trip, so a write
+// that finds its row taken must abort the transaction in the database,
+// before the COMMIT behind it: the test plays another writer that binds
+// the batch's idempotency key (the same scope, another fingerprint)
+// between the batch's load and its writes. The batch must decide again,
+// see the binding, and answer conflict — with nothing of its first attempt
+// (a reservation, a use held, a decision) stored.
+func TestAKeyTakenBetweenTheLoadAndTheWritesMakesTheBatchDecideAgainWithNothingOfTheFirstAttemptStored(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	key := partitioner.MandateKey{Org: "acme", MandateID: "taken"}
+	p := key.Partition(4)
+	c, err := b.sink.Claim(ctx, p, "owner")
+	require.NoError(t, err)
+	now := time.Now()
+	res, err := b.sink.Commit(ctx, grantBatch(c, key, now))
+	require.NoError(t, err)
+
+	cmd := &wire.Command{Type: wire.CmdPropose, Key: key, IdempotencyKey: "k-taken",
+		Propose: &wire.Propose{Operation: "refund", Amount: wire.Money{MinorUnits: 10, Currency: "EUR"}, Target: "t"}}
+	scope, _ := lifecycle.ScopeOf(cmd)
+	needs := sink.NewNeeds()
+	needs.Mandates[key] = struct{}{}
+	needs.Idem[scope] = struct{}{}
+	attempts := 0
+	batch := &sink.Batch{
+		Partition: p, Epoch: c.Epoch, From: res.Position, Needs: needs,
+		To: sink.Position{ProposalsOffset: res.Position.ProposalsOffset + 1, GrantsOffset: res.Position.GrantsOffset},
+		Decide: func(st *lifecycle.State) ([]outbox.Row, error) {
+			attempts++
+			if attempts == 1 {
+				// The other writer, after the load.
+				_, err := b.sink.Pool().Exec(ctx, `INSERT INTO idempotency_keys (org, operation, idempotency_key, fingerprint,
+					mandate_id, partition, decision_id, outcome, created_at, expires_at)
+					VALUES ($1, $2, $3, decode(repeat('ee', 32), 'hex'), $4, $5, 'elsewhere', 'reserved', now(), now() + interval '1 day')`,
+					scope.Org, scope.Operation, scope.Key, key.MandateID, p)
+				if err != nil {
+					return nil, err
+				}
+			}
+			var rows []outbox.Row
+			for _, d := range st.Decide(lifecycle.Input{Cmd: cmd, Source: wire.Source{Topic: "p", Partition: p, Offset: res.Position.ProposalsOffset}}, now) {
+				enc, err := d.Encode()
+				if err != nil {
+					return nil, err
+				}
+				rows = append(rows, outbox.Row{Partition: p, Seq: d.Sequence, Epoch: c.Epoch, Key: []byte(d.MandateKey), Payload: enc, CreatedAt: now})
+			}
+			return rows, nil
+		},
+	}
+	res2, err := b.sink.Commit(ctx, batch)
+	require.NoError(t, err)
+	require.Equal(t, 2, res2.Attempts, "the first attempt's writes were refused and the batch decided again")
+	require.Equal(t, []string{"version"}, res2.Retries)
+	require.Len(t, res2.Rows, 1)
+	require.Contains(t, string(res2.Rows[0].Payload), `"outcome":"conflict"`)
+
+	var held, auths, outboxRows int64
+	require.NoError(t, b.sink.Pool().QueryRow(ctx, `SELECT uses_held FROM mandates WHERE org = $1 AND mandate_id = $2`, key.Org, key.MandateID).Scan(&held))
+	require.NoError(t, b.sink.Pool().QueryRow(ctx, `SELECT count(*) FROM authorizations WHERE org = $1 AND mandate_id = $2`, key.Org, key.MandateID).Scan(&auths))
+	require.NoError(t, b.sink.Pool().QueryRow(ctx, `SELECT count(*) FROM outbox WHERE partition = $1`, p).Scan(&outboxRows))
+	require.Zero(t, held, "no use is held by the first attempt's reservation")
+	require.Zero(t, auths, "the first attempt's authorization is not stored")
+	require.EqualValues(t, 2, outboxRows, "the grant's decision and the conflict, nothing else")
 }

@@ -159,6 +159,18 @@ func parse(spec string) (*action, error) {
 	return a, nil
 }
 
+// Armed reports whether a point has an action set (one atomic load when
+// none is). Code that pays for giving a point its place (the processor
+// sends COMMIT in its own round trip only for before_commit) asks first.
+func Armed(name string) bool {
+	if !enabled.Load() {
+		return false
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	return points[name] != nil
+}
+
 // Inject evaluates a point. It returns ErrInjected for "error", sleeps
 // (bounded by ctx) for "sleep", returns once the process is continued for
 // "stop", and never returns for "panic" and "kill".

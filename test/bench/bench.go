@@ -2,13 +2,12 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -70,6 +69,31 @@ type Config struct {
 	// ("plan_cache_mode=force_generic_plan": run-time settings of its
 	// sessions).
 	ExpDatabaseParams string
+	// ExpDatabaseSQL (experiment), when not empty, likewise adds the third
+	// system, whose database (a clone of the template) runs this SQL
+	// before the system starts ("ALTER TABLE authorizations DISABLE
+	// TRIGGER USER": what the guard triggers cost).
+	ExpDatabaseSQL string
+	// ExpServe (experiment), when not empty, likewise adds the third
+	// system with this JSON merged into its ServeConfig
+	// ({"max_batch": 100}).
+	ExpServe string
+	// ExpBinary (experiment), when not empty, likewise adds the third
+	// system, run by this benchrun executable instead of the bench's own:
+	// a build of another commit, so that two versions of mandated run side
+	// by side at every level (`git worktree add /tmp/base <commit> && go
+	// build -o /tmp/benchrun-base ./test/bench/cmd/benchrun`).
+	ExpBinary string
+	// Levels are the latency levels ("light", "N/s", "N%"); empty:
+	// DefaultLevels.
+	Levels []string
+	// Diagnose are the levels run once more with PostgreSQL's statement
+	// CPU logging (diagnoseLevels).
+	Diagnose []string
+	// Systems are what every latency level runs (SysMandated, SysK2,
+	// SysP3); empty: DefaultSystems. The experiment system is added when
+	// one is configured.
+	Systems []string
 	// RelayRetryLog (diagnosis) counts the relay producers' franz-go retry
 	// messages in every latency level (debug logging: costs CPU).
 	RelayRetryLog bool
@@ -127,7 +151,8 @@ type Bench struct {
 	work  string
 	out   string
 	seq   int
-	stmts map[string]string
+	stmts map[string]string // the batch statements P2 replays
+	names map[string]string // every SQL constant of sink and outbox, to name statements
 
 	// pg2 is the second PostgreSQL server (url "" when there is none) and
 	// postmaster2 its postmaster's pid, sampled by the runs that use it.
@@ -167,10 +192,23 @@ func Run(ctx context.Context, cfg Config) (string, error) {
 	if b.stmts, err = sinkStatements(cfg.RepoRoot); err != nil {
 		return "", err
 	}
+	if b.names, err = namedStatements(cfg.RepoRoot); err != nil {
+		return "", err
+	}
 	b.res = newResult(cfg)
+	// Planning time per statement and the PL/pgSQL (guard trigger)
+	// functions' time, for "Where a batch's cost goes"; on the bench's own
+	// server only.
+	for _, q := range []string{`ALTER SYSTEM SET pg_stat_statements.track_planning = on`, `ALTER SYSTEM SET track_functions = 'pl'`,
+		`SELECT pg_reload_conf()`} {
+		if err := b.pg.exec(ctx, "postgres", q); err != nil {
+			return "", fmt.Errorf("%s: %w", q, err)
+		}
+	}
 	if cfg.StopAfter == "experiments" {
 		return "", b.runExperiments(ctx)
 	}
+
 	defer b.Cleanup()
 	if err := b.all(ctx); err != nil {
 		b.res.Errors = append(b.res.Errors, err.Error())
@@ -201,6 +239,14 @@ func (b *Bench) all(ctx context.Context) error {
 		return b.shardPairs(ctx)
 	}
 
+	if c.StopAfter == "latency" && !c.shareLevels() {
+		// Fixed rates only: no capacity to measure first.
+		b.logf("latency levels at fixed rates only: no calibration (decisions taken as %d bytes)", defaultDecisionBytes)
+		if err := b.latencyLevels(ctx, main, 0, defaultDecisionBytes); err != nil {
+			return err
+		}
+		return b.diagnoseLevels(ctx, main, 0, defaultDecisionBytes)
+	}
 	b.logf("calibration: one S1 burn-down (warms the broker's JIT and measures batch and decision sizes)")
 	cal, err := b.runS1(ctx, main, nil)
 	if err != nil {
@@ -214,7 +260,10 @@ func (b *Bench) all(ctx context.Context) error {
 	}
 	if c.StopAfter == "latency" {
 		b.res.Capacity = cal.DecisionsPerSec
-		return b.latencyLevels(ctx, main, cal.DecisionsPerSec, cal.AvgValueBytes)
+		if err := b.latencyLevels(ctx, main, cal.DecisionsPerSec, cal.AvgValueBytes); err != nil {
+			return err
+		}
+		return b.diagnoseLevels(ctx, main, cal.DecisionsPerSec, cal.AvgValueBytes)
 	}
 	batch := max(1, int(cal.MeanBatch+0.5))
 	p1Script, err := b.setupP1(ctx)
@@ -314,6 +363,9 @@ func (b *Bench) all(ctx context.Context) error {
 	if err := b.latencyLevels(ctx, main, capacity, cal.AvgValueBytes); err != nil {
 		return err
 	}
+	if err := b.diagnoseLevels(ctx, main, capacity, cal.AvgValueBytes); err != nil {
+		return err
+	}
 
 	b.logf("heap: %d owned mandates, each holding one reservation", c.HeapMandates)
 	h, err := b.runHeap(ctx, b.variants["s1-1m"], main, c.HeapMandates)
@@ -329,75 +381,6 @@ func (b *Bench) all(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// LightRate is the light latency level's offered load (proposals/s); its
-// runs also measure the cold start.
-const LightRate = 200
-
-// latencyLevels runs the open-loop levels, each once against mandated and
-// once against K2 (the exactly-once franz-go pipe) at the same offered
-// load, in alternating order (ABAB): the light level (LightRate, started
-// together with the processes, so that it also measures the cold start),
-// then 25, 50 and 75 % of mandated's capacity.
-func (b *Bench) latencyLevels(ctx context.Context, main *variant, capacity, valueBytes float64) error {
-	c := b.cfg
-	levels := []level{{pct: 0, rate: LightRate, cold: true}}
-	for _, pct := range []float64{25, 50, 75} {
-		levels = append(levels, level{pct: pct, rate: capacity * pct / 100})
-	}
-	for i, lv := range levels {
-		lv.dur = time.Duration(c.LatencySecs) * time.Second
-		lv.valueBytes = int(math.Round(valueBytes))
-		order := []string{"mandated", "K2"}
-		if c.experiment() {
-			order = append(order, "mandated-experiment")
-		}
-		if i%2 == 1 {
-			slices.Reverse(order)
-		}
-		for _, sys := range order {
-			lv.system = sys
-			b.logf("latency: %s, open loop at %.0f proposals/s (%s) for %s%s", sys, lv.rate, levelName(lv.pct), lv.dur,
-				map[bool]string{true: fmt.Sprintf(" after a %s cold start", ColdWindow)}[lv.cold])
-			l, err := b.runLatency(ctx, main, lv)
-			if err != nil {
-				return fmt.Errorf("latency %s %s: %w", sys, levelName(lv.pct), err)
-			}
-			b.logf("latency %s %s: p50 %.1f p99 %.1f max %.1f ms, missing %d, duplicates %d, mean batch %.1f; decide %.1f ms (commit %.1f ms, %.0f/s), publish %.1f ms (relay txn %.1f ms, %.0f/s); %.0f µs CPU per proposal",
-				sys, levelName(lv.pct), l.P50MS, l.P99MS, l.MaxMS, l.Missing, l.Duplicates, l.MeanBatch, l.DecideMS, l.CommitMS, l.BatchPS, l.PublishMS, l.RelayTxnMS, l.RelayTxnPS, l.CPUMicrosSys)
-			if sys != "K2" {
-				b.logf("   stages: record→commit p50 %.0f p99 %.0f ms, commit p99 %.0f ms, row→published p50 %.0f p99 %.0f ms, relay txn p50 %.0f p99 %.0f ms",
-					l.DecideP50MS, l.DecideP99MS, l.CommitP99MS, l.PublishP50MS, l.PublishP99MS, l.RelayTxnP50MS, l.RelayTxnP99MS)
-			}
-			for _, name := range reqNames(l.Requests)[:min(6, len(l.Requests))] {
-				q := l.Requests[name]
-				b.logf("   kafka %-18s %6d requests, mean %6.1f ms, p99 ≤ %5.0f ms, max %6.0f ms, queued %5.1f ms", name, q.Count, q.MeanMS(), q.QuantileMS(0.99), q.MaxMS, q.WaitSecs/float64(max(q.Count, 1))*1000)
-			}
-			for msg, n := range l.RelayRetries {
-				b.logf("   relay retry log: %6d × %s", n, msg)
-			}
-			if l.Cold != nil {
-				b.logf("   cold start: first %.0f s p50 %.1f p99 %.1f max %.1f ms (missing %d)", l.Cold.Seconds, l.Cold.P50MS, l.Cold.P99MS, l.Cold.MaxMS, l.Cold.Missing)
-			}
-			switch sys {
-			case "K2":
-				b.res.LatencyK2 = append(b.res.LatencyK2, l)
-			case "mandated-experiment":
-				b.res.LatencyAlt = append(b.res.LatencyAlt, l)
-			default:
-				b.res.Latency = append(b.res.Latency, l)
-			}
-		}
-	}
-	return nil
-}
-
-func levelName(pct float64) string {
-	if pct == 0 {
-		return "light"
-	}
-	return fmt.Sprintf("%.0f %%", pct)
 }
 
 // setup makes the template databases and pre-loads the proposals topics.
@@ -416,8 +399,8 @@ func (b *Bench) setup(ctx context.Context) error {
 		{"zipf-1k", c.Partitions, c.SmallMandates, "zipf"},
 		{"zipf-1m", c.Partitions, c.LargeMandates, "zipf"},
 	}
-	if c.StopAfter == "shards" {
-		defs = defs[:1]
+	if c.StopAfter == "shards" || c.StopAfter == "latency" {
+		defs = defs[:1] // S1's variant only
 	}
 	templates := map[string]bool{}
 	for _, d := range defs {
@@ -450,7 +433,7 @@ func (b *Bench) setup(ctx context.Context) error {
 	if err := b.setupShards(ctx); err != nil {
 		return err
 	}
-	if c.K1Records > c.Records && c.StopAfter != "shards" {
+	if c.K1Records > c.Records && c.StopAfter != "shards" && c.StopAfter != "latency" {
 		main := b.variants["s1"]
 		v := &variant{name: "k1", partitions: main.partitions, mandates: main.mandates, dist: main.dist,
 			proposals: fmt.Sprintf("bench.%s.k1.proposals", b.run), grants: fmt.Sprintf("bench.%s.k1.grants", b.run), template: main.template}
@@ -552,10 +535,43 @@ func goTool(args ...string) (string, error) {
 	return string(out), err
 }
 
+// defaultDecisionBytes is a decision's size when no calibration measured it
+// (full-6's calibration: 1 212 bytes).
+const defaultDecisionBytes = 1212
+
+// shareLevels reports whether a latency level is a share of the capacity.
+func (c Config) shareLevels() bool {
+	for _, s := range c.levels() {
+		if lv, err := parseLevel(s); err == nil && lv.pct > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // experiment reports whether the latency levels run a third system, mandated
 // with the experiment's settings.
 func (c Config) experiment() bool {
-	return c.RelayRetryBackoff != 0 || c.RelayMetadataMinAge != 0 || c.ExpGroupCommit != "" || c.ExpDatabaseParams != ""
+	return c.RelayRetryBackoff != 0 || c.RelayMetadataMinAge != 0 || c.ExpGroupCommit != "" || c.ExpDatabaseParams != "" ||
+		c.ExpDatabaseSQL != "" || c.ExpServe != "" || c.ExpBinary != ""
+}
+
+// applyExperiment sets the experiment system's settings on its ServeConfig.
+func (c Config) applyExperiment(s *ServeConfig) error {
+	s.RelayRetryBackoff, s.RelayMetadataMinAge = c.RelayRetryBackoff, c.RelayMetadataMinAge
+	var err error
+	if s.GroupCommit, s.GroupCommitsInFlight, err = c.GroupCommitExperiment(); err != nil {
+		return err
+	}
+	if p := c.ExpDatabaseParams; p != "" {
+		s.DatabaseURL += "&" + p
+	}
+	if c.ExpServe != "" {
+		if err := json.Unmarshal([]byte(c.ExpServe), s); err != nil {
+			return fmt.Errorf("--exp-serve: %w", err)
+		}
+	}
+	return nil
 }
 
 // GroupCommitExperiment parses ExpGroupCommit: "on", or "in-flight=N".

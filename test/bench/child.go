@@ -26,9 +26,17 @@ type child struct {
 }
 
 func startChild(workDir, name, mode string, cfg any) (*child, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
+	return startChildOf("", workDir, name, mode, cfg)
+}
+
+// startChildOf starts the child from exe (empty: this executable), e.g. a
+// benchrun built from another commit (Config.ExpBinary).
+func startChildOf(exe, workDir, name, mode string, cfg any) (*child, error) {
+	if exe == "" {
+		var err error
+		if exe, err = os.Executable(); err != nil {
+			return nil, err
+		}
 	}
 	js, err := json.Marshal(cfg)
 	if err != nil {

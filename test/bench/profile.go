@@ -23,6 +23,10 @@ type StatementStat struct {
 	BlksRead int64   `json:"shared_blks_read"`
 	WALBytes float64 `json:"wal_bytes"`
 	SharePct float64 `json:"share_pct"`
+	// Plans and PlanMS count planning (pg_stat_statements.track_planning,
+	// which the bench turns on for its own servers).
+	Plans  int64   `json:"plans"`
+	PlanMS float64 `json:"plan_ms"`
 }
 
 // ProfileResult points at the profiles and holds their summaries.
@@ -59,13 +63,13 @@ func (b *Bench) statementsOn(ctx context.Context, pg pgAdmin, where string, args
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	rows, err := conn.Query(ctx, `SELECT query, calls, total_exec_time, mean_exec_time, rows, shared_blks_hit, shared_blks_read,
-		wal_bytes::float8 FROM pg_stat_statements WHERE `+where+` ORDER BY total_exec_time DESC LIMIT 25`, args...)
+		wal_bytes::float8, plans, total_plan_time FROM pg_stat_statements WHERE `+where+` ORDER BY total_exec_time DESC LIMIT 40`, args...)
 	if err != nil {
 		return nil, err
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (StatementStat, error) {
 		var s StatementStat
-		err := r.Scan(&s.Query, &s.Calls, &s.TotalMS, &s.MeanMS, &s.Rows, &s.BlksHit, &s.BlksRead, &s.WALBytes)
+		err := r.Scan(&s.Query, &s.Calls, &s.TotalMS, &s.MeanMS, &s.Rows, &s.BlksHit, &s.BlksRead, &s.WALBytes, &s.Plans, &s.PlanMS)
 		return s, err
 	})
 	if err != nil {
@@ -89,29 +93,39 @@ func (b *Bench) statementsOn(ctx context.Context, pg pgAdmin, where string, args
 
 func squash(s string) string { return strings.Join(strings.Fields(s), " ") }
 
-// statementName recognises a sink constant by its first 60 characters
-// (placeholders compared without their numbers: pg_stat_statements
-// renumbers the constants of a replayed statement).
+// statementName recognises a constant of package sink or outbox: the one
+// whose text equals the query, else the one sharing the longest prefix
+// with it, at least 60 characters (placeholders compared without their
+// numbers: pg_stat_statements renumbers the constants of a replayed
+// statement).
 func (b *Bench) statementName(q string) string {
 	q = placeholder.ReplaceAllString(squash(q), "$")
-	for name, s := range b.stmts {
+	best, bestN := "", 59
+	for name, s := range b.names {
 		s = placeholder.ReplaceAllString(squash(s), "$")
-		n := min(60, len(s))
-		if strings.HasPrefix(q, s[:n]) {
+		if s == q {
 			return name
 		}
+		n := 0
+		for n < len(s) && n < len(q) && s[n] == q[n] {
+			n++
+		}
+		if n > bestN || (n == bestN && best != "" && name < best) {
+			best, bestN = name, n
+		}
 	}
-	switch {
-	case strings.HasPrefix(q, "SELECT partition, seq, epoch, kind"):
-		return "outbox.loadRowsSQL"
-	case strings.HasPrefix(q, "INSERT INTO relay_progress"):
-		return "outbox.mark"
-	case strings.HasPrefix(q, "DELETE FROM outbox"):
-		return "outbox.housekeep"
-	case strings.HasPrefix(q, "COMMIT"), strings.HasPrefix(q, "commit"):
+	if best != "" {
+		return best
+	}
+	switch lq := strings.ToLower(q); {
+	case strings.HasPrefix(lq, "commit"):
 		return "COMMIT"
-	case strings.HasPrefix(strings.ToLower(q), "begin"):
+	case strings.HasPrefix(lq, "begin"):
 		return "BEGIN"
+	case strings.HasPrefix(lq, "rollback"):
+		return "ROLLBACK"
+	case strings.HasPrefix(lq, "set local synchronous_commit"):
+		return "outbox.SET LOCAL synchronous_commit"
 	}
 	return ""
 }

@@ -9,11 +9,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"time"
-
-	"github.com/mandated/mandated/outbox"
 )
 
 // Result is everything one run measured; result.json is this.
@@ -41,11 +40,16 @@ type Result struct {
 	Latency  []LatencyResult `json:"latency"`
 	// LatencyK2 is the same levels against K2, the exactly-once pipe.
 	LatencyK2 []LatencyResult `json:"latency_k2"`
-	// LatencyAlt is the same levels against mandated with
-	// Config.RelayRetryBackoff (an experiment; empty unless asked for).
+	// LatencyP3 is the same levels against P3, the hand-written service.
+	LatencyP3 []LatencyResult `json:"latency_p3,omitempty"`
+	// LatencyAlt is the same levels against mandated with the
+	// experiment's settings (empty unless asked for).
 	LatencyAlt []LatencyResult `json:"latency_experiment,omitempty"`
-	Heap       HeapResult      `json:"heap"`
-	Profile    *ProfileResult  `json:"profile,omitempty"`
+	// Diagnoses are extra mandated runs with PostgreSQL's statement CPU
+	// logging (not in any ratio: the logging costs CPU).
+	Diagnoses []LatencyResult `json:"diagnoses,omitempty"`
+	Heap      HeapResult      `json:"heap"`
+	Profile   *ProfileResult  `json:"profile,omitempty"`
 
 	Ratios  []Ratio    `json:"ratios"`
 	CPU     CPUSummary `json:"cpu"`
@@ -218,6 +222,15 @@ func (r *Result) evaluate() {
 		ratio("1 M-mandate ÷ 1 k-mandate throughput (uniform)", "≥ 0.8", true, 0.8, big, "same partitions, uniform key choice"),
 		ratio("1 M-mandate ÷ 1 k-mandate throughput (zipf)", "≥ 0.8", true, 0.8, skew, "Zipf s=1.1 key choice on both sides"),
 	}
+	if rates := r.s1Rates(); len(rates) > 0 {
+		var vals []float64
+		for _, v := range rates {
+			vals = append(vals, v/Full6S1)
+		}
+		p1n := median(p1) / 1.14 // full-6's decisions/s ÷ P1
+		r.Ratios = append(r.Ratios, ratio("burn-down S1 ÷ full-6's median (15 826/s)", "≥ 0.95", true, 0.95, vals,
+			fmt.Sprintf("no burn-down regression; relative to this run's P1 (the machine's state) it is %.2f of full-6's S1 ÷ P1 (1.14)", p1n)))
+	}
 	if len(r.Shards) > 0 {
 		r.Ratios = append(r.Ratios, ratio("2-shard ÷ 1-shard throughput", "report", true, 0, shards,
 			fmt.Sprintf("S1 (%d partitions, 1 k mandates) on one database vs partitions 0-%d and %d-%d on two PostgreSQL servers of the same machine; see \"Two shards\"",
@@ -250,24 +263,41 @@ func (r *Result) evaluate() {
 	r.Ratios = append(r.Ratios, r.k2Ratios()...) // after r.CPU: one of them divides by S1's CPU
 }
 
+// peerOf returns the run of list at the same level as m.
+func peerOf(m LatencyResult, list []LatencyResult) (LatencyResult, bool) {
+	for _, k := range list {
+		if k.Level == m.Level && k.OfferedRate == m.OfferedRate {
+			return k, true
+		}
+	}
+	return LatencyResult{}, false
+}
+
 // k2Pairs pairs each mandated latency level with K2's run at the same
 // offered load.
-func (r *Result) k2Pairs() [][2]LatencyResult {
+func (r *Result) k2Pairs() [][2]LatencyResult { return r.pairsWith(r.LatencyK2) }
+
+// pairsWith pairs each mandated latency level with list's run at the same
+// level.
+func (r *Result) pairsWith(list []LatencyResult) [][2]LatencyResult {
 	var pairs [][2]LatencyResult
 	for _, m := range r.Latency {
-		for _, k := range r.LatencyK2 {
-			if k.LoadPct == m.LoadPct && k.OfferedRate == m.OfferedRate {
-				pairs = append(pairs, [2]LatencyResult{m, k})
-			}
+		if k, ok := peerOf(m, list); ok {
+			pairs = append(pairs, [2]LatencyResult{m, k})
 		}
 	}
 	return pairs
 }
 
-// k2Ratios are issue 15's targets: mandated's latency within 2× K2's at
-// the same load (light, 25 %, 50 %; 75 % reported), the cold start within
-// 3× the steady p99, and CPU per decision at 25 % within 1.5× a
-// burn-down's.
+// Full6S1 is the median burn-down of full-6 (7209daa, 2026-11-30): issue
+// 26's "no burn-down regression" compares with it.
+const Full6S1 = 15826
+
+// k2Ratios are the latency targets: mandated's latency within 2× K2's at
+// the same load (light, 25 %, 50 %; the absolute levels and 75 %
+// reported), within 1.5× P3's p99 and 1.3× its CPU per decision at every
+// level, the cold start within 3× the steady p99, and CPU per decision at
+// 25 % within 1.5× a burn-down's.
 func (r *Result) k2Ratios() []Ratio {
 	var out []Ratio
 	for _, p := range r.k2Pairs() {
@@ -275,9 +305,8 @@ func (r *Result) k2Ratios() []Ratio {
 		if k.P50MS <= 0 || k.P99MS <= 0 {
 			continue
 		}
-		lvl := levelName(m.LoadPct)
 		target, bound := "≤ 2", 2.0
-		if m.LoadPct == 75 {
+		if m.LoadPct != 25 && m.LoadPct != 50 && m.Level != "light" {
 			target, bound = "report", math.Inf(1)
 		}
 		d := fmt.Sprintf("%.0f proposals/s: mandated p50 %.1f / p99 %.1f ms, K2 p50 %.1f / p99 %.1f ms", m.OfferedRate, m.P50MS, m.P99MS, k.P50MS, k.P99MS)
@@ -285,10 +314,22 @@ func (r *Result) k2Ratios() []Ratio {
 			name string
 			m, k float64
 		}{{"p50", m.P50MS, k.P50MS}, {"p99", m.P99MS, k.P99MS}} {
-			x := ratio(fmt.Sprintf("%s(mandated) ÷ %s(K2), %s load", q.name, q.name, lvl), target, false, bound, []float64{q.m / q.k}, d)
+			x := ratio(fmt.Sprintf("%s(mandated) ÷ %s(K2), %s load", q.name, q.name, m.Level), target, false, bound, []float64{q.m / q.k}, d)
 			x.Pass = x.Pass && m.Missing == 0 && m.Duplicates == 0
 			out = append(out, x)
 		}
+	}
+	for _, p := range r.pairsWith(r.LatencyP3) {
+		m, k := p[0], p[1]
+		if k.P99MS <= 0 || k.CPUMicrosSys <= 0 {
+			continue
+		}
+		d := fmt.Sprintf("%.0f proposals/s: mandated p99 %.1f ms, %.0f µs; P3 p99 %.1f ms, %.0f µs", m.OfferedRate, m.P99MS, m.CPUMicrosSys, k.P99MS, k.CPUMicrosSys)
+		x := ratio(fmt.Sprintf("CPU per decision ÷ P3's, %s load", m.Level), "≤ 1.3", false, 1.3, []float64{m.CPUMicrosSys / k.CPUMicrosSys}, d)
+		out = append(out, x)
+		x = ratio(fmt.Sprintf("p99(mandated) ÷ p99(P3), %s load", m.Level), "≤ 1.5", false, 1.5, []float64{m.P99MS / k.P99MS}, d)
+		x.Pass = x.Pass && m.Missing == 0 && m.Duplicates == 0
+		out = append(out, x)
 	}
 	for _, m := range r.Latency {
 		if m.Cold != nil && m.P99MS > 0 {
@@ -432,71 +473,7 @@ func (r *Result) summary(dirName string, plots []string) string {
 		r.shardSummary(w)
 	}
 	if len(r.Latency) > 0 {
-		w("\n## Latency (open loop, intended send time → decision visible, read_committed)\n\nS1 capacity (median of the rounds): %.0f decisions/s.\n\n", r.Capacity)
-		w("| load | offered/s | measured | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | missing | mean batch | record→commit ms | commit ms | row→published ms | relay txn ms | relay txn/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
-		for _, l := range r.Latency {
-			w("| %s | %.0f | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.0f |\n", levelName(l.LoadPct), l.OfferedRate, l.Measured, l.P50MS, l.P90MS, l.P99MS, l.P999MS, l.MaxMS,
-				l.Missing, l.MeanBatch, l.DecideMS, l.CommitMS, l.PublishMS, l.RelayTxnMS, l.RelayTxnPS)
-		}
-		w("\nThe last five columns are means over the level from mandated's own histograms: a record's Kafka timestamp to its batch's commit, one batch commit, an outbox row's creation to its Kafka transaction's commit, one relay transaction, relay transactions per second.\n")
-	}
-	if pairs := r.k2Pairs(); len(pairs) > 0 {
-		w("\n## Latency side by side with K2 (franz-go GroupTransactSession, exactly-once consume → produce)\n\n")
-		w("Same open-loop generator, same offered load, same partitions; the two runs of a level are adjacent, in alternating order. K2 reads read_committed and produces one record per input (acks=all, linger 0) to the same partition in one transaction per poll, with the offsets.\n\n")
-		w("| load | offered/s | mandated p50 | K2 p50 | **p50 ratio** | mandated p99 | K2 p99 | **p99 ratio** | mandated max | K2 max | missing (m / K2) | duplicates (m / K2) | CPU µs per proposal (m / K2) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
-		for _, p := range pairs {
-			m, k := p[0], p[1]
-			w("| %s | %.0f | %.1f | %.1f | **%.2f** | %.1f | %.1f | **%.2f** | %.1f | %.1f | %d / %d | %d / %d | %.0f / %.0f |\n", levelName(m.LoadPct), m.OfferedRate,
-				m.P50MS, k.P50MS, m.P50MS/k.P50MS, m.P99MS, k.P99MS, m.P99MS/k.P99MS, m.MaxMS, k.MaxMS, m.Missing, k.Missing, m.Duplicates, k.Duplicates, m.CPUMicrosSys, k.CPUMicrosSys)
-		}
-		w("\nWhere mandated's latency goes, per level (quantiles are upper bounds of its histogram buckets, powers of two): record → batch committed (p50 / p99), batch commit p99, outbox row → Kafka transaction committed (p50 / p99), one relay transaction (p50 / p99):\n\n| load | record→commit p50 / p99 | commit p99 | row→published p50 / p99 | relay txn p50 / p99 | relay txn/s | batches/s |\n|---|---|---|---|---|---|---|\n")
-		for _, p := range pairs {
-			m := p[0]
-			w("| %s | %.0f / %.0f | %.0f | %.0f / %.0f | %.0f / %.0f | %.0f | %.0f |\n", levelName(m.LoadPct), m.DecideP50MS, m.DecideP99MS, m.CommitP99MS,
-				m.PublishP50MS, m.PublishP99MS, m.RelayTxnP50MS, m.RelayTxnP99MS, m.RelayTxnPS, m.BatchPS)
-		}
-		w("\nKafka requests of the process under test (client hook: round trip from write to response, without the time queued in the client; K2's cover its whole run, warm-up included):\n\n| load | system | request | count | mean ms | p99 ≤ ms | max ms | queued in client, mean ms |\n|---|---|---|---|---|---|---|---|\n")
-		for _, p := range pairs {
-			for _, l := range p {
-				for _, name := range reqNames(l.Requests) {
-					switch name {
-					case "Produce", "EndTxn", "AddPartitionsToTxn", "AddOffsetsToTxn", "TxnOffsetCommit", "InitProducerID":
-					default:
-						continue
-					}
-					q := l.Requests[name]
-					w("| %s | %s | %s | %d | %.1f | %.0f | %.0f | %.1f |\n", levelName(l.LoadPct), l.System, name, q.Count, q.MeanMS(), q.QuantileMS(0.99), q.MaxMS, q.WaitSecs/float64(max(q.Count, 1))*1000)
-				}
-			}
-		}
-		if len(r.LatencyAlt) > 0 {
-			w("\nExperiment (`--relay-retry-backoff %s --relay-metadata-min-age %s --exp-group-commit %q --exp-database-params %q`, zero or empty: as shipped): mandated as shipped (relay MetadataMinAge %s, franz-go's retry backoff, group commit off) vs mandated run with the flags' values (a fixed retry backoff; a MetadataMinAge, negative: franz-go's 5 s; group commit on, with N in flight); same levels, adjacent runs:\n\n| load | p50 (shipped / experiment) | p99 | relay txn p99 ≤ | row→published p99 ≤ | relay Produce requests per EndTxn | cold-start p99 |\n|---|---|---|---|---|---|---|\n",
-				r.Config.RelayRetryBackoff, r.Config.RelayMetadataMinAge, r.Config.ExpGroupCommit, r.Config.ExpDatabaseParams, outbox.MetadataMinAgeDefault)
-			perTxn := func(l LatencyResult) float64 {
-				return float64(l.Requests["Produce"].Count) / float64(max(l.Requests["EndTxn"].Count, 1))
-			}
-			for _, p := range pairs {
-				m := p[0]
-				for _, a := range r.LatencyAlt {
-					if a.LoadPct == m.LoadPct && a.OfferedRate == m.OfferedRate {
-						cold := "–"
-						if m.Cold != nil && a.Cold != nil {
-							cold = fmt.Sprintf("%.0f / %.0f", m.Cold.P99MS, a.Cold.P99MS)
-						}
-						w("| %s | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f | %.2f / %.2f | %s |\n", levelName(m.LoadPct), m.P50MS, a.P50MS, m.P99MS, a.P99MS,
-							m.RelayTxnP99MS, a.RelayTxnP99MS, m.PublishP99MS, a.PublishP99MS, perTxn(m), perTxn(a), cold)
-					}
-				}
-			}
-		}
-		w("\n**Cold start** (the load generator starts with the processes, at the light level; the first %.0f s against the same run's steady figures after them):\n\n| system | first %.0f s p50 | p99 | max | missing | steady p50 | steady p99 | **p99 ÷ steady p99** |\n|---|---|---|---|---|---|---|---|\n", ColdWindow.Seconds(), ColdWindow.Seconds())
-		for _, p := range pairs {
-			for _, l := range p {
-				if c := l.Cold; c != nil && l.P99MS > 0 {
-					w("| %s | %.1f | %.1f | %.1f | %d | %.1f | %.1f | **%.2f** |\n", l.System, c.P50MS, c.P99MS, c.MaxMS, c.Missing, l.P50MS, l.P99MS, c.P99MS/l.P99MS)
-				}
-			}
-		}
+		r.latencySummary(w)
 	}
 	w("\n## CPU per decision (µs, median over the rounds; window 10–90 %%)\n\n| run | mandated / pipe | broker | PostgreSQL | system total | bench client |\n|---|---|---|---|---|---|\n")
 	c := r.CPU
@@ -684,7 +661,7 @@ plot "%s" using 0:2:xtic(1) with boxes lc rgb "#3b6ea8", "" using 0:2:(sprintf("
 	}
 	if len(r.Latency) > 0 {
 		var plots []string
-		for i, l := range append(append([]LatencyResult(nil), r.Latency...), r.LatencyK2...) {
+		for i, l := range slices.Concat(r.Latency, r.LatencyK2, r.LatencyP3) {
 			dat := filepath.Join(b.work, fmt.Sprintf("latency-%d.dat", i))
 			var data strings.Builder
 			for _, pt := range l.CDF {
@@ -695,7 +672,7 @@ plot "%s" using 0:2:xtic(1) with boxes lc rgb "#3b6ea8", "" using 0:2:(sprintf("
 				fmt.Fprintf(&data, "%g %g\n", 1/(1-q/100), pt[1])
 			}
 			_ = os.WriteFile(dat, []byte(data.String()), 0o644)
-			plots = append(plots, fmt.Sprintf(`"%s" using 1:2 with linespoints title "%s, %s load (%.0f/s)"`, dat, l.System, strings.ReplaceAll(levelName(l.LoadPct), " %", "%"), l.OfferedRate))
+			plots = append(plots, fmt.Sprintf(`"%s" using 1:2 with linespoints title "%s, %s load (%.0f/s)"`, dat, l.System, strings.ReplaceAll(l.Level, " %", "%"), l.OfferedRate))
 		}
 		script := fmt.Sprintf(`set terminal png size 1000,520 font ",10"
 set output "%s"

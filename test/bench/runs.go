@@ -307,8 +307,9 @@ func (b *Bench) runK1(ctx context.Context, v *variant, valueBytes float64) (S1Re
 
 // LatencyResult is one open-loop level.
 type LatencyResult struct {
-	System      string  `json:"system"`   // "mandated" or "K2"
-	LoadPct     float64 `json:"load_pct"` // 0: the light level (a fixed rate)
+	System      string  `json:"system"`   // SysMandated, SysK2, SysP3 or SysExperiment
+	Level       string  `json:"level"`    // "light", "1 000/s", "25 %"
+	LoadPct     float64 `json:"load_pct"` // 0: a fixed rate
 	OfferedRate float64 `json:"offered_per_sec"`
 	Seconds     float64 `json:"seconds"`
 	Sent        int     `json:"sent"`
@@ -354,7 +355,15 @@ type LatencyResult struct {
 	Cold         *ColdStart `json:"cold_start,omitempty"`
 	// pg_stat_statements of the level (reset after the warm-up).
 	Statements []StatementStat `json:"statements"`
-	CDF        [][]float64     `json:"cdf"` // [percentile, ms]
+	// Costs is where the level's PostgreSQL work went, per batch and per
+	// decision (mandated only).
+	Costs *CostBreakdown `json:"costs,omitempty"`
+	// StatementCPU is PostgreSQL's CPU per statement (diagnosis runs).
+	StatementCPU *StatementCPUs `json:"statement_cpu,omitempty"`
+	// ProfileTop is the top of a CPU profile of mandated over the level
+	// (full runs, the 25 % level).
+	ProfileTop string      `json:"profile_top,omitempty"`
+	CDF        [][]float64 `json:"cdf"` // [percentile, ms]
 }
 
 // sentAtOf reads the "sent_at" a decision echoes, without decoding the rest.
@@ -375,15 +384,19 @@ func sentAtOf(v []byte) (time.Time, bool) {
 
 // level is one open-loop latency run.
 type level struct {
-	pct    float64 // of mandated's capacity; 0 for the light level
+	name   string  // "light", "1 000/s", "25 %"
+	pct    float64 // of mandated's capacity; 0 for a fixed rate
 	rate   float64 // proposals/s
 	dur    time.Duration
-	system string // "mandated" or "K2"
+	system string // SysMandated, SysK2, SysP3 or SysExperiment
 	// cold starts the load generator together with the processes (no
 	// warm-up proposals, no waiting for ownership) and measures the first
 	// ColdWindow apart; the steady figures then start ColdWindow later.
 	cold       bool
-	valueBytes int // K2's output size (a decision's)
+	valueBytes int // K2's and P3's output size (a decision's)
+	// diagnose turns PostgreSQL's per-message CPU logging on over the
+	// measured part (a diagnosis run: the logging costs CPU).
+	diagnose bool
 }
 
 // ColdWindow is the start-up window the cold-start figure covers.
@@ -398,13 +411,18 @@ const ColdWindow = 10 * time.Second
 // first LatencyWarmupSecs are warm-up and not counted; a proposal whose
 // answer never arrives is charged the time waited for it.
 func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyResult, error) {
-	res := LatencyResult{System: lv.system, LoadPct: lv.pct, OfferedRate: lv.rate, Seconds: lv.dur.Seconds()}
+	res := LatencyResult{System: lv.system, Level: lv.name, LoadPct: lv.pct, OfferedRate: lv.rate, Seconds: lv.dur.Seconds()}
 	name := fmt.Sprintf("lat%.0f", lv.pct)
 	if lv.pct == 0 {
-		name = fmt.Sprintf("light%.0f", lv.rate)
+		name = fmt.Sprintf("abs%.0f", lv.rate)
 	}
-	if lv.system == "K2" {
+	switch lv.system {
+	case SysK2:
 		name = "k2" + name
+	case SysP3:
+		name = "p3" + name
+	case SysExperiment:
+		name = "x" + name
 	}
 	id := b.nextID(name)
 	db := "run_" + id
@@ -414,26 +432,39 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 		return res, err
 	}
 	defer deleteTopics(b.cfg.Brokers, t("proposals"), t("grants"), out, t("deadletter"))
-	mandated := lv.system != "K2"
-	var relayBackoff, relayMetaAge time.Duration
-	dbURL := b.pg.dbURL(db)
-	var groupCommit bool
-	var groupInFlight int
-	if lv.system == "mandated-experiment" {
-		relayBackoff, relayMetaAge = b.cfg.RelayRetryBackoff, b.cfg.RelayMetadataMinAge
-		var err error
-		if groupCommit, groupInFlight, err = b.cfg.GroupCommitExperiment(); err != nil {
+	mandated := lv.system == SysMandated || lv.system == SysExperiment
+	scfg := ServeConfig{
+		Brokers: b.cfg.Brokers, DatabaseURL: b.pg.dbURL(db), Proposals: t("proposals"), Grants: t("grants"),
+		Decisions: out, DeadLetter: t("deadletter"), Group: "bench-" + id, TxnPrefix: "bench-" + id,
+		LogPath: filepath.Join(b.work, "serve-"+id+".log"), RelayRetryLog: b.cfg.RelayRetryLog,
+	}
+	if lv.system == SysExperiment {
+		if err := b.cfg.applyExperiment(&scfg); err != nil {
 			return res, err
 		}
-		if p := b.cfg.ExpDatabaseParams; p != "" {
-			dbURL += "&" + p
-		}
 	}
-	if mandated {
+	switch {
+	case mandated:
 		if err := b.pg.clone(ctx, v.template, db); err != nil {
 			return res, err
 		}
 		defer func() { _ = b.pg.drop(context.WithoutCancel(ctx), db) }()
+		if sql := b.cfg.ExpDatabaseSQL; sql != "" && lv.system == SysExperiment {
+			if err := b.pg.exec(ctx, db, sql); err != nil {
+				return res, fmt.Errorf("--exp-database-sql: %w", err)
+			}
+		}
+	case lv.system == SysP3:
+		if err := b.pg.drop(ctx, db); err != nil {
+			return res, err
+		}
+		if err := b.pg.exec(ctx, "postgres", `CREATE DATABASE `+db); err != nil {
+			return res, err
+		}
+		defer func() { _ = b.pg.drop(context.WithoutCancel(ctx), db) }()
+		if err := b.pg.exec(ctx, db, p3Schema); err != nil {
+			return res, fmt.Errorf("P3 schema: %w", err)
+		}
 	}
 	dur := lv.dur
 	if lv.cold {
@@ -526,17 +557,18 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 		go func() { defer close(offered); offer() }()
 	}
 	var ch *child
-	k2Stats := filepath.Join(b.work, "txpipe-"+id+".requests.json")
-	if mandated {
-		ch, err = startChild(b.work, "serve-"+id, "serve", ServeConfig{
-			Brokers: b.cfg.Brokers, DatabaseURL: dbURL, Proposals: t("proposals"), Grants: t("grants"),
-			Decisions: out, DeadLetter: t("deadletter"), Group: "bench-" + id, TxnPrefix: "bench-" + id,
-			LogPath: filepath.Join(b.work, "serve-"+id+".log"), RelayRetryBackoff: relayBackoff, RelayMetadataMinAge: relayMetaAge,
-			RelayRetryLog: b.cfg.RelayRetryLog, GroupCommit: groupCommit, GroupCommitsInFlight: groupInFlight,
-		})
-	} else {
+	peerStats := filepath.Join(b.work, "peer-"+id+".requests.json")
+	switch lv.system {
+	case SysK2:
 		ch, err = startChild(b.work, "txpipe-"+id, "txpipe", TxPipeConfig{Brokers: b.cfg.Brokers, In: t("proposals"), Out: out,
-			Group: "bench-" + id, TransactionID: "bench-" + id, ValueBytes: lv.valueBytes, StatsPath: k2Stats})
+			Group: "bench-" + id, TransactionID: "bench-" + id, ValueBytes: lv.valueBytes, StatsPath: peerStats})
+	case SysP3:
+		ch, err = startChild(b.work, "p3-"+id, "p3", P3Config{Brokers: b.cfg.Brokers, DatabaseURL: b.pg.dbURL(db), In: t("proposals"),
+			Out: out, Group: "bench-" + id, TransactionID: "bench-" + id, ValueBytes: lv.valueBytes, StatsPath: peerStats})
+	case SysExperiment:
+		ch, err = startChildOf(b.cfg.ExpBinary, b.work, "serve-"+id, "serve", scfg)
+	default:
+		ch, err = startChild(b.work, "serve-"+id, "serve", scfg)
 	}
 	if err != nil {
 		if lv.cold {
@@ -552,6 +584,9 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 	}()
 	startCPU := b.cpu.sample(ch.pid())
 	var startStats ServeStats
+	var snapA *pgSnapshot
+	var profiled chan string
+	var logFrom int64
 	if !lv.cold {
 		if mandated {
 			if err := ch.waitOwned(int(v.partitions), time.Minute); err != nil {
@@ -585,6 +620,21 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 		if mandated {
 			_ = b.resetStatements(ctx)
 			startStats = ch.stats()
+			if snap, err := b.snapshot(ctx, db); err == nil {
+				snapA = &snap
+			} else {
+				b.logf("warning: %s: %v", id, err)
+			}
+			if b.cfg.Profile && (lv.pct == 25 || lv.diagnose) && (lv.system == SysMandated || lv.system == SysExperiment) {
+				profiled = b.profileLevel(ch, lv)
+			}
+			if lv.diagnose {
+				if err := b.statementStats(ctx, true); err != nil {
+					return res, err
+				}
+				logFrom = fileSize(b.serverLog())
+				defer func() { _ = b.statementStats(context.WithoutCancel(ctx), false) }()
+			}
 		}
 		offer()
 	}
@@ -606,6 +656,25 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 	if mandated {
 		endStats := ch.stats()
 		res.Statements, _ = b.statements(ctx, `dbid = (SELECT oid FROM pg_database WHERE datname = $1)`, db)
+		if snapA != nil {
+			if snapZ, err := b.snapshot(ctx, db); err == nil {
+				res.Costs = costs(*snapA, snapZ, res.Statements, float64(endStats.Batches-startStats.Batches),
+					endStats.BatchRecords-startStats.BatchRecords, float64(endStats.RelayTxns-startStats.RelayTxns))
+			}
+		}
+		if profiled != nil {
+			res.ProfileTop = <-profiled
+		}
+		if lv.diagnose {
+			if err := b.statementStats(ctx, false); err != nil {
+				return res, err
+			}
+			d, err := parseStatementStats(b.serverLog(), logFrom, fileSize(b.serverLog()), b.statementName)
+			if err != nil {
+				return res, fmt.Errorf("statement statistics: %w", err)
+			}
+			res.StatementCPU = &d
+		}
 		elapsed := time.Since(startAt).Seconds()
 		d := func(a, b float64) float64 { return a - b }
 		if n := float64(endStats.DecideCount - startStats.DecideCount); n > 0 {
@@ -642,7 +711,7 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 	} else {
 		stopped = true
 		_ = ch.stop()
-		if js, err := os.ReadFile(k2Stats); err == nil {
+		if js, err := os.ReadFile(peerStats); err == nil {
 			_ = json.Unmarshal(js, &res.Requests)
 		}
 	}

@@ -15,8 +15,51 @@ import (
 // source, so that P2 replays the statements the code sends, verbatim, and
 // fails loudly when one is renamed or changes its parameters.
 func sinkStatements(repoRoot string) (map[string]string, error) {
+	all, err := sqlConstants(filepath.Join(repoRoot, "sink"), "")
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, name := range batchStatementNames {
+		s, ok := all[name]
+		if !ok {
+			return nil, fmt.Errorf("sink no longer declares %s: update test/bench (P2 replays the batch SQL)", name)
+		}
+		out[name] = s
+	}
+	return out, nil
+}
+
+// namedStatements returns every SQL constant of packages sink and outbox
+// (the relay's prefixed "outbox."), to name the statements
+// pg_stat_statements reports.
+func namedStatements(repoRoot string) (map[string]string, error) {
+	out, err := sqlConstants(filepath.Join(repoRoot, "sink"), "")
+	if err != nil {
+		return nil, err
+	}
+	relay, err := sqlConstants(filepath.Join(repoRoot, "outbox"), "outbox.")
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range relay {
+		out[k] = v
+	}
+	for k, v := range out {
+		if !sqlVerb.MatchString(v) {
+			delete(out, k)
+		}
+	}
+	return out, nil
+}
+
+var sqlVerb = regexp.MustCompile(`^\s*(SELECT|INSERT|UPDATE|DELETE|WITH)\s`)
+
+// sqlConstants evaluates the string constants declared in a package's
+// non-test source files (concatenations of literals and other constants).
+func sqlConstants(dir, prefix string) (map[string]string, error) {
 	fset := token.NewFileSet()
-	files, err := filepath.Glob(filepath.Join(repoRoot, "sink", "*.go"))
+	files, err := filepath.Glob(filepath.Join(dir, "*.go"))
 	if err != nil {
 		return nil, err
 	}
@@ -74,16 +117,10 @@ func sinkStatements(repoRoot string) (map[string]string, error) {
 		return "", fmt.Errorf("unsupported expression %T", e)
 	}
 	out := map[string]string{}
-	for _, name := range batchStatementNames {
-		x, ok := exprs[name]
-		if !ok {
-			return nil, fmt.Errorf("sink no longer declares %s: update test/bench (P2 replays the batch SQL)", name)
+	for name, x := range exprs {
+		if s, err := eval(x); err == nil {
+			out[prefix+name] = s
 		}
-		s, err := eval(x)
-		if err != nil {
-			return nil, fmt.Errorf("sink.%s: %w", name, err)
-		}
-		out[name] = s
 	}
 	return out, nil
 }

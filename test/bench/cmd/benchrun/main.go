@@ -5,6 +5,8 @@
 //	benchrun run [flags]   the benchmark and its report
 //	benchrun serve         (internal) one mandated instance, configured by $BENCH_CHILD_CONFIG
 //	benchrun pipe          (internal) K1, the raw Kafka pipe
+//	benchrun txpipe        (internal) K2, the exactly-once Kafka pipe
+//	benchrun p3            (internal) P3, the hand-written service
 //	benchrun txnprobe [brokers]  times back-to-back small Kafka transactions (the relay at low load)
 package main
 
@@ -24,7 +26,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: benchrun run|serve|pipe|txpipe [flags]")
+		fmt.Fprintln(os.Stderr, "usage: benchrun run|serve|pipe|txpipe|p3 [flags]")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
@@ -40,6 +42,10 @@ func main() {
 		var cfg bench.TxPipeConfig
 		exitOn(childConfig(&cfg))
 		exitOn(bench.TxPipe(cfg))
+	case "p3":
+		var cfg bench.P3Config
+		exitOn(childConfig(&cfg))
+		exitOn(bench.P3(cfg))
 	case "run":
 		os.Exit(run(os.Args[2:]))
 	case "txnprobe":
@@ -51,7 +57,7 @@ func main() {
 		exitOn(err)
 		fmt.Print(out)
 	default:
-		fmt.Fprintln(os.Stderr, "usage: benchrun run|serve|pipe|txpipe [flags]")
+		fmt.Fprintln(os.Stderr, "usage: benchrun run|serve|pipe|txpipe|p3 [flags]")
 		os.Exit(2)
 	}
 }
@@ -87,11 +93,17 @@ func run(args []string) int {
 	fs.IntVar(&over.PgbenchSecs, "pgbench-seconds", 0, "override: seconds per pgbench run")
 	fs.IntVar(&over.LatencySecs, "latency-seconds", 0, "override: seconds per latency level")
 	fs.IntVar(&over.HeapMandates, "heap-mandates", 0, "override: mandates in the heap measurement")
-	fs.StringVar(&over.StopAfter, "stop-after", "", "debugging: calibration ends the run after the calibration burn-down; shards runs only the 1 vs 2 shards pairs")
+	fs.StringVar(&over.StopAfter, "stop-after", "", "debugging: calibration ends the run after the calibration burn-down; latency after the latency levels (only S1 is set up; fixed-rate levels alone skip the calibration); shards runs only the 1 vs 2 shards pairs; experiments runs the PostgreSQL-alone experiments; repeat:<variant> repeats one burn-down")
 	fs.BoolVar(&over.RelayRetryLog, "relay-retry-log", false, "diagnosis: count the relay producers' franz-go retry messages in every latency level (debug logging costs CPU)")
 	fs.DurationVar(&over.RelayMetadataMinAge, "relay-metadata-min-age", 0, "experiment: add a third system to every latency level, mandated whose relay runs with this outbox MetadataMinAge (negative: franz-go's 5 s)")
 	fs.StringVar(&over.ExpDatabaseParams, "exp-database-params", "", "experiment: add a third system to every latency level, mandated whose database URL carries these query parameters (e.g. plan_cache_mode=force_generic_plan)")
 	fs.StringVar(&over.ExpGroupCommit, "exp-group-commit", "", "experiment: add a third system to every latency level, mandated with group commit on (\"on\"), or on with N group commits in flight per shard (\"in-flight=N\")")
+	fs.StringVar(&over.ExpDatabaseSQL, "exp-database-sql", "", "experiment: add a third system to every latency level, mandated whose database runs this SQL first (e.g. 'ALTER TABLE authorizations DISABLE TRIGGER USER')")
+	fs.StringVar(&over.ExpServe, "exp-serve", "", "experiment: add a third system to every latency level, mandated with this JSON merged into its serve configuration (e.g. '{\"group_commit\": true}')")
+	fs.StringVar(&over.ExpBinary, "exp-binary", "", "experiment: add a third system to every latency level, mandated run by this benchrun executable (a build of another commit: two versions side by side)")
+	levels := fs.String("levels", strings.Join(bench.DefaultLevels, ","), "latency levels: light, N/s (a fixed rate), N% (a share of the measured capacity)")
+	diagnose := fs.String("diagnose", "25%", "levels run once more, mandated only, with PostgreSQL's statement CPU logging (empty: none)")
+	systems := fs.String("systems", strings.Join(bench.DefaultSystems, ","), "what each latency level runs: mandated, K2, P3")
 	fs.DurationVar(&over.RelayRetryBackoff, "relay-retry-backoff", 0, "experiment: add a third system to every latency level, mandated whose relay producers retry after this fixed backoff")
 	fs.DurationVar(&over.RelayStall, "relay-stall", 0, "debugging: hold every burn-down's relay back this long after start (a broker outage)")
 	profile := fs.String("profile", "", "override: true or false")
@@ -138,6 +150,19 @@ func run(args []string) int {
 	cfg.RelayMetadataMinAge = over.RelayMetadataMinAge
 	cfg.ExpGroupCommit = over.ExpGroupCommit
 	cfg.ExpDatabaseParams = over.ExpDatabaseParams
+	cfg.ExpDatabaseSQL, cfg.ExpServe, cfg.ExpBinary = over.ExpDatabaseSQL, over.ExpServe, over.ExpBinary
+	cfg.Levels, cfg.Systems = strings.Split(*levels, ","), strings.Split(*systems, ",")
+	if *diagnose != "" {
+		cfg.Diagnose = strings.Split(*diagnose, ",")
+	}
+	if err := bench.ParseLevels(append(cfg.Levels, cfg.Diagnose...)); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	if err := bench.ParseSystems(cfg.Systems); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
 	if _, _, err := cfg.GroupCommitExperiment(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
