@@ -42,20 +42,8 @@ func TestAStoppedShardServerStallsOnlyItsPartitionsForDecidingAndPublishing(t *t
 	}})
 	in := h.Start("solo")
 	testWaitFor(t, func() bool { return len(in.Service.Processor.Owned()) == n }, "the processor claims every partition")
-	mandates := mandatePerPartition("m", n)
-	for p := range int32(n) {
-		require.Equal(t, wire.OutcomeGranted, h.SendAwait(grant("acme", mandates[p], 1_000_000, nil)).Outcome)
-	}
-
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			require.NoError(t, pgB.Do(context.Background(), "resume"))
-		}
-	}
-	require.NoError(t, pgB.Do(ctx, "pause"))
-	t.Cleanup(resume)
+	mandates := grantedMandatePerPartition(t, h, n)
+	resume := pauseServer(t, ctx, pgB)
 	stopped := time.Now()
 	var waiting []harness.Sent
 	for _, p := range []int32{3, 4, 5} {
@@ -121,20 +109,8 @@ func TestAMemberJoiningWhileAShardServerIsStoppedDecidesTheOtherShardsPartitions
 	}})
 	one := h.Start("a-one")
 	testWaitFor(t, func() bool { return len(one.Service.Processor.Owned()) == n }, "a-one claims every partition")
-	mandates := mandatePerPartition("m", n)
-	for p := range int32(n) {
-		require.Equal(t, wire.OutcomeGranted, h.SendAwait(grant("acme", mandates[p], 1_000_000, nil)).Outcome)
-	}
-
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			require.NoError(t, pgB.Do(context.Background(), "resume"))
-		}
-	}
-	require.NoError(t, pgB.Do(ctx, "pause"))
-	t.Cleanup(resume)
+	mandates := grantedMandatePerPartition(t, h, n)
+	resume := pauseServer(t, ctx, pgB)
 	var waiting []harness.Sent
 	for _, p := range []int32{4, 5} {
 		waiting = append(waiting, h.Send(propose("acme", mandates[p], fmt.Sprintf("stopped-%d", p), 1, nil)))
@@ -169,4 +145,31 @@ func TestAMemberJoiningWhileAShardServerIsStoppedDecidesTheOtherShardsPartitions
 	for src, c := range answers {
 		require.Equal(t, 1, c, "%+v is answered exactly once", src)
 	}
+}
+
+// grantedMandatePerPartition grants a mandate homed on each of the n
+// partitions and returns their ids, by partition.
+func grantedMandatePerPartition(t *testing.T, h *harness.Harness, n int32) map[int32]string {
+	t.Helper()
+	mandates := mandatePerPartition("m", n)
+	for p := range n {
+		require.Equal(t, wire.OutcomeGranted, h.SendAwait(grant("acme", mandates[p], 1_000_000, nil)).Outcome)
+	}
+	return mandates
+}
+
+// pauseServer stops pg (SIGSTOP, not killed) and returns what continues
+// it; the test's cleanup continues it too, once.
+func pauseServer(t *testing.T, ctx context.Context, pg *testenv.Postgres) (resume func()) {
+	t.Helper()
+	resumed := false
+	resume = func() {
+		if !resumed {
+			resumed = true
+			require.NoError(t, pg.Do(context.Background(), "resume"))
+		}
+	}
+	require.NoError(t, pg.Do(ctx, "pause"))
+	t.Cleanup(resume)
+	return resume
 }
