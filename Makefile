@@ -79,3 +79,9 @@ bench: ## Benchmark vs same-run baselines on servers of its own (49092, 55499); 
 .PHONY: probe-gateway
 probe-gateway: ## The gateway under 16 HTTP clients for 30 s (real binaries, the test servers of test/infra or MANDATED_TEST_*): requests/s, p50/p99
 	@MANDATED_GATEWAY_PROBE=1 go test -count=1 -v -timeout 15m -run TestGatewayProbe ./test/probe/
+
+##@ Try it
+
+.PHONY: dev
+dev: ## Kafka, PostgreSQL, mandated and the gateway on this machine with a token and a sample mandate; prints what to type next; Ctrl-C stops it all
+	@test/infra/dev.sh
