@@ -23,6 +23,7 @@ import (
 	"os/signal"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -31,6 +32,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mandated/mandated/client"
@@ -239,16 +241,32 @@ func run(args []string) int {
 		}
 		defer pool.Close()
 	}
+	// The operations endpoints answer from the start: /readyz says why the
+	// gateway is not serving yet (Kafka unreachable, the topics not created).
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	var st starting
+	opsLn, err := net.Listen("tcp", c.opsAddr)
+	if err != nil {
+		log.Error().Err(err).Str("addr", c.opsAddr).Msg("cannot listen")
+		return 1
+	}
+	opsServer := &http.Server{Addr: c.opsAddr, Handler: st.ops(reg), ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute}
+	go func() {
+		if err := opsServer.Serve(opsLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error().Err(err).Msg("ops server failed")
+		}
+	}()
+	defer opsServer.Close()
+
 	cl, ok := connectClient(ctx, client.Config{Brokers: brokers, KafkaOpts: kopts, ProposalsTopic: c.proposalsTopic,
 		GrantsTopic: c.grantsTopic, DecisionsTopic: c.decisionsTopic, MaxRecordBytes: c.maxRecordBytes,
-		DeliveryTimeout: c.maxWait, Logger: &log}, log)
+		DeliveryTimeout: c.maxWait, Logger: &log}, &st, log)
 	if !ok {
 		return 0
 	}
 	defer cl.Close()
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	srv, err := gateway.New(gcfg, cl, pool, reg)
 	if err != nil {
 		log.Error().Err(err).Msg("invalid configuration")
@@ -277,26 +295,8 @@ func run(args []string) int {
 		con.Register(srv.Mux())
 	}
 
-	ops := http.NewServeMux()
-	ops.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, EnableOpenMetrics: true}))
-	ops.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	ops.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
-		defer cancel()
-		if err := srv.Ready(ctx); err != nil {
-			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = w.Write([]byte("ready\n"))
-	})
-	opsLn, err := net.Listen("tcp", c.opsAddr)
-	if err != nil {
-		log.Error().Err(err).Str("addr", c.opsAddr).Msg("cannot listen")
-		return 1
-	}
 	ln, err := net.Listen("tcp", c.httpAddr)
 	if err != nil {
-		opsLn.Close()
 		log.Error().Err(err).Str("addr", c.httpAddr).Msg("cannot listen")
 		return 1
 	}
@@ -304,17 +304,12 @@ func run(args []string) int {
 	if certs != nil {
 		hs.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: certs.get}
 	}
-	opsServer := &http.Server{Addr: c.opsAddr, Handler: ops, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute}
 	go func() {
 		if err := srv.Serve(hs, ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error().Err(err).Msg("http server failed")
 		}
 	}()
-	go func() {
-		if err := opsServer.Serve(opsLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error().Err(err).Msg("ops server failed")
-		}
-	}()
+	st.srv.Store(srv)
 	log.Info().Str("http", ln.Addr().String()).Bool("tls", certs != nil).Str("ops", opsLn.Addr().String()).Msg("mandate-gateway running")
 	<-ctx.Done()
 	stop()
@@ -400,9 +395,9 @@ func (l *certLoader) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	return l.cert, nil
 }
 
-// connectClient retries while Kafka or the decisions topic are not there
-// yet; a signal abandons it.
-func connectClient(ctx context.Context, cfg client.Config, log zerolog.Logger) (*client.Client, bool) {
+// connectClient retries while Kafka or the topics are not there yet, telling
+// st (and so /readyz) why; a signal abandons it.
+func connectClient(ctx context.Context, cfg client.Config, st *starting, log zerolog.Logger) (*client.Client, bool) {
 	backoff := time.Second
 	for attempt := 1; ; attempt++ {
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -411,7 +406,12 @@ func connectClient(ctx context.Context, cfg client.Config, log zerolog.Logger) (
 		if err == nil {
 			return cl, true
 		}
-		log.Error().Err(err).Int("attempt", attempt).Dur("retry_in", backoff).Msg("cannot reach Kafka yet; retrying")
+		why := "cannot reach Kafka yet; retrying"
+		if errors.Is(err, kerr.UnknownTopicOrPartition) {
+			why = "the topics do not exist yet (create them: mandatectl topics create); retrying"
+		}
+		st.failed(why + ": " + err.Error())
+		log.Error().Err(err).Int("attempt", attempt).Dur("retry_in", backoff).Msg(why)
 		select {
 		case <-ctx.Done():
 			return nil, false
@@ -419,4 +419,39 @@ func connectClient(ctx context.Context, cfg client.Config, log zerolog.Logger) (
 		}
 		backoff = min(backoff*2, 15*time.Second)
 	}
+}
+
+// starting is what the operations endpoints know of the gateway: nothing
+// yet but the last reason it could not start, then the server.
+type starting struct {
+	srv     atomic.Pointer[gateway.Server]
+	lastErr atomic.Pointer[string]
+}
+
+func (st *starting) failed(why string) { st.lastErr.Store(&why) }
+
+// ops serves /metrics, /healthz and /readyz.
+func (st *starting) ops(reg *prometheus.Registry) http.Handler {
+	ops := http.NewServeMux()
+	ops.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, EnableOpenMetrics: true}))
+	ops.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	ops.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		srv := st.srv.Load()
+		if srv == nil {
+			why := "starting"
+			if e := st.lastErr.Load(); e != nil {
+				why += ": " + *e
+			}
+			http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+		defer cancel()
+		if err := srv.Ready(ctx); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	})
+	return ops
 }
