@@ -40,6 +40,10 @@ type Config struct {
 	LargeMandates int
 	PgbenchSecs   int
 	LatencySecs   int
+	// SettleMax bounds the wait, before each latency level, for the
+	// 1-minute load average to fall to the core count. Defaults to
+	// SettleMaxDefault (90 s).
+	SettleMax time.Duration
 	// LatencyWarmupSecs of each latency level are not counted.
 	LatencyWarmupSecs int
 	// K1Records is how many records K1 drains at least: it moves them so

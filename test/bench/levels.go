@@ -116,10 +116,16 @@ func (b *Bench) latencyLevels(ctx context.Context, main *variant, capacity, valu
 			lv.system = sys
 			b.logf("latency: %s, open loop at %.0f proposals/s (%s) for %s%s", sys, lv.rate, lv.name, lv.dur,
 				map[bool]string{true: fmt.Sprintf(" after a %s cold start", ColdWindow)}[lv.cold])
+			m, err := b.settleBefore(ctx, fmt.Sprintf("latency %s %s", sys, lv.name))
+			if err != nil {
+				return err
+			}
 			l, err := b.runLatency(ctx, main, lv)
 			if err != nil {
 				return fmt.Errorf("latency %s %s: %w", sys, lv.name, err)
 			}
+			m.ForeignCPU, m.LoadDuring = l.Machine.ForeignCPU, l.Machine.LoadDuring
+			l.Machine = m
 			b.logLevel(l)
 			switch sys {
 			case SysK2:

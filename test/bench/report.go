@@ -52,6 +52,9 @@ type Result struct {
 	Profile   *ProfileResult  `json:"profile,omitempty"`
 
 	Ratios  []Ratio    `json:"ratios"`
+	// Noisy names the latency levels that started with the 1-minute load
+	// average above the core count: the run gives ratios, no pass or miss.
+	Noisy []string `json:"noisy_levels,omitempty"`
 	CPU     CPUSummary `json:"cpu"`
 	Summary string     `json:"-"`
 }
@@ -261,6 +264,7 @@ func (r *Result) evaluate() {
 	r.CPU = CPUSummary{S1PerDecision: med(s1cpu), S1System: median(s1sys), K1PerRecord: med(k1cpu), K1System: median(k1sys),
 		S1LargeSystem: median(bigsys), P4System: median(p4sys), P64System: median(p64sys)}
 	r.Ratios = append(r.Ratios, r.k2Ratios()...) // after r.CPU: one of them divides by S1's CPU
+	r.Noisy = r.noisyLevels()
 }
 
 // peerOf returns the run of list at the same level as m.
@@ -374,6 +378,8 @@ type HistoryLine struct {
 	Pass     map[string]bool    `json:"pass"`
 	CPUUs    float64            `json:"cpu_us_per_decision"`
 	Errors   int                `json:"errors"`
+	// Noisy: the run was taken on a busy machine; Pass is left empty.
+	Noisy bool `json:"noisy,omitempty"`
 }
 
 func (b *Bench) writeReport() (string, error) {
@@ -395,10 +401,12 @@ func (b *Bench) writeReport() (string, error) {
 		return dir, err
 	}
 	h := HistoryLine{Started: r.Started, Mode: r.Mode, Commit: r.Commit, Dir: filepath.Base(dir), Capacity: r.Capacity,
-		Ratios: map[string]float64{}, Pass: map[string]bool{}, CPUUs: r.CPU.S1System, Errors: len(r.Errors)}
+		Ratios: map[string]float64{}, Pass: map[string]bool{}, CPUUs: r.CPU.S1System, Errors: len(r.Errors), Noisy: len(r.Noisy) > 0}
 	for _, x := range r.Ratios {
 		h.Ratios[x.Name] = x.Median
-		h.Pass[x.Name] = x.Pass
+		if !h.Noisy {
+			h.Pass[x.Name] = x.Pass
+		}
 	}
 	line, _ := json.Marshal(h)
 	f, err := os.OpenFile(filepath.Join(b.cfg.ResultsDir, "history.jsonl"), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
@@ -429,11 +437,18 @@ func (r *Result) summary(dirName string, plots []string) string {
 	for _, e := range r.Errors {
 		w("**ERROR:** %s\n\n", e)
 	}
+	if len(r.Noisy) > 0 {
+		w("**NOISY RUN:** the 1-minute load average was above the %d cores before %d latency level(s) (%s), after waiting up to %s for it to fall: the figures below are ratios only, with no pass or miss. Judge the targets on a quiet run (nothing else running: no tests, no builds).\n\n",
+			r.Host.CPUs, len(r.Noisy), strings.Join(r.Noisy, ", "), cmp0(r.Config.SettleMax, SettleMaxDefault))
+	}
 	w("## Targets\n\n| ratio | target | median | min – max | pairs | result |\n|---|---|---|---|---|---|\n")
 	for _, x := range r.Ratios {
 		res := "**miss**"
 		if x.Pass {
 			res = "pass"
+		}
+		if len(r.Noisy) > 0 {
+			res = "ratio only (noisy run)"
 		}
 		if x.Target == "report" {
 			res = "reported"
@@ -452,6 +467,7 @@ func (r *Result) summary(dirName string, plots []string) string {
 	for _, p := range plots {
 		w("\n![%s](%s)\n", p, p)
 	}
+	r.machineTable(w)
 	w("\n## Rounds (interleaved; each ratio uses the runs of its own round)\n\n")
 	w("| round | order | S1 decisions/s | S1 processor decided/s | K1 records/s | P1 TPS | P2 TPS | S1 batch txn/s | S1 mean batch | S1 commit ms | S1-1M decisions/s | S1-1M batch txn/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for i, rd := range r.Rounds {
@@ -702,4 +718,24 @@ func runGnuplot(gp, script string) error {
 		return fmt.Errorf("%v: %s", err, out)
 	}
 	return nil
+}
+
+// machineTable shows how busy the machine was around each latency level.
+func (r *Result) machineTable(w func(string, ...any)) {
+	var all []LatencyResult
+	for _, list := range [][]LatencyResult{r.Latency, r.LatencyK2, r.LatencyP3, r.LatencyAlt} {
+		all = append(all, list...)
+	}
+	if len(all) == 0 {
+		return
+	}
+	w("\n## The machine around each latency level\n\n1-minute load average when the level started (after waiting for it to fall to the core count) and at its end; the share of all cores' time that processes outside the bench used during the level.\n\n")
+	w("| system | level | load before | waited | load at end | foreign CPU | |\n|---|---|---|---|---|---|---|\n")
+	for _, l := range all {
+		mark := ""
+		if l.Machine.Noisy {
+			mark = "**noisy**"
+		}
+		w("| %s | %s | %.2f | %.0f s | %.2f | %.0f %% | %s |\n", l.System, l.Level, l.Machine.LoadBefore, l.Machine.SettledSecs, l.Machine.LoadDuring, l.Machine.ForeignCPU*100, mark)
+	}
 }

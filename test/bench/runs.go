@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -317,6 +318,8 @@ type LatencyResult struct {
 	Missing     int     `json:"missing"`
 	// Duplicates counts answers that arrived twice (exactly-once says 0).
 	Duplicates int64   `json:"duplicates"`
+	// Machine is how busy the machine was before and during the level.
+	Machine Machine `json:"machine"`
 	P50MS      float64 `json:"p50_ms"`
 	P90MS      float64 `json:"p90_ms"`
 	P99MS      float64 `json:"p99_ms"`
@@ -583,6 +586,7 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 		}
 	}()
 	startCPU := b.cpu.sample(ch.pid())
+	startBusy := markBusy()
 	var startStats ServeStats
 	var snapA *pgSnapshot
 	var profiled chan string
@@ -615,6 +619,7 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 			time.Sleep(20 * time.Millisecond)
 		}
 		startCPU = b.cpu.sample(ch.pid())
+		startBusy = markBusy()
 		fix(time.Now().Add(50 * time.Millisecond))
 		close(offered)
 		if mandated {
@@ -653,6 +658,10 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 		time.Sleep(20 * time.Millisecond)
 	}
 	res.CPU = b.cpu.sample(ch.pid()).Sub(startCPU)
+	res.Machine.ForeignCPU = foreignShare(startBusy, markBusy(), res.CPU.System()+res.CPU.Bench, runtime.NumCPU())
+	if l, err := loadAvg1(); err == nil {
+		res.Machine.LoadDuring = l
+	}
 	if mandated {
 		endStats := ch.stats()
 		res.Statements, _ = b.statements(ctx, `dbid = (SELECT oid FROM pg_database WHERE datname = $1)`, db)

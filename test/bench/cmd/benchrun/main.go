@@ -92,6 +92,7 @@ func run(args []string) int {
 	fs.IntVar(&over.LargeMandates, "large-mandates", 0, "override: the large mandate set")
 	fs.IntVar(&over.PgbenchSecs, "pgbench-seconds", 0, "override: seconds per pgbench run")
 	fs.IntVar(&over.LatencySecs, "latency-seconds", 0, "override: seconds per latency level")
+	fs.DurationVar(&over.SettleMax, "settle-max", 0, "bound on the wait, before each latency level, for the 1-minute load average to fall to the core count (default 90s); a level that starts above it makes the run noisy")
 	fs.IntVar(&over.HeapMandates, "heap-mandates", 0, "override: mandates in the heap measurement")
 	fs.StringVar(&over.StopAfter, "stop-after", "", "debugging: calibration ends the run after the calibration burn-down; latency after the latency levels (only S1 is set up; fixed-rate levels alone skip the calibration); shards runs only the 1 vs 2 shards pairs; experiments runs the PostgreSQL-alone experiments; repeat:<variant> repeats one burn-down")
 	fs.BoolVar(&over.RelayRetryLog, "relay-retry-log", false, "diagnosis: count the relay producers' franz-go retry messages in every latency level (debug logging costs CPU)")
@@ -139,6 +140,9 @@ func run(args []string) int {
 	}
 	if over.LatencySecs > 0 {
 		cfg.LatencySecs = over.LatencySecs
+	}
+	if over.SettleMax > 0 {
+		cfg.SettleMax = over.SettleMax
 	}
 	if over.HeapMandates > 0 {
 		cfg.HeapMandates = over.HeapMandates
