@@ -51,10 +51,10 @@ type Result struct {
 	Heap      HeapResult      `json:"heap"`
 	Profile   *ProfileResult  `json:"profile,omitempty"`
 
-	Ratios  []Ratio    `json:"ratios"`
+	Ratios []Ratio `json:"ratios"`
 	// Noisy names the latency levels that started with the 1-minute load
 	// average above the core count: the run gives ratios, no pass or miss.
-	Noisy []string `json:"noisy_levels,omitempty"`
+	Noisy   []string   `json:"noisy_levels,omitempty"`
 	CPU     CPUSummary `json:"cpu"`
 	Summary string     `json:"-"`
 }

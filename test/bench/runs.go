@@ -317,15 +317,15 @@ type LatencyResult struct {
 	Measured    int64   `json:"measured"`
 	Missing     int     `json:"missing"`
 	// Duplicates counts answers that arrived twice (exactly-once says 0).
-	Duplicates int64   `json:"duplicates"`
+	Duplicates int64 `json:"duplicates"`
 	// Machine is how busy the machine was before and during the level.
-	Machine Machine `json:"machine"`
-	P50MS      float64 `json:"p50_ms"`
-	P90MS      float64 `json:"p90_ms"`
-	P99MS      float64 `json:"p99_ms"`
-	P999MS     float64 `json:"p999_ms"`
-	MaxMS      float64 `json:"max_ms"`
-	MeanBatch  float64 `json:"mean_batch"`
+	Machine   Machine `json:"machine"`
+	P50MS     float64 `json:"p50_ms"`
+	P90MS     float64 `json:"p90_ms"`
+	P99MS     float64 `json:"p99_ms"`
+	P999MS    float64 `json:"p999_ms"`
+	MaxMS     float64 `json:"max_ms"`
+	MeanBatch float64 `json:"mean_batch"`
 	// Where the time goes (means over the level, from mandated's metrics):
 	// record timestamp → batch committed, batch commit, outbox row →
 	// Kafka transaction committed, one relay transaction.
