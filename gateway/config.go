@@ -24,6 +24,9 @@ const (
 	IdleTimeoutDefault       = 60 * time.Second
 	MaxHeaderBytesDefault    = 16 << 10
 	QueryTimeoutDefault      = 5 * time.Second
+	// DBMaxConnsDefault is mandate-gateway's PostgreSQL pool size per
+	// shard (mandated's is sink.MaxConnsDefault).
+	DBMaxConnsDefault int32 = 8
 )
 
 // Config configures a Server.

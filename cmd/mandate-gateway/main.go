@@ -43,12 +43,15 @@ import (
 	"github.com/mandated/mandated/sink"
 )
 
+// config is everything the gateway can be told; the server's own settings
+// are bound onto gateway.Config (gw), its defaults the package's constants.
 type config struct {
 	kafka             cli.Kafka
+	gw                gateway.Config
+	dbMaxConns        int32
 	tracing           cli.Tracing
 	databaseURL       string
 	databaseURLFile   string
-	dbMaxConns        int
 	shardMap          string
 	shardMapPoll      time.Duration
 	shardUser         string
@@ -60,12 +63,6 @@ type config struct {
 	opsAddr           string
 	tlsCert           string
 	tlsKey            string
-	defaultWait       time.Duration
-	maxWait           time.Duration
-	produceTimeout    time.Duration
-	maxBodyBytes      int64
-	maxRecordBytes    int
-	maxInFlight       int
 	shutdownTimeout   time.Duration
 	logFormat         string
 	logLevel          string
@@ -117,7 +114,7 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.shardMapPoll, "shard-map-poll", 10*time.Second, "how often the shard map file is read again for a change (SIGHUP reads it at once); 0: only on SIGHUP and when a shard says a partition moved")
 	fs.StringVar(&c.shardUser, "shard-user", "", "with --shard-map: connect to every shard as this role (the gateway's read-only role) instead of the map's")
 	fs.StringVar(&c.shardPasswordFile, "shard-password-file", "", "with --shard-map: file holding the password of --shard-user")
-	fs.IntVar(&c.dbMaxConns, "db-max-conns", 8, "PostgreSQL connection pool size (per shard)")
+	cli.Int32Var(fs, &c.dbMaxConns, "db-max-conns", gateway.DBMaxConnsDefault, "PostgreSQL connection pool size, per shard: the most `connections` open at once")
 	fs.StringVar(&c.proposalsTopic, "proposals-topic", client.ProposalsTopicDefault, "topic of agents' commands")
 	fs.StringVar(&c.grantsTopic, "grants-topic", client.GrantsTopicDefault, "topic of grantors' commands (the gateway never writes it)")
 	fs.StringVar(&c.decisionsTopic, "decisions-topic", client.DecisionsTopicDefault, "topic of decisions")
@@ -125,12 +122,12 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.opsAddr, "ops-addr", ":8091", "address of /metrics, /healthz and /readyz (plain HTTP, a listener of their own: keep it off the public network)")
 	fs.StringVar(&c.tlsCert, "tls-cert", "", "PEM certificate (chain) of the API: serve HTTPS (TLS 1.2+) on --http-addr; read again when the file changes")
 	fs.StringVar(&c.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
-	fs.DurationVar(&c.defaultWait, "default-wait", gateway.DefaultWaitDefault, "how long a command waits for its decision without Prefer: wait")
-	fs.DurationVar(&c.maxWait, "max-wait", gateway.MaxWaitDefault, "upper bound of Prefer: wait")
-	fs.DurationVar(&c.produceTimeout, "produce-timeout", gateway.ProduceTimeoutDefault, "least time Kafka gets to acknowledge a command when its wait is shorter (503 with Retry-After beyond)")
-	fs.Int64Var(&c.maxBodyBytes, "max-body-bytes", gateway.MaxBodyBytesDefault, "largest request body (413 beyond)")
-	fs.IntVar(&c.maxRecordBytes, "max-record-bytes", gateway.MaxRecordBytesDefault, "the processors' --max-record-bytes: the record built around a body is decoded with it")
-	fs.IntVar(&c.maxInFlight, "max-in-flight-per-org", gateway.MaxInFlightPerOrgDefault, "commands of one org waiting at once (429 beyond)")
+	fs.DurationVar(&c.gw.DefaultWait, "default-wait", gateway.DefaultWaitDefault, "how long a command waits for its decision without Prefer: wait")
+	fs.DurationVar(&c.gw.MaxWait, "max-wait", gateway.MaxWaitDefault, "upper bound of Prefer: wait")
+	fs.DurationVar(&c.gw.ProduceTimeout, "produce-timeout", gateway.ProduceTimeoutDefault, "least time Kafka gets to acknowledge a command when its wait is shorter (503 with Retry-After beyond)")
+	fs.Int64Var(&c.gw.MaxBodyBytes, "max-body-bytes", gateway.MaxBodyBytesDefault, "largest request body (413 beyond)")
+	fs.IntVar(&c.gw.MaxRecordBytes, "max-record-bytes", gateway.MaxRecordBytesDefault, "the processors' --max-record-bytes: the record built around a body is decoded with it")
+	fs.IntVar(&c.gw.MaxInFlightPerOrg, "max-in-flight-per-org", gateway.MaxInFlightPerOrgDefault, "commands of one org waiting at once (429 beyond)")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", gateway.MaxWaitDefault+5*time.Second, "bound on a graceful shutdown")
 	fs.BoolVar(&c.console, "console", true, "serve the operators' console under /console on --http-addr (operator tokens: mandatectl tokens create --operator)")
 	fs.Var(&c.consoleKeys, "console-signing-key", "org=KEY_ID:FILE: the console signs that org's resolves with this grantor key (PKCS#8 PEM), for an org that requires signed grantor commands (repeatable)")
@@ -151,7 +148,7 @@ func (c *config) readOnlyPool(ctx context.Context, url, user, password string) (
 	if user != "" {
 		pcfg.ConnConfig.User, pcfg.ConnConfig.Password = user, password
 	}
-	pcfg.MaxConns = int32(c.dbMaxConns)
+	pcfg.MaxConns = c.dbMaxConns
 	pcfg.ConnConfig.RuntimeParams["default_transaction_read_only"] = "on"
 	pcfg.ConnConfig.RuntimeParams["application_name"] = "mandate-gateway"
 	pcfg.ConnConfig.RuntimeParams["statement_timeout"] = "10000"
@@ -164,8 +161,8 @@ func run(args []string) int {
 	if !ok {
 		return code
 	}
-	gcfg := gateway.Config{DefaultWait: c.defaultWait, MaxWait: c.maxWait, ProduceTimeout: c.produceTimeout, MaxBodyBytes: c.maxBodyBytes,
-		MaxRecordBytes: c.maxRecordBytes, MaxInFlightPerOrg: c.maxInFlight, Logger: &log}
+	gcfg := c.gw
+	gcfg.Logger = &log
 	if err := gcfg.WithDefaults().Validate(); err != nil {
 		log.Error().Err(err).Msg("invalid configuration")
 		return 2
@@ -260,8 +257,8 @@ func run(args []string) int {
 	defer opsServer.Close()
 
 	cl, ok := connectClient(ctx, client.Config{Brokers: brokers, KafkaOpts: kopts, ProposalsTopic: c.proposalsTopic,
-		GrantsTopic: c.grantsTopic, DecisionsTopic: c.decisionsTopic, MaxRecordBytes: c.maxRecordBytes,
-		DeliveryTimeout: c.maxWait, Logger: &log}, &st, log)
+		GrantsTopic: c.grantsTopic, DecisionsTopic: c.decisionsTopic, MaxRecordBytes: gcfg.MaxRecordBytes,
+		DeliveryTimeout: gcfg.MaxWait, Logger: &log}, &st, log)
 	if !ok {
 		return 0
 	}

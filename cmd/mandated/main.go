@@ -41,111 +41,85 @@ import (
 	"github.com/mandated/mandated/wire"
 )
 
-// config is everything mandated can be told.
+// config is everything mandated can be told. The flags are bound onto the
+// components' own configs (svc): their defaults are the components'
+// exported XxxDefault constants, and what the flags do not set (brokers,
+// Kafka options, hooks) is filled in by serviceConfig.
 type config struct {
 	kafka   cli.Kafka
 	tracing cli.Tracing
+	svc     processor.ServiceConfig
 
-	databaseURL          string
-	databaseURLFile      string
-	shardMap             string
-	dbMaxConns           int
-	lockTimeout          time.Duration
-	idleInTxTimeout      time.Duration
-	takeoverGrace        time.Duration
-	retention            time.Duration
-	proposalsTopic       string
-	grantsTopic          string
-	decisionsTopic       string
-	deadLetterTopic      string
-	group                string
-	owner                string
-	instanceID           string
-	groupProtocol        string
-	dbHandoff            time.Duration
-	rewindCheck          time.Duration
-	minDecisionRetention time.Duration
-	tailCheck            time.Duration
-	shardHandoff         time.Duration
-	shardHandoffProbes   int
-	shardTakeBackProbes  int
-	maxBatch             int
-	groupCommit          bool
-	groupCommitsInFlight int
-	maxRecordBytes       int
-	sessionTimeout       time.Duration
-	rebalanceTimeout     time.Duration
-	relayMaxRows         int
-	relayIdlePoll        time.Duration
-	relayTxnTimeout      time.Duration
-	relayLinger          time.Duration
-	relayMinInterval     time.Duration
-	relayTxnPrefix       string
-	relayDBTimeout       time.Duration
-	httpAddr             string
-	shutdownTimeout      time.Duration
-	logFormat            string
-	logLevel             string
-	failpoints           string
-	grantorKeyTTL        time.Duration
+	databaseURL     string
+	databaseURLFile string
+	shardMap        string
+	httpAddr        string
+	shutdownTimeout time.Duration
+	logFormat       string
+	logLevel        string
+	failpoints      string
 }
 
 func (c *config) register(fs *flag.FlagSet) {
+	sk, pr, re := &c.svc.Sink, &c.svc.Processor, &c.svc.Relay
 	c.kafka.Register(fs)
 	c.tracing.Register(fs)
 	fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL URL, e.g. postgres://mandated@db:5432/mandated?sslmode=verify-full&sslrootcert=/etc/ca.pem (required)")
 	fs.StringVar(&c.databaseURLFile, "database-url-file", "", "file holding the PostgreSQL URL (a mounted secret); wins over --database-url")
 	fs.StringVar(&c.shardMap, "shard-map", "", "YAML file mapping partition ranges to PostgreSQL databases (README, \"Scaling out PostgreSQL\"); replaces --database-url")
-	fs.IntVar(&c.dbMaxConns, "db-max-conns", int(sink.MaxConnsDefault), "PostgreSQL connection pool size")
-	fs.DurationVar(&c.lockTimeout, "db-lock-timeout", sink.LockTimeoutDefault, "how long a batch waits for its partition row")
-	fs.DurationVar(&c.idleInTxTimeout, "db-idle-in-transaction-timeout", sink.IdleInTxTimeoutDefault, "PostgreSQL ends a session idle inside a transaction after this (a paused owner)")
-	fs.DurationVar(&c.takeoverGrace, "takeover-grace", sink.TakeoverGraceDefault, "how long a claim waits before terminating a stuck predecessor's session")
-	fs.DurationVar(&c.retention, "idempotency-retention", sink.RetentionDefault, "default idempotency key retention (per-org overrides live in org_settings)")
-	fs.StringVar(&c.proposalsTopic, "proposals-topic", processor.ProposalsTopicDefault, "topic of agents' commands")
-	fs.StringVar(&c.grantsTopic, "grants-topic", processor.GrantsTopicDefault, "topic of grantors' commands (the only source of grant and revoke)")
-	fs.StringVar(&c.decisionsTopic, "decisions-topic", processor.DecisionsTopicDefault, "topic of decisions")
-	fs.StringVar(&c.deadLetterTopic, "dead-letter-topic", processor.DeadLetterTopicDefault, "topic of records no mandate can be read from")
-	fs.StringVar(&c.group, "group", processor.GroupDefault, "consumer group id")
-	fs.StringVar(&c.owner, "owner", "", "name of this instance in the partitions table (default --instance-id, else <hostname>-<pid>)")
-	fs.StringVar(&c.instanceID, "instance-id", "", "static group membership id, unique per instance (in Kubernetes the StatefulSet pod name): a restart within the session timeout moves no partition")
-	fs.StringVar(&c.groupProtocol, "group-protocol", processor.GroupProtocolDefault, "consumer (KIP-848, Kafka 4.0+: incremental, only moved partitions pause) or classic (eager range: every rebalance pauses every partition)")
-	fs.DurationVar(&c.rewindCheck, "rewind-check-interval", processor.RewindCheckIntervalDefault, "how often each partition's worker reads its tail back from the decisions topic to find a database that went back in time under it (every claim checks first); negative: only at claims")
-	fs.DurationVar(&c.minDecisionRetention, "min-decision-retention", processor.MinDecisionRetentionDefault, "the least retention.ms of the decisions and dead-letter topics (-1 in Kafka is forever): at least the interval between PostgreSQL backups, so that a restored database can be rebuilt from the decisions (mandatectl recover); start refuses less, compaction and retention.bytes; negative: check compaction only")
-	fs.DurationVar(&c.tailCheck, "relay-tail-check-interval", outbox.TailCheckIntervalDefault, "how often the relay reads its partitions' tails back to report records another producer wrote; negative: only when it resumes a partition")
-	fs.DurationVar(&c.dbHandoff, "db-unreachable-handoff", processor.DBUnreachableHandoffDefault, "leave the group after PostgreSQL has not answered this long (Kafka still does) so that others decide the partitions; rejoin when it answers; negative: never")
-	fs.DurationVar(&c.shardHandoff, "shard-handoff-after", processor.ShardHandoffAfterDefault, "with a shard map: hand the partitions of one shard off after it has not answered this process this long (while another shard does), for a process that reaches it to adopt; and adopt a partition whose holder a shard has not seen this long; negative: never")
-	fs.IntVar(&c.shardHandoffProbes, "shard-handoff-probes", processor.ShardHandoffProbesDefault, "failed probes in a row (over --shard-handoff-after at least) before one shard's partitions are handed off")
-	fs.IntVar(&c.shardTakeBackProbes, "shard-takeback-probes", processor.ShardTakeBackProbesDefault, "answered probes in a row before the partitions of a shard handed off are claimed back")
-	fs.IntVar(&c.maxBatch, "max-batch", processor.MaxBatchDefault, "most records of one partition decided in one batch")
-	fs.BoolVar(&c.groupCommit, "group-commit", false, "commit the ready batches of every owned partition of a shard in one PostgreSQL transaction (each under its own fence): less PostgreSQL CPU per decision, more latency under load; false: one transaction per partition batch")
-	fs.IntVar(&c.groupCommitsInFlight, "group-commits-in-flight", sink.GroupMaxInFlightDefault, "most group commits running at once per shard (batches handed over meanwhile wait and go together in the next)")
-	fs.IntVar(&c.maxRecordBytes, "max-record-bytes", wire.MaxRecordBytesDefault, "largest command record decoded")
-	fs.DurationVar(&c.sessionTimeout, "session-timeout", processor.SessionTimeoutDefault, "consumer group session timeout (classic protocol; with the consumer protocol the broker's group.consumer.session.timeout.ms applies)")
-	fs.DurationVar(&c.rebalanceTimeout, "rebalance-timeout", processor.RebalanceTimeoutDefault, "consumer group rebalance timeout")
-	fs.IntVar(&c.relayMaxRows, "relay-max-rows", outbox.MaxRowsDefault, "most outbox rows in one Kafka transaction (all the partitions of the process together)")
-	fs.DurationVar(&c.relayIdlePoll, "relay-idle-poll", outbox.IdlePollDefault, "relay poll interval when no commit woke it")
-	fs.DurationVar(&c.relayTxnTimeout, "relay-transaction-timeout", outbox.TransactionTimeoutDefault, "Kafka transaction timeout of the relay")
-	fs.DurationVar(&c.relayLinger, "relay-linger", 0, "relay producer linger (the relay batches per transaction itself)")
-	fs.DurationVar(&c.relayMinInterval, "relay-min-transaction-interval", outbox.MinTxnIntervalDefault, "least time from the end of the relay's Kafka transaction to the start of the next (rows committed meanwhile join it); negative: none")
-	fs.DurationVar(&c.relayDBTimeout, "relay-database-timeout", outbox.DatabaseTimeoutDefault, "bound of every PostgreSQL call of the relay; a shard that misses it is skipped (its partitions' rows wait, the other shards' are published) and probed until it answers")
-	fs.StringVar(&c.relayTxnPrefix, "relay-transactional-id-prefix", outbox.TransactionalIDDefault, "prefix of the relay's transactional id (one per process: <prefix>.<decisions topic>.proc.<random>)")
+	cli.Int32Var(fs, &sk.MaxConns, "db-max-conns", sink.MaxConnsDefault, "PostgreSQL connection pool size: the most `connections` open at once")
+	fs.DurationVar(&sk.LockTimeout, "db-lock-timeout", sink.LockTimeoutDefault, "how long a batch waits for its partition row")
+	fs.DurationVar(&sk.IdleInTxTimeout, "db-idle-in-transaction-timeout", sink.IdleInTxTimeoutDefault, "PostgreSQL ends a session idle inside a transaction after this (a paused owner)")
+	fs.DurationVar(&sk.TakeoverGrace, "takeover-grace", sink.TakeoverGraceDefault, "how long a claim waits before terminating a stuck predecessor's session")
+	fs.DurationVar(&sk.Retention, "idempotency-retention", sink.RetentionDefault, "default idempotency key retention (per-org overrides live in org_settings)")
+	fs.StringVar(&pr.ProposalsTopic, "proposals-topic", processor.ProposalsTopicDefault, "topic of agents' commands")
+	fs.StringVar(&pr.GrantsTopic, "grants-topic", processor.GrantsTopicDefault, "topic of grantors' commands (the only source of grant and revoke)")
+	fs.StringVar(&pr.DecisionsTopic, "decisions-topic", processor.DecisionsTopicDefault, "topic of decisions")
+	fs.StringVar(&pr.DeadLetterTopic, "dead-letter-topic", processor.DeadLetterTopicDefault, "topic of records no mandate can be read from")
+	fs.StringVar(&pr.Group, "group", processor.GroupDefault, "consumer group id")
+	fs.StringVar(&pr.Owner, "owner", "", "name of this instance in the partitions table (default --instance-id, else <hostname>-<pid>)")
+	fs.StringVar(&pr.InstanceID, "instance-id", "", "static group membership id, unique per instance (in Kubernetes the StatefulSet pod name): a restart within the session timeout moves no partition")
+	fs.StringVar(&pr.GroupProtocol, "group-protocol", processor.GroupProtocolDefault, "consumer (KIP-848, Kafka 4.0+: incremental, only moved partitions pause) or classic (eager range: every rebalance pauses every partition)")
+	fs.DurationVar(&pr.RewindCheckInterval, "rewind-check-interval", processor.RewindCheckIntervalDefault, "how often each partition's worker reads its tail back from the decisions topic to find a database that went back in time under it (every claim checks first); negative: only at claims")
+	fs.DurationVar(&pr.MinDecisionRetention, "min-decision-retention", processor.MinDecisionRetentionDefault, "the least retention.ms of the decisions and dead-letter topics (-1 in Kafka is forever): at least the interval between PostgreSQL backups, so that a restored database can be rebuilt from the decisions (mandatectl recover); start refuses less, compaction and retention.bytes; negative: check compaction only")
+	fs.DurationVar(&re.TailCheckInterval, "relay-tail-check-interval", outbox.TailCheckIntervalDefault, "how often the relay reads its partitions' tails back to report records another producer wrote; negative: only when it resumes a partition")
+	fs.DurationVar(&pr.DBUnreachableHandoff, "db-unreachable-handoff", processor.DBUnreachableHandoffDefault, "leave the group after PostgreSQL has not answered this long (Kafka still does) so that others decide the partitions; rejoin when it answers; negative: never")
+	fs.DurationVar(&pr.ShardHandoffAfter, "shard-handoff-after", processor.ShardHandoffAfterDefault, "with a shard map: hand the partitions of one shard off after it has not answered this process this long (while another shard does), for a process that reaches it to adopt; and adopt a partition whose holder a shard has not seen this long; negative: never")
+	fs.IntVar(&pr.ShardHandoffProbes, "shard-handoff-probes", processor.ShardHandoffProbesDefault, "failed probes in a row (over --shard-handoff-after at least) before one shard's partitions are handed off")
+	fs.IntVar(&pr.ShardTakeBackProbes, "shard-takeback-probes", processor.ShardTakeBackProbesDefault, "answered probes in a row before the partitions of a shard handed off are claimed back")
+	fs.IntVar(&pr.MaxBatch, "max-batch", processor.MaxBatchDefault, "most records of one partition decided in one batch")
+	fs.BoolVar(&pr.GroupCommit, "group-commit", false, "commit the ready batches of every owned partition of a shard in one PostgreSQL transaction (each under its own fence): less PostgreSQL CPU per decision, more latency under load; false: one transaction per partition batch")
+	fs.IntVar(&pr.GroupCommitsInFlight, "group-commits-in-flight", sink.GroupMaxInFlightDefault, "most group commits running at once per shard (batches handed over meanwhile wait and go together in the next)")
+	fs.IntVar(&pr.MaxRecordBytes, "max-record-bytes", wire.MaxRecordBytesDefault, "largest command record decoded")
+	fs.DurationVar(&pr.SessionTimeout, "session-timeout", processor.SessionTimeoutDefault, "consumer group session timeout (classic protocol; with the consumer protocol the broker's group.consumer.session.timeout.ms applies)")
+	fs.DurationVar(&pr.RebalanceTimeout, "rebalance-timeout", processor.RebalanceTimeoutDefault, "consumer group rebalance timeout")
+	fs.IntVar(&re.MaxRows, "relay-max-rows", outbox.MaxRowsDefault, "most outbox rows in one Kafka transaction (all the partitions of the process together)")
+	fs.DurationVar(&re.IdlePoll, "relay-idle-poll", outbox.IdlePollDefault, "relay poll interval when no commit woke it")
+	fs.DurationVar(&re.TransactionTimeout, "relay-transaction-timeout", outbox.TransactionTimeoutDefault, "Kafka transaction timeout of the relay")
+	fs.DurationVar(&re.Linger, "relay-linger", 0, "relay producer linger (the relay batches per transaction itself)")
+	fs.DurationVar(&re.MinTxnInterval, "relay-min-transaction-interval", outbox.MinTxnIntervalDefault, "least time from the end of the relay's Kafka transaction to the start of the next (rows committed meanwhile join it); negative: none")
+	fs.DurationVar(&re.DatabaseTimeout, "relay-database-timeout", outbox.DatabaseTimeoutDefault, "bound of every PostgreSQL call of the relay; a shard that misses it is skipped (its partitions' rows wait, the other shards' are published) and probed until it answers")
+	fs.StringVar(&re.TransactionalIDPrefix, "relay-transactional-id-prefix", outbox.TransactionalIDDefault, "prefix of the relay's transactional id (one per process: <prefix>.<decisions topic>.proc.<random>)")
 	fs.StringVar(&c.httpAddr, "http-addr", ":8080", "address of the /metrics, /healthz and /readyz server")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 30*time.Second, "bound on a graceful shutdown")
 	fs.StringVar(&c.logFormat, "log-format", "auto", "json, console, or auto (console on a terminal)")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
-	fs.DurationVar(&c.grantorKeyTTL, "grantor-key-refresh", processor.GrantorKeyRefreshDefault, "how old the cached grantor keys and grant_signing settings may be (a key revocation takes effect within it)")
+	fs.DurationVar(&pr.GrantorKeyRefresh, "grantor-key-refresh", processor.GrantorKeyRefreshDefault, "how old the cached grantor keys and grant_signing settings may be (a key revocation takes effect within it)")
 	fs.StringVar(&c.failpoints, "failpoints", "", "fault injection for tests: name=action;... (see internal/failpoint)")
 }
 
-// serviceConfig validates and maps the flags onto the components' configs.
+// serviceConfig validates the flags and completes the components' configs
+// with what no flag sets: the brokers and Kafka options, the metrics hooks,
+// the database (one URL or the shard map's control shard).
 func (c *config) serviceConfig(log zerolog.Logger, reg prometheus.Registerer) (processor.ServiceConfig, error) {
+	cfg := c.svc
 	brokers, err := c.kafka.SeedBrokers()
 	if err != nil {
-		return processor.ServiceConfig{}, err
+		return cfg, err
 	}
 	kopts, err := c.kafka.Opts()
 	if err != nil {
-		return processor.ServiceConfig{}, err
+		return cfg, err
 	}
 	kopts = append(kopts, kgo.WithLogger(cli.KafkaLogger(log, kgo.LogLevelWarn)))
 	// kprom keeps one client's metrics per instance, labelled by client id.
@@ -154,37 +128,25 @@ func (c *config) serviceConfig(log zerolog.Logger, reg prometheus.Registerer) (p
 	}
 	dbURL, err := cli.Secret(c.databaseURL, c.databaseURLFile)
 	if err != nil {
-		return processor.ServiceConfig{}, fmt.Errorf("--database-url-file: %w", err)
+		return cfg, fmt.Errorf("--database-url-file: %w", err)
 	}
-	var shards *sink.ShardMap
 	switch {
 	case c.shardMap != "" && dbURL != "":
-		return processor.ServiceConfig{}, errors.New("--shard-map and --database-url exclude each other: the map names every database")
+		return cfg, errors.New("--shard-map and --database-url exclude each other: the map names every database")
 	case c.shardMap != "":
-		if shards, err = sink.ReadShardMap(c.shardMap); err != nil {
-			return processor.ServiceConfig{}, fmt.Errorf("--shard-map: %w", err)
+		if cfg.Shards, err = sink.ReadShardMap(c.shardMap); err != nil {
+			return cfg, fmt.Errorf("--shard-map: %w", err)
 		}
-		dbURL = shards.Shards[shards.Control()].URL
+		dbURL = cfg.Shards.Shards[cfg.Shards.Control()].URL
 	case dbURL == "":
-		return processor.ServiceConfig{}, fmt.Errorf("--database-url (%s), --database-url-file or --shard-map is required", cli.EnvName("database-url"))
+		return cfg, fmt.Errorf("--database-url (%s), --database-url-file or --shard-map is required", cli.EnvName("database-url"))
 	}
-	cfg := processor.ServiceConfig{
-		Sink: sink.Config{DatabaseURL: dbURL, MaxConns: int32(c.dbMaxConns), LockTimeout: c.lockTimeout,
-			IdleInTxTimeout: c.idleInTxTimeout, TakeoverGrace: c.takeoverGrace, Retention: c.retention},
-		Shards: shards,
-		Processor: processor.Config{Brokers: brokers, KafkaOpts: kopts, ClientHooks: hooks, Group: c.group, Owner: c.owner,
-			InstanceID: c.instanceID, GroupProtocol: c.groupProtocol, DBUnreachableHandoff: c.dbHandoff, RewindCheckInterval: c.rewindCheck,
-			MinDecisionRetention: c.minDecisionRetention,
-			ShardHandoffAfter:    c.shardHandoff, ShardHandoffProbes: c.shardHandoffProbes, ShardTakeBackProbes: c.shardTakeBackProbes,
-			ProposalsTopic: c.proposalsTopic, GrantsTopic: c.grantsTopic, DecisionsTopic: c.decisionsTopic,
-			DeadLetterTopic: c.deadLetterTopic, MaxBatch: c.maxBatch, GroupCommit: c.groupCommit, GroupCommitsInFlight: c.groupCommitsInFlight, MaxRecordBytes: c.maxRecordBytes,
-			SessionTimeout: c.sessionTimeout, RebalanceTimeout: c.rebalanceTimeout, GrantorKeyRefresh: c.grantorKeyTTL},
-		Relay: outbox.Config{Brokers: brokers, KafkaOpts: kopts, ClientHooks: hooks, DecisionsTopic: c.decisionsTopic,
-			DeadLetterTopic: c.deadLetterTopic, TransactionalIDPrefix: c.relayTxnPrefix, MaxRows: c.relayMaxRows,
-			IdlePoll: c.relayIdlePoll, TransactionTimeout: c.relayTxnTimeout, Linger: c.relayLinger, TailCheckInterval: c.tailCheck,
-			MinTxnInterval: c.relayMinInterval, DatabaseTimeout: c.relayDBTimeout},
-		Registerer: reg,
-	}
+	cfg.Sink.DatabaseURL = dbURL
+	cfg.Processor.Brokers, cfg.Processor.KafkaOpts, cfg.Processor.ClientHooks = brokers, kopts, hooks
+	cfg.Relay.Brokers, cfg.Relay.KafkaOpts, cfg.Relay.ClientHooks = brokers, kopts, hooks
+	// The relay publishes to the processor's decisions and dead-letter topics.
+	cfg.Relay.DecisionsTopic, cfg.Relay.DeadLetterTopic = cfg.Processor.DecisionsTopic, cfg.Processor.DeadLetterTopic
+	cfg.Registerer = reg
 	// Validate every component now, so a bad flag is named before anything connects.
 	if err := cfg.Sink.WithDefaults().Validate(); err != nil {
 		return cfg, err

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/rs/zerolog"
@@ -90,4 +91,24 @@ func Daemon(name, summary string, args []string, register func(*flag.FlagSet), l
 		return log, 2, false
 	}
 	return log, 0, true
+}
+
+// Int32Var defines an int32 flag (flag has none): a pool size bound
+// straight onto a component's config field.
+func Int32Var(fs *flag.FlagSet, p *int32, name string, value int32, usage string) {
+	*p = value
+	fs.Var((*int32Value)(p), name, usage)
+}
+
+type int32Value int32
+
+func (v *int32Value) String() string { return strconv.FormatInt(int64(*v), 10) }
+
+func (v *int32Value) Set(s string) error {
+	n, err := strconv.ParseInt(s, 0, 32)
+	if err != nil {
+		return errors.New("parse error")
+	}
+	*v = int32Value(n)
+	return nil
 }
