@@ -85,11 +85,21 @@ func (g *Guard) guarded(ctx context.Context, gt *guardedTool, req *mcp.CallToolR
 			gt.name, outcome, d.Reason, d.DecisionID, detail(d.Detail)), OutcomeDenied
 	}
 	*log = log.With().Str("authorization", d.AuthorizationID).Logger()
+	// A replay shows the authorization as it is now. In doubt, it waits for
+	// an operator: a begin would be refused already_executing and the call
+	// would wait for a winner that is not coming. Committed, its recorded
+	// result is already here.
+	switch d.Authorization.State {
+	case wire.StateInDoubt:
+		return inDoubt(gt, d.AuthorizationID, d.DecisionID, &d.Decision), OutcomeInDoubt
+	case wire.StateCommitted:
+		return g.answer(gt, &d.Decision, d.Result(), d.Authorization.ExternalRef, OutcomeReplayed)
+	}
 
 	var (
-		ran       *mcp.CallToolResult // the upstream's answer when this call forwarded it
-		oversize  bool
-		notSent   error
+		ran         *mcp.CallToolResult // the upstream's answer when this call forwarded it
+		oversize    bool
+		notSent     error
 		upstreamErr bool
 	)
 	fn := func(ctx context.Context, providerKey string) (client.Effect, error) {
@@ -140,16 +150,7 @@ func (g *Guard) guarded(ctx context.Context, gt *guardedTool, req *mcp.CallToolR
 		if ex.Ran && oversize {
 			return ran, outcome
 		}
-		res, rerr := recorded(ex.Result)
-		switch {
-		case rerr != nil:
-			return toolError(last, "%s was executed once (authorization %s, decision %s), but %v", gt.name, d.AuthorizationID, last.DecisionID, rerr), outcome
-		case res == nil:
-			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf(
-				"%s was executed once (authorization %s, external reference %s, decision %s); no result was recorded (it was settled by reconciliation)",
-				gt.name, d.AuthorizationID, ex.ExternalRef, last.DecisionID)}}, Meta: decisionMeta(last)}, outcome
-		}
-		return res, outcome
+		return g.answer(gt, last, ex.Result, ex.ExternalRef, outcome)
 	case errors.Is(err, client.ErrInDoubt):
 		if ex != nil && !ex.Ran && last != nil && last.Authorization != nil && last.Authorization.State == wire.StateExecuting {
 			return toolError(last, "%s is still being executed by another call (authorization %s): its result was not seen within %s; repeat this same call (same intent) to get it",
@@ -160,8 +161,7 @@ func (g *Guard) guarded(ctx context.Context, gt *guardedTool, req *mcp.CallToolR
 		if last != nil {
 			id = last.DecisionID
 		}
-		return toolError(last, "the outcome of %s is in doubt (authorization %s, decision %s): do not retry by hand; an operator reconciles it with 'mandatectl reconcile'",
-			gt.name, d.AuthorizationID, id), OutcomeInDoubt
+		return inDoubt(gt, d.AuthorizationID, id, last), OutcomeInDoubt
 	case errors.Is(err, client.ErrNotCommitted):
 		if upstreamErr && ran != nil {
 			return ran, OutcomeNotExecuted // the upstream's own error, and the use released
@@ -182,6 +182,28 @@ func (g *Guard) guarded(ctx context.Context, gt *guardedTool, req *mcp.CallToolR
 		log.Warn().Err(err).Msg("execution failed before the upstream was called")
 		return toolError(last, "%s: %v; the upstream was not called by this call: repeat the same call (same intent)", gt.name, err), OutcomeNoDecision
 	}
+}
+
+// answer is a committed authorization's recorded result, as every caller
+// of the intent gets it.
+func (g *Guard) answer(gt *guardedTool, d *wire.Decision, result []byte, externalRef, outcome string) (*mcp.CallToolResult, string) {
+	res, err := recorded(result)
+	switch {
+	case err != nil:
+		return toolError(d, "%s was executed once (authorization %s, decision %s), but %v", gt.name, d.AuthorizationID, d.DecisionID, err), outcome
+	case res == nil:
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf(
+			"%s was executed once (authorization %s, external reference %s, decision %s); no result was recorded (it was settled by reconciliation)",
+			gt.name, d.AuthorizationID, externalRef, d.DecisionID)}}, Meta: decisionMeta(d)}, outcome
+	}
+	return res, outcome
+}
+
+func inDoubt(gt *guardedTool, authorizationID, decisionID string, d *wire.Decision) *mcp.CallToolResult {
+	res := toolError(d, "the outcome of %s is in doubt (authorization %s, decision %s): do not retry by hand; an operator reconciles it with 'mandatectl reconcile'",
+		gt.name, authorizationID, decisionID)
+	res.Meta[MetaAuthorizationID] = authorizationID
+	return res
 }
 
 func detail(s string) string {

@@ -206,4 +206,3 @@ func (g *Guard) Close() { g.up.close() }
 
 // Tools returns the names of the guarded tools.
 func (g *Guard) Tools() []string { return g.cfg.Rules.names() }
-
