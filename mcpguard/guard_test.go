@@ -2,6 +2,8 @@ package mcpguard_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -52,7 +54,23 @@ func TestGuardedToolCalls(t *testing.T) {
 		require.Equal(t, int64(1), b.up.calls.Load()-before, "the upstream was called once")
 		require.Equal(t, map[any]int{mcpguard.OutcomeExecuted: 1, mcpguard.OutcomeReplayed: 7}, outcomes)
 		require.Contains(t, text(results[0]), "Refunded 1500 cents on order order-8.\nLedger entry", "the text survives recording, newline and all")
-		t.Logf("8 concurrent identical calls: %d effect(s), %d identical results, outcomes %v", b.effects(t, "order-8"), len(results), outcomes)
+		t.Logf("8 concurrent identical calls through mandate-mcp: %d effect(s), %d identical results, outcomes %v", b.effects(t, "order-8"), len(results), outcomes)
+
+		// The same eight calls straight to the upstream: the bug is real.
+		for range 8 {
+			s := agent(t, b.up.URL)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+				defer cancel()
+				_, _ = s.CallTool(ctx, &mcp.CallToolParams{Name: "refund",
+					Arguments: refundArgs("8", "order-8-unguarded", 1500, "ref-8"), Meta: runMeta("run-8", "refund-1")})
+			}()
+		}
+		wg.Wait()
+		require.Equal(t, 8, b.effects(t, "order-8-unguarded"), "unguarded, every identical call is another refund")
+		t.Logf("8 concurrent identical calls straight to the upstream: %d effect(s)", b.effects(t, "order-8-unguarded"))
 	})
 
 	t.Run("a restored agent with a regenerated argument but the same intent is replayed", func(t *testing.T) {
@@ -210,6 +228,48 @@ func TestGuardedToolCalls(t *testing.T) {
 		require.Contains(t, text(again), "over the 8192 recorded")
 		require.Contains(t, text(again), "sha256 of the full result")
 		require.Equal(t, 1, b.effects(t, "order-huge"))
+	})
+
+	t.Run("rules naming a tool or an argument the upstream does not have are refused at start", func(t *testing.T) {
+		log := b.h.Log
+		for _, tc := range []struct{ name, rules, want string }{
+			{"unknown tool", strings.Replace(rulesYAML, "refund:", "refnud:", 1), `rules: tools.refnud: the upstream ` + b.up.URL + ` has no tool "refnud" (it has: balance, refund)`},
+			{"unknown argument", strings.Replace(rulesYAML, "{order_id}", "{order}", 1), `rules: tools.refund: the rule reads the argument "order", which is not a property of the tool's input schema`},
+		} {
+			rules, err := mcpguard.ParseRules([]byte(tc.rules))
+			require.NoError(t, err)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			_, err = mcpguard.New(ctx, mcpguard.Config{Rules: rules, UpstreamURL: b.up.URL, Logger: &log}, b.cl, nil)
+			cancel()
+			require.EqualError(t, err, tc.want, tc.name)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		_, err := mcpguard.New(ctx, mcpguard.Config{Rules: b.rules, UpstreamURL: "http://127.0.0.1:1/mcp", Logger: &log}, b.cl, nil)
+		require.ErrorContains(t, err, "upstream http://127.0.0.1:1/mcp: connect:")
+	})
+
+	t.Run("the latency mandate-mcp adds per guarded call is measured against the upstream alone", func(t *testing.T) {
+		const n = 60
+		b.grant(t, "case-latency", 10*n, 30)
+		guarded, direct := agent(t, url), agent(t, b.up.URL)
+		var viaGuard, alone []time.Duration
+		for i := range n {
+			args := refundArgs("latency", fmt.Sprintf("order-l-%d", i), 1, "r")
+			start := time.Now()
+			res := callTool(t, direct, "refund", args, nil)
+			alone = append(alone, time.Since(start))
+			require.False(t, res.IsError)
+			start = time.Now()
+			res = callTool(t, guarded, "refund", args, runMeta("run-latency", fmt.Sprint(i)))
+			viaGuard = append(viaGuard, time.Since(start))
+			require.False(t, res.IsError, "%s", text(res))
+			require.Equal(t, mcpguard.OutcomeExecuted, res.Meta[mcpguard.MetaOutcome])
+		}
+		p50, p99 := percentile(viaGuard, .5), percentile(viaGuard, .99)
+		u50, u99 := percentile(alone, .5), percentile(alone, .99)
+		t.Logf("latency over %d sequential calls (-race: %v): upstream alone p50 %s p99 %s; through mandate-mcp p50 %s p99 %s; added p50 %s p99 %s",
+			n, raceEnabled, u50, u99, p50, p99, p50-u50, p99-u99)
 	})
 
 	t.Run("metrics count calls by tool and outcome", func(t *testing.T) {
