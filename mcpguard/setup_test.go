@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/mandated/mandated/client"
@@ -208,6 +207,16 @@ type balanceOut struct {
 func startUpstream(t *testing.T, pool *pgxpool.Pool) *upstreamServer {
 	t.Helper()
 	u := &upstreamServer{}
+	s := newUpstreamServer(pool, u)
+	u.srv = httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil))
+	t.Cleanup(u.srv.Close)
+	u.URL = u.srv.URL
+	return u
+}
+
+// newUpstreamServer is the payments MCP server: refund writes the ledger,
+// balance reads it.
+func newUpstreamServer(pool *pgxpool.Pool, u *upstreamServer) *mcp.Server {
 	s := mcp.NewServer(&mcp.Implementation{Name: "payments", Version: "1"}, nil)
 	mcp.AddTool(s, &mcp.Tool{Name: "refund", Description: "Refunds an order. Cannot be undone."},
 		func(ctx context.Context, req *mcp.CallToolRequest, in refundIn) (*mcp.CallToolResult, refundOut, error) {
@@ -235,10 +244,7 @@ func startUpstream(t *testing.T, pool *pgxpool.Pool) *upstreamServer {
 			err := pool.QueryRow(ctx, `SELECT count(*) FROM ledger WHERE order_id = $1`, in.OrderID).Scan(&n)
 			return nil, balanceOut{Refunds: n}, err
 		})
-	u.srv = httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil))
-	t.Cleanup(u.srv.Close)
-	u.URL = u.srv.URL
-	return u
+	return s
 }
 
 func percentile(ds []time.Duration, p float64) time.Duration {
@@ -248,4 +254,3 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 	return s[i]
 }
 
-var _ = zerolog.Nop
