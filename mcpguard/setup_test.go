@@ -253,4 +253,3 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 	i := int(p * float64(len(s)-1))
 	return s[i]
 }
-
