@@ -54,22 +54,28 @@ func TestKillNineBetweenForwardAndCommitIsInDoubtResolvedByReconcileNeverASecond
 	require.Equal(t, -1, code, "killed by a signal")
 	require.Equal(t, 1, b.effects(t, "order-k"), "the refund happened once")
 
-	// The execution timeout puts the authorization in doubt.
-	d := b.h.Decisions.Wait(30*time.Second, func(d wire.Decision) bool {
-		return d.MandateID == "case-kill" && d.Authorization != nil && d.Authorization.State == wire.StateInDoubt
-	})
-	auth := d.AuthorizationID
-
-	// The agent is restored and repeats the call, its reference
-	// regenerated, through a new mandate-mcp: in doubt, not forwarded.
+	// The agent is restored at once and repeats the call, its reference
+	// regenerated, through a new mandate-mcp: the authorization is still
+	// executing (its executor is dead), and the repeat waits only until the
+	// execution timeout puts it in doubt; it is not forwarded.
 	_, url = b.startBinary(t, "mandate-mcp-2", rulesFile, b.up.URL)
 	calls := b.up.calls.Load()
 	res := callTool(t, agent(t, url), "refund", refundArgs("kill", "order-k", 700, "ref-regenerated"), runMeta("run-k", "pay"))
 	require.True(t, res.IsError)
+	d := b.h.Decisions.Wait(30*time.Second, func(d wire.Decision) bool {
+		return d.MandateID == "case-kill" && d.Authorization != nil && d.Authorization.State == wire.StateInDoubt
+	})
+	auth := d.AuthorizationID
 	require.Contains(t, text(res), "is in doubt (authorization "+auth)
 	require.Contains(t, text(res), "do not retry by hand")
 	require.Equal(t, calls, b.up.calls.Load())
 	require.Equal(t, 1, b.effects(t, "order-k"))
+
+	// Every repeat now is answered in doubt at once.
+	res = callTool(t, agent(t, url), "refund", refundArgs("kill", "order-k", 700, "ref-regenerated-2"), runMeta("run-k", "pay"))
+	require.True(t, res.IsError)
+	require.Contains(t, text(res), "is in doubt (authorization "+auth)
+	require.Equal(t, calls, b.up.calls.Load())
 
 	// The operator finds the refund in the ledger and reconciles.
 	var ledgerID int64
