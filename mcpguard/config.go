@@ -19,6 +19,7 @@ const (
 	UpstreamTimeoutDefault = 30 * time.Second
 	PingTimeoutDefault     = 3 * time.Second
 	MaxResultBytesDefault  = wire.MaxResultBytes
+	SessionTimeoutDefault  = 10 * time.Minute
 )
 
 // FailpointAfterForward is the failpoint between the upstream's answer and
@@ -55,6 +56,10 @@ type Config struct {
 	// returns the full result, repeats get the stub. At most
 	// wire.MaxResultBytes. Defaults to MaxResultBytesDefault.
 	MaxResultBytes int
+	// SessionTimeout closes an agent's streamable-HTTP session idle this
+	// long (an agent that went away without ending it). Defaults to
+	// SessionTimeoutDefault.
+	SessionTimeout time.Duration
 	// Logger receives the guard's events. Defaults to zerolog.Nop().
 	Logger *zerolog.Logger
 }
@@ -66,6 +71,7 @@ func (c Config) WithDefaults() Config {
 	c.UpstreamTimeout = cmp.Or(c.UpstreamTimeout, UpstreamTimeoutDefault)
 	c.PingTimeout = cmp.Or(c.PingTimeout, PingTimeoutDefault)
 	c.MaxResultBytes = cmp.Or(c.MaxResultBytes, MaxResultBytesDefault)
+	c.SessionTimeout = cmp.Or(c.SessionTimeout, SessionTimeoutDefault)
 	if c.Logger == nil {
 		nop := zerolog.Nop()
 		c.Logger = &nop
@@ -86,6 +92,8 @@ func (c Config) Validate() error {
 		return errors.New("mcpguard: Config.CallTimeout must not be negative")
 	case c.UpstreamTimeout < 0:
 		return errors.New("mcpguard: Config.UpstreamTimeout must not be negative")
+	case c.SessionTimeout < 0:
+		return errors.New("mcpguard: Config.SessionTimeout must not be negative")
 	case c.PingTimeout < 0:
 		return errors.New("mcpguard: Config.PingTimeout must not be negative")
 	case c.MaxResultBytes < 0 || c.MaxResultBytes > wire.MaxResultBytes:

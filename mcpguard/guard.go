@@ -184,7 +184,8 @@ func (g *Guard) Server() *mcp.Server { return g.server }
 
 // Handler serves the MCP server over streamable HTTP.
 func (g *Guard) Handler() http.Handler {
-	return mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return g.server }, nil)
+	return mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return g.server },
+		&mcp.StreamableHTTPOptions{SessionTimeout: g.cfg.SessionTimeout})
 }
 
 // RunStdio serves one client over stdin and stdout until it disconnects

@@ -20,6 +20,7 @@ import (
 // mandate-mcp in front of a real upstream MCP server whose refund tool
 // writes a ledger that does not deduplicate, with a real mandated deciding.
 func TestGuardedToolCalls(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	url, reg := b.guard(t, b.up.URL)
 

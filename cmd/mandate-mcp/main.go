@@ -71,6 +71,7 @@ type config struct {
 	callTimeout     time.Duration
 	upstreamTimeout time.Duration
 	maxResultBytes  int
+	sessionTimeout  time.Duration
 	shutdownTimeout time.Duration
 	failpoints      string
 	logFormat       string
@@ -90,6 +91,7 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.callTimeout, "call-timeout", mcpguard.CallTimeoutDefault, "bound on one guarded call (decisions, upstream, waiting for a concurrent call's result)")
 	fs.DurationVar(&c.upstreamTimeout, "upstream-timeout", mcpguard.UpstreamTimeoutDefault, "bound on the forwarded call: past it the outcome is unknown and the call in doubt (keep it below the mandates' execution timeout)")
 	fs.IntVar(&c.maxResultBytes, "max-result-bytes", mcpguard.MaxResultBytesDefault, "largest recorded result; above it a repeat gets the result's beginning, size and SHA-256")
+	fs.DurationVar(&c.sessionTimeout, "session-timeout", mcpguard.SessionTimeoutDefault, "with --http-addr: close an agent's session idle this long")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 30*time.Second, "bound on a graceful shutdown")
 	fs.StringVar(&c.failpoints, "failpoints", "", "fault injection for tests: name=action;... (see internal/failpoint)")
 	fs.StringVar(&c.logFormat, "log-format", "json", "json, console, or auto (console on a terminal); always on stderr")
@@ -124,7 +126,7 @@ func run(args []string) int {
 		return 2
 	}
 	gcfg := mcpguard.Config{Rules: rules, UpstreamCommand: strings.Fields(c.upstreamCommand), UpstreamURL: c.upstreamURL,
-		CallTimeout: c.callTimeout, UpstreamTimeout: c.upstreamTimeout, MaxResultBytes: c.maxResultBytes, Logger: &log}
+		CallTimeout: c.callTimeout, UpstreamTimeout: c.upstreamTimeout, MaxResultBytes: c.maxResultBytes, SessionTimeout: c.sessionTimeout, Logger: &log}
 	if err := gcfg.Validate(); err != nil {
 		log.Error().Err(err).Msg("invalid configuration")
 		return 2
