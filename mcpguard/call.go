@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/rs/zerolog"
 
@@ -173,7 +174,12 @@ func (g *Guard) guarded(ctx context.Context, gt *guardedTool, req *mcp.CallToolR
 				state = last.Authorization.State
 			}
 		}
-		if notSent != nil {
+		var refused *jsonrpc.Error
+		switch {
+		case errors.As(notSent, &refused):
+			return toolError(last, "the upstream MCP server refused the call before running it (%v); authorization %s was cancelled (decision %s): nothing was executed",
+				notSent, d.AuthorizationID, id), OutcomeNotExecuted
+		case notSent != nil:
 			return toolError(last, "the upstream MCP server could not be reached (%v); authorization %s was cancelled (decision %s): nothing was executed",
 				notSent, d.AuthorizationID, id), OutcomeNotExecuted
 		}

@@ -214,6 +214,52 @@ func TestGuardedToolCalls(t *testing.T) {
 		require.Equal(t, 2.0, metric(t, greg, "mandated_mcp_in_doubt_total", map[string]string{"tool": "refund"}))
 	})
 
+	t.Run("an upstream that refuses the request before running the tool cancels the authorization", func(t *testing.T) {
+		b.grant(t, "case-refused", 1, 30)
+		calls := b.up.calls.Load()
+		res := callTool(t, agent(t, url), "refund", refundArgs("refused", "order-refused", 100, "rejected-by-upstream"), runMeta("run-rf", "1"))
+		require.True(t, res.IsError)
+		require.Equal(t, mcpguard.OutcomeNotExecuted, res.Meta[mcpguard.MetaOutcome], "%s", text(res))
+		require.Contains(t, text(res), "refused the call before running it")
+		require.Contains(t, text(res), "reference rejected by the payments server")
+		auth, _ := res.Meta[mcpguard.MetaAuthorizationID].(string)
+		d := b.h.Decisions.Wait(30*time.Second, func(d wire.Decision) bool {
+			return d.AuthorizationID == auth && d.Command == string(wire.CmdCancel)
+		})
+		require.Equal(t, wire.StateCancelled, d.Authorization.State)
+		require.Equal(t, calls+1, b.up.calls.Load())
+		require.Equal(t, 0, b.effects(t, "order-refused"))
+	})
+
+	t.Run("a tool error is recorded as the result and replayed, never run again", func(t *testing.T) {
+		b.grant(t, "case-declined", 1, 30)
+		calls := b.up.calls.Load()
+		res := callTool(t, agent(t, url), "refund", refundArgs("declined", "order-declined", 100, "card-declined"), runMeta("run-dc", "1"))
+		require.True(t, res.IsError)
+		require.Equal(t, mcpguard.OutcomeExecuted, res.Meta[mcpguard.MetaOutcome])
+		require.Contains(t, text(res), "card declined")
+		again := callTool(t, agent(t, url), "refund", refundArgs("declined", "order-declined", 100, "card-declined"), runMeta("run-dc", "1"))
+		require.Equal(t, body(t, res), body(t, again))
+		require.Equal(t, mcpguard.OutcomeReplayed, again.Meta[mcpguard.MetaOutcome])
+		require.Equal(t, calls+1, b.up.calls.Load())
+
+		// With on_tool_error: cancel the error is the proof nothing
+		// happened: the authorization is cancelled, the use released.
+		cancelRules, err := mcpguard.ParseRules([]byte(rulesYAML + "    on_tool_error: cancel\n"))
+		require.NoError(t, err)
+		curl, _ := b.guard(t, b.up.URL, func(c *mcpguard.Config) { c.Rules = cancelRules })
+		b.grant(t, "case-declined-cancel", 1, 30)
+		res = callTool(t, agent(t, curl), "refund", refundArgs("declined-cancel", "order-dc", 100, "card-declined"), runMeta("run-dcc", "1"))
+		require.True(t, res.IsError)
+		require.Equal(t, mcpguard.OutcomeNotExecuted, res.Meta[mcpguard.MetaOutcome])
+		require.Contains(t, text(res), "card declined", "the upstream's own error")
+		again = callTool(t, agent(t, curl), "refund", refundArgs("declined-cancel", "order-dc", 100, "card-declined"), runMeta("run-dcc", "1"))
+		require.True(t, again.IsError)
+		require.Contains(t, text(again), "was not executed: authorization")
+		require.Contains(t, text(again), "is cancelled")
+		require.Equal(t, calls+2, b.up.calls.Load())
+	})
+
 	t.Run("an oversize result is recorded as its beginning, size and hash", func(t *testing.T) {
 		b.grant(t, "case-huge", 1, 30)
 		args := refundArgs("huge", "order-huge", 100, "r")

@@ -3,6 +3,7 @@ package mcpguard_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
@@ -221,6 +223,12 @@ func newUpstreamServer(pool *pgxpool.Pool, u *upstreamServer) *mcp.Server {
 	mcp.AddTool(s, &mcp.Tool{Name: "refund", Description: "Refunds an order. Cannot be undone."},
 		func(ctx context.Context, req *mcp.CallToolRequest, in refundIn) (*mcp.CallToolResult, refundOut, error) {
 			u.calls.Add(1)
+			switch in.Reference {
+			case "rejected-by-upstream": // refused before running: a JSON-RPC error
+				return nil, refundOut{}, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "reference rejected by the payments server"}
+			case "card-declined": // ran and failed: a tool error, nothing written
+				return nil, refundOut{}, errors.New("card declined")
+			}
 			auth, _ := req.Params.Meta[mcpguard.MetaAuthorizationID].(string)
 			var id int64
 			err := pool.QueryRow(context.WithoutCancel(ctx), `INSERT INTO ledger (order_id, amount_cents, reference, authorization_id)
