@@ -24,7 +24,11 @@ import (
 // recorded result.
 func (g *Guard) callGuarded(ctx context.Context, gt *guardedTool, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 	start := time.Now()
-	ctx, cancel := context.WithTimeout(ctx, g.cfg.CallTimeout)
+	// The call runs to its end even when the agent stops waiting (it
+	// cancels its request, or disconnects): a forwarded call cancelled
+	// half-way would be in doubt, and a begin abandoned would hold the
+	// use until the execution timeout. Its repeat gets the recorded result.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.CallTimeout)
 	defer cancel()
 	log := g.log.With().Str("tool", gt.name).Logger()
 	res, outcome := g.guarded(ctx, gt, req, &log)

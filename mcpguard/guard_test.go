@@ -214,6 +214,27 @@ func TestGuardedToolCalls(t *testing.T) {
 		require.Equal(t, 2.0, metric(t, greg, "mandated_mcp_in_doubt_total", map[string]string{"tool": "refund"}))
 	})
 
+	t.Run("an agent that gives up mid-call still leaves the result recorded for its repeat", func(t *testing.T) {
+		b.grant(t, "case-gaveup", 1, 30)
+		b.up.delay.Store(int64(time.Second))
+		defer b.up.delay.Store(0)
+		calls := b.up.calls.Load()
+		ctx, cancel := context.WithTimeout(context.Background(), 400*time.Millisecond)
+		defer cancel()
+		_, err := agent(t, url).CallTool(ctx, &mcp.CallToolParams{Name: "refund",
+			Arguments: refundArgs("gaveup", "order-gaveup", 100, "r"), Meta: runMeta("run-g", "1")})
+		require.Error(t, err, "the agent stopped waiting (it cancels its request)")
+		d := b.h.Decisions.Wait(30*time.Second, func(d wire.Decision) bool {
+			return d.MandateID == "case-gaveup" && d.Authorization != nil && (d.Authorization.State == wire.StateCommitted || d.Authorization.State == wire.StateInDoubt)
+		})
+		require.Equal(t, wire.StateCommitted, d.Authorization.State, "the forwarded call ran to its end and was committed, not put in doubt")
+		again := callTool(t, agent(t, url), "refund", refundArgs("gaveup", "order-gaveup", 100, "r"), runMeta("run-g", "1"))
+		require.False(t, again.IsError, "%s", text(again))
+		require.Equal(t, mcpguard.OutcomeReplayed, again.Meta[mcpguard.MetaOutcome])
+		require.Equal(t, calls+1, b.up.calls.Load())
+		require.Equal(t, 1, b.effects(t, "order-gaveup"))
+	})
+
 	t.Run("an upstream that refuses the request before running the tool cancels the authorization", func(t *testing.T) {
 		b.grant(t, "case-refused", 1, 30)
 		calls := b.up.calls.Load()
