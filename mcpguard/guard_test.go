@@ -87,6 +87,18 @@ func TestGuardedToolCalls(t *testing.T) {
 		require.Equal(t, body(t, first), body(t, again))
 		require.Equal(t, before, b.up.calls.Load(), "the upstream was not called again")
 		require.Equal(t, 1, b.effects(t, "order-r"))
+
+		// A caller without a run id: the intent is the named arguments.
+		argsRules, err := mcpguard.ParseRules([]byte(strings.Replace(rulesYAML, "intent: {from: meta}", "intent: {from: args, args: [order_id, case_id]}", 1)))
+		require.NoError(t, err)
+		aurl, _ := b.guard(t, b.up.URL, func(c *mcpguard.Config) { c.Rules = argsRules })
+		b.grant(t, "case-args", 1, 30)
+		first = callTool(t, agent(t, aurl), "refund", refundArgs("args", "order-a", 400, "ref-1"), nil)
+		require.False(t, first.IsError, "%s", text(first))
+		again = callTool(t, agent(t, aurl), "refund", refundArgs("args", "order-a", 400, "ref-2"), nil)
+		require.Equal(t, mcpguard.OutcomeReplayed, again.Meta[mcpguard.MetaOutcome], "%s", text(again))
+		require.Equal(t, body(t, first), body(t, again))
+		require.Equal(t, 1, b.effects(t, "order-a"))
 	})
 
 	t.Run("a denial is a tool error naming the reason and the decision, and the upstream is not called", func(t *testing.T) {
