@@ -107,3 +107,39 @@ func TestKillNineBetweenForwardAndCommitIsInDoubtResolvedByReconcileNeverASecond
 	require.Equal(t, 1, b.effects(t, "order-k"))
 	t.Logf("kill -9 between forward and commit: %d effect(s); in doubt, resolved by mandatectl reconcile", b.effects(t, "order-k"))
 }
+
+func TestTheBinaryRefusesBadConfigurationNamingIt(t *testing.T) {
+	t.Parallel()
+	bin := procs.Binary(t, "mandate-mcp")
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	require.NoError(t, os.WriteFile(bad, []byte(strings.Replace(rulesYAML, "    operation: payment.refund\n", "", 1)), 0o600))
+	good := filepath.Join(dir, "good.json")
+	require.NoError(t, os.WriteFile(good, []byte(`{"tools": {"refund": {"org": "acme", "mandate_id": "m", "operation": "op",
+		"amount": {"minor_units": 1, "currency": "EUR"}, "target": "t", "intent": {"from": "meta"}}}}`), 0o600))
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no rules", []string{"--brokers", "127.0.0.1:1", "--upstream-url", "http://127.0.0.1:1/mcp"}, "--rules is required"},
+		{"a rule without its operation", []string{"--brokers", "127.0.0.1:1", "--rules", bad, "--upstream-url", "http://127.0.0.1:1/mcp"},
+			"rules: tools.refund.operation: required"},
+		{"no upstream", []string{"--brokers", "127.0.0.1:1", "--rules", good}, "--upstream-command or --upstream-url is required"},
+		{"two upstreams", []string{"--brokers", "127.0.0.1:1", "--rules", good, "--upstream-url", "http://x/mcp", "--upstream-command", "payments-mcp"},
+			"--upstream-command and --upstream-url exclude each other"},
+		{"an upstream URL that is not http", []string{"--brokers", "127.0.0.1:1", "--rules", good, "--upstream-url", "ftp://x/mcp"}, `ftp://x/mcp\" is not an http(s) URL`},
+	} {
+		cmd := exec.Command(bin, tc.args...)
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+		out, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee, "%s: %s", tc.name, out)
+		require.Equal(t, 2, ee.ExitCode(), "%s: %s", tc.name, out)
+		require.Contains(t, string(out), tc.want, tc.name)
+	}
+	out, err := exec.Command(bin, "--help").CombinedOutput()
+	require.NoError(t, err)
+	require.Contains(t, string(out), "Examples:")
+	require.Contains(t, string(out), "-upstream-url")
+}

@@ -120,6 +120,14 @@ func run(args []string) int {
 		log.Error().Str("env", cli.EnvName("rules")).Msg("invalid configuration: --rules is required")
 		return 2
 	}
+	switch {
+	case c.upstreamCommand == "" && c.upstreamURL == "":
+		log.Error().Msg("invalid configuration: --upstream-command or --upstream-url is required (the MCP server to guard)")
+		return 2
+	case c.upstreamCommand != "" && c.upstreamURL != "":
+		log.Error().Msg("invalid configuration: --upstream-command and --upstream-url exclude each other (one upstream per mandate-mcp)")
+		return 2
+	}
 	rules, err := mcpguard.LoadRules(c.rules)
 	if err != nil {
 		log.Error().Err(err).Msg("invalid rules")
