@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"io"
 	"net/url"
 	"time"
 
@@ -34,6 +35,9 @@ type Config struct {
 	// UpstreamCommand runs the upstream MCP server over stdio: the program
 	// and its arguments. Exactly one of UpstreamCommand and UpstreamURL.
 	UpstreamCommand []string
+	// UpstreamStderr receives a stdio upstream's standard error. Defaults
+	// to discarding it.
+	UpstreamStderr io.Writer
 	// UpstreamURL is the upstream's streamable-HTTP endpoint.
 	UpstreamURL string
 	// Name is the server name announced to clients. Defaults to

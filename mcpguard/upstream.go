@@ -43,7 +43,9 @@ func (u *upstream) transport() mcp.Transport {
 		return &mcp.StreamableClientTransport{Endpoint: u.cfg.UpstreamURL, MaxRetries: -1, DisableStandaloneSSE: true,
 			HTTPClient: &http.Client{}}
 	}
-	return &mcp.CommandTransport{Command: exec.Command(u.cfg.UpstreamCommand[0], u.cfg.UpstreamCommand[1:]...)}
+	cmd := exec.Command(u.cfg.UpstreamCommand[0], u.cfg.UpstreamCommand[1:]...)
+	cmd.Stderr = u.cfg.UpstreamStderr
+	return &mcp.CommandTransport{Command: cmd}
 }
 
 // get returns the session, connecting when there is none.

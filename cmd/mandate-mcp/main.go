@@ -134,7 +134,7 @@ func run(args []string) int {
 		return 2
 	}
 	gcfg := mcpguard.Config{Rules: rules, UpstreamCommand: strings.Fields(c.upstreamCommand), UpstreamURL: c.upstreamURL,
-		CallTimeout: c.callTimeout, UpstreamTimeout: c.upstreamTimeout, MaxResultBytes: c.maxResultBytes, SessionTimeout: c.sessionTimeout, Logger: &log}
+		UpstreamStderr: os.Stderr, CallTimeout: c.callTimeout, UpstreamTimeout: c.upstreamTimeout, MaxResultBytes: c.maxResultBytes, SessionTimeout: c.sessionTimeout, Logger: &log}
 	if err := gcfg.Validate(); err != nil {
 		log.Error().Err(err).Msg("invalid configuration")
 		return 2
