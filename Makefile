@@ -51,7 +51,7 @@ kafka-libs: ## Resolve the Kafka broker jars from Maven Central (cached per vers
 ##@ Build and lint
 
 .PHONY: build lint
-build: ## Build mandated, mandatectl, mandate-gateway and demo into bin/
+build: ## Build mandated, mandatectl, mandate-gateway, mandate-mcp and demo into bin/
 	@go build -o bin/ ./cmd/...
 
 lint: ## Check gofmt and run go vet

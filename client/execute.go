@@ -158,11 +158,14 @@ func (c *Client) runWinner(ctx context.Context, auth AuthorizationRef, begun *De
 	return ex, serr
 }
 
-// awaitWinner waits for a decision that shows the authorization settled.
-// The refusal itself may already show it (a begin after the winner
-// committed is refused with the winner's outcome and result).
+// awaitWinner waits for a decision that shows the authorization settled,
+// or in doubt: then only an operator settles it, and waiting on would only
+// hold the caller until its deadline (a winner that died mid-execution is
+// put in doubt by the execution timeout). The refusal itself may already
+// show it (a begin after the winner committed is refused with the winner's
+// outcome and result).
 func (c *Client) awaitWinner(ctx context.Context, last *Decision, w *watcher) (*Execution, error) {
-	if last.State().Terminal() {
+	if last.State().Terminal() || last.State() == wire.StateInDoubt {
 		return settled(last)
 	}
 	for {
@@ -171,7 +174,7 @@ func (c *Client) awaitWinner(ctx context.Context, last *Decision, w *watcher) (*
 				continue
 			}
 			last = d
-			if d.State().Terminal() {
+			if d.State().Terminal() || d.State() == wire.StateInDoubt {
 				return settled(d)
 			}
 		}

@@ -334,6 +334,9 @@ func TestEveryEnvironmentVariableIsADaemonFlag(t *testing.T) {
 	for name := range gatewayFlags(t) {
 		gwFlags[envName(name)] = true
 	}
+	for name := range mcpFlags(t) { // mandate-mcp's (mcp_test.go)
+		gwFlags[envName(name)] = true
+	}
 	t.Run("every MANDATED_ name anywhere in deploy/ is a flag of mandated or of the gateway", func(t *testing.T) {
 		err := filepath.WalkDir(deployPath(t), func(path string, d fs.DirEntry, err error) error {
 			if err != nil || d.IsDir() {
@@ -343,7 +346,7 @@ func TestEveryEnvironmentVariableIsADaemonFlag(t *testing.T) {
 			require.NoError(t, err)
 			for _, name := range mention.FindAllString(string(b), -1) {
 				_, ok := flags[name]
-				require.True(t, ok || gwFlags[name], "%s names %s, which is not a flag of mandated (`mandated --help`) nor of mandate-gateway", path, name)
+				require.True(t, ok || gwFlags[name], "%s names %s, which is not a flag of mandated (`mandated --help`) nor of mandate-gateway nor of mandate-mcp", path, name)
 			}
 			return nil
 		})

@@ -1,0 +1,268 @@
+package mcpguard
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/rs/zerolog"
+
+	"github.com/mandated/mandated/client"
+	"github.com/mandated/mandated/internal/failpoint"
+	"github.com/mandated/mandated/wire"
+)
+
+// callGuarded runs one call of a guarded tool: validate, propose, execute
+// (begin, forward, commit) through client.Execute, answer with the
+// recorded result.
+func (g *Guard) callGuarded(ctx context.Context, gt *guardedTool, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	start := time.Now()
+	// The call runs to its end even when the agent stops waiting (it
+	// cancels its request, or disconnects): a forwarded call cancelled
+	// half-way would be in doubt, and a begin abandoned would hold the
+	// use until the execution timeout. Its repeat gets the recorded result.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.CallTimeout)
+	defer cancel()
+	log := g.log.With().Str("tool", gt.name).Logger()
+	res, outcome := g.guarded(ctx, gt, req, &log)
+	g.m.calls.WithLabelValues(gt.name, outcome).Inc()
+	g.m.guard.WithLabelValues(gt.name).Observe(time.Since(start).Seconds())
+	if outcome == OutcomeInDoubt {
+		g.m.inDoubt.WithLabelValues(gt.name).Inc()
+	}
+	if res.Meta == nil {
+		res.Meta = mcp.Meta{}
+	}
+	res.Meta[MetaOutcome] = outcome
+	log.Info().Str("outcome", outcome).Bool("is_error", res.IsError).Dur("took", time.Since(start)).Msg("guarded tool call")
+	return res, nil
+}
+
+func (g *Guard) guarded(ctx context.Context, gt *guardedTool, req *mcp.CallToolRequest, log *zerolog.Logger) (*mcp.CallToolResult, string) {
+	raw := req.Params.Arguments
+	if len(raw) == 0 {
+		raw = json.RawMessage("{}")
+	}
+	// The schema check reads the arguments as JSON values; the rule reads
+	// numbers exactly (json.Number).
+	doc, err := decodeValue(raw, false)
+	if err != nil {
+		return toolError(nil, "the arguments of %s are not JSON: %v; nothing was proposed", gt.name, err), OutcomeInvalidArguments
+	}
+	if err := gt.schema.Validate(doc); err != nil {
+		return toolError(nil, "the arguments of %s do not match its input schema; nothing was proposed: %v", gt.name, err), OutcomeInvalidArguments
+	}
+	exact, _ := decodeValue(raw, true)
+	args, _ := exact.(map[string]any)
+	p, err := gt.rule.propose(gt.name, args, req.Params.Meta)
+	if err != nil {
+		return toolError(nil, "%s: %v; nothing was proposed", gt.name, err), OutcomeInvalidArguments
+	}
+	*log = log.With().Str("mandate", p.Org+"/"+p.MandateID).Str("idempotency_key", p.IdempotencyKey).Logger()
+	if err := g.up.ready(ctx); err != nil {
+		log.Warn().Err(err).Msg("upstream unavailable; nothing proposed")
+		return toolError(nil, "the upstream MCP server is unavailable (%v); nothing was proposed: the same call can be repeated", err), OutcomeUpstreamUnavailable
+	}
+
+	d, err := g.cl.Send(ctx, proposeCommand(p))
+	var inv *client.InvalidCommandError
+	switch {
+	case errors.As(err, &inv):
+		return toolError(nil, "%s: the proposal derived from the arguments is invalid (%s): %s; nothing was proposed", gt.name, inv.Reason, inv.Detail), OutcomeInvalidArguments
+	case err != nil:
+		log.Warn().Err(err).Msg("no decision on the proposal")
+		return toolError(nil, "mandated did not answer the proposal for %s in time (%v): repeat the same call (same intent): it is answered once", gt.name, err), OutcomeNoDecision
+	}
+	if d.Authorization == nil || (d.Outcome != wire.OutcomeReserved && d.Outcome != wire.OutcomeReplayed) {
+		outcome := d.Outcome
+		if d.Outcome == wire.OutcomeReplayed && d.OriginalOutcome != "" {
+			outcome = d.OriginalOutcome
+		}
+		log.Info().Str("decision", d.DecisionID).Str("outcome", string(outcome)).Str("reason", string(d.Reason)).Msg("proposal not authorized; upstream not called")
+		return toolError(&d.Decision, "mandated did not authorize %s: %s, reason %s (decision %s)%s; the upstream was not called",
+			gt.name, outcome, d.Reason, d.DecisionID, detail(d.Detail)), OutcomeDenied
+	}
+	*log = log.With().Str("authorization", d.AuthorizationID).Logger()
+	// A replay shows the authorization as it is now. In doubt, it waits for
+	// an operator: a begin would be refused already_executing and the call
+	// would wait for a winner that is not coming. Committed, its recorded
+	// result is already here.
+	switch d.Authorization.State {
+	case wire.StateInDoubt:
+		return inDoubt(gt, d.AuthorizationID, d.DecisionID, &d.Decision), OutcomeInDoubt
+	case wire.StateCommitted:
+		return g.answer(gt, &d.Decision, d.Result(), d.Authorization.ExternalRef, OutcomeReplayed)
+	}
+
+	var (
+		ran         *mcp.CallToolResult // the upstream's answer when this call forwarded it
+		oversize    bool
+		notSent     error
+		upstreamErr bool
+	)
+	fn := func(ctx context.Context, providerKey string) (client.Effect, error) {
+		meta := mcp.Meta{}
+		for k, v := range req.Params.Meta {
+			meta[k] = v
+		}
+		meta[MetaAuthorizationID] = providerKey
+		uctx, cancel := context.WithTimeout(ctx, g.cfg.UpstreamTimeout)
+		defer cancel()
+		start := time.Now()
+		res, err := g.up.call(uctx, &mcp.CallToolParams{Meta: meta, Name: gt.name, Arguments: req.Params.Arguments})
+		g.observeUpstream(gt.name, start, res, err)
+		if err != nil {
+			if notExecuted(err) {
+				notSent = err
+				return client.Effect{}, fmt.Errorf("%w: %w", client.ErrNotExecuted, err)
+			}
+			return client.Effect{}, fmt.Errorf("%w: upstream call: %w", client.ErrOutcomeUnknown, err)
+		}
+		ran = res
+		if res.IsError && gt.rule.OnToolError == OnToolErrorCancel {
+			upstreamErr = true
+			return client.Effect{}, fmt.Errorf("%w: the upstream answered a tool error: %s", client.ErrNotExecuted, textOf(res))
+		}
+		rec, over, err := record(res, g.cfg.MaxResultBytes)
+		if err != nil {
+			return client.Effect{}, fmt.Errorf("%w: %w", client.ErrOutcomeUnknown, err)
+		}
+		oversize = over
+		if err := failpoint.Inject(ctx, FailpointAfterForward); err != nil {
+			return client.Effect{}, fmt.Errorf("%w: %w", client.ErrOutcomeUnknown, err)
+		}
+		sum := sha256.Sum256(rec)
+		return client.Effect{ExternalRef: "mcp:" + hex.EncodeToString(sum[:12]), Result: rec}, nil
+	}
+	ex, err := g.cl.Execute(ctx, client.RefOf(d), fn)
+	var last *wire.Decision
+	if ex != nil && ex.Decision != nil {
+		last = &ex.Decision.Decision
+	}
+	switch {
+	case err == nil:
+		outcome := OutcomeReplayed
+		if ex.Ran {
+			outcome = OutcomeExecuted
+		}
+		if ex.Ran && oversize {
+			return ran, outcome
+		}
+		return g.answer(gt, last, ex.Result, ex.ExternalRef, outcome)
+	case errors.Is(err, client.ErrInDoubt):
+		if ex != nil && !ex.Ran && last != nil && last.Authorization != nil && last.Authorization.State == wire.StateExecuting {
+			return toolError(last, "%s is still being executed by another call (authorization %s): its result was not seen within %s; repeat this same call (same intent) to get it",
+				gt.name, d.AuthorizationID, g.cfg.CallTimeout), OutcomeNoDecision
+		}
+		log.Warn().Err(err).Msg("in doubt: for an operator")
+		id := d.DecisionID
+		if last != nil {
+			id = last.DecisionID
+		}
+		return inDoubt(gt, d.AuthorizationID, id, last), OutcomeInDoubt
+	case errors.Is(err, client.ErrNotCommitted):
+		if upstreamErr && ran != nil {
+			return ran, OutcomeNotExecuted // the upstream's own error, and the use released
+		}
+		state, reason, id := wire.AuthState(""), wire.Reason(""), d.DecisionID
+		if last != nil {
+			id, reason = last.DecisionID, last.Reason
+			if last.Authorization != nil {
+				state = last.Authorization.State
+			}
+		}
+		var refused *jsonrpc.Error
+		switch {
+		case errors.As(notSent, &refused):
+			return toolError(last, "the upstream MCP server refused the call before running it (%v); authorization %s was cancelled (decision %s): nothing was executed",
+				notSent, d.AuthorizationID, id), OutcomeNotExecuted
+		case notSent != nil:
+			return toolError(last, "the upstream MCP server could not be reached (%v); authorization %s was cancelled (decision %s): nothing was executed",
+				notSent, d.AuthorizationID, id), OutcomeNotExecuted
+		}
+		return toolError(last, "%s was not executed: authorization %s is %s, reason %s (decision %s)", gt.name, d.AuthorizationID, state, reason, id), OutcomeNotExecuted
+	default:
+		log.Warn().Err(err).Msg("execution failed before the upstream was called")
+		return toolError(last, "%s: %v; the upstream was not called by this call: repeat the same call (same intent)", gt.name, err), OutcomeNoDecision
+	}
+}
+
+// answer is a committed authorization's recorded result, as every caller
+// of the intent gets it.
+func (g *Guard) answer(gt *guardedTool, d *wire.Decision, result []byte, externalRef, outcome string) (*mcp.CallToolResult, string) {
+	res, err := recorded(result)
+	switch {
+	case err != nil:
+		return toolError(d, "%s was executed once (authorization %s, decision %s), but %v", gt.name, d.AuthorizationID, d.DecisionID, err), outcome
+	case res == nil:
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf(
+			"%s was executed once (authorization %s, external reference %s, decision %s); no result was recorded (it was settled by reconciliation)",
+			gt.name, d.AuthorizationID, externalRef, d.DecisionID)}}, Meta: decisionMeta(d)}, outcome
+	}
+	return res, outcome
+}
+
+func inDoubt(gt *guardedTool, authorizationID, decisionID string, d *wire.Decision) *mcp.CallToolResult {
+	res := toolError(d, "the outcome of %s is in doubt (authorization %s, decision %s): do not retry by hand; an operator reconciles it with 'mandatectl reconcile'",
+		gt.name, authorizationID, decisionID)
+	res.Meta[MetaAuthorizationID] = authorizationID
+	return res
+}
+
+func detail(s string) string {
+	if s == "" {
+		return ""
+	}
+	return ": " + s
+}
+
+func decisionMeta(d *wire.Decision) mcp.Meta {
+	m := mcp.Meta{}
+	if d == nil {
+		return m
+	}
+	m[MetaDecisionID] = d.DecisionID
+	if d.Reason != "" {
+		m[MetaReason] = string(d.Reason)
+	}
+	if d.AuthorizationID != "" {
+		m[MetaAuthorizationID] = d.AuthorizationID
+	}
+	return m
+}
+
+// toolError is a tool result with isError set: the agent's model sees it.
+func toolError(d *wire.Decision, format string, args ...any) *mcp.CallToolResult {
+	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf(format, args...)}}, Meta: decisionMeta(d)}
+}
+
+func decodeValue(raw json.RawMessage, numbers bool) (any, error) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if numbers {
+		dec.UseNumber()
+	}
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// proposeCommand is the propose as the contract's JSON (client.Propose has
+// no intent member).
+func proposeCommand(p *proposal) client.RawCommand {
+	m := map[string]any{"type": "propose", "org": p.Org, "mandate_id": p.MandateID, "idempotency_key": p.IdempotencyKey,
+		"operation": p.Operation, "amount": p.Amount, "target": p.Target}
+	if p.Intent != nil {
+		m["intent"] = p.Intent
+	}
+	b, _ := json.Marshal(m)
+	return client.RawCommand(b)
+}

@@ -1,0 +1,113 @@
+package mcpguard_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/mandated/mandated/mcpguard"
+)
+
+// pythonMCP is the Python MCP SDK the agent of TestPythonAgent is written
+// with, installed from PyPI into a virtual environment kept in the user's
+// cache directory (installed again when it does not import).
+const pythonMCP = "mcp==2.3.0"
+
+// The agent is the official Python MCP SDK (no one here wrote its
+// protocol code): eight concurrent calls of one intent, a restored agent,
+// a second step the mandate does not allow, arguments failing the schema.
+// It fails, never skips, when python3, venv or pip is missing
+// (test/infra/run-tests.sh installs them); MANDATED_TEST_PYTHON=skip skips
+// it on purpose.
+func TestPythonAgent(t *testing.T) {
+	t.Parallel()
+	if os.Getenv("MANDATED_TEST_PYTHON") == "skip" {
+		t.Skip("MANDATED_TEST_PYTHON=skip")
+	}
+	py, err := exec.LookPath("python3")
+	require.NoError(t, err, "python3 is required (test/infra/run-tests.sh installs it; MANDATED_TEST_PYTHON=skip to skip)")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	venv := pythonVenv(ctx, t, py)
+
+	b := setup(t)
+	url, _ := b.guard(t, b.up.URL)
+	b.grant(t, "case-py", 1, 30)
+	script, err := filepath.Abs(filepath.Join("testdata", "agent.py"))
+	require.NoError(t, err)
+	cmd := exec.CommandContext(ctx, venv, script, url, "py", "order-py")
+	cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	require.NoError(t, err, "agent.py:\n%s", stderr.String())
+
+	type view struct {
+		IsError    bool   `json:"is_error"`
+		Text       string `json:"text"`
+		Structured any    `json:"structured"`
+		Outcome    string `json:"outcome"`
+		Reason     string `json:"reason"`
+		DecisionID string `json:"decision_id"`
+	}
+	var got struct {
+		Tools        []string `json:"tools"`
+		Concurrent   []view   `json:"concurrent"`
+		Restored     view     `json:"restored"`
+		SecondStep   view     `json:"second_step"`
+		BadArguments view     `json:"bad_arguments"`
+	}
+	require.NoError(t, json.Unmarshal(out, &got), "%s", out)
+	require.Equal(t, []string{"balance", "refund"}, got.Tools)
+	require.Len(t, got.Concurrent, 8)
+	outcomes := map[string]int{}
+	for _, v := range got.Concurrent {
+		require.False(t, v.IsError, "%s", v.Text)
+		require.Equal(t, got.Concurrent[0].Text, v.Text)
+		require.Equal(t, got.Concurrent[0].Structured, v.Structured)
+		outcomes[v.Outcome]++
+	}
+	require.Equal(t, map[string]int{mcpguard.OutcomeExecuted: 1, mcpguard.OutcomeReplayed: 7}, outcomes)
+	require.Contains(t, got.Concurrent[0].Text, "Refunded 1200 cents on order order-py.")
+	require.False(t, got.Restored.IsError)
+	require.Equal(t, mcpguard.OutcomeReplayed, got.Restored.Outcome)
+	require.Equal(t, got.Concurrent[0].Text, got.Restored.Text)
+	require.True(t, got.SecondStep.IsError)
+	require.NotEmpty(t, got.SecondStep.Reason)
+	require.Contains(t, got.SecondStep.Text, "decision "+got.SecondStep.DecisionID)
+	require.True(t, got.BadArguments.IsError)
+	require.Contains(t, got.BadArguments.Text, "do not match its input schema")
+	require.Equal(t, 1, b.effects(t, "order-py"), "one refund in the ledger")
+	require.Equal(t, int64(1), b.up.calls.Load())
+	t.Logf("Python SDK agent (%s): 8 concurrent identical calls, %d effect(s), outcomes %v", pythonMCP, b.effects(t, "order-py"), outcomes)
+}
+
+func pythonVenv(ctx context.Context, t *testing.T, py string) string {
+	t.Helper()
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		cache = os.TempDir()
+	}
+	dir := filepath.Join(cache, "mandated-test", "venv-"+strings.NewReplacer("=", "-", ".", "-").Replace(pythonMCP))
+	venv := filepath.Join(dir, "bin", "python")
+	if exec.CommandContext(ctx, venv, "-c", "import mcp.client.streamable_http").Run() == nil {
+		return venv
+	}
+	_ = os.RemoveAll(dir)
+	run := func(name string, args ...string) {
+		cmd := exec.CommandContext(ctx, name, args...)
+		cmd.Env = append(os.Environ(), "PIP_DISABLE_PIP_VERSION_CHECK=1", "PYTHONDONTWRITEBYTECODE=1")
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s %s:\n%s", name, strings.Join(args, " "), out)
+	}
+	run(py, "-m", "venv", dir)
+	run(venv, "-m", "pip", "install", "--quiet", pythonMCP)
+	return venv
+}

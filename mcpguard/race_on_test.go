@@ -1,0 +1,5 @@
+//go:build race
+
+package mcpguard_test
+
+const raceEnabled = true
