@@ -262,6 +262,11 @@ class Client:
         or could not be begun.
         """
         ref = AuthorizationRef.of(approval)  # Denied for a decision without an authorization
+        ex = self._execute(ref, fn, timeout)
+        ex.authorization_id = ref.authorization_id
+        return ex
+
+    def _execute(self, ref: AuthorizationRef, fn: EffectFn, timeout: Optional[float]) -> Execution:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         executor = "py-" + secrets.token_hex(12)
         try:

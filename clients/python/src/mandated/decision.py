@@ -161,3 +161,4 @@ class Execution:
     result: Optional[Dict[str, Any]] = None
     decision: Optional[Decision] = None
     authorization: Dict[str, Any] = field(default_factory=dict)
+    authorization_id: str = ""  # the authorization executed (set by execute)
