@@ -22,6 +22,7 @@ import (
 
 	"github.com/mandated/mandated/client"
 	"github.com/mandated/mandated/gateway"
+	"github.com/mandated/mandated/gateway/console"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/test/harness"
 	"github.com/mandated/mandated/test/testenv"
@@ -61,7 +62,8 @@ func TestLangGraphApprovalResumedConcurrentlyRefundsOnceOnlyWhenGuarded(t *testi
 	cmd.Dir = here
 	cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1",
 		"MANDATED_GATEWAY_URL="+st.base, "MANDATED_GATEWAY_TOKEN="+st.token, "MANDATED_GATEWAY_ORG=acme",
-		"MANDATED_TEST_CONTROL_URL="+st.control, "LANGGRAPH_TEST_DSN="+st.langgraphDSN)
+		"MANDATED_TEST_CONTROL_URL="+st.control,
+		"MANDATED_OPERATOR_TOKEN="+st.operatorToken, "LANGGRAPH_TEST_DSN="+st.langgraphDSN)
 	out, err := cmd.CombinedOutput()
 	t.Logf("pytest:\n%s", out)
 	for _, line := range regexp.MustCompile(`(?m)^(EXPERIMENT|LATENCY) .*$`).FindAllString(string(out), -1) {
@@ -104,7 +106,7 @@ func installWithLangGraph(ctx context.Context, t *testing.T, py, pkgDir string) 
 }
 
 type stack struct {
-	base, token, control, langgraphDSN string
+	base, token, operatorToken, control, langgraphDSN string
 }
 
 // startStack runs what a LangGraph deployment talks to: a processor on real
@@ -139,6 +141,17 @@ func startStack(t *testing.T) stack {
 	t.Cleanup(cl.Close)
 	srv, err := gateway.New(gateway.Config{}, cl, pool, prometheus.NewRegistry())
 	require.NoError(t, err)
+	// The operators' console beside the API, as mandate-gateway --console
+	// mounts it: the kill -9 test reads its in-doubt queue.
+	control, err := pgxpool.New(ctx, h.DatabaseURL)
+	require.NoError(t, err)
+	t.Cleanup(control.Close)
+	con, err := console.New(console.Config{}, console.Sources{Client: cl, Control: control,
+		Operator: func() *sink.Operator { return sink.NewOperator(pool) }})
+	require.NoError(t, err)
+	con.Register(srv.Mux())
+	_, operatorToken, err := gateway.CreateOperatorToken(ctx, rw, "langgraph example")
+	require.NoError(t, err)
 	base := serve(t, func(ln net.Listener) (func(context.Context) error, error) {
 		hs := srv.HTTPServer(ln.Addr().String(), srv.Handler())
 		go func() { _ = srv.Serve(hs, ln) }()
@@ -168,12 +181,13 @@ func startStack(t *testing.T) stack {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(d.Raw)
 	})
-	control := serve(t, func(ln net.Listener) (func(context.Context) error, error) {
+	grantsURL := serve(t, func(ln net.Listener) (func(context.Context) error, error) {
 		hs := &http.Server{Handler: grants, ReadHeaderTimeout: 5 * time.Second}
 		go func() { _ = hs.Serve(ln) }()
 		return hs.Shutdown, nil
 	})
-	return stack{base: base, token: token, control: control + "/", langgraphDSN: langgraphDatabase(t)}
+	return stack{base: base, token: token, operatorToken: operatorToken, control: grantsURL + "/",
+		langgraphDSN: langgraphDatabase(t)}
 }
 
 // serve listens on a free local port, starts a server there and stops it

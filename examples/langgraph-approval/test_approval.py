@@ -6,6 +6,7 @@ which sets):
   MANDATED_TEST_CONTROL_URL  POST {"mandate_id", "uses", "execution_timeout_seconds"} grants
                              (operation payment.refund, at most 200.00 EUR)
   LANGGRAPH_TEST_DSN         a PostgreSQL database of its own: the checkpointer and the ledger
+  MANDATED_OPERATOR_TOKEN    an operator token of the console (/console on the gateway)
 """
 
 import json
@@ -290,6 +291,12 @@ def test_a_resumer_killed_between_begin_and_commit_leaves_it_in_doubt_and_a_late
     assert time.monotonic() - start < 10
     assert Provider(dsn).effects("hang-" + thread) == 1, "the killed resumer's effect, once"
     assert gw.status(approval)["state"] == "in_doubt"
+    # The operators' console lists it in its in-doubt queue, for a person to reconcile.
+    req = urllib.request.Request(_env("MANDATED_GATEWAY_URL") + "/console/?org=" + gw.org,
+                                 headers={"Authorization": "Bearer " + _env("MANDATED_OPERATOR_TOKEN")})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        page = resp.read().decode("utf-8")
+    assert au in page and m in page, "the in-doubt authorization is in the console's queue"
 
 
 # ---- the latency a guard adds to one resume
@@ -368,3 +375,79 @@ def test_the_decorator_guards_a_function_the_same_way(dsn, gw, grant):
         again = graph.invoke(None, start.config)  # replayed from before the step: a new task, the same intent
     assert first["refund"]["order_id"] == order and again["refund"] == first["refund"]
     assert provider.effects(order) == 1
+
+
+def test_a_guarded_tool_in_a_tool_node_refunds_once_and_a_regenerated_tool_call_is_replayed(dsn, gw, grant):
+    from langchain_core.messages import AIMessage
+    from langchain_core.tools import tool
+    from langgraph.graph import END, START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode
+    from langgraph.prebuilt.tool_node import ToolRuntime
+
+    guard, provider = RecordingGuard(gw, grant(uses=5), operation="payment.refund"), Provider(dsn)
+    order = "order-" + uuid.uuid4().hex[:10]
+    barrier = Barrier(dsn, "b-" + uuid.uuid4().hex, N)
+
+    @tool
+    def refund(order_id: str, amount: int, customer: str, runtime: ToolRuntime) -> dict:
+        """Refund an order: irreversible, so it waits for a person's approval."""
+        if interrupt_for_approval(order_id) != "approve":
+            return {"status": "rejected"}
+        if runtime.state.get("race"):
+            barrier.wait()
+        ex = guard.execute(lambda provider_key: provider.refund(order_id, amount, provider_key),
+                           amount=amount, currency="EUR", target=customer, runtime=runtime, tool_name="refund")
+        return ex.result
+
+    def agent(state):  # the model: a new tool call id on every run
+        call = {"name": "refund", "args": {"order_id": order, "amount": 700, "customer": "customer-77"},
+                "id": "call_" + uuid.uuid4().hex[:12]}
+        return {"messages": [AIMessage(content="", tool_calls=[call])]}
+
+    class State(MessagesState):
+        race: bool
+
+    g = StateGraph(State)
+    g.add_node("agent", agent)
+    g.add_node("tools", ToolNode([refund]))
+    g.add_edge(START, "agent")
+    g.add_edge("agent", "tools")
+    g.add_edge("tools", END)
+    cfg = {"configurable": {"thread_id": "thread-" + uuid.uuid4().hex[:10]}}
+    with PostgresSaver.from_conn_string(dsn) as saver:
+        assert "__interrupt__" in g.compile(checkpointer=saver).invoke({"messages": [], "race": True}, cfg)
+    outs, errs = [None] * N, []
+
+    def one(i):
+        try:
+            with PostgresSaver.from_conn_string(dsn) as saver:
+                outs[i] = g.compile(checkpointer=saver).invoke(Command(resume="approve"), cfg)
+        except Exception as err:  # noqa: BLE001 - asserted below
+            errs.append(err)
+
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(N)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(180)
+    assert not errs, errs
+    assert provider.effects(order) == 1
+    contents = {o["messages"][-1].content for o in outs}
+    assert len(contents) == 1 and json.loads(contents.pop())["order_id"] == order, "every resumer: the recorded result"
+    assert len({d["idempotency_key"] for d in guard.decisions}) == 1, "one task, one tool call: one key"
+
+    with PostgresSaver.from_conn_string(dsn) as saver:  # the agent restored before the model's call
+        graph = g.compile(checkpointer=saver)
+        before_agent = next(s for s in graph.get_state_history(cfg) if s.next == ("agent",))
+        graph.invoke(None, graph.update_state(before_agent.config, {"race": False}))
+        again = graph.invoke(Command(resume="approve"), cfg)
+    assert again["messages"][-2].tool_calls[0]["id"] != outs[0]["messages"][-2].tool_calls[0]["id"]
+    assert guard.decisions[-1].reason == "intent_replayed"
+    assert json.loads(again["messages"][-1].content) == json.loads(outs[0]["messages"][-1].content)
+    assert provider.effects(order) == 1
+
+
+def interrupt_for_approval(order_id):
+    from langgraph.types import interrupt
+
+    return interrupt({"approve": "refund", "order_id": order_id})
