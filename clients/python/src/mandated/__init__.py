@@ -13,9 +13,11 @@ from .client import Client
 from .decision import AuthorizationRef, Decision, Effect, Execution, TERMINAL_STATES, intent_key, ref
 from .errors import (
     AlreadyExecuting,
+    Denied,
     Forbidden,
     IdempotencyConflict,
     InDoubt,
+    InvalidEffect,
     InvalidCommand,
     MandatedError,
     MethodNotAllowed,
@@ -34,8 +36,8 @@ from .errors import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "AlreadyExecuting", "AuthorizationRef", "Client", "Decision", "Effect", "Execution", "Forbidden",
-    "IdempotencyConflict", "InDoubt", "InvalidCommand", "MandatedError", "MethodNotAllowed", "NoDecision",
+    "AlreadyExecuting", "AuthorizationRef", "Client", "Decision", "Denied", "Effect", "Execution", "Forbidden",
+    "IdempotencyConflict", "InDoubt", "InvalidCommand", "InvalidEffect", "MandatedError", "MethodNotAllowed", "NoDecision",
     "NotCommitted", "NotExecuted", "NotFound", "OutcomeUnknown", "ProblemError", "Refused", "TERMINAL_STATES",
     "TooManyInFlight", "Unauthenticated", "Unavailable", "intent_key", "ref",
 ]

@@ -14,13 +14,17 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Unio
 from .decision import AuthorizationRef, Decision, Effect, Execution, TERMINAL_STATES
 from .errors import (
     AlreadyExecuting,
+    Forbidden,
     InDoubt,
+    InvalidEffect,
     NoDecision,
     NotCommitted,
     NotExecuted,
+    NotFound,
     ProblemError,
     Refused,
     TooManyInFlight,
+    Unauthenticated,
     Unavailable,
     problem_error,
 )
@@ -249,10 +253,20 @@ class Client:
         * when the deadline passes before the outcome is known it raises
           ``InDoubt`` without having run ``fn``: never "run it yourself".
 
-        Raises ``NotCommitted`` when the authorization ended without an
-        effect (cancelled, expired, revoked) or could not be begun.
+        Raises ``Denied`` before any request when ``approval`` is a decision
+        that authorizes nothing (a denial); ``InDoubt`` at once when the
+        authorization is already in doubt; ``InvalidEffect`` (an ``InDoubt``
+        and a ``TypeError``) when ``fn`` returns no ``Effect``, after
+        reporting the outcome unknown; ``NotCommitted`` when the
+        authorization ended without an effect (cancelled, expired, revoked)
+        or could not be begun.
         """
-        ref = AuthorizationRef.of(approval)
+        ref = AuthorizationRef.of(approval)  # Denied for a decision without an authorization
+        ex = self._execute(ref, fn, timeout)
+        ex.authorization_id = ref.authorization_id
+        return ex
+
+    def _execute(self, ref: AuthorizationRef, fn: EffectFn, timeout: Optional[float]) -> Execution:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         executor = "py-" + secrets.token_hex(12)
         try:
@@ -296,8 +310,7 @@ class Client:
         effect: Optional[Effect] = None
         fn_error: Optional[BaseException] = None
         try:
-            out = fn(ref.authorization_id)
-            effect = out if isinstance(out, Effect) else Effect(external_ref=str(out))
+            effect = _effect_of(fn(ref.authorization_id))
         except Exception as err:  # noqa: BLE001 - fail closed: any error is an unknown outcome
             fn_error = err
         # The effect may have happened: record it even past the caller's
@@ -315,8 +328,11 @@ class Client:
                     execution_token=token, timeout=left))
             else:
                 d = self._recorded(settle, lambda left: self.report_unknown(
-                    ref, execution_token=token, detail=_free_text(f"{type(fn_error).__name__}: {fn_error}", 1000),
+                    ref, execution_token=token, detail=_free_text(f"{_error_name(fn_error)}: {fn_error}", 1000),
                     timeout=left))
+                if isinstance(fn_error, _NotAnEffect):
+                    raise InvalidEffect(f"{fn_error}; the outcome was reported unknown (in_doubt)",
+                                        Execution(ran=True, decision=d)) from None
                 raise InDoubt(f"the effect's outcome is unknown and was reported so: {fn_error}",
                               Execution(ran=True, decision=d)) from fn_error
         except (NoDecision, Unavailable, TooManyInFlight, ProblemError) as err:
@@ -347,22 +363,62 @@ class Client:
         if last is not None and last.terminal:
             return _settled(last)
         state = last.state if last is not None else "unknown"
+        if state == "in_doubt":
+            # Only a reconciler moves it on, maybe hours from now: waiting
+            # out the deadline would tell the caller nothing more.
+            raise InDoubt("the authorization is in_doubt: a reconciler resolves it; fn was not run",
+                          Execution(decision=last, authorization=last.authorization if last else {}))
         delay = self.poll_interval
         while True:
             try:
                 row = self.status(ref)
             except (Unavailable, TooManyInFlight):
                 row = None
+            except (Unauthenticated, Forbidden, NotFound) as err:
+                # The winner may still commit; this caller can no longer see
+                # it. Its outcome is unknown here: never a licence to run fn.
+                raise InDoubt(f"the winner's outcome cannot be read ({err}); fn was not run",
+                              Execution(decision=last)) from err
             if row is not None:
                 state = row.get("state", state)
                 if state in TERMINAL_STATES:
                     return _settled_row(row, last)
+                if state == "in_doubt":
+                    raise InDoubt("the authorization is in_doubt: a reconciler resolves it; fn was not run",
+                                  Execution(decision=last, authorization=row))
             left = deadline - time.monotonic()
             if left <= 0:
                 raise InDoubt(f"the winner's outcome was not seen before the deadline (last state {state}); "
                               "fn was not run", Execution(decision=last, authorization=row or {}))
             time.sleep(min(delay, left))
             delay = min(delay * 2, 0.5)
+
+
+class _NotAnEffect(Exception):
+    """fn returned no usable Effect (reported as its outcome unknown)."""
+
+
+def _effect_of(out: Any) -> Effect:
+    """fn's answer as an Effect: an Effect with a non-empty str reference
+    and a dict or None result, or a non-empty str (the reference)."""
+    if isinstance(out, str) and out:
+        return Effect(external_ref=out)
+    if isinstance(out, Effect) and isinstance(out.external_ref, str) and out.external_ref \
+            and (out.result is None or isinstance(out.result, dict)):
+        return out
+    raise _NotAnEffect(f"fn returned {_describe(out)}, not an Effect: it must return a mandated.Effect"
+                       "(external_ref=<non-empty str>, result=<dict or None>) or a non-empty str")
+
+
+def _error_name(err: BaseException) -> str:
+    return "InvalidEffect" if isinstance(err, _NotAnEffect) else type(err).__name__
+
+
+def _describe(out: Any) -> str:
+    if isinstance(out, Effect):
+        return f"mandated.Effect(external_ref={out.external_ref!r}, result of type {type(out.result).__name__})"
+    text = repr(out)
+    return f"{type(out).__name__} {text[:80]}"
 
 
 def _settled(d: Decision, ran: bool = False) -> Execution:

@@ -119,8 +119,18 @@ class AuthorizationRef:
         if isinstance(approval, AuthorizationRef):
             return approval
         if isinstance(approval, Decision):
+            if not approval.authorization_id:
+                from .errors import Denied  # import cycle: errors imports Decision lazily too
+
+                outcome = approval.outcome
+                if approval.original_outcome and approval.original_outcome != outcome:
+                    outcome += f" (of {approval.original_outcome})"
+                raise Denied(f"the decision authorizes nothing: {outcome} {approval.reason}"
+                             + (f": {approval.detail}" if approval.detail else ""), approval)
             return cls(approval.org, approval.mandate_id, approval.authorization_id)
         if isinstance(approval, dict):
+            if not approval.get("authorization_id"):
+                raise ValueError("the approval names no authorization (no authorization_id)")
             return cls(approval["org"], approval["mandate_id"], approval["authorization_id"])
         raise TypeError("an approval is an AuthorizationRef, a Decision or a dict with org, mandate_id and authorization_id")
 
@@ -151,3 +161,4 @@ class Execution:
     result: Optional[Dict[str, Any]] = None
     decision: Optional[Decision] = None
     authorization: Dict[str, Any] = field(default_factory=dict)
+    authorization_id: str = ""  # the authorization executed (set by execute)

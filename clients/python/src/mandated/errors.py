@@ -123,6 +123,27 @@ class NotCommitted(MandatedError):
         self.execution = execution
 
 
+class Denied(MandatedError):
+    """``execute`` was given a decision that authorizes nothing: a denial
+    (``mandate_exhausted``, ``amount_over_limit``, ...) or another outcome
+    without an authorization. Raised before any request; ``decision`` is
+    the decision, ``reason`` its reason code. Nothing ran and nothing will."""
+
+    def __init__(self, message: str, decision: Any = None):
+        super().__init__(message)
+        self.decision = decision
+        self.reason: str = getattr(decision, "reason", "") or ""
+        self.outcome: str = getattr(decision, "outcome", "") or ""
+
+
+class InvalidEffect(InDoubt, TypeError):
+    """The function given to ``execute`` returned something other than a
+    ``mandated.Effect`` (or a non-empty str): the effect may have happened
+    but its reference is unknown, so the authorization was reported in doubt
+    (never committed with an invented reference, never left executing). An
+    ``InDoubt`` and a ``TypeError``."""
+
+
 class NotExecuted(Exception):
     """Raise it (or a subclass) from the function given to ``execute`` when
     the provider definitely did not perform the effect (it refused the
