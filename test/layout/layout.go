@@ -76,6 +76,9 @@ var Plan = []Floor{
 	{Name: "test", Packages: []string{"test/..."},
 		Imports: []string{"partitioner", "wire", "lifecycle", "internal", "outbox", "sink", "verify", "processor", "client", "gateway", "console", "mcpguard", "cmd"},
 		Owns:    "test servers, harnesses and suites: nothing else may import them"},
+	{Name: "examples", Packages: []string{"examples/..."},
+		Imports: []string{"partitioner", "wire", "lifecycle", "internal", "outbox", "sink", "verify", "processor", "client", "gateway", "console", "mcpguard", "cmd", "test"},
+		Owns:    "runnable examples of mandated where agents act (LangGraph) and the Go tests that run them against the real stack"},
 }
 
 // Package is one package of the import graph, as 'go list' reports it.
