@@ -82,7 +82,8 @@ func TestExecutionOneWinnerPerAuthorization(t *testing.T) {
 		require.Equal(t, a.Authorization.Result, loser.Authorization.Result)
 
 		again, _ := b.decide(t, beginCmd(id, "winner"))
-		require.Equal(t, wire.OutcomeReplayed, again.Outcome)
+		require.Equal(t, wire.OutcomeRefused, again.Outcome, "the winner's begin again, once committed, shows the committed state")
+		require.Equal(t, wire.ReasonTerminal, again.Reason)
 		require.Equal(t, a.Authorization.Result, again.Authorization.Result)
 		require.Equal(t, int64(1), again.ExecutionToken)
 	})
@@ -240,4 +241,77 @@ func TestExecutionsBegunBeforeTokensExistedFinishAsBefore(t *testing.T) {
 	require.Equal(t, wire.ReasonAlreadyExecuting, loser.Reason, "still someone else's execution")
 	c, _ := b.decideRaw(t, commitCmd(id, "re_1"))
 	require.Equal(t, wire.OutcomeCommitted, c.Outcome, "it commits without a token, as before")
+}
+
+// Reconciliation carries the provider's result: a resolve as committed
+// records it like the winner's commit would have, so every loser and
+// every later begin of the reconciled execution sees one.
+func TestResolveRecordsTheProvidersResultForTheLosers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.grant(t)
+	id := b.executing(t)
+	b.decide(t, reportCmd(id))
+
+	res := resolveCmd(id, wire.ResolveCommitted, "re_9")
+	res.Resolve.Result = []byte(`{"refund":"re_9","status":"succeeded"}`)
+	a, _ := b.decide(t, res)
+	require.Equal(t, wire.OutcomeCommitted, a.Outcome)
+	require.JSONEq(t, `{"refund":"re_9","status":"succeeded"}`, string(a.Authorization.Result), "the resolve's decision shows the result")
+	require.JSONEq(t, `{"refund":"re_9","status":"succeeded"}`, string(b.auth(id).Result), "and the authorization keeps it")
+
+	loser, _ := b.decide(t, beginCmd(id, "loser"))
+	require.Equal(t, wire.ReasonAlreadyExecuting, loser.Reason)
+	require.JSONEq(t, `{"refund":"re_9","status":"succeeded"}`, string(loser.Authorization.Result), "a loser sees the reconciled result")
+
+	// The reconciler's retry is a replay, and changes nothing.
+	again, _ := b.decide(t, res)
+	require.Equal(t, wire.OutcomeReplayed, again.Outcome)
+	require.JSONEq(t, `{"refund":"re_9","status":"succeeded"}`, string(again.Authorization.Result))
+}
+
+// A woken executor's own begin, repeated after its execution was settled
+// (committed, cancelled, resolved, or gone in doubt), is answered with the
+// authorization's current state: never "replayed, original_outcome
+// executing", which a client reads as "go on and call the provider".
+func TestExecutionWokenExecutorsRepeatedBeginAnswersTheCurrentState(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		settle func(b *testBundle, id string)
+		state  wire.AuthState
+		reason wire.Reason
+	}{
+		{"committed by itself", func(b *testBundle, id string) { b.decide(t, commitCmd(id, "re_1")) }, wire.StateCommitted, wire.ReasonTerminal},
+		{"cancelled with proof", func(b *testBundle, id string) { b.decide(t, cancelCmd(id, "provider refused")) }, wire.StateCancelled, wire.ReasonTerminal},
+		{"in doubt", func(b *testBundle, id string) { b.decide(t, reportCmd(id)) }, wire.StateInDoubt, wire.ReasonInDoubtPending},
+		{"resolved committed", func(b *testBundle, id string) {
+			b.decide(t, reportCmd(id))
+			b.decide(t, resolveCmd(id, wire.ResolveCommitted, "re_2"))
+		}, wire.StateCommitted, wire.ReasonTerminal},
+		{"resolved cancelled", func(b *testBundle, id string) {
+			b.decide(t, reportCmd(id))
+			b.decide(t, resolveCmd(id, wire.ResolveCancelled, ""))
+		}, wire.StateCancelled, wire.ReasonTerminal},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			b.grant(t)
+			id := b.reserve(t)
+			first, _ := b.decide(t, beginCmd(id, "worker-1"))
+			require.Equal(t, wire.OutcomeExecuting, first.Outcome)
+			tc.settle(b, id)
+			before, counters := *b.auth(id), b.counters()
+
+			a, _ := b.decide(t, beginCmd(id, "worker-1"))
+			require.NotEqual(t, wire.OutcomeExecuting, a.OriginalOutcome, "%s: %s", a.Outcome, a.Detail)
+			require.Equal(t, wire.OutcomeRefused, a.Outcome, "%s", a.Detail)
+			require.Equal(t, tc.reason, a.Reason, "%s", a.Detail)
+			require.Equal(t, tc.state, a.Authorization.State)
+			require.Equal(t, first.ExecutionToken, a.ExecutionToken, "it names the execution it was")
+			require.Equal(t, before, *b.auth(id), "nothing changes")
+			require.Equal(t, counters, b.counters())
+		})
+	}
 }

@@ -552,9 +552,7 @@ func (d *decider) begin() {
 	}
 	executor := d.cmd.Begin.Executor
 	if a.Executor != "" && executor == a.Executor {
-		dec := withAuth(d.answer(wire.OutcomeReplayed, "",
-			fmt.Sprintf("the same executor again: it holds execution token %d; go on only while the authorization is executing", a.ExecutionToken)), a)
-		dec.OriginalOutcome = wire.OutcomeExecuting
+		d.beginAgain(a)
 		return
 	}
 	switch {
@@ -588,6 +586,36 @@ func (d *decider) begin() {
 	default:
 		d.refuseState(a)
 	}
+}
+
+// beginAgain answers the winning executor's begin again. While its
+// execution runs, that is a replay (its answer was lost): go on. Once the
+// execution ended, went in doubt or was resolved (an executor paused past
+// its timeout wakes and begins again), it is told the current state, never
+// "replayed, executing", which reads as "call the provider".
+func (d *decider) beginAgain(a *Authorization) {
+	var reason wire.Reason
+	var detail string
+	switch {
+	case a.State == wire.StateExecuting && !a.Resolved:
+		dec := withAuth(d.answer(wire.OutcomeReplayed, "",
+			fmt.Sprintf("the same executor again: it holds execution token %d; go on only while the authorization is executing", a.ExecutionToken)), a)
+		dec.OriginalOutcome = wire.OutcomeExecuting
+		return
+	case a.State == wire.StateInDoubt:
+		reason = wire.ReasonInDoubtPending
+		detail = fmt.Sprintf("your execution (token %d) is in doubt: do not call the provider again; only resolve settles it", a.ExecutionToken)
+	case a.Resolved:
+		reason = wire.ReasonTerminal
+		detail = fmt.Sprintf("your execution (token %d) went in doubt and reconciliation resolved it %s: do not call the provider; the recorded outcome and result are in authorization", a.ExecutionToken, a.State)
+	case a.State.Terminal():
+		reason = wire.ReasonTerminal
+		detail = fmt.Sprintf("your execution (token %d) ended %s: do not call the provider; the recorded outcome and result are in authorization", a.ExecutionToken, a.State)
+	default:
+		d.refuseState(a)
+		return
+	}
+	d.refuse(a, reason, detail)
 }
 
 // staleToken refuses a command of an execution that does not carry the
@@ -720,6 +748,9 @@ func (d *decider) resolve() {
 		if r.Outcome == wire.ResolveCommitted {
 			d.touchAuth(a, wire.StateCommitted)
 			a.ExternalRef = r.ExternalRef
+			if r.Result != nil {
+				a.Result = r.Result
+			}
 			spend(m, a)
 			d.touchMandate(m)
 			withAuth(d.answer(wire.OutcomeCommitted, "", "resolved as executed"), a)

@@ -105,7 +105,7 @@ func (j *jsonCommand) command(t *testing.T) *wire.Command {
 		c.Report = &wire.ReportUnknown{AuthorizationID: j.AuthorizationID, Detail: j.Detail, ExecutionToken: j.ExecutionToken}
 	case wire.CmdResolve:
 		c.Resolve = &wire.Resolve{AuthorizationID: j.AuthorizationID, Outcome: j.Outcome, ExternalRef: j.ExternalRef, Evidence: j.Evidence,
-			ExecutionToken: j.ExecutionToken}
+			ExecutionToken: j.ExecutionToken, Result: canonicalResult(t, j.Result)}
 	}
 	return c
 }
