@@ -161,6 +161,7 @@ func TestMandatectl(t *testing.T) {
 		require.Contains(t, r.stdout, "re_3PqX9a2eZvKYlo2C1xQ")
 		require.Contains(t, r.stdout, "worker-1:attempt-1 (execution token 1)")
 		require.Contains(t, r.stdout, `{"status":"succeeded"}`)
+		require.Regexp(t, `(?m)^  operation\s+refund \d+\.\d\d EUR for `, r.stdout, "the amount by the currency's exponent")
 
 		// The same intent again is the original authorization, replayed.
 		r, d = b.propose(t, "acme", "case-1842", "refund-1", 15000)
@@ -231,7 +232,8 @@ func TestMandatectl(t *testing.T) {
 		require.Equal(t, exitOK, r.code, "%s", r)
 		require.Contains(t, r.stdout, "acme/case-doubt")
 		require.Contains(t, r.stdout, auth)
-		require.Contains(t, r.stdout, "5000 EUR")
+		require.Contains(t, r.stdout, "50.00 EUR", "5000 minor units are 50.00 EUR, by the currency's exponent")
+		require.NotContains(t, r.stdout, "5000 EUR")
 		require.Contains(t, r.stdout, "provider timed out")
 
 		r = ctl(t, append([]string{"in-doubt", "--older-than", "1d", "--json"}, b.db...)...)
@@ -322,7 +324,8 @@ func TestMandatectl(t *testing.T) {
 		require.Equal(t, exitOK, r.code, "%s", r)
 		require.Contains(t, r.stdout, "Mandate globex/trip-7")
 		require.Contains(t, r.stdout, "3 allowed")
-		require.Regexp(t, auth+`\s+cancelled`, r.stdout)
+		require.Regexp(t, auth+`\s+cancelled\s+\d+\s+120.00 EUR`, r.stdout, "12000 minor units are 120.00 EUR")
+		require.Regexp(t, `max per use\s+200.00 EUR`, r.stdout)
 		require.Contains(t, r.stdout, "Decision history")
 		require.Regexp(t, `grant\s+granted`, r.stdout)
 		require.Regexp(t, `propose\s+reserved`, r.stdout)

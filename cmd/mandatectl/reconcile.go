@@ -252,8 +252,8 @@ func reconcileList(a *app, db *dbConn, olderThan time.Duration, org string, limi
 	tw := newTable(a.stdout)
 	fmt.Fprintln(tw, "MANDATE\tAUTHORIZATION\tTOKEN\tEXECUTOR\tEXTERNAL REF\tAGE\tAMOUNT\tDETAIL")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%d %s\t%s\n", r.Mandate, r.AuthorizationID, r.ExecutionToken, dash(r.Executor),
-			dash(r.ExternalRef), fmtAge(r.Age), r.Amount, r.Currency, dash(r.Detail))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", r.Mandate, r.AuthorizationID, r.ExecutionToken, dash(r.Executor),
+			dash(r.ExternalRef), fmtAge(r.Age), wire.FormatAmount(r.Amount, r.Currency), dash(r.Detail))
 	}
 	_ = tw.Flush()
 	if len(rows) == limit {

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -420,7 +419,7 @@ func funcs(now func() time.Time) template.FuncMap {
 			}
 			return s
 		},
-		"money": func(minor int64, currency string) string { return strconv.FormatInt(minor, 10) + " " + currency },
+		"money": wire.FormatAmount, // by the currency's exponent, as mandatectl prints it
 		"json": func(b []byte) string {
 			if len(b) == 0 {
 				return ""
