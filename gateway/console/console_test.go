@@ -66,6 +66,12 @@ func setup(t *testing.T) *testBundle {
 // returns for the harness's database (nil: mandated's own role).
 func setupAs(t *testing.T, dbURL func(h *harness.Harness) string) *testBundle {
 	t.Helper()
+	return setupWith(t, dbURL, console.Config{})
+}
+
+// setupWith is setupAs with the console's config (its signers are added).
+func setupWith(t *testing.T, dbURL func(h *harness.Harness) string, ccfg console.Config) *testBundle {
+	t.Helper()
 	h := harness.New(t, harness.Options{Partitions: 3})
 	h.Start("a")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -99,7 +105,8 @@ func setupAs(t *testing.T, dbURL func(h *harness.Harness) string) *testBundle {
 	require.NoError(t, err)
 	srv, err := gateway.New(gateway.Config{}, b.cl, pool, prometheus.NewRegistry())
 	require.NoError(t, err)
-	con, err := console.New(console.Config{Signers: map[string]*client.Signer{"globex": b.signer}},
+	ccfg.Signers = map[string]*client.Signer{"globex": b.signer}
+	con, err := console.New(ccfg,
 		console.Sources{Client: b.cl, Control: pool, Operator: func() *sink.Operator { return sink.NewOperator(pool) }})
 	require.NoError(t, err)
 	con.Register(srv.Mux())
@@ -572,6 +579,27 @@ func TestTheConsoleReadsWithTheGatewaysDocumentedRole(t *testing.T) {
 		require.Equal(t, http.StatusOK, resp.StatusCode, "%s: %s", path, body)
 		require.Contains(t, string(body), want, path)
 	}
+
+	// The role opens and ends console sessions (the one thing it writes).
+	jar, err := cookiejar.New(nil)
+	require.NoError(t, err)
+	browserLike := &http.Client{Timeout: time.Minute, Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	postForm := func(path string, form url.Values) *http.Response {
+		req, err := http.NewRequest(http.MethodPost, b.base+path, strings.NewReader(form.Encode()))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("Origin", b.base)
+		resp, err := browserLike.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp
+	}
+	login := postForm("/console/login", url.Values{"token": {b.operator}})
+	require.Equal(t, http.StatusSeeOther, login.StatusCode, "the gateway's role opens a session")
+	require.Equal(t, "/console/", login.Header.Get("Location"))
+	logout := postForm("/console/logout", url.Values{"csrf": {csrfOf(t, b, browserLike)}})
+	require.Equal(t, http.StatusSeeOther, logout.StatusCode, "the gateway's role ends a session")
+	require.Equal(t, "/console/login", logout.Header.Get("Location"))
 }
 
 // gatewayRole creates a login role with exactly the grants of
