@@ -172,6 +172,9 @@ type Resolve struct {
 	// object), only with outcome committed: it becomes the authorization's
 	// recorded result, which the losers of the execution are shown.
 	Result json.RawMessage `wire:"result,omitempty"`
+	// Reconciler names who resolves it (an id such as "console:ot_..." or
+	// "mandatectl:alice"): the authorization keeps it as resolved_by.
+	Reconciler string `wire:"reconciler,omitempty"`
 }
 
 func (r Resolve) fields() (map[string]any, error) {

@@ -315,3 +315,49 @@ func TestExecutionWokenExecutorsRepeatedBeginAnswersTheCurrentState(t *testing.T
 		})
 	}
 }
+
+// A resolved in-doubt execution keeps its story: what was reported when it
+// went in doubt (the executor's report, or the execution timeout), who
+// resolved it and the evidence they gave. Nothing of it is overwritten by
+// the resolve.
+func TestResolveKeepsWhatWasReportedWhoResolvedAndTheEvidence(t *testing.T) {
+	t.Parallel()
+	t.Run("reported by the executor", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.grant(t)
+		id := b.executing(t)
+		rep := reportCmd(id)
+		rep.Report.Detail = "provider timed out after 30 s"
+		b.decide(t, rep)
+		require.Equal(t, "provider timed out after 30 s", b.auth(id).Reported)
+
+		res := resolveCmd(id, wire.ResolveCommitted, "re_1")
+		res.Resolve.Evidence = "provider lists refund re_1"
+		res.Resolve.Reconciler = "console:ot_abc"
+		a, _ := b.decide(t, res)
+		require.Equal(t, wire.OutcomeCommitted, a.Outcome)
+		require.Equal(t, "provider timed out after 30 s", a.Authorization.Reported, "what was reported survives the resolve")
+		require.Equal(t, "console:ot_abc", a.Authorization.ResolvedBy)
+		require.Equal(t, "provider lists refund re_1", a.Authorization.Detail, "the evidence")
+		au := b.auth(id)
+		require.Equal(t, "provider timed out after 30 s", au.Reported)
+		require.Equal(t, "console:ot_abc", au.ResolvedBy)
+		require.Equal(t, "provider lists refund re_1", au.Detail)
+	})
+	t.Run("gone in doubt at the execution timeout", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.grant(t)
+		id := b.executing(t)
+		b.now = b.auth(id).ExecutionDeadline
+		ds := b.tick(t, id)
+		require.Len(t, ds, 1)
+		require.Contains(t, b.auth(id).Reported, "no commit, cancel or report by the execution deadline")
+		res := resolveCmd(id, wire.ResolveCancelled, "")
+		res.Resolve.Reconciler = "mandatectl:alice"
+		a, _ := b.decide(t, res)
+		require.Contains(t, a.Authorization.Reported, "no commit, cancel or report by the execution deadline")
+		require.Equal(t, "mandatectl:alice", a.Authorization.ResolvedBy)
+	})
+}

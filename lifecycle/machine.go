@@ -186,8 +186,9 @@ func (d *decider) applyDeadline(a *Authorization) {
 		d.touchAuth(a, wire.StateInDoubt)
 		m.UsesInDoubt++
 		d.touchMandate(m)
+		a.Reported = fmt.Sprintf("no commit, cancel or report by the execution deadline %s", a.ExecutionDeadline.Format(time.RFC3339Nano))
 		d.consequence(a.Key.Mandate, wire.CommandTimer, a, wire.OutcomeInDoubt, wire.ReasonExecutionTimeout,
-			fmt.Sprintf("no commit, cancel or report by the execution deadline %s; the use stays held until resolve", a.ExecutionDeadline.Format(time.RFC3339Nano)))
+			a.Reported+"; the use stays held until resolve")
 	}
 }
 
@@ -716,6 +717,7 @@ func (d *decider) reportUnknown() {
 	case wire.StateExecuting:
 		d.touchAuth(a, wire.StateInDoubt)
 		a.Detail = d.cmd.Report.Detail
+		a.Reported = d.cmd.Report.Detail
 		m.UsesInDoubt++
 		d.touchMandate(m)
 		withAuth(d.answer(wire.OutcomeInDoubt, "", "the use stays held until resolve"), a)
@@ -745,6 +747,7 @@ func (d *decider) resolve() {
 		m.UsesInDoubt--
 		a.Detail = r.Evidence
 		a.Resolved = true
+		a.ResolvedBy = r.Reconciler
 		if r.Outcome == wire.ResolveCommitted {
 			d.touchAuth(a, wire.StateCommitted)
 			a.ExternalRef = r.ExternalRef

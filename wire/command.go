@@ -189,6 +189,10 @@ type Resolve struct {
 	// It becomes the authorization's recorded result, so the losers of a
 	// reconciled execution see one.
 	Result json.RawMessage
+	// Reconciler names who resolved it (an id: "console:ot_...",
+	// "mandatectl:alice"); recorded with the authorization. Empty when
+	// the reconciler named none.
+	Reconciler string
 }
 
 // AuthorizationID returns the authorization a command addresses, if any.

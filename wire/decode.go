@@ -148,7 +148,7 @@ var typeFields = map[CommandType][]string{
 	CmdCommit:        {"authorization_id", "external_ref", "execution_token", "result"},
 	CmdCancel:        {"authorization_id", "reason", "not_executed_proof", "execution_token"},
 	CmdReportUnknown: {"authorization_id", "detail", "execution_token"},
-	CmdResolve:       {"authorization_id", "outcome", "external_ref", "evidence", "execution_token", "result"},
+	CmdResolve:       {"authorization_id", "outcome", "external_ref", "evidence", "execution_token", "result", "reconciler"},
 }
 
 var moneyFields = []string{"minor_units", "currency"}
@@ -319,7 +319,8 @@ func Decode(recordKey, value []byte, lim Limits) (*Command, *Rejection) {
 			ExecutionToken: r.token()}
 	case CmdResolve:
 		res := &Resolve{AuthorizationID: r.id("authorization_id", true), ExternalRef: r.pattern("external_ref", false, externalRefGrammar),
-			Evidence: r.text("evidence", false), ExecutionToken: r.token(), Result: r.result("result")}
+			Evidence: r.text("evidence", false), ExecutionToken: r.token(), Result: r.result("result"),
+			Reconciler: r.id("reconciler", false)}
 		switch o := r.str("outcome", true); ResolveOutcome(o) {
 		case ResolveCommitted:
 			res.Outcome = ResolveCommitted

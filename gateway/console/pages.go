@@ -137,7 +137,8 @@ func (c *Console) reconcile(w http.ResponseWriter, r *http.Request, s session) {
 		v.Problems = append(v.Problems, fmt.Sprintf("The evidence is longer than %d bytes.", maxEvidence))
 	}
 	resolve := client.Resolve{AuthorizationRef: client.AuthorizationRef{Org: v.Key.Org, MandateID: v.Key.MandateID, AuthorizationID: v.Auth.Key.ID},
-		Outcome: wire.ResolveOutcome(outcome), ExternalRef: ref, Evidence: evidence, ExecutionToken: v.Auth.ExecutionToken}
+		Outcome: wire.ResolveOutcome(outcome), ExternalRef: ref, Evidence: evidence, ExecutionToken: v.Auth.ExecutionToken,
+		Reconciler: "console:" + s.token.ID} // who resolved it, kept with the authorization (resolved_by)
 	var value []byte
 	if len(v.Problems) == 0 {
 		var err error
