@@ -133,13 +133,19 @@ func TestGatewayReconciledExecutionShowsTheResolvesResult(t *testing.T) {
 
 	const result = `{"refund":"re_rec","status":"succeeded"}`
 	d := b.h.SendAwait(map[string]any{"type": "resolve", "org": "acme", "mandate_id": "m-rec", "authorization_id": id,
-		"outcome": "committed", "external_ref": "re_rec", "evidence": "provider lists the refund", "result": json.RawMessage(result)})
+		"outcome": "committed", "external_ref": "re_rec", "evidence": "provider lists the refund", "result": json.RawMessage(result),
+		"reconciler": "mandatectl:ops"})
 	require.Equal(t, wire.OutcomeCommitted, d.Outcome, "%s: %s", d.Reason, d.Detail)
 
 	status := b.do(t, req{method: "GET", path: auth, token: tok})
 	require.Equal(t, http.StatusOK, status.status, "%s", status.body)
 	got, _ := json.Marshal(status.json(t)["result"])
 	require.JSONEq(t, result, string(got), "the status shows the reconciled result: %s", status.body)
+	st := status.json(t)
+	require.Equal(t, true, st["resolved"], "%s", status.body)
+	require.Equal(t, "mandatectl:ops", st["resolved_by"], "who resolved it")
+	require.Equal(t, "provider lists the refund", st["detail"], "the evidence")
+	require.Equal(t, "provider timed out", st["reported"], "what was reported when it went in doubt")
 
 	loser := b.do(t, req{method: "POST", path: auth + "/begin", token: tok, headers: map[string]string{"Executor": "worker-2"}})
 	held := loser.problem(t, http.StatusConflict, wire.ReasonAlreadyExecuting)["decision"].(map[string]any)["authorization"].(map[string]any)

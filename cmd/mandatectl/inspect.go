@@ -102,7 +102,8 @@ func toAuthorizationJSON(a *lifecycle.Authorization) authorizationJSON {
 		AuthorizationRow: gateway.AuthorizationRow{Version: a.Version, Operation: a.Operation, Target: a.Target,
 			Amount: wire.Money{MinorUnits: a.Amount, Currency: a.Currency}, IdempotencyKey: a.IdempotencyKey,
 			MandateVersion: a.MandateVersion, Deadline: a.Deadline, ExternalRef: a.ExternalRef, Executor: a.Executor,
-			ExecutionToken: a.ExecutionToken, Result: a.Result, Detail: a.Detail, DecisionID: a.DecisionID}}
+			ExecutionToken: a.ExecutionToken, Result: a.Result, Detail: a.Detail, DecisionID: a.DecisionID,
+			Resolved: a.Resolved, Reported: a.Reported, ResolvedBy: a.ResolvedBy}}
 	if !a.ExecutionDeadline.IsZero() {
 		t := a.ExecutionDeadline
 		v.ExecutionDeadline = &t

@@ -33,7 +33,9 @@ With --committed REF or --cancelled it sends that decision as 'resolve' on the
 grants topic (the privileged control plane), naming the execution token of
 the in-doubt execution (or --execution-token, the execution the operator
 checked), and waits for mandated's decision: a stale token is refused and
-changes nothing. With --committed, --result (or --result-file) is the
+changes nothing. --reconciler (default mandatectl:$USER) is recorded with
+the authorization as who resolved it, beside the evidence and what was
+reported when it went in doubt. With --committed, --result (or --result-file) is the
 provider's answer, a JSON object: it becomes the authorization's recorded
 result, which the execution's losers and every later begin are shown (as a
 winner's commit records it). Where the org requires signed grantor commands
@@ -66,6 +68,7 @@ decision came within --timeout.`,
 	evidence := f.String("evidence", "", "what the provider said (recorded with the decision)")
 	resultJSON := f.String("result", "", "with --committed: the provider's answer, a JSON `object` (recorded as the authorization's result)")
 	resultFile := f.String("result-file", "", "with --committed: read the provider's answer (a JSON object) from this `file`")
+	reconciler := f.String("reconciler", defaultReconciler(), "who resolves it, an `id` recorded with the authorization as resolved_by")
 	token := f.Int64("execution-token", 0, "the execution the decision is about (default: the in-doubt execution's token)")
 	timeout := f.Duration("timeout", 30*time.Second, "bound on the query, and on waiting for the decision")
 	var signing signingFlags
@@ -136,7 +139,7 @@ decision came within --timeout.`,
 		return exitFailed
 	}
 	resolve := client.Resolve{AuthorizationRef: client.AuthorizationRef{Org: key.Org, MandateID: key.MandateID, AuthorizationID: *auth},
-		Outcome: wire.ResolveCancelled, Evidence: *evidence, ExecutionToken: cur.ExecutionToken}
+		Outcome: wire.ResolveCancelled, Evidence: *evidence, ExecutionToken: cur.ExecutionToken, Reconciler: *reconciler}
 	if *committed != "" {
 		resolve.Outcome, resolve.ExternalRef, resolve.Result = wire.ResolveCommitted, *committed, result
 	}
@@ -187,6 +190,15 @@ decision came within --timeout.`,
 		printDecision(a.stdout, d)
 	}
 	return outcomeExit(d.Outcome)
+}
+
+// defaultReconciler names the operator running mandatectl: "mandatectl:"
+// and the login name when it is an id, else "mandatectl".
+func defaultReconciler() string {
+	if u := os.Getenv("USER"); u != "" && partitioner.ValidID("mandatectl:"+u) {
+		return "mandatectl:" + u
+	}
+	return "mandatectl"
 }
 
 // readResult reads the provider's answer of --result or --result-file: a
