@@ -138,7 +138,7 @@ type AuthorizationView struct {
 	Reported   string    `json:"reported,omitempty"`
 	ResolvedBy string    `json:"resolved_by,omitempty"`
 	CreatedAt  time.Time `json:"created_at"`
-	UpdatedAt time.Time `json:"updated_at"`
+	UpdatedAt  time.Time `json:"updated_at"`
 }
 
 // MandateView is a mandate as a decision shows it.
