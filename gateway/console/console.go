@@ -300,6 +300,9 @@ func csrfToken(secret string) string {
 // is posted with "Origin: null". Without it, the Origin must name this
 // host (or be absent: a client that is not a browser).
 func sameOrigin(r *http.Request) bool {
+	if len(r.Header.Values("Sec-Fetch-Site")) > 1 || len(r.Header.Values("Origin")) > 1 {
+		return false // two answers to "where from": whichever a proxy read, refuse
+	}
 	if site := r.Header.Get("Sec-Fetch-Site"); site != "" {
 		return site == "same-origin" || site == "none"
 	}
