@@ -18,8 +18,8 @@
 // a bearer token instead. Each request checks the session and its token in
 // PostgreSQL (a revocation applies at once); neither appears in a page.
 // The state-changing forms (reconcile, sign-out) carry a CSRF token
-// derived from the session and are refused from another origin. Pages carry no secret: no token, no key, no
-// database URL.
+// derived from the session and are refused from another origin. Pages
+// carry no secret: no token, no key, no database URL.
 //
 // It reads PostgreSQL (sink's operator queries) and produces only resolves,
 // through the client. It stands on gateway (tokens), client, sink, wire and

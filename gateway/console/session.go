@@ -102,5 +102,5 @@ func (c *Console) endSession(ctx context.Context, secret string) error {
 	return nil
 }
 
-// sessionTTLSeconds is the cookie's Max-Age.
+// sessionMaxAge is the cookie's Max-Age: the session's lifetime.
 func (c *Console) sessionMaxAge() int { return int(c.cfg.SessionTTL / time.Second) }
