@@ -361,3 +361,22 @@ func TestResolveKeepsWhatWasReportedWhoResolvedAndTheEvidence(t *testing.T) {
 		require.Equal(t, "mandatectl:alice", a.Authorization.ResolvedBy)
 	})
 }
+
+// A denial's detail is read by people (mandatectl, the console): its
+// amounts are in the currency's units, not bare minor units.
+func TestDenialDetailsShowAmountsInTheCurrencysUnits(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.grant(t, func(g *wire.Grant) {
+		g.MaxAmount = wire.Money{MinorUnits: 10_000, Currency: "EUR"}
+		g.TotalLimit = &wire.Money{MinorUnits: 12_000, Currency: "EUR"}
+		g.Uses = 3
+	})
+	over, _ := b.decide(t, proposeCmd(mandate, "too-much", 10_001))
+	require.Equal(t, wire.ReasonAmountExceedsMax, over.Reason)
+	require.Equal(t, "100.01 EUR exceeds the per-use maximum 100.00 EUR", over.Detail)
+	b.reserve(t)
+	limit, _ := b.decide(t, proposeCmd(mandate, "past-limit", 7_001))
+	require.Equal(t, wire.ReasonTotalLimitExceeded, limit.Reason)
+	require.Equal(t, "held 50.00 EUR + spent 0.00 EUR + 70.01 EUR exceed the total limit 120.00 EUR", limit.Detail)
+}

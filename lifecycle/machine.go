@@ -360,7 +360,7 @@ func (d *decider) propose() {
 		deny(wire.ReasonCurrencyMismatch, fmt.Sprintf("the mandate is in %s, the proposal in %s", m.Currency, p.Amount.Currency))
 		return
 	case p.Amount.MinorUnits > m.MaxAmount:
-		deny(wire.ReasonAmountExceedsMax, fmt.Sprintf("%d exceeds the per-use maximum %d", p.Amount.MinorUnits, m.MaxAmount))
+		deny(wire.ReasonAmountExceedsMax, fmt.Sprintf("%s exceeds the per-use maximum %s", p.Amount, wire.FormatAmount(m.MaxAmount, m.Currency)))
 		return
 	case m.UsesHeld+m.UsesSpent >= m.UsesAllowed:
 		dec := deny(wire.ReasonUsesExhausted, fmt.Sprintf("all %d uses are held or spent", m.UsesAllowed))
@@ -369,8 +369,9 @@ func (d *decider) propose() {
 		}
 		return
 	case m.TotalLimit > 0 && m.AmountHeld+m.AmountSpent+p.Amount.MinorUnits > m.TotalLimit:
-		dec := deny(wire.ReasonTotalLimitExceeded, fmt.Sprintf("held %d + spent %d + %d exceed the total limit %d",
-			m.AmountHeld, m.AmountSpent, p.Amount.MinorUnits, m.TotalLimit))
+		dec := deny(wire.ReasonTotalLimitExceeded, fmt.Sprintf("held %s + spent %s + %s exceed the total limit %s",
+			wire.FormatAmount(m.AmountHeld, m.Currency), wire.FormatAmount(m.AmountSpent, m.Currency), p.Amount,
+			wire.FormatAmount(m.TotalLimit, m.Currency)))
 		if last := d.st.Auths[AuthKey{d.cmd.Key, m.LastAuthID}]; last != nil {
 			dec.HeldBy = authView(last)
 		}
@@ -809,7 +810,8 @@ func (d *decider) grant() {
 			return
 		case totalLimit > 0 && totalLimit < m.AmountHeld+m.AmountSpent:
 			d.answer(wire.OutcomeRefused, wire.ReasonGrantBelowUsage,
-				fmt.Sprintf("total limit %d would be below the %d held or spent", totalLimit, m.AmountHeld+m.AmountSpent))
+				fmt.Sprintf("total limit %s would be below the %s held or spent", wire.FormatAmount(totalLimit, g.MaxAmount.Currency),
+					wire.FormatAmount(m.AmountHeld+m.AmountSpent, m.Currency)))
 			return
 		case g.MaxAmount.Currency != m.Currency && m.UsesHeld+m.UsesSpent > 0:
 			d.answer(wire.OutcomeRefused, wire.ReasonCurrencyChange, "the currency cannot change once a use is held or spent")
