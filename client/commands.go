@@ -168,6 +168,13 @@ type Resolve struct {
 	Evidence       string              `wire:"evidence,omitempty"`
 	ExecutionToken int64               `wire:"execution_token,omitempty"`
 	IdempotencyKey string              `wire:"idempotency_key,omitempty"`
+	// Result is the provider's answer the reconciliation found (a JSON
+	// object), only with outcome committed: it becomes the authorization's
+	// recorded result, which the losers of the execution are shown.
+	Result json.RawMessage `wire:"result,omitempty"`
+	// Reconciler names who resolves it (an id such as "console:ot_..." or
+	// "mandatectl:alice"): the authorization keeps it as resolved_by.
+	Reconciler string `wire:"reconciler,omitempty"`
 }
 
 func (r Resolve) fields() (map[string]any, error) {

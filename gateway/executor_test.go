@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"sync"
@@ -109,4 +110,51 @@ func TestGatewayExecutorFromHeaderOrBodyOrMinted(t *testing.T) {
 	require.Regexp(t, `^gw-[a-z2-7]{26}$`, minted)
 	require.Equal(t, minted, none.json(t)["authorization"].(map[string]any)["executor"])
 	require.Equal(t, fmt.Sprint(none.json(t)["execution_token"]), fmt.Sprint(none.json(t)["authorization"].(map[string]any)["execution_token"]))
+}
+
+// A reconciled execution over HTTP: the reconciler's resolve (on the
+// grants topic) carries the provider's result; the authorization's status
+// shows it; a loser's begin is shown it; and the woken executor's own
+// begin again is 409 terminal_state with the committed state, never 200
+// "replayed, executing".
+func TestGatewayReconciledExecutionShowsTheResolvesResult(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{startProcessor: true})
+	b.grant(t, "m-rec", 1)
+	tok := b.tokens["acme"]
+	auth := b.reserve(t, "m-rec", "k-rec")
+	begun := b.do(t, req{method: "POST", path: auth + "/begin", token: tok, headers: map[string]string{"Executor": "worker-1"}})
+	require.Equal(t, http.StatusOK, begun.status, "%s", begun.body)
+	token := begun.json(t)["execution_token"]
+	unknown := b.do(t, req{method: "POST", path: auth + "/report-unknown", token: tok,
+		body: []byte(fmt.Sprintf(`{"execution_token":%v,"detail":"provider timed out"}`, token))})
+	require.Equal(t, http.StatusOK, unknown.status, "%s", unknown.body)
+	id := begun.json(t)["authorization_id"].(string)
+
+	const result = `{"refund":"re_rec","status":"succeeded"}`
+	d := b.h.SendAwait(map[string]any{"type": "resolve", "org": "acme", "mandate_id": "m-rec", "authorization_id": id,
+		"outcome": "committed", "external_ref": "re_rec", "evidence": "provider lists the refund", "result": json.RawMessage(result),
+		"reconciler": "mandatectl:ops"})
+	require.Equal(t, wire.OutcomeCommitted, d.Outcome, "%s: %s", d.Reason, d.Detail)
+
+	status := b.do(t, req{method: "GET", path: auth, token: tok})
+	require.Equal(t, http.StatusOK, status.status, "%s", status.body)
+	got, _ := json.Marshal(status.json(t)["result"])
+	require.JSONEq(t, result, string(got), "the status shows the reconciled result: %s", status.body)
+	st := status.json(t)
+	require.Equal(t, true, st["resolved"], "%s", status.body)
+	require.Equal(t, "mandatectl:ops", st["resolved_by"], "who resolved it")
+	require.Equal(t, "provider lists the refund", st["detail"], "the evidence")
+	require.Equal(t, "provider timed out", st["reported"], "what was reported when it went in doubt")
+
+	loser := b.do(t, req{method: "POST", path: auth + "/begin", token: tok, headers: map[string]string{"Executor": "worker-2"}})
+	held := loser.problem(t, http.StatusConflict, wire.ReasonAlreadyExecuting)["decision"].(map[string]any)["authorization"].(map[string]any)
+	got, _ = json.Marshal(held["result"])
+	require.JSONEq(t, result, string(got), "a loser is shown the reconciled result")
+
+	again := b.do(t, req{method: "POST", path: auth + "/begin", token: tok, headers: map[string]string{"Executor": "worker-1"}})
+	p := again.problem(t, http.StatusConflict, wire.ReasonTerminal)
+	dec := p["decision"].(map[string]any)
+	require.NotEqual(t, "executing", dec["original_outcome"])
+	require.Equal(t, "committed", dec["authorization"].(map[string]any)["state"])
 }

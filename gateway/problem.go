@@ -70,3 +70,9 @@ func statusOf(d *wire.Decision) int {
 	}
 	return http.StatusOK
 }
+
+// ReasonAmbiguousHeader refuses a request that sends a single-valued
+// header (Authorization, Idempotency-Key, Executor, Content-Type) more than
+// once: as ambiguous as a duplicate JSON member, since whatever stands in
+// front of the gateway may have read the other value.
+const ReasonAmbiguousHeader wire.Reason = "ambiguous_header"

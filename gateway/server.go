@@ -128,8 +128,46 @@ func (s *Server) Handler() http.Handler {
 	if s.cfg.TracerProvider == nil {
 		return s.mux
 	}
-	return otelhttp.NewHandler(s.mux, "mandate-gateway", otelhttp.WithTracerProvider(s.cfg.TracerProvider),
-		otelhttp.WithPropagators(tracing.Propagator))
+	return untraceDuplicates(otelhttp.NewHandler(s.mux, "mandate-gateway", otelhttp.WithTracerProvider(s.cfg.TracerProvider),
+		otelhttp.WithPropagators(tracing.Propagator)))
+}
+
+// singleValued are the request headers the gateway reads that take one
+// value. Each sent twice is refused (400 ambiguous_header) before anything
+// else, as the contract's decoder refuses a duplicate JSON member: a proxy
+// in front may have read the other value (the first Executor would win an
+// execution, the first Idempotency-Key bind the intent, the first
+// Authorization act for one org while the proxy logged the other).
+// Not in the list, on purpose: Prefer is a list (RFC 7240 section 2: a
+// preference given twice counts once, the first), and only says how long
+// to wait; traceparent (and tracestate) decide nothing, and W3C Trace
+// Context treats a duplicated traceparent as no trace context at all
+// (untraceDuplicates). Content-Length, Host and Transfer-Encoding are
+// net/http's, which refuses conflicting copies itself.
+var singleValued = []string{"Authorization", "Idempotency-Key", "Executor", "Content-Type"}
+
+// duplicated returns the first single-valued header sent more than once.
+func duplicated(h http.Header) (string, bool) {
+	for _, name := range singleValued {
+		if len(h.Values(name)) > 1 {
+			return name, true
+		}
+	}
+	return "", false
+}
+
+// untraceDuplicates drops a trace context whose traceparent is sent more
+// than once, so the request starts a new trace instead of joining the
+// first (W3C Trace Context test suite: test_traceparent_duplicated).
+func untraceDuplicates(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(r.Header.Values(wire.HeaderTraceParent)) > 1 {
+			r = r.Clone(r.Context())
+			r.Header.Del(wire.HeaderTraceParent)
+			r.Header.Del("tracestate")
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // Mux is the API's router, for a caller that adds routes of its own beside
@@ -190,7 +228,12 @@ func (s *Server) route(pattern, name string, h http.HandlerFunc) {
 		rec := &statusRecorder{ResponseWriter: w}
 		span := trace.SpanFromContext(r.Context())
 		span.SetName(pattern)
-		h(rec, r)
+		if name, ok := duplicated(r.Header); ok {
+			writeProblem(rec, r, http.StatusBadRequest, ReasonAmbiguousHeader,
+				"the "+name+" header is sent more than once: it takes one value (send it once)", nil)
+		} else {
+			h(rec, r)
+		}
 		s.metrics.requests.WithLabelValues(name, strconv.Itoa(rec.code)).Inc()
 		tracing.Observe(s.metrics.duration.WithLabelValues(name), time.Since(start).Seconds(), span.SpanContext())
 		if rec.code >= 500 {

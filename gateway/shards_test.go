@@ -54,7 +54,7 @@ func gatewayRole(t *testing.T, urls ...string) (string, string) {
 			stmts = append(stmts, strings.ReplaceAll(s, "mandated_gateway", role))
 		}
 	}
-	require.Len(t, stmts, 4, "the documented grants")
+	require.Len(t, stmts, 5, "the documented grants (the fifth: the console's sessions)")
 	admin, err := pgx.Connect(ctx, urls[0])
 	require.NoError(t, err)
 	defer admin.Close(ctx)

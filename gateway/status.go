@@ -45,7 +45,13 @@ type AuthorizationRow struct {
 	ExecutionToken    int64           `json:"execution_token,omitempty"`
 	Result            json.RawMessage `json:"result,omitempty"`
 	Detail            string          `json:"detail,omitempty"`
-	DecisionID        string          `json:"decision_id"`
+	// Resolved, Reported and ResolvedBy tell a reconciled execution's
+	// story: settled by a resolve (whose evidence is Detail), what was
+	// reported when it went in doubt, and who resolved it.
+	Resolved   bool   `json:"resolved,omitempty"`
+	Reported   string `json:"reported,omitempty"`
+	ResolvedBy string `json:"resolved_by,omitempty"`
+	DecisionID string `json:"decision_id"`
 }
 
 // ProposalStatus is what the idempotency record of a proposal says, with
@@ -158,7 +164,7 @@ func (s *Server) partitionCount(ctx context.Context) (int32, error) {
 
 const authorizationQuery = `SELECT org, mandate_id, authorization_id, state, version, operation, target, amount, currency,
 	idempotency_key, mandate_version, deadline, execution_deadline, external_ref, begin_key, execution_token, result,
-	detail, decision_id, created_at, updated_at
+	detail, resolved, reported, resolved_by, decision_id, created_at, updated_at
 	FROM authorizations WHERE org = $1 AND mandate_id = $2 AND authorization_id = $3`
 
 func scanAuthorization(row pgx.Row) (*AuthorizationStatus, error) {
@@ -166,7 +172,8 @@ func scanAuthorization(row pgx.Row) (*AuthorizationStatus, error) {
 	var result *string
 	err := row.Scan(&a.Org, &a.MandateID, &a.ID, &a.State, &a.Version, &a.Operation, &a.Target, &a.Amount.MinorUnits,
 		&a.Amount.Currency, &a.IdempotencyKey, &a.MandateVersion, &a.Deadline, &a.ExecutionDeadline, &a.ExternalRef,
-		&a.Executor, &a.ExecutionToken, &result, &a.Detail, &a.DecisionID, &a.CreatedAt, &a.UpdatedAt)
+		&a.Executor, &a.ExecutionToken, &result, &a.Detail, &a.Resolved, &a.Reported, &a.ResolvedBy,
+		&a.DecisionID, &a.CreatedAt, &a.UpdatedAt)
 	if result != nil {
 		a.Result = json.RawMessage(*result)
 	}

@@ -82,7 +82,8 @@ func TestExecutionOneWinnerPerAuthorization(t *testing.T) {
 		require.Equal(t, a.Authorization.Result, loser.Authorization.Result)
 
 		again, _ := b.decide(t, beginCmd(id, "winner"))
-		require.Equal(t, wire.OutcomeReplayed, again.Outcome)
+		require.Equal(t, wire.OutcomeRefused, again.Outcome, "the winner's begin again, once committed, shows the committed state")
+		require.Equal(t, wire.ReasonTerminal, again.Reason)
 		require.Equal(t, a.Authorization.Result, again.Authorization.Result)
 		require.Equal(t, int64(1), again.ExecutionToken)
 	})
@@ -240,4 +241,142 @@ func TestExecutionsBegunBeforeTokensExistedFinishAsBefore(t *testing.T) {
 	require.Equal(t, wire.ReasonAlreadyExecuting, loser.Reason, "still someone else's execution")
 	c, _ := b.decideRaw(t, commitCmd(id, "re_1"))
 	require.Equal(t, wire.OutcomeCommitted, c.Outcome, "it commits without a token, as before")
+}
+
+// Reconciliation carries the provider's result: a resolve as committed
+// records it like the winner's commit would have, so every loser and
+// every later begin of the reconciled execution sees one.
+func TestResolveRecordsTheProvidersResultForTheLosers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.grant(t)
+	id := b.executing(t)
+	b.decide(t, reportCmd(id))
+
+	res := resolveCmd(id, wire.ResolveCommitted, "re_9")
+	res.Resolve.Result = []byte(`{"refund":"re_9","status":"succeeded"}`)
+	a, _ := b.decide(t, res)
+	require.Equal(t, wire.OutcomeCommitted, a.Outcome)
+	require.JSONEq(t, `{"refund":"re_9","status":"succeeded"}`, string(a.Authorization.Result), "the resolve's decision shows the result")
+	require.JSONEq(t, `{"refund":"re_9","status":"succeeded"}`, string(b.auth(id).Result), "and the authorization keeps it")
+
+	loser, _ := b.decide(t, beginCmd(id, "loser"))
+	require.Equal(t, wire.ReasonAlreadyExecuting, loser.Reason)
+	require.JSONEq(t, `{"refund":"re_9","status":"succeeded"}`, string(loser.Authorization.Result), "a loser sees the reconciled result")
+
+	// The reconciler's retry is a replay, and changes nothing.
+	again, _ := b.decide(t, res)
+	require.Equal(t, wire.OutcomeReplayed, again.Outcome)
+	require.JSONEq(t, `{"refund":"re_9","status":"succeeded"}`, string(again.Authorization.Result))
+}
+
+// A woken executor's own begin, repeated after its execution was settled
+// (committed, cancelled, resolved, or gone in doubt), is answered with the
+// authorization's current state: never "replayed, original_outcome
+// executing", which a client reads as "go on and call the provider".
+func TestExecutionWokenExecutorsRepeatedBeginAnswersTheCurrentState(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		settle func(b *testBundle, id string)
+		state  wire.AuthState
+		reason wire.Reason
+	}{
+		{"committed by itself", func(b *testBundle, id string) { b.decide(t, commitCmd(id, "re_1")) }, wire.StateCommitted, wire.ReasonTerminal},
+		{"cancelled with proof", func(b *testBundle, id string) { b.decide(t, cancelCmd(id, "provider refused")) }, wire.StateCancelled, wire.ReasonTerminal},
+		{"in doubt", func(b *testBundle, id string) { b.decide(t, reportCmd(id)) }, wire.StateInDoubt, wire.ReasonInDoubtPending},
+		{"resolved committed", func(b *testBundle, id string) {
+			b.decide(t, reportCmd(id))
+			b.decide(t, resolveCmd(id, wire.ResolveCommitted, "re_2"))
+		}, wire.StateCommitted, wire.ReasonTerminal},
+		{"resolved cancelled", func(b *testBundle, id string) {
+			b.decide(t, reportCmd(id))
+			b.decide(t, resolveCmd(id, wire.ResolveCancelled, ""))
+		}, wire.StateCancelled, wire.ReasonTerminal},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			b.grant(t)
+			id := b.reserve(t)
+			first, _ := b.decide(t, beginCmd(id, "worker-1"))
+			require.Equal(t, wire.OutcomeExecuting, first.Outcome)
+			tc.settle(b, id)
+			before, counters := *b.auth(id), b.counters()
+
+			a, _ := b.decide(t, beginCmd(id, "worker-1"))
+			require.NotEqual(t, wire.OutcomeExecuting, a.OriginalOutcome, "%s: %s", a.Outcome, a.Detail)
+			require.Equal(t, wire.OutcomeRefused, a.Outcome, "%s", a.Detail)
+			require.Equal(t, tc.reason, a.Reason, "%s", a.Detail)
+			require.Equal(t, tc.state, a.Authorization.State)
+			require.Equal(t, first.ExecutionToken, a.ExecutionToken, "it names the execution it was")
+			require.Equal(t, before, *b.auth(id), "nothing changes")
+			require.Equal(t, counters, b.counters())
+		})
+	}
+}
+
+// A resolved in-doubt execution keeps its story: what was reported when it
+// went in doubt (the executor's report, or the execution timeout), who
+// resolved it and the evidence they gave. Nothing of it is overwritten by
+// the resolve.
+func TestResolveKeepsWhatWasReportedWhoResolvedAndTheEvidence(t *testing.T) {
+	t.Parallel()
+	t.Run("reported by the executor", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.grant(t)
+		id := b.executing(t)
+		rep := reportCmd(id)
+		rep.Report.Detail = "provider timed out after 30 s"
+		b.decide(t, rep)
+		require.Equal(t, "provider timed out after 30 s", b.auth(id).Reported)
+
+		res := resolveCmd(id, wire.ResolveCommitted, "re_1")
+		res.Resolve.Evidence = "provider lists refund re_1"
+		res.Resolve.Reconciler = "console:ot_abc"
+		a, _ := b.decide(t, res)
+		require.Equal(t, wire.OutcomeCommitted, a.Outcome)
+		require.Equal(t, "provider timed out after 30 s", a.Authorization.Reported, "what was reported survives the resolve")
+		require.Equal(t, "console:ot_abc", a.Authorization.ResolvedBy)
+		require.Equal(t, "provider lists refund re_1", a.Authorization.Detail, "the evidence")
+		au := b.auth(id)
+		require.Equal(t, "provider timed out after 30 s", au.Reported)
+		require.Equal(t, "console:ot_abc", au.ResolvedBy)
+		require.Equal(t, "provider lists refund re_1", au.Detail)
+	})
+	t.Run("gone in doubt at the execution timeout", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.grant(t)
+		id := b.executing(t)
+		b.now = b.auth(id).ExecutionDeadline
+		ds := b.tick(t, id)
+		require.Len(t, ds, 1)
+		require.Contains(t, b.auth(id).Reported, "no commit, cancel or report by the execution deadline")
+		res := resolveCmd(id, wire.ResolveCancelled, "")
+		res.Resolve.Reconciler = "mandatectl:alice"
+		a, _ := b.decide(t, res)
+		require.Contains(t, a.Authorization.Reported, "no commit, cancel or report by the execution deadline")
+		require.Equal(t, "mandatectl:alice", a.Authorization.ResolvedBy)
+	})
+}
+
+// A denial's detail is read by people (mandatectl, the console): its
+// amounts are in the currency's units, not bare minor units.
+func TestDenialDetailsShowAmountsInTheCurrencysUnits(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.grant(t, func(g *wire.Grant) {
+		g.MaxAmount = wire.Money{MinorUnits: 10_000, Currency: "EUR"}
+		g.TotalLimit = &wire.Money{MinorUnits: 12_000, Currency: "EUR"}
+		g.Uses = 3
+	})
+	over, _ := b.decide(t, proposeCmd(mandate, "too-much", 10_001))
+	require.Equal(t, wire.ReasonAmountExceedsMax, over.Reason)
+	require.Equal(t, "100.01 EUR exceeds the per-use maximum 100.00 EUR", over.Detail)
+	b.reserve(t)
+	limit, _ := b.decide(t, proposeCmd(mandate, "past-limit", 7_001))
+	require.Equal(t, wire.ReasonTotalLimitExceeded, limit.Reason)
+	require.Equal(t, "held 50.00 EUR + spent 0.00 EUR + 70.01 EUR exceed the total limit 120.00 EUR", limit.Detail)
 }

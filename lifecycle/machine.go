@@ -186,8 +186,9 @@ func (d *decider) applyDeadline(a *Authorization) {
 		d.touchAuth(a, wire.StateInDoubt)
 		m.UsesInDoubt++
 		d.touchMandate(m)
+		a.Reported = fmt.Sprintf("no commit, cancel or report by the execution deadline %s", a.ExecutionDeadline.Format(time.RFC3339Nano))
 		d.consequence(a.Key.Mandate, wire.CommandTimer, a, wire.OutcomeInDoubt, wire.ReasonExecutionTimeout,
-			fmt.Sprintf("no commit, cancel or report by the execution deadline %s; the use stays held until resolve", a.ExecutionDeadline.Format(time.RFC3339Nano)))
+			a.Reported+"; the use stays held until resolve")
 	}
 }
 
@@ -359,7 +360,7 @@ func (d *decider) propose() {
 		deny(wire.ReasonCurrencyMismatch, fmt.Sprintf("the mandate is in %s, the proposal in %s", m.Currency, p.Amount.Currency))
 		return
 	case p.Amount.MinorUnits > m.MaxAmount:
-		deny(wire.ReasonAmountExceedsMax, fmt.Sprintf("%d exceeds the per-use maximum %d", p.Amount.MinorUnits, m.MaxAmount))
+		deny(wire.ReasonAmountExceedsMax, fmt.Sprintf("%s exceeds the per-use maximum %s", p.Amount, wire.FormatAmount(m.MaxAmount, m.Currency)))
 		return
 	case m.UsesHeld+m.UsesSpent >= m.UsesAllowed:
 		dec := deny(wire.ReasonUsesExhausted, fmt.Sprintf("all %d uses are held or spent", m.UsesAllowed))
@@ -368,8 +369,9 @@ func (d *decider) propose() {
 		}
 		return
 	case m.TotalLimit > 0 && m.AmountHeld+m.AmountSpent+p.Amount.MinorUnits > m.TotalLimit:
-		dec := deny(wire.ReasonTotalLimitExceeded, fmt.Sprintf("held %d + spent %d + %d exceed the total limit %d",
-			m.AmountHeld, m.AmountSpent, p.Amount.MinorUnits, m.TotalLimit))
+		dec := deny(wire.ReasonTotalLimitExceeded, fmt.Sprintf("held %s + spent %s + %s exceed the total limit %s",
+			wire.FormatAmount(m.AmountHeld, m.Currency), wire.FormatAmount(m.AmountSpent, m.Currency), p.Amount,
+			wire.FormatAmount(m.TotalLimit, m.Currency)))
 		if last := d.st.Auths[AuthKey{d.cmd.Key, m.LastAuthID}]; last != nil {
 			dec.HeldBy = authView(last)
 		}
@@ -552,9 +554,7 @@ func (d *decider) begin() {
 	}
 	executor := d.cmd.Begin.Executor
 	if a.Executor != "" && executor == a.Executor {
-		dec := withAuth(d.answer(wire.OutcomeReplayed, "",
-			fmt.Sprintf("the same executor again: it holds execution token %d; go on only while the authorization is executing", a.ExecutionToken)), a)
-		dec.OriginalOutcome = wire.OutcomeExecuting
+		d.beginAgain(a)
 		return
 	}
 	switch {
@@ -588,6 +588,36 @@ func (d *decider) begin() {
 	default:
 		d.refuseState(a)
 	}
+}
+
+// beginAgain answers the winning executor's begin again. While its
+// execution runs, that is a replay (its answer was lost): go on. Once the
+// execution ended, went in doubt or was resolved (an executor paused past
+// its timeout wakes and begins again), it is told the current state, never
+// "replayed, executing", which reads as "call the provider".
+func (d *decider) beginAgain(a *Authorization) {
+	var reason wire.Reason
+	var detail string
+	switch {
+	case a.State == wire.StateExecuting && !a.Resolved:
+		dec := withAuth(d.answer(wire.OutcomeReplayed, "",
+			fmt.Sprintf("the same executor again: it holds execution token %d; go on only while the authorization is executing", a.ExecutionToken)), a)
+		dec.OriginalOutcome = wire.OutcomeExecuting
+		return
+	case a.State == wire.StateInDoubt:
+		reason = wire.ReasonInDoubtPending
+		detail = fmt.Sprintf("your execution (token %d) is in doubt: do not call the provider again; only resolve settles it", a.ExecutionToken)
+	case a.Resolved:
+		reason = wire.ReasonTerminal
+		detail = fmt.Sprintf("your execution (token %d) went in doubt and reconciliation resolved it %s: do not call the provider; the recorded outcome and result are in authorization", a.ExecutionToken, a.State)
+	case a.State.Terminal():
+		reason = wire.ReasonTerminal
+		detail = fmt.Sprintf("your execution (token %d) ended %s: do not call the provider; the recorded outcome and result are in authorization", a.ExecutionToken, a.State)
+	default:
+		d.refuseState(a)
+		return
+	}
+	d.refuse(a, reason, detail)
 }
 
 // staleToken refuses a command of an execution that does not carry the
@@ -688,6 +718,7 @@ func (d *decider) reportUnknown() {
 	case wire.StateExecuting:
 		d.touchAuth(a, wire.StateInDoubt)
 		a.Detail = d.cmd.Report.Detail
+		a.Reported = d.cmd.Report.Detail
 		m.UsesInDoubt++
 		d.touchMandate(m)
 		withAuth(d.answer(wire.OutcomeInDoubt, "", "the use stays held until resolve"), a)
@@ -717,9 +748,13 @@ func (d *decider) resolve() {
 		m.UsesInDoubt--
 		a.Detail = r.Evidence
 		a.Resolved = true
+		a.ResolvedBy = r.Reconciler
 		if r.Outcome == wire.ResolveCommitted {
 			d.touchAuth(a, wire.StateCommitted)
 			a.ExternalRef = r.ExternalRef
+			if r.Result != nil {
+				a.Result = r.Result
+			}
 			spend(m, a)
 			d.touchMandate(m)
 			withAuth(d.answer(wire.OutcomeCommitted, "", "resolved as executed"), a)
@@ -775,7 +810,8 @@ func (d *decider) grant() {
 			return
 		case totalLimit > 0 && totalLimit < m.AmountHeld+m.AmountSpent:
 			d.answer(wire.OutcomeRefused, wire.ReasonGrantBelowUsage,
-				fmt.Sprintf("total limit %d would be below the %d held or spent", totalLimit, m.AmountHeld+m.AmountSpent))
+				fmt.Sprintf("total limit %s would be below the %s held or spent", wire.FormatAmount(totalLimit, g.MaxAmount.Currency),
+					wire.FormatAmount(m.AmountHeld+m.AmountSpent, m.Currency)))
 			return
 		case g.MaxAmount.Currency != m.Currency && m.UsesHeld+m.UsesSpent > 0:
 			d.answer(wire.OutcomeRefused, wire.ReasonCurrencyChange, "the currency cannot change once a use is held or spent")

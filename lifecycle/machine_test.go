@@ -813,18 +813,18 @@ func TestBegin(t *testing.T) {
 			b.decide(t, commitCmd(id, "re_1"))
 			return id
 		}, idem: "begin-2", outcome: wire.OutcomeRefused, reason: wire.ReasonAlreadyExecuting, state: wire.StateCommitted},
-		{name: "the winning begin repeated after commit is replayed with the committed state", prepare: func(b *testBundle, t *testing.T) string {
+		{name: "the winning begin repeated after commit is refused with the committed state (issue 32)", prepare: func(b *testBundle, t *testing.T) string {
 			id := b.reserve(t)
 			b.decide(t, beginCmd(id, "begin-1"))
 			b.decide(t, commitCmd(id, "re_1"))
 			return id
-		}, idem: "begin-1", outcome: wire.OutcomeReplayed, state: wire.StateCommitted},
-		{name: "the winning begin repeated while in doubt is replayed with the in-doubt state", prepare: func(b *testBundle, t *testing.T) string {
+		}, idem: "begin-1", outcome: wire.OutcomeRefused, reason: wire.ReasonTerminal, state: wire.StateCommitted},
+		{name: "the winning begin repeated while in doubt is refused with the in-doubt state (issue 32)", prepare: func(b *testBundle, t *testing.T) string {
 			id := b.reserve(t)
 			b.decide(t, beginCmd(id, "begin-1"))
 			b.decide(t, reportCmd(id))
 			return id
-		}, idem: "begin-1", outcome: wire.OutcomeReplayed, state: wire.StateInDoubt},
+		}, idem: "begin-1", outcome: wire.OutcomeRefused, reason: wire.ReasonInDoubtPending, state: wire.StateInDoubt},
 		{name: "a begin after expiry is refused", prepare: (*testBundle).expired, outcome: wire.OutcomeRefused, reason: wire.ReasonDeadlinePassed, state: wire.StateExpired},
 		{name: "a begin on an in-doubt authorization is refused", prepare: (*testBundle).inDoubt, idem: "begin-x", outcome: wire.OutcomeRefused, reason: wire.ReasonAlreadyExecuting, state: wire.StateInDoubt},
 		{name: "a begin after another executor committed is refused with the winner", prepare: (*testBundle).committed, outcome: wire.OutcomeRefused, reason: wire.ReasonAlreadyExecuting, state: wire.StateCommitted},

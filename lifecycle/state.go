@@ -97,8 +97,13 @@ type Authorization struct {
 	// Resolved is set when reconciliation settled the execution: the
 	// executor's token acts no more (a paused executor waking after it is
 	// refused, whatever it says).
-	Resolved   bool
-	Detail     string
+	Resolved bool
+	Detail   string
+	// Reported is what was said when the execution went in doubt (the
+	// executor's report_unknown detail, or the execution timeout's), kept
+	// through the resolve; ResolvedBy is the resolve's reconciler.
+	Reported   string
+	ResolvedBy string
 	DecisionID string // the decision that reserved it
 	CreatedAt  time.Time
 	UpdatedAt  time.Time
@@ -239,7 +244,7 @@ func authView(a *Authorization) *wire.AuthorizationView {
 		IdempotencyKey: a.IdempotencyKey, MandateVersion: a.MandateVersion,
 		Deadline: a.Deadline, ExternalRef: a.ExternalRef, CreatedAt: a.CreatedAt, UpdatedAt: a.UpdatedAt,
 		Executor: a.Executor, ExecutionToken: a.ExecutionToken, Result: a.Result,
-		Detail: a.Detail, Resolved: a.Resolved,
+		Detail: a.Detail, Resolved: a.Resolved, Reported: a.Reported, ResolvedBy: a.ResolvedBy,
 	}
 	v.ForkOf = a.ForkOf
 	if !a.ExecutionDeadline.IsZero() {

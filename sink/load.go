@@ -86,7 +86,7 @@ CROSS JOIN LATERAL (SELECT x.* FROM idempotency_keys x WHERE x.org = k.org AND x
 
 const authColumns = `a.org, a.mandate_id, a.authorization_id, a.state, a.version, a.operation, a.target, a.amount,
 a.currency, a.idempotency_key, a.mandate_version, a.deadline, a.execution_deadline, a.begin_key, a.external_ref,
-a.detail, a.decision_id, a.created_at, a.updated_at, a.execution_token, a.result, a.resolved, a.fork_of`
+a.detail, a.decision_id, a.created_at, a.updated_at, a.execution_token, a.result, a.resolved, a.fork_of, a.reported, a.resolved_by`
 
 // loadAuthsSQL loads, in phase one with the mandates and keys, every
 // authorization a batch may need: those its commands name ($1-$3); the
@@ -182,7 +182,7 @@ func scanAuth(row pgx.Row, extra ...any) (*lifecycle.Authorization, error) {
 	err := row.Scan(append([]any{&a.Key.Mandate.Org, &a.Key.Mandate.MandateID, &a.Key.ID, &state, &a.Version, &a.Operation,
 		&a.Target, &a.Amount, &a.Currency, &a.IdempotencyKey, &a.MandateVersion, &a.Deadline, &execDeadline,
 		&a.Executor, &a.ExternalRef, &a.Detail, &a.DecisionID, &a.CreatedAt, &a.UpdatedAt,
-		&a.ExecutionToken, &result, &a.Resolved, &a.ForkOf}, extra...)...)
+		&a.ExecutionToken, &result, &a.Resolved, &a.ForkOf, &a.Reported, &a.ResolvedBy}, extra...)...)
 	if err != nil {
 		return nil, err
 	}

@@ -63,26 +63,27 @@ SELECT mandated_expect_rows(count(*), $27, 'update mandates') FROM w`
 
 const insertAuthsRows = `INSERT INTO authorizations (org, mandate_id, authorization_id, partition, state, version, operation, target,
   amount, currency, idempotency_key, mandate_version, deadline, execution_deadline, begin_key, external_ref, detail,
-  decision_id, created_at, updated_at, execution_token, result, resolved, fork_of)
+  decision_id, created_at, updated_at, execution_token, result, resolved, fork_of, reported, resolved_by)
 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::text[], $6::bigint[], $7::text[], $8::text[],
   $9::bigint[], $10::text[], $11::text[], $12::bigint[], $13::timestamptz[], $14::timestamptz[], $15::text[], $16::text[],
-  $17::text[], $18::text[], $19::timestamptz[], $20::timestamptz[], $21::bigint[], $22::text[], $23::bool[], $24::text[])`
+  $17::text[], $18::text[], $19::timestamptz[], $20::timestamptz[], $21::bigint[], $22::text[], $23::bool[], $24::text[],
+  $25::text[], $26::text[])`
 
 const insertAuthsSQL = `WITH w AS (` + insertAuthsRows + ` RETURNING 1)
-SELECT mandated_expect_rows(count(*), $25, 'insert authorizations') FROM w`
+SELECT mandated_expect_rows(count(*), $27, 'insert authorizations') FROM w`
 
 const updateAuthsRows = `UPDATE authorizations a SET state = u.state, version = u.version, execution_deadline = u.execution_deadline,
   begin_key = u.begin_key, external_ref = u.external_ref, detail = u.detail, updated_at = u.updated_at,
-  execution_token = u.execution_token, result = u.result, resolved = u.resolved
+  execution_token = u.execution_token, result = u.result, resolved = u.resolved, reported = u.reported, resolved_by = u.resolved_by
 FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::bigint[], $7::timestamptz[], $8::text[],
-  $9::text[], $10::text[], $11::timestamptz[], $12::bigint[], $13::text[], $14::bool[], $15::tid[])
+  $9::text[], $10::text[], $11::timestamptz[], $12::bigint[], $13::text[], $14::bool[], $15::tid[], $16::text[], $17::text[])
   AS u(org, mandate_id, authorization_id, loaded_version, state, version, execution_deadline, begin_key, external_ref, detail, updated_at,
-       execution_token, result, resolved, tid)
+       execution_token, result, resolved, tid, reported, resolved_by)
 WHERE a.ctid = u.tid AND a.org = u.org AND a.mandate_id = u.mandate_id AND a.authorization_id = u.authorization_id
   AND a.version = u.loaded_version`
 
 const updateAuthsSQL = `WITH w AS (` + updateAuthsRows + ` RETURNING 1)
-SELECT mandated_expect_rows(count(*), $16, 'update authorizations') FROM w`
+SELECT mandated_expect_rows(count(*), $18, 'update authorizations') FROM w`
 
 const insertIdemRows = `INSERT INTO idempotency_keys (org, operation, idempotency_key, fingerprint, mandate_id, partition,
   authorization_id, decision_id, outcome, reason, created_at, expires_at)

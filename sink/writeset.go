@@ -103,11 +103,12 @@ func (w *writeSet) flush() {
 	}
 	if c := &w.insAuths; len(c.org) > 0 {
 		q(insertAuthsSQL, []any{c.org, c.mid, c.id, c.part, c.state, c.ver, c.op, c.target, c.amt, c.cur, c.key, c.mver,
-			c.deadline, c.exec, c.begin, c.ref, c.detail, c.dec, c.created, c.updated, c.tok, c.result, c.resolved, c.fork}, len(c.org))
+			c.deadline, c.exec, c.begin, c.ref, c.detail, c.dec, c.created, c.updated, c.tok, c.result, c.resolved, c.fork,
+			c.reported, c.resolvedBy}, len(c.org))
 	}
 	if c := &w.updAuths; len(c.org) > 0 {
 		q(updateAuthsSQL, []any{c.org, c.mid, c.id, c.loaded, c.state, c.ver, c.exec, c.begin, c.ref, c.detail, c.updated,
-			c.tok, c.result, c.resolved, c.tid}, len(c.org))
+			c.tok, c.result, c.resolved, c.tid, c.reported, c.resolvedBy}, len(c.org))
 	}
 	if c := &w.idem; len(c.org) > 0 {
 		// ON CONFLICT DO NOTHING + a count: a key's scope is its mandate,
@@ -188,6 +189,7 @@ func resultText(b []byte) pgtype.Text { return pgtype.Text{String: string(b), Va
 
 type authInsCols struct {
 	org, mid, id, state, op, target, cur, key, begin, ref, detail, dec, fork []string
+	reported, resolvedBy                                                     []string
 	part                                                                     []int32
 	ver, amt, mver, tok                                                      []int64
 	deadline, exec, created, updated                                         []pgtype.Timestamptz
@@ -206,10 +208,12 @@ func (c *authInsCols) add(a *lifecycle.Authorization, partition int32) {
 	c.created, c.updated = append(c.created, tstz(a.CreatedAt)), append(c.updated, tstz(a.UpdatedAt))
 	c.tok, c.result, c.resolved = append(c.tok, a.ExecutionToken), append(c.result, resultText(a.Result)), append(c.resolved, a.Resolved)
 	c.fork = append(c.fork, a.ForkOf)
+	c.reported, c.resolvedBy = append(c.reported, a.Reported), append(c.resolvedBy, a.ResolvedBy)
 }
 
 type authUpdCols struct {
 	org, mid, id, state, begin, ref, detail []string
+	reported, resolvedBy                    []string
 	loaded, ver, tok                        []int64
 	exec, updated                           []pgtype.Timestamptz
 	tid                                     []pgtype.TID
@@ -224,6 +228,7 @@ func (c *authUpdCols) add(a *lifecycle.Authorization, tid pgtype.TID) {
 	c.exec, c.begin, c.ref, c.detail = append(c.exec, tstz(a.ExecutionDeadline)), append(c.begin, a.Executor), append(c.ref, a.ExternalRef), append(c.detail, a.Detail)
 	c.updated = append(c.updated, tstz(a.UpdatedAt))
 	c.tok, c.result, c.resolved = append(c.tok, a.ExecutionToken), append(c.result, resultText(a.Result)), append(c.resolved, a.Resolved)
+	c.reported, c.resolvedBy = append(c.reported, a.Reported), append(c.resolvedBy, a.ResolvedBy)
 }
 
 type idemCols struct {

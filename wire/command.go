@@ -183,6 +183,16 @@ type Resolve struct {
 	ExternalRef     string
 	Evidence        string
 	ExecutionToken  int64 // optional: when given, it must be the in-doubt execution's
+	// Result is the provider's answer the reconciliation found (as a
+	// commit's: a JSON object re-encoded compactly with sorted keys, at
+	// most MaxResultBytes); only with outcome committed, nil when absent.
+	// It becomes the authorization's recorded result, so the losers of a
+	// reconciled execution see one.
+	Result json.RawMessage
+	// Reconciler names who resolved it (an id: "console:ot_...",
+	// "mandatectl:alice"); recorded with the authorization. Empty when
+	// the reconciler named none.
+	Reconciler string
 }
 
 // AuthorizationID returns the authorization a command addresses, if any.

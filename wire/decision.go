@@ -129,9 +129,16 @@ type AuthorizationView struct {
 	Detail string `json:"detail,omitempty"`
 	// Resolved is set once reconciliation settled the execution: the
 	// executor's token acts no more.
-	Resolved  bool      `json:"resolved,omitempty"`
-	CreatedAt time.Time `json:"created_at"`
-	UpdatedAt time.Time `json:"updated_at"`
+	Resolved bool `json:"resolved,omitempty"`
+	// Reported is what was said when the execution went in doubt
+	// (report_unknown's detail, or the execution timeout's), kept after
+	// a resolve; ResolvedBy names the reconciler that resolved it (the
+	// resolve's reconciler member), so a resolved execution keeps who
+	// settled it, on what evidence (Detail) and what was reported.
+	Reported   string    `json:"reported,omitempty"`
+	ResolvedBy string    `json:"resolved_by,omitempty"`
+	CreatedAt  time.Time `json:"created_at"`
+	UpdatedAt  time.Time `json:"updated_at"`
 }
 
 // MandateView is a mandate as a decision shows it.

@@ -148,7 +148,7 @@ var typeFields = map[CommandType][]string{
 	CmdCommit:        {"authorization_id", "external_ref", "execution_token", "result"},
 	CmdCancel:        {"authorization_id", "reason", "not_executed_proof", "execution_token"},
 	CmdReportUnknown: {"authorization_id", "detail", "execution_token"},
-	CmdResolve:       {"authorization_id", "outcome", "external_ref", "evidence", "execution_token"},
+	CmdResolve:       {"authorization_id", "outcome", "external_ref", "evidence", "execution_token", "result", "reconciler"},
 }
 
 var moneyFields = []string{"minor_units", "currency"}
@@ -319,7 +319,8 @@ func Decode(recordKey, value []byte, lim Limits) (*Command, *Rejection) {
 			ExecutionToken: r.token()}
 	case CmdResolve:
 		res := &Resolve{AuthorizationID: r.id("authorization_id", true), ExternalRef: r.pattern("external_ref", false, externalRefGrammar),
-			Evidence: r.text("evidence", false), ExecutionToken: r.token()}
+			Evidence: r.text("evidence", false), ExecutionToken: r.token(), Result: r.result("result"),
+			Reconciler: r.id("reconciler", false)}
 		switch o := r.str("outcome", true); ResolveOutcome(o) {
 		case ResolveCommitted:
 			res.Outcome = ResolveCommitted
@@ -328,6 +329,9 @@ func Decode(recordKey, value []byte, lim Limits) (*Command, *Rejection) {
 			}
 		case ResolveCancelled:
 			res.Outcome = ResolveCancelled
+			if v, given := r.obj["result"]; given && v != nil && r.err == nil {
+				r.failField("result", ReasonFieldInvalid, "field_invalid:result is the committed effect's; a resolve as cancelled carries none")
+			}
 		default:
 			if r.err == nil {
 				r.failf(ReasonFieldInvalid, "field_invalid:outcome must be \"committed\" or \"cancelled\"")

@@ -343,6 +343,9 @@ func badInputs() []badInput {
 		{name: "a grant based on a version given as a string is invalid", value: with(grantBase, "based_on_version", `"3"`), reason: wire.ReasonFieldInvalid, answeredTo: goodKey},
 		{name: "a revoke based on a version is an unknown field", value: with(revokeBase, "based_on_version", `3`), reason: wire.ReasonUnknownField, answeredTo: goodKey},
 		{name: "a resolve outcome other than committed or cancelled is invalid", value: with(resolveBase, "outcome", `"maybe"`), reason: wire.ReasonFieldInvalid, answeredTo: goodKey},
+		{name: "a resolve's reconciler outside the id grammar is invalid", value: with(resolveBase, "reconciler", `"ops team"`), reason: wire.ReasonIDInvalid, answeredTo: goodKey},
+		{name: "a resolve's result that is not an object is invalid", value: with(resolveBase, "result", `"ok"`), reason: wire.ReasonFieldInvalid, answeredTo: goodKey},
+		{name: "a resolve as cancelled with a result is invalid (a result is a committed effect's)", value: with(resolveBase, "outcome", `"cancelled"`, "result", `{"a":1}`), reason: wire.ReasonFieldInvalid, answeredTo: goodKey},
 		{name: "a reason longer than 512 bytes is invalid", value: with(revokeBase, "reason", `"`+strings.Repeat("é", 257)+`"`), reason: wire.ReasonFieldInvalid, answeredTo: goodKey, detail: "514 bytes"},
 		{name: "a string where an object is expected is invalid", value: with(proposeBase, "target", `{"id":"customer-77"}`), reason: wire.ReasonFieldInvalid, answeredTo: goodKey},
 
@@ -596,6 +599,12 @@ func TestDecodeAcceptsValidCommands(t *testing.T) {
 				Evidence:    "provider lists refund re_3PqX9a2eZvKYlo2C1xQ for customer-77, 150.00 EUR", ExecutionToken: 1}}},
 		{name: "a resolve as cancelled needs no external reference", value: with(resolveBase, "outcome", `"cancelled"`, "external_ref", "-"), want: &wire.Command{
 			Type: wire.CmdResolve, Key: key, Resolve: &wire.Resolve{AuthorizationID: exampleAuthID, Outcome: wire.ResolveCancelled}}},
+		{name: "a resolve as committed carries the provider's result, re-encoded compactly with sorted keys", value: with(resolveBase, "result", `{ "z": 1, "a": "re_1" }`), want: &wire.Command{
+			Type: wire.CmdResolve, Key: key, Resolve: &wire.Resolve{AuthorizationID: exampleAuthID, Outcome: wire.ResolveCommitted,
+				ExternalRef: "re_1", Result: []byte(`{"a":"re_1","z":1}`)}}},
+		{name: "a resolve names its reconciler", value: with(resolveBase, "reconciler", `"console:ot_abc"`), want: &wire.Command{
+			Type: wire.CmdResolve, Key: key, Resolve: &wire.Resolve{AuthorizationID: exampleAuthID, Outcome: wire.ResolveCommitted,
+				ExternalRef: "re_1", Reconciler: "console:ot_abc"}}},
 		{name: "leading and trailing whitespace around the object is fine", value: []byte(" \n" + string(with(beginBase)) + "\r\n\t "), want: &wire.Command{
 			Type: wire.CmdBegin, Key: key, Begin: &wire.Begin{AuthorizationID: exampleAuthID, Executor: "worker-1:attempt-1"}}},
 	}

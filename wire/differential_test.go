@@ -44,6 +44,7 @@ type jsonCommand struct {
 	Detail                  string              `json:"detail"`
 	Outcome                 wire.ResolveOutcome `json:"outcome"`
 	Evidence                string              `json:"evidence"`
+	Reconciler              string              `json:"reconciler"`
 	Executor                string              `json:"executor"`
 	ExecutionToken          int64               `json:"execution_token"`
 	Result                  json.RawMessage     `json:"result"`
@@ -105,7 +106,7 @@ func (j *jsonCommand) command(t *testing.T) *wire.Command {
 		c.Report = &wire.ReportUnknown{AuthorizationID: j.AuthorizationID, Detail: j.Detail, ExecutionToken: j.ExecutionToken}
 	case wire.CmdResolve:
 		c.Resolve = &wire.Resolve{AuthorizationID: j.AuthorizationID, Outcome: j.Outcome, ExternalRef: j.ExternalRef, Evidence: j.Evidence,
-			ExecutionToken: j.ExecutionToken}
+			ExecutionToken: j.ExecutionToken, Result: canonicalResult(t, j.Result), Reconciler: j.Reconciler}
 	}
 	return c
 }

@@ -160,6 +160,8 @@ func appendAuthorization(b []byte, a *AuthorizationView) []byte {
 	if a.Resolved {
 		b = append(b, `,"resolved":true`...)
 	}
+	b = appendStrField(b, "reported", a.Reported, true)
+	b = appendStrField(b, "resolved_by", a.ResolvedBy, true)
 	b = appendTimeField(b, "created_at", a.CreatedAt)
 	b = appendTimeField(b, "updated_at", a.UpdatedAt)
 	return append(b, '}')

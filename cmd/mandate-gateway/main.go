@@ -48,6 +48,7 @@ import (
 type config struct {
 	kafka             cli.Kafka
 	gw                gateway.Config
+	con               console.Config
 	dbMaxConns        int32
 	tracing           cli.Tracing
 	databaseURL       string
@@ -130,6 +131,7 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.gw.MaxInFlightPerOrg, "max-in-flight-per-org", gateway.MaxInFlightPerOrgDefault, "commands of one org waiting at once (429 beyond)")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", gateway.MaxWaitDefault+5*time.Second, "bound on a graceful shutdown")
 	fs.BoolVar(&c.console, "console", true, "serve the operators' console under /console on --http-addr (operator tokens: mandatectl tokens create --operator)")
+	fs.DurationVar(&c.con.SessionTTL, "console-session-ttl", console.SessionTTLDefault, "how long a console sign-in session lasts (sign-out ends it at once)")
 	fs.Var(&c.consoleKeys, "console-signing-key", "org=KEY_ID:FILE: the console signs that org's resolves with this grantor key (PKCS#8 PEM), for an org that requires signed grantor commands (repeatable)")
 	fs.StringVar(&c.logFormat, "log-format", "auto", "json, console, or auto (console on a terminal)")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -283,7 +285,7 @@ func run(args []string) int {
 		if shards != nil {
 			operator = func() *sink.Operator { return sink.NewShardedOperator(shards.Pools()...) }
 		}
-		con, err := console.New(console.Config{Signers: signers, SecureCookie: certs != nil, Logger: &log},
+		con, err := console.New(console.Config{Signers: signers, SecureCookie: certs != nil, SessionTTL: c.con.SessionTTL, Logger: &log},
 			console.Sources{Client: cl, Control: pool, Operator: operator})
 		if err != nil {
 			log.Error().Err(err).Msg("invalid configuration")

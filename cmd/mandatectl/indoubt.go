@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/mandated/mandated/partitioner"
+	"github.com/mandated/mandated/wire"
 )
 
 type inDoubtView struct {
@@ -94,8 +95,8 @@ first; the age is how long it has been in doubt, by the database's clock.`,
 	tw := newTable(a.stdout)
 	fmt.Fprintln(tw, "MANDATE\tAUTHORIZATION\tPARTITION\tAGE\tAMOUNT\tOPERATION\tTARGET\tDETAIL")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d %s\t%s\t%s\t%s\n", r.Mandate, r.AuthorizationID, r.Partition, fmtAge(r.Age),
-			r.Amount, r.Currency, r.Operation, r.Target, dash(r.Detail))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", r.Mandate, r.AuthorizationID, r.Partition, fmtAge(r.Age),
+			wire.FormatAmount(r.Amount, r.Currency), r.Operation, r.Target, dash(r.Detail))
 	}
 	_ = tw.Flush()
 	if len(rows) == *limit {

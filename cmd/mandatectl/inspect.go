@@ -102,7 +102,8 @@ func toAuthorizationJSON(a *lifecycle.Authorization) authorizationJSON {
 		AuthorizationRow: gateway.AuthorizationRow{Version: a.Version, Operation: a.Operation, Target: a.Target,
 			Amount: wire.Money{MinorUnits: a.Amount, Currency: a.Currency}, IdempotencyKey: a.IdempotencyKey,
 			MandateVersion: a.MandateVersion, Deadline: a.Deadline, ExternalRef: a.ExternalRef, Executor: a.Executor,
-			ExecutionToken: a.ExecutionToken, Result: a.Result, Detail: a.Detail, DecisionID: a.DecisionID}}
+			ExecutionToken: a.ExecutionToken, Result: a.Result, Detail: a.Detail, DecisionID: a.DecisionID,
+			Resolved: a.Resolved, Reported: a.Reported, ResolvedBy: a.ResolvedBy}}
 	if !a.ExecutionDeadline.IsZero() {
 		t := a.ExecutionDeadline
 		v.ExecutionDeadline = &t
@@ -269,13 +270,13 @@ func printMandate(a *app, snap *sink.MandateSnapshot) {
 	}
 	limit := "none"
 	if m.TotalLimit > 0 {
-		limit = fmt.Sprintf("%d %s", m.TotalLimit, m.Currency)
+		limit = wire.FormatAmount(m.TotalLimit, m.Currency)
 	}
-	row("max per use", "%d %s", m.MaxAmount, m.Currency)
+	row("max per use", "%s", wire.FormatAmount(m.MaxAmount, m.Currency))
 	row("total limit", "%s", limit)
 	row("uses", "%d allowed: %d held (%d in doubt), %d spent, %d free",
 		m.UsesAllowed, m.UsesHeld, m.UsesInDoubt, m.UsesSpent, m.UsesAllowed-m.UsesHeld-m.UsesSpent)
-	row("amounts", "%d held, %d spent", m.AmountHeld, m.AmountSpent)
+	row("amounts", "%s held, %s spent", wire.FormatAmount(m.AmountHeld, m.Currency), wire.FormatAmount(m.AmountSpent, m.Currency))
 	validity := "from " + fmtTime(m.ValidFrom)
 	if m.ValidFrom.IsZero() {
 		validity = "from the grant"
@@ -312,7 +313,7 @@ func printMandate(a *app, snap *sink.MandateSnapshot) {
 		if au.Executor != "" || au.ExecutionToken != 0 {
 			executor = fmt.Sprintf("%s (%d)", dash(au.Executor), au.ExecutionToken)
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%d\t%d %s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", au.Key.ID, au.State, au.Version, au.Amount, au.Currency,
+		fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", au.Key.ID, au.State, au.Version, wire.FormatAmount(au.Amount, au.Currency),
 			au.Operation, au.Target, au.IdempotencyKey, deadline, executor, dash(au.ExternalRef), fmtTime(au.UpdatedAt), dash(au.Detail))
 	}
 	_ = tw.Flush()

@@ -49,9 +49,9 @@ func fmtAge(d time.Duration) string {
 	}
 }
 
-func fmtMoney(m wire.Money) string {
-	return fmt.Sprintf("%d %s", m.MinorUnits, m.Currency)
-}
+// fmtMoney is an amount as a person reads it (wire.FormatAmount: by the
+// currency's exponent, 15000 EUR minor units are "150.00 EUR").
+func fmtMoney(m wire.Money) string { return m.String() }
 
 // printDecision prints one decision as a two-column table.
 func printDecision(w io.Writer, d *wire.Decision) {
@@ -85,9 +85,10 @@ func printDecision(w io.Writer, d *wire.Decision) {
 			m.Version, m.Status, m.UsesAllowed, m.UsesHeld, m.UsesInDoubt, m.UsesSpent)
 		limit := "no total limit"
 		if m.TotalLimit != nil {
-			limit = fmt.Sprintf("total limit %d", *m.TotalLimit)
+			limit = "total limit " + wire.FormatAmount(*m.TotalLimit, m.Currency)
 		}
-		row("mandate amounts", "max %d %s per use, %s; %d held, %d spent", m.MaxAmount, m.Currency, limit, m.AmountHeld, m.AmountSpent)
+		row("mandate amounts", "max %s per use, %s; %s held, %s spent", wire.FormatAmount(m.MaxAmount, m.Currency), limit,
+			wire.FormatAmount(m.AmountHeld, m.Currency), wire.FormatAmount(m.AmountSpent, m.Currency))
 	}
 	if d.HomePartition != nil {
 		row("home partition", "%d", *d.HomePartition)

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/mandated/mandated/client"
@@ -21,7 +23,7 @@ type reconcileView struct {
 
 func runReconcile(a *app, args []string) int {
 	f := a.newFlagSet("reconcile",
-		"[--older-than D] [--org ORG] [--json] | --mandate ORG/ID --authorization AU (--committed REF | --cancelled) [--evidence TEXT] [flags]",
+		"[--older-than D] [--org ORG] [--json] | --mandate ORG/ID --authorization AU (--committed REF [--result JSON | --result-file F] | --cancelled) [--evidence TEXT] [flags]",
 		`The reconciler's tool. Without a decision it lists in-doubt authorizations
 older than --older-than with what the provider needs to be asked: the
 authorization id (the provider's idempotency key), the execution token, the
@@ -31,7 +33,12 @@ With --committed REF or --cancelled it sends that decision as 'resolve' on the
 grants topic (the privileged control plane), naming the execution token of
 the in-doubt execution (or --execution-token, the execution the operator
 checked), and waits for mandated's decision: a stale token is refused and
-changes nothing. Where the org requires signed grantor commands
+changes nothing. --reconciler (default mandatectl:$USER) is recorded with
+the authorization as who resolved it, beside the evidence and what was
+reported when it went in doubt. With --committed, --result (or --result-file) is the
+provider's answer, a JSON object: it becomes the authorization's recorded
+result, which the execution's losers and every later begin are shown (as a
+winner's commit records it). Where the org requires signed grantor commands
 (grant_signing required), sign it with --signing-key-file and
 --signing-key-id, a key registered for the org ('mandatectl grantor-keys').
 It exits 0 when the authorization was resolved (or already was, the same
@@ -40,6 +47,7 @@ rejected, such as an unsigned one where signing is required), 3 when no
 decision came within --timeout.`,
 		"mandatectl reconcile --older-than 15m",
 		"mandatectl reconcile --mandate acme/case-1842 --authorization au_jd4myjhey7qd2migc457x36r \\\n    --committed re_3PqX9a2eZvKYlo2C1xQ --evidence \"provider lists the refund\"",
+		"mandatectl reconcile --mandate acme/case-1842 --authorization au_jd4myjhey7qd2migc457x36r \\\n    --committed re_3PqX9a2eZvKYlo2C1xQ --result-file refund.json --evidence \"GET /v1/refunds/re_3PqX9a2eZvKYlo2C1xQ\"",
 		"mandatectl reconcile --mandate acme/case-1842 --authorization au_jd4myjhey7qd2migc457x36r --cancelled \\\n    --evidence \"provider: no such refund; idempotency key voided\"",
 		"mandatectl reconcile --mandate acme/case-1842 --authorization au_jd4myjhey7qd2migc457x36r --committed re_3PqX9a2eZvKYlo2C1xQ \\\n    --signing-key-file reconciler.pem --signing-key-id reconciler-2026")
 	var db dbConn
@@ -58,6 +66,9 @@ decision came within --timeout.`,
 	committed := f.String("committed", "", "the provider executed it: its external `reference`")
 	cancelled := f.Bool("cancelled", false, "the provider did not execute it (and will not: void the idempotency key first)")
 	evidence := f.String("evidence", "", "what the provider said (recorded with the decision)")
+	resultJSON := f.String("result", "", "with --committed: the provider's answer, a JSON `object` (recorded as the authorization's result)")
+	resultFile := f.String("result-file", "", "with --committed: read the provider's answer (a JSON object) from this `file`")
+	reconciler := f.String("reconciler", defaultReconciler(), "who resolves it, an `id` recorded with the authorization as resolved_by")
 	token := f.Int64("execution-token", 0, "the execution the decision is about (default: the in-doubt execution's token)")
 	timeout := f.Duration("timeout", 30*time.Second, "bound on the query, and on waiting for the decision")
 	var signing signingFlags
@@ -91,6 +102,13 @@ decision came within --timeout.`,
 	if *committed != "" && *cancelled {
 		return f.usageErr("--committed and --cancelled exclude each other")
 	}
+	result, err := readResult(*resultJSON, *resultFile)
+	if err != nil {
+		return f.usageErr("%v", err)
+	}
+	if result != nil && *cancelled {
+		return f.usageErr("--result and --result-file are a committed effect's: a resolve as cancelled carries none")
+	}
 	key, err := mandateKeyFromFlags(*org, *mandate)
 	if err != nil {
 		return f.usageErr("%v", err)
@@ -121,9 +139,9 @@ decision came within --timeout.`,
 		return exitFailed
 	}
 	resolve := client.Resolve{AuthorizationRef: client.AuthorizationRef{Org: key.Org, MandateID: key.MandateID, AuthorizationID: *auth},
-		Outcome: wire.ResolveCancelled, Evidence: *evidence, ExecutionToken: cur.ExecutionToken}
+		Outcome: wire.ResolveCancelled, Evidence: *evidence, ExecutionToken: cur.ExecutionToken, Reconciler: *reconciler}
 	if *committed != "" {
-		resolve.Outcome, resolve.ExternalRef = wire.ResolveCommitted, *committed
+		resolve.Outcome, resolve.ExternalRef, resolve.Result = wire.ResolveCommitted, *committed, result
 	}
 	if *token != 0 {
 		resolve.ExecutionToken = *token
@@ -174,6 +192,39 @@ decision came within --timeout.`,
 	return outcomeExit(d.Outcome)
 }
 
+// defaultReconciler names the operator running mandatectl: "mandatectl:"
+// and the login name when it is an id, else "mandatectl".
+func defaultReconciler() string {
+	if u := os.Getenv("USER"); u != "" && partitioner.ValidID("mandatectl:"+u) {
+		return "mandatectl:" + u
+	}
+	return "mandatectl"
+}
+
+// readResult reads the provider's answer of --result or --result-file: a
+// JSON object (the decoder re-encodes it and bounds its size).
+func readResult(inline, file string) (json.RawMessage, error) {
+	var b []byte
+	switch {
+	case inline != "" && file != "":
+		return nil, errors.New("--result and --result-file exclude each other")
+	case inline != "":
+		b = []byte(inline)
+	case file != "":
+		var err error
+		if b, err = os.ReadFile(file); err != nil {
+			return nil, fmt.Errorf("--result-file: %w", err)
+		}
+	default:
+		return nil, nil
+	}
+	b = bytes.TrimSpace(b)
+	if !json.Valid(b) || len(b) == 0 || b[0] != '{' {
+		return nil, errors.New("the result must be a JSON object")
+	}
+	return b, nil
+}
+
 func reconcileList(a *app, db *dbConn, olderThan time.Duration, org string, limit int, asJSON bool, timeout time.Duration) int {
 	ctx, cancel := withTimeout(a.ctx, timeout)
 	defer cancel()
@@ -213,8 +264,8 @@ func reconcileList(a *app, db *dbConn, olderThan time.Duration, org string, limi
 	tw := newTable(a.stdout)
 	fmt.Fprintln(tw, "MANDATE\tAUTHORIZATION\tTOKEN\tEXECUTOR\tEXTERNAL REF\tAGE\tAMOUNT\tDETAIL")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%d %s\t%s\n", r.Mandate, r.AuthorizationID, r.ExecutionToken, dash(r.Executor),
-			dash(r.ExternalRef), fmtAge(r.Age), r.Amount, r.Currency, dash(r.Detail))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", r.Mandate, r.AuthorizationID, r.ExecutionToken, dash(r.Executor),
+			dash(r.ExternalRef), fmtAge(r.Age), wire.FormatAmount(r.Amount, r.Currency), dash(r.Detail))
 	}
 	_ = tw.Flush()
 	if len(rows) == limit {

@@ -1,5 +1,7 @@
--- The HTTP gateway's PostgreSQL role: it reads, it never writes (its
--- sessions are read-only whatever the role may do). Create the role once
+-- The HTTP gateway's PostgreSQL role: it reads, and writes only the
+-- console's sign-in sessions (console_sessions: a session opened at
+-- sign-in, ended at sign-out); its connections are read-only by default,
+-- and only the session writes open a read-write transaction. Create the role once
 -- per server, then run the GRANTs in every mandated database: the one
 -- database, or every shard of a shard map (the gateway reads each
 -- mandate's status on its partition's shard, the tokens and the partition
@@ -23,3 +25,6 @@ GRANT SELECT ON authorizations, idempotency_keys, request_answers, mandated_part
 -- orgs' signing modes and the last verify (mandatectl verify --record).
 -- gateway/console's tests run the console as this role.
 GRANT SELECT ON operator_tokens, mandates, outbox, outbox_parked, relay_progress, org_grant_signing, verify_runs TO mandated_gateway;
+-- The console's sessions: opened at sign-in, ended at sign-out, expired
+-- ones purged (on the control shard).
+GRANT SELECT, INSERT, UPDATE, DELETE ON console_sessions TO mandated_gateway;

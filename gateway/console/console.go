@@ -10,13 +10,16 @@
 // Pages are rendered on the server (html/template, no script, no CDN: one
 // stylesheet it serves itself). Operators sign in with an operator token
 // (mandatectl tokens create --operator), a kind of token the API refuses,
-// as the console refuses API tokens; the token travels in an HttpOnly,
-// SameSite=Strict cookie scoped to /console (or as a bearer token), is
-// checked against PostgreSQL on every request (a revocation applies at
-// once) and never appears in a page. The one state-changing form
-// (reconcile) carries a CSRF token derived from the operator's token and is
-// refused from another origin. Pages carry no secret: no token, no key, no
-// database URL.
+// as the console refuses API tokens. Sign-in opens a server-side session
+// (console_sessions, session.go) with an expiry (Config.SessionTTL); the
+// cookie (HttpOnly, SameSite=Strict, scoped to /console) holds the
+// session's secret, never the token; sign-out ends the session on every
+// gateway instance. A client that is not a browser may send the token as
+// a bearer token instead. Each request checks the session and its token in
+// PostgreSQL (a revocation applies at once); neither appears in a page.
+// The state-changing forms (reconcile, sign-out) carry a CSRF token
+// derived from the session and are refused from another origin. Pages
+// carry no secret: no token, no key, no database URL.
 //
 // It reads PostgreSQL (sink's operator queries) and produces only resolves,
 // through the client. It stands on gateway (tokens), client, sink, wire and
@@ -55,10 +58,12 @@ const (
 	QueryTimeoutDefault    = 10 * time.Second
 	InDoubtLimitDefault    = 500
 	AuthorizationsDefault  = 200
+	SessionTTLDefault      = 8 * time.Hour
 )
 
-// CookieName is the console's session cookie: the operator token itself,
-// HttpOnly, SameSite=Strict, Path=/console.
+// CookieName is the console's session cookie: a session's secret (never
+// the operator token), HttpOnly, SameSite=Strict, Path=/console, Max-Age
+// the session's lifetime.
 const CookieName = "mandated_console"
 
 // Config configures a Console.
@@ -80,6 +85,10 @@ type Config struct {
 	// Authorizations bounds the authorizations a mandate's page shows
 	// (newest first). Defaults to AuthorizationsDefault.
 	Authorizations int
+	// SessionTTL is how long a session lasts from sign-in (the cookie's
+	// Max-Age too); sign-out ends it at once. Defaults to
+	// SessionTTLDefault.
+	SessionTTL time.Duration
 	// SecureCookie marks the session cookie Secure (the gateway serves
 	// TLS). Defaults to false.
 	SecureCookie bool
@@ -96,6 +105,7 @@ func (c Config) WithDefaults() Config {
 	c.QueryTimeout = cmp.Or(c.QueryTimeout, QueryTimeoutDefault)
 	c.InDoubtLimit = cmp.Or(c.InDoubtLimit, InDoubtLimitDefault)
 	c.Authorizations = cmp.Or(c.Authorizations, AuthorizationsDefault)
+	c.SessionTTL = cmp.Or(c.SessionTTL, SessionTTLDefault)
 	if c.Logger == nil {
 		nop := zerolog.Nop()
 		c.Logger = &nop
@@ -113,6 +123,8 @@ func (c Config) Validate() error {
 		return errors.New("console: DecisionTimeout and QueryTimeout must not be negative")
 	case c.InDoubtLimit < 0 || c.Authorizations < 0:
 		return errors.New("console: InDoubtLimit and Authorizations must not be negative")
+	case c.SessionTTL < 0:
+		return errors.New("console: SessionTTL must not be negative")
 	}
 	for org, s := range c.Signers {
 		if s == nil || s.KeyID == "" || len(s.Key) == 0 {
@@ -200,30 +212,49 @@ func (c *Console) headers(h http.Handler) http.Handler {
 	})
 }
 
-// session is a signed-in operator.
+// session is a signed-in operator: a console session (cookie) or a
+// request carrying the operator token as a bearer token.
 type session struct {
-	token gateway.Token
-	csrf  string
+	token  gateway.Token
+	csrf   string
+	secret string // the console session's secret; "" for a bearer token
 }
 
-// operator runs h for a request carrying a live operator token (the
-// session cookie, or Authorization: Bearer mop_...). Without one a page
-// goes to the sign-in form and anything else is 401.
+// operator runs h for a request of a live console session (the session
+// cookie) or carrying a live operator token (Authorization: Bearer
+// mop_..., for a client that is not a browser). Without one a page goes to
+// the sign-in form and anything else is 401.
 func (c *Console) operator(h func(http.ResponseWriter, *http.Request, session)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		secret := ""
-		if ck, err := r.Cookie(CookieName); err == nil {
-			secret = ck.Value
-		}
-		if scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " "); ok && strings.EqualFold(scheme, "Bearer") {
-			secret = strings.TrimSpace(tok)
-		}
 		ctx, cancel := context.WithTimeout(r.Context(), c.cfg.QueryTimeout)
 		defer cancel()
-		t, err := gateway.LookupOperatorToken(ctx, c.src.Control, secret)
+		var s session
+		var err error
+		bearer := ""
+		if scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " "); ok && strings.EqualFold(scheme, "Bearer") {
+			bearer = strings.TrimSpace(tok)
+		}
+		ck, _ := r.Cookie(CookieName)
+		switch {
+		case len(r.Header.Values("Authorization")) > 1 || countCookies(r, CookieName) > 1:
+			// Two credentials of one kind: ambiguous, like the API's headers.
+			err = gateway.ErrTokenInvalid
+		case bearer != "":
+			s.token, err = gateway.LookupOperatorToken(ctx, c.src.Control, bearer)
+			s.csrf = csrfToken(bearer)
+		case ck != nil:
+			s.secret = ck.Value
+			s.token, err = c.lookupSession(ctx, ck.Value)
+			if errors.Is(err, errNoSession) {
+				err = gateway.ErrTokenInvalid
+			}
+			s.csrf = csrfToken(ck.Value)
+		default:
+			err = gateway.ErrTokenInvalid
+		}
 		switch {
 		case errors.Is(err, gateway.ErrTokenInvalid):
-			if secret != "" {
+			if ck != nil {
 				c.clearCookie(w)
 			}
 			if r.Method == http.MethodGet {
@@ -233,17 +264,29 @@ func (c *Console) operator(h func(http.ResponseWriter, *http.Request, session)) 
 			c.fail(w, r, nil, http.StatusUnauthorized, "Sign in with an operator token first.")
 			return
 		case err != nil:
-			c.log.Warn().Err(err).Msg("cannot check an operator token")
+			c.log.Warn().Err(err).Msg("cannot check an operator token or session")
 			c.fail(w, r, nil, http.StatusServiceUnavailable, "PostgreSQL refused the read or did not answer (the gateway's log says which); try again.")
 			return
 		}
-		h(w, r, session{token: t, csrf: csrfToken(secret)})
+		h(w, r, s)
 	})
 }
 
+// countCookies counts the cookies named name a request carries.
+func countCookies(r *http.Request, name string) int {
+	n := 0
+	for _, ck := range r.Cookies() {
+		if ck.Name == name {
+			n++
+		}
+	}
+	return n
+}
+
 // csrfToken is the form token of a session: an HMAC of a constant under
-// the operator's secret token. It names the session without revealing it
-// and needs no server-side state (any gateway instance checks it).
+// the session's secret (or the bearer token). It names the session without
+// revealing it and needs no more server-side state (any gateway instance
+// checks it).
 func csrfToken(secret string) string {
 	m := hmac.New(sha256.New, []byte(secret))
 	m.Write([]byte("mandated/console/csrf/v1"))
@@ -257,6 +300,9 @@ func csrfToken(secret string) string {
 // is posted with "Origin: null". Without it, the Origin must name this
 // host (or be absent: a client that is not a browser).
 func sameOrigin(r *http.Request) bool {
+	if len(r.Header.Values("Sec-Fetch-Site")) > 1 || len(r.Header.Values("Origin")) > 1 {
+		return false // two answers to "where from": whichever a proxy read, refuse
+	}
 	if site := r.Header.Get("Sec-Fetch-Site"); site != "" {
 		return site == "same-origin" || site == "none"
 	}
@@ -285,7 +331,7 @@ func (c *Console) checkForm(w http.ResponseWriter, r *http.Request, s session) b
 
 func (c *Console) setCookie(w http.ResponseWriter, secret string) {
 	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: secret, Path: "/console", HttpOnly: true, Secure: c.cfg.SecureCookie,
-		SameSite: http.SameSiteStrictMode, MaxAge: 12 * 3600})
+		SameSite: http.SameSiteStrictMode, MaxAge: c.sessionMaxAge()})
 }
 
 func (c *Console) clearCookie(w http.ResponseWriter) {
@@ -320,14 +366,30 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		c.render(w, r, http.StatusServiceUnavailable, "login", nil, map[string]any{"Error": "PostgreSQL refused the read or did not answer (the gateway's log says which); try again."})
 		return
 	}
-	c.log.Info().Str("operator", t.ID).Str("name", t.Name).Msg("console: operator signed in")
-	c.setCookie(w, secret)
+	sess, err := c.openSession(ctx, t)
+	if err != nil {
+		c.log.Warn().Err(err).Msg("cannot open a console session")
+		c.render(w, r, http.StatusServiceUnavailable, "login", nil, map[string]any{"Error": "PostgreSQL did not store the session (the gateway's log says why); try again."})
+		return
+	}
+	c.log.Info().Str("operator", t.ID).Str("name", t.Name).Dur("ttl", c.cfg.SessionTTL).Msg("console: operator signed in")
+	c.setCookie(w, sess)
 	http.Redirect(w, r, "/console/", http.StatusSeeOther)
 }
 
 func (c *Console) logout(w http.ResponseWriter, r *http.Request, s session) {
 	if !c.checkForm(w, r, s) {
 		return
+	}
+	if s.secret != "" {
+		ctx, cancel := context.WithTimeout(r.Context(), c.cfg.QueryTimeout)
+		defer cancel()
+		if err := c.endSession(ctx, s.secret); err != nil {
+			c.log.Warn().Err(err).Str("operator", s.token.ID).Msg("cannot end a console session")
+			c.fail(w, r, &s, http.StatusServiceUnavailable, "PostgreSQL did not end the session (the gateway's log says why); you are still signed in: try again.")
+			return
+		}
+		c.log.Info().Str("operator", s.token.ID).Msg("console: operator signed out")
 	}
 	c.clearCookie(w)
 	http.Redirect(w, r, "/console/login", http.StatusSeeOther)

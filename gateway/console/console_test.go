@@ -66,6 +66,12 @@ func setup(t *testing.T) *testBundle {
 // returns for the harness's database (nil: mandated's own role).
 func setupAs(t *testing.T, dbURL func(h *harness.Harness) string) *testBundle {
 	t.Helper()
+	return setupWith(t, dbURL, console.Config{})
+}
+
+// setupWith is setupAs with the console's config (its signers are added).
+func setupWith(t *testing.T, dbURL func(h *harness.Harness) string, ccfg console.Config) *testBundle {
+	t.Helper()
 	h := harness.New(t, harness.Options{Partitions: 3})
 	h.Start("a")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -99,7 +105,8 @@ func setupAs(t *testing.T, dbURL func(h *harness.Harness) string) *testBundle {
 	require.NoError(t, err)
 	srv, err := gateway.New(gateway.Config{}, b.cl, pool, prometheus.NewRegistry())
 	require.NoError(t, err)
-	con, err := console.New(console.Config{Signers: map[string]*client.Signer{"globex": b.signer}},
+	ccfg.Signers = map[string]*client.Signer{"globex": b.signer}
+	con, err := console.New(ccfg,
 		console.Sources{Client: b.cl, Control: pool, Operator: func() *sink.Operator { return sink.NewOperator(pool) }})
 	require.NoError(t, err)
 	con.Register(srv.Mux())
@@ -296,9 +303,11 @@ func TestAnOperatorReconcilesInTheConsoleInARealBrowser(t *testing.T) {
 	require.NoError(t, chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS("table"))))
 	queue := text(t, ctx, "main")
 	require.Contains(t, queue, "3 in doubt")
-	for _, want := range []string{"acme/refund-case-1842", "worker-7f3a.attempt-2", "globex/payout-77", "payout-runner-3.attempt-1", "provider timed out"} {
+	for _, want := range []string{"acme/refund-case-1842", "worker-7f3a.attempt-2", "globex/payout-77", "payout-runner-3.attempt-1", "provider timed out",
+		"150.00 EUR"} {
 		require.Contains(t, queue, want)
 	}
+	require.NotContains(t, queue, "15000 EUR", "amounts by the currency's exponent")
 	page, err := chromedp.Run(ctx, chromedp.OuterHTML(chromedp.CSS("html")))
 	require.NoError(t, err)
 	require.NotContains(t, page, b.operator, "no secret in a page")
@@ -344,6 +353,13 @@ func TestAnOperatorReconcilesInTheConsoleInARealBrowser(t *testing.T) {
 	require.True(t, ok, "globex's resolve is signed: %v", globexRec)
 	require.Equal(t, "reconciler-2026", sig["key_id"])
 	require.Equal(t, "ed25519", sig["alg"])
+
+	// The resolved execution keeps its story on its mandate's page.
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(b.base+"/console/mandates/acme/refund-case-1842"), chromedp.WaitVisible(chromedp.CSS("dl.resolution"))))
+	story := text(t, ctx, "dl.resolution")
+	for _, want := range []string{"Resolved by", "console:ot_", "the provider lists refund re_3PqX9a2eZvKYlo2C1xQ at 08:12Z", "provider timed out after 30 s"} {
+		require.Contains(t, story, want)
+	}
 
 	// The queue has one left.
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(b.base+"/console/"), chromedp.WaitVisible(chromedp.CSS("table"))))
@@ -502,6 +518,24 @@ func TestTheConsoleTakesOperatorTokensOnlyAndRefusesForgedForms(t *testing.T) {
 	require.Equal(t, http.StatusForbidden, do("POST", path, "", form, map[string]string{"Origin": "https://evil.example"}).StatusCode, "another origin")
 	require.Equal(t, http.StatusForbidden, do("POST", path, "", form, map[string]string{"Origin": b.base, "Sec-Fetch-Site": "cross-site"}).StatusCode,
 		"a browser names a cross-site form")
+	// Two Origins (or two Sec-Fetch-Sites) are ambiguous: whichever one a
+	// proxy read, the form is refused.
+	for _, name := range []string{"Origin", "Sec-Fetch-Site"} {
+		req, err := http.NewRequest("POST", b.base+path, strings.NewReader(form.Encode()))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		if name == "Origin" {
+			req.Header.Add("Origin", b.base)
+			req.Header.Add("Origin", "https://evil.example")
+		} else {
+			req.Header.Add("Sec-Fetch-Site", "same-origin")
+			req.Header.Add("Sec-Fetch-Site", "cross-site")
+		}
+		resp, err := hc.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusForbidden, resp.StatusCode, "two %s headers", name)
+	}
 	require.Equal(t, "in_doubt", authRow(t, b, "acme", "m-csrf", auth).state, "nothing forged was resolved")
 
 	// A revoked operator token is out at once.
@@ -572,6 +606,27 @@ func TestTheConsoleReadsWithTheGatewaysDocumentedRole(t *testing.T) {
 		require.Equal(t, http.StatusOK, resp.StatusCode, "%s: %s", path, body)
 		require.Contains(t, string(body), want, path)
 	}
+
+	// The role opens and ends console sessions (the one thing it writes).
+	jar, err := cookiejar.New(nil)
+	require.NoError(t, err)
+	browserLike := &http.Client{Timeout: time.Minute, Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	postForm := func(path string, form url.Values) *http.Response {
+		req, err := http.NewRequest(http.MethodPost, b.base+path, strings.NewReader(form.Encode()))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("Origin", b.base)
+		resp, err := browserLike.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp
+	}
+	login := postForm("/console/login", url.Values{"token": {b.operator}})
+	require.Equal(t, http.StatusSeeOther, login.StatusCode, "the gateway's role opens a session")
+	require.Equal(t, "/console/", login.Header.Get("Location"))
+	logout := postForm("/console/logout", url.Values{"csrf": {csrfOf(t, b, browserLike)}})
+	require.Equal(t, http.StatusSeeOther, logout.StatusCode, "the gateway's role ends a session")
+	require.Equal(t, "/console/login", logout.Header.Get("Location"))
 }
 
 // gatewayRole creates a login role with exactly the grants of

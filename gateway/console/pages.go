@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -138,7 +137,8 @@ func (c *Console) reconcile(w http.ResponseWriter, r *http.Request, s session) {
 		v.Problems = append(v.Problems, fmt.Sprintf("The evidence is longer than %d bytes.", maxEvidence))
 	}
 	resolve := client.Resolve{AuthorizationRef: client.AuthorizationRef{Org: v.Key.Org, MandateID: v.Key.MandateID, AuthorizationID: v.Auth.Key.ID},
-		Outcome: wire.ResolveOutcome(outcome), ExternalRef: ref, Evidence: evidence, ExecutionToken: v.Auth.ExecutionToken}
+		Outcome: wire.ResolveOutcome(outcome), ExternalRef: ref, Evidence: evidence, ExecutionToken: v.Auth.ExecutionToken,
+		Reconciler: "console:" + s.token.ID} // who resolved it, kept with the authorization (resolved_by)
 	var value []byte
 	if len(v.Problems) == 0 {
 		var err error
@@ -420,7 +420,7 @@ func funcs(now func() time.Time) template.FuncMap {
 			}
 			return s
 		},
-		"money": func(minor int64, currency string) string { return strconv.FormatInt(minor, 10) + " " + currency },
+		"money": wire.FormatAmount, // by the currency's exponent, as mandatectl prints it
 		"json": func(b []byte) string {
 			if len(b) == 0 {
 				return ""

@@ -1,0 +1,67 @@
+package client_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/mandated/mandated/client"
+	"github.com/mandated/mandated/wire"
+)
+
+// A reconciled execution has a result too: the reconciler's resolve
+// carries what the provider said, the losers waiting in Execute return
+// it, and the woken executor's own begin again is told the settled state
+// (never "replayed, executing").
+func TestExecuteLosersOfAReconciledExecutionGetTheResolvesResult(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.h.Start("a")
+	auth := b.reserve(t, "m-reconciled")
+	ctx := ctxFor(t, 60*time.Second)
+
+	begun, err := b.cl.Begin(ctx, client.Begin{AuthorizationRef: auth, Executor: "worker-1"})
+	require.NoError(t, err)
+	require.Equal(t, wire.OutcomeExecuting, begun.Outcome, "%s", begun.Raw)
+	token := begun.ExecutionToken()
+	d, err := b.cl.ReportUnknown(ctx, client.ReportUnknown{AuthorizationRef: auth, Detail: "provider timed out", ExecutionToken: token})
+	require.NoError(t, err)
+	require.Equal(t, wire.StateInDoubt, d.State())
+
+	// A loser waits for the execution it lost to.
+	type answer struct {
+		ex  *client.Execution
+		err error
+	}
+	loser := make(chan answer, 1)
+	go func() {
+		ex, err := b.cl.Execute(ctx, auth, func(context.Context, string) (client.Effect, error) {
+			return client.Effect{ExternalRef: "re_loser"}, nil
+		})
+		loser <- answer{ex, err}
+	}()
+
+	const result = `{"refund":"re_rec","status":"succeeded"}`
+	res, err := b.cl.Resolve(ctx, client.Resolve{AuthorizationRef: auth, Outcome: wire.ResolveCommitted,
+		ExternalRef: "re_rec", Evidence: "provider lists the refund", ExecutionToken: token, Result: []byte(result)})
+	require.NoError(t, err)
+	require.Equal(t, wire.OutcomeCommitted, res.Outcome, "%s", res.Raw)
+	require.JSONEq(t, result, string(res.Result()), "the resolve's decision shows the result: %s", res.Raw)
+
+	got := <-loser
+	require.NoError(t, got.err)
+	require.False(t, got.ex.Ran, "the loser never ran its effect")
+	require.Equal(t, "re_rec", got.ex.ExternalRef)
+	require.JSONEq(t, result, string(got.ex.Result), "the loser of a reconciled execution gets the reconciled result")
+
+	// The woken executor begins again with its own executor.
+	again, err := b.cl.Begin(ctx, client.Begin{AuthorizationRef: auth, Executor: "worker-1"})
+	require.NoError(t, err)
+	require.NotEqual(t, wire.OutcomeExecuting, again.OriginalOutcome, "%s", again.Raw)
+	require.Equal(t, wire.OutcomeRefused, again.Outcome, "%s", again.Raw)
+	require.Equal(t, wire.ReasonTerminal, again.Reason)
+	require.Equal(t, wire.StateCommitted, again.State())
+	require.JSONEq(t, result, string(again.Result()))
+}
