@@ -38,11 +38,18 @@ import (
 type RecoverConfig struct {
 	// KafkaOpts reach the brokers (seed brokers, TLS, SASL). Required.
 	KafkaOpts []kgo.Opt
-	// Pool reaches PostgreSQL, with write access. Required.
+	// Pool reaches PostgreSQL, with write access. Required without
+	// ShardMap.
 	Pool *pgxpool.Pool
-	// Shards are the other databases of a shard map (a partition is
-	// recovered in the one that holds its row). Defaults to none.
-	Shards []*pgxpool.Pool
+	// ShardMap routes each partition to its shard's database as the
+	// processors do (sink.ShardMap.For), whether or not that database
+	// holds a row of it yet; ShardPools reach those databases, one per
+	// ShardMap.Shards, in its order, with write access. A partition is
+	// never recovered in another database, nor in the read-only copy a
+	// move left behind (a map older than the move). Defaults to none:
+	// Pool holds every partition.
+	ShardMap   *sink.ShardMap
+	ShardPools []*pgxpool.Pool
 	// The four topics. Required.
 	DecisionsTopic, DeadLetterTopic, ProposalsTopic, GrantsTopic string
 	// Partitions to recover. Defaults to every partition of the decisions
@@ -88,9 +95,12 @@ type PartitionRecovery struct {
 // A partition it cannot recover is reported with the error; the others
 // are recovered all the same.
 func Recover(ctx context.Context, cfg RecoverConfig) ([]PartitionRecovery, error) {
-	if cfg.Pool == nil || len(cfg.KafkaOpts) == 0 || cfg.DecisionsTopic == "" || cfg.DeadLetterTopic == "" ||
+	if cfg.Pool == nil && cfg.ShardMap == nil || len(cfg.KafkaOpts) == 0 || cfg.DecisionsTopic == "" || cfg.DeadLetterTopic == "" ||
 		cfg.ProposalsTopic == "" || cfg.GrantsTopic == "" {
-		return nil, errors.New("verify: Pool, KafkaOpts and the four topics are required to recover")
+		return nil, errors.New("verify: Pool (or ShardMap), KafkaOpts and the four topics are required to recover")
+	}
+	if cfg.ShardMap != nil && len(cfg.ShardPools) != len(cfg.ShardMap.Shards) {
+		return nil, fmt.Errorf("verify: %d shard pools for a shard map of %d shards", len(cfg.ShardPools), len(cfg.ShardMap.Shards))
 	}
 	if cfg.Owner == "" {
 		host, _ := os.Hostname()
@@ -115,7 +125,6 @@ func Recover(ctx context.Context, cfg RecoverConfig) ([]PartitionRecovery, error
 			parts = append(parts, p)
 		}
 	}
-	vcfg := &Config{Pool: cfg.Pool, Shards: cfg.Shards}
 	out := make([]PartitionRecovery, len(parts))
 	errs := make([]error, len(parts))
 	sem := make(chan struct{}, 4)
@@ -126,9 +135,9 @@ func Recover(ctx context.Context, cfg RecoverConfig) ([]PartitionRecovery, error
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			pool, err := vcfg.poolFor(ctx, p)
+			pool, err := cfg.route(ctx, p)
 			if err != nil {
-				errs[i] = fmt.Errorf("verify: find partition %d's shard: %w", p, err)
+				errs[i] = fmt.Errorf("verify: recover partition %d: %w", p, err)
 				return
 			}
 			out[i], err = recoverPartition(ctx, cfg, pool, p)
@@ -145,6 +154,24 @@ func Recover(ctx context.Context, cfg RecoverConfig) ([]PartitionRecovery, error
 		}
 	}
 	return done, errors.Join(errs...)
+}
+
+// route returns the database partition p's rows live in: its shard's as
+// the map says (the pool alone without one), checked with the database's
+// own guard (sink.RecoveryOwns) before anything is read.
+func (cfg *RecoverConfig) route(ctx context.Context, p int32) (*pgxpool.Pool, error) {
+	pool, where := cfg.Pool, "the database"
+	if m := cfg.ShardMap; m != nil {
+		i := m.For(p)
+		if i < 0 {
+			return nil, fmt.Errorf("%w: the shard map routes partition %d to no shard", sink.ErrNotRouted, p)
+		}
+		pool, where = cfg.ShardPools[i], "shard "+m.Shards[i].Name
+	}
+	if err := sink.RecoveryOwns(ctx, pool, p); err != nil {
+		return nil, fmt.Errorf("%s: %w", where, err)
+	}
+	return pool, nil
 }
 
 func recoverPartition(ctx context.Context, cfg RecoverConfig, pool *pgxpool.Pool, p int32) (PartitionRecovery, error) {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/verify"
 )
 
@@ -81,7 +82,13 @@ recovered (or nothing to recover), 1 a failure, 2 a usage error.`,
 	}
 	ctx, cancel := withTimeout(a.ctx, *timeout)
 	defer cancel()
-	pools, err := recoverPools(ctx, &db)
+	var shardMap *sink.ShardMap
+	if db.shardMap != "" {
+		if shardMap, err = db.readMap(); err != nil {
+			return f.usageErr("%v", err)
+		}
+	}
+	pools, err := recoverPools(ctx, &db, shardMap)
 	defer func() {
 		for _, p := range pools {
 			p.Close()
@@ -91,7 +98,11 @@ recovered (or nothing to recover), 1 a failure, 2 a usage error.`,
 		a.errorf("recover: %v", err)
 		return exitFailed
 	}
-	cfg.Pool, cfg.Shards = pools[0], pools[1:]
+	if shardMap != nil {
+		cfg.ShardMap, cfg.ShardPools = shardMap, pools
+	} else {
+		cfg.Pool = pools[0]
+	}
 	res, err := verify.Recover(ctx, cfg)
 	if *asJSON {
 		if res == nil {
@@ -121,12 +132,16 @@ recovered (or nothing to recover), 1 a failure, 2 a usage error.`,
 	return exitOK
 }
 
-// recoverPools opens a read-write pool on every shard, without a statement
-// timeout (a large recovery writes for a while; --timeout bounds the run).
-func recoverPools(ctx context.Context, db *dbConn) ([]*pgxpool.Pool, error) {
-	all, err := db.shards()
-	if err != nil {
-		return nil, err
+// recoverPools opens a read-write pool on every shard of m, in its order
+// (on the one database without a map), without a statement timeout (a
+// large recovery writes for a while; --timeout bounds the run).
+func recoverPools(ctx context.Context, db *dbConn, m *sink.ShardMap) ([]*pgxpool.Pool, error) {
+	all := []*dbConn{db}
+	if m != nil {
+		all = make([]*dbConn, len(m.Shards))
+		for i := range m.Shards {
+			all[i] = &dbConn{shard: &m.Shards[i]}
+		}
 	}
 	var pools []*pgxpool.Pool
 	for _, one := range all {
