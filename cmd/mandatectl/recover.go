@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/verify"
 )
@@ -23,15 +24,33 @@ its log name them and this command).
 For each partition it reads the decisions and dead letters past
 PostgreSQL's head — believing only records that continue the partition's
 hash chain from the head PostgreSQL recorded, link by link, written as the
-relay writes and answering inputs PostgreSQL had not decided — rebuilds the
-mandates, authorizations, idempotency keys and intents they show, and
-writes them in one transaction that takes a new epoch (a processor still
-deciding the partition is fenced), moves the head, the next sequence and
-the input offsets to the end of those decisions and records them as
-published. The processors claim the partition again once it is in step and
-go on after the last published decision: no input is decided twice.
-Anything else on the partition's tail (another producer's records) is
-listed and not applied. Partitions in step are left alone.
+relay writes and answering inputs PostgreSQL had not decided — and checks
+what each answers against the input topic itself: the input record it
+names is below that partition's last stable offset, read back it is what
+the decision says it answers (mandate, command, proposal key,
+authorization; a dead letter, the same bytes), and a grantor command's
+signature verifies again with the grantor keys PostgreSQL holds. The first
+record that fails a check, and every record after it, is refused (another
+producer wrote it): listed, never applied; the partition is then
+"refused" and the exit code 1. It rebuilds the mandates, authorizations,
+idempotency keys and intents the believed decisions show, and writes them
+in one transaction that takes a new epoch (a processor still deciding the
+partition is fenced), moves the head, the next sequence and the input
+offsets to the end of those decisions and records them as published. The
+processors claim the partition again once it is in step and go on after
+the last published decision: no input is decided twice. Partitions in
+step are left alone. --dry-run runs every check and writes nothing.
+
+With --shard-map a partition is recovered in the database of the shard
+the map routes it to, as the processors do, and only if that database's
+own guard says its rows live there (not in the read-only copy a move left
+behind: use the map from after the move).
+
+A transaction another producer holds open on a partition's topics is
+waited for --settle-timeout, then the partition fails, naming the
+producer; a tail read that goes back --max-read offsets without reaching
+the partition's chain (a flood of records another producer appended)
+fails, naming who wrote them.
 
 What the decisions do not hold is not recovered: org settings, grantor
 keys and gateway tokens changed after the backup (re-apply them), and
@@ -53,6 +72,8 @@ recovered (or nothing to recover), 1 a failure, 2 a usage error.`,
 	dryRun := f.Bool("dry-run", false, "read and rebuild, write nothing")
 	asJSON := f.Bool("json", false, "print the result as JSON")
 	timeout := f.Duration("timeout", 0, "bound on the whole run (0: none)")
+	settle := f.Duration("settle-timeout", outbox.SettleTimeoutDefault, "bound on the wait for a transaction open on a partition's decisions or dead-letter topic to end")
+	maxRead := f.Int64("max-read", verify.MaxReadDefault, "bound on the offsets of a topic read back without reaching the partition's chain")
 	pos, code, ok := f.parse(args)
 	if !ok {
 		return code
@@ -64,7 +85,10 @@ recovered (or nothing to recover), 1 a failure, 2 a usage error.`,
 		return f.usageErr("name the partitions to recover (--partition P) or --all")
 	}
 	cfg := verify.RecoverConfig{DecisionsTopic: topics.decisions, DeadLetterTopic: topics.deadLetter,
-		ProposalsTopic: topics.proposals, GrantsTopic: topics.grants, DryRun: *dryRun}
+		ProposalsTopic: topics.proposals, GrantsTopic: topics.grants, DryRun: *dryRun, SettleTimeout: *settle, MaxRead: *maxRead}
+	if *settle <= 0 || *maxRead <= 0 {
+		return f.usageErr("--settle-timeout and --max-read must be positive")
+	}
 	for _, p := range parts {
 		n, err := strconv.ParseInt(p, 10, 32)
 		if err != nil || n < 0 {
@@ -123,6 +147,9 @@ recovered (or nothing to recover), 1 a failure, 2 a usage error.`,
 	for _, r := range res {
 		for _, fr := range r.Foreign {
 			a.errorf("recover: partition %d: not applied: %s offset %d (sequence %d, producer %d): %s", r.Partition, fr.Topic, fr.Offset, fr.Seq, fr.ProducerID, fr.Why)
+		}
+		if more := r.ForeignCount - len(r.Foreign); more > 0 {
+			a.errorf("recover: partition %d: and %d more records not applied", r.Partition, more)
 		}
 	}
 	if err != nil {
