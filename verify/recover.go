@@ -113,6 +113,7 @@ type PartitionRecovery struct {
 	Foreign         []outbox.ForeignRecord `json:"foreign_records"` // the first 100
 	ForeignCount    int                    `json:"foreign_count"`
 	Seconds         float64                `json:"seconds"`
+	CheckSeconds    float64                `json:"check_seconds"` // of Seconds: checking what the records past the head answer
 }
 
 // Recover rebuilds every configured partition whose decisions topic is
@@ -253,7 +254,9 @@ func recoverPartition(ctx context.Context, cfg RecoverConfig, pool *pgxpool.Pool
 
 	// Each record past the head must answer what it says it answers; the
 	// first that does not ends the recovery (the rest continue from it).
+	checkStart := time.Now()
 	n, why, err := checkSources(ctx, &cfg, cfg.keysPool(), p, tail.AheadRecords)
+	rec.CheckSeconds = time.Since(checkStart).Seconds()
 	if err != nil {
 		return rec, fmt.Errorf("check what the records past PostgreSQL's head answer: %w", err)
 	}
