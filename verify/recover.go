@@ -255,7 +255,7 @@ func recoverPartition(ctx context.Context, cfg RecoverConfig, pool *pgxpool.Pool
 	// Each record past the head must answer what it says it answers; the
 	// first that does not ends the recovery (the rest continue from it).
 	checkStart := time.Now()
-	n, why, err := checkSources(ctx, &cfg, cfg.keysPool(), p, tail.AheadRecords)
+	n, decs, why, err := checkSources(ctx, &cfg, cfg.keysPool(), p, tail.AheadRecords)
 	rec.CheckSeconds = time.Since(checkStart).Seconds()
 	if err != nil {
 		return rec, fmt.Errorf("check what the records past PostgreSQL's head answer: %w", err)
@@ -293,10 +293,7 @@ func recoverPartition(ctx context.Context, cfg RecoverConfig, pool *pgxpool.Pool
 			rb.source(e.Source)
 			continue
 		}
-		d, err := wire.ParseDecision(e.Value)
-		if err != nil {
-			return rec, fmt.Errorf("decision at sequence %d (%s offset %d): %w", e.Seq, e.Topic, e.Offset, err)
-		}
+		d := decs[i] // parsed by checkSources (every one it believed parses)
 		if d.Mandate != nil && len(d.Mandate.Operations) == 0 {
 			return rec, fmt.Errorf("decision %s (%s offset %d) predates the fields recovery needs (its mandate view has no operations): it cannot be rebuilt from",
 				d.DecisionID, e.Topic, e.Offset)

@@ -55,10 +55,11 @@ type sourceChecker struct {
 }
 
 // checkSources returns how many of records (in chain order) answer what
-// they say, and why the next one is refused ("" when all do).
-func checkSources(ctx context.Context, cfg *RecoverConfig, keys *pgxpool.Pool, p int32, records []outbox.Entry) (int, string, error) {
+// they say, each decision among them parsed (nil for a dead letter), and
+// why the next one is refused ("" when all do).
+func checkSources(ctx context.Context, cfg *RecoverConfig, keys *pgxpool.Pool, p int32, records []outbox.Entry) (int, []*wire.Decision, string, error) {
 	if len(records) == 0 {
-		return 0, "", nil
+		return 0, nil, "", nil
 	}
 	c := &sourceChecker{cfg: cfg, p: p, lso: map[string]int64{}, start: map[string]int64{}, records: map[wire.Source]*kgo.Record{}}
 	decs := make([]*wire.Decision, len(records))
@@ -69,7 +70,7 @@ func checkSources(ctx context.Context, cfg *RecoverConfig, keys *pgxpool.Pool, p
 		if !e.DeadLetter {
 			d, err := wire.ParseDecision(e.Value)
 			if err != nil {
-				return i, fmt.Sprintf("sequence %d (%s offset %d): %v", e.Seq, e.Topic, e.Offset, err), nil
+				return i, decs, fmt.Sprintf("sequence %d (%s offset %d): %v", e.Seq, e.Topic, e.Offset, err), nil
 			}
 			decs[i], src = d, d.Source
 		}
@@ -78,19 +79,19 @@ func checkSources(ctx context.Context, cfg *RecoverConfig, keys *pgxpool.Pool, p
 		}
 	}
 	if err := c.readSources(ctx, want); err != nil {
-		return 0, "", err
+		return 0, nil, "", err
 	}
 	var err error
 	if c.ring, err = loadKeyring(ctx, keys); err != nil {
-		return 0, "", err
+		return 0, nil, "", err
 	}
 	for i := range records {
 		if why := c.check(&records[i], decs[i]); why != "" {
 			e := &records[i]
-			return i, fmt.Sprintf("sequence %d (%s offset %d): %s", e.Seq, e.Topic, e.Offset, why), nil
+			return i, decs, fmt.Sprintf("sequence %d (%s offset %d): %s", e.Seq, e.Topic, e.Offset, why), nil
 		}
 	}
-	return len(records), "", nil
+	return len(records), decs, "", nil
 }
 
 // loadKeyring reads every grantor key and org signing mode (from the
