@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -228,4 +230,73 @@ func TestRecoverBoundsTheReadBackOfAFloodOfForeignRecords(t *testing.T) {
 	require.Contains(t, err.Error(), fmt.Sprintf("producer %d", recs[0].ProducerID))
 	require.True(t, strings.Contains(err.Error(), "1000"), "%v", err)
 	require.Equal(t, before, b.partitionRow(t, 0))
+}
+
+// copyDatabase copies the harness's database (nobody connected: the
+// instances stopped) as a backup taken now would restore it; the copy is
+// dropped at cleanup.
+func copyDatabase(t *testing.T, url string) *pgxpool.Pool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	src, err := pgx.ParseConfig(url)
+	require.NoError(t, err)
+	admin := strings.Replace(url, "/"+src.Database+"?", "/postgres?", 1)
+	conn, err := pgx.Connect(ctx, admin)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	name := src.Database + "_bk"
+	testenv.WaitFor(t, 30*time.Second, func() bool {
+		_, err := conn.Exec(ctx, fmt.Sprintf("CREATE DATABASE %s TEMPLATE %s", pgx.Identifier{name}.Sanitize(), pgx.Identifier{src.Database}.Sanitize()))
+		return err == nil
+	}, "copy the database (nobody connected)")
+	pool, err := pgxpool.New(ctx, strings.Replace(url, "/"+src.Database+"?", "/"+name+"?", 1))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		pool.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if c, err := pgx.Connect(ctx, admin); err == nil {
+			_, _ = c.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+			c.Close(ctx)
+		}
+	})
+	return pool
+}
+
+// A database restored from a backup lost two decisions the topic holds,
+// and someone holding mandated's Kafka credential continued the chain
+// after them. recover believes the two lost decisions and rebuilds them,
+// refuses the forgery (and says so: exit 1), and the restored database's
+// head stops at the last decision it believed.
+func TestRecoverRebuildsTheLostDecisionsUpToTheFirstRefusedRecord(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	a := b.h.Start("a")
+	require.Equal(t, wire.OutcomeGranted, b.h.SendAwait(grant("acme", "m", 3, nil)).Outcome)
+	b.h.Stop(a)
+	backup := copyDatabase(t, b.h.DatabaseURL)
+	a = b.h.Start("b")
+	require.Equal(t, wire.OutcomeReserved, b.h.SendAwait(propose("acme", "m", "k1", 100)).Outcome)
+	require.Equal(t, wire.OutcomeReserved, b.h.SendAwait(propose("acme", "m", "k2", 100)).Outcome)
+	b.h.Stop(a)
+	genuine := lastOn(b.h, 0)
+	forged := continueChain(t, forger(t, b.h), b.h.Spec.Decisions, genuine, func(d *wire.Decision) {
+		d.Source = &wire.Source{Topic: b.h.Spec.Proposals, Partition: 0, Offset: 1 << 62}
+	})
+
+	res, err := b.recover(t, func(c *verify.RecoverConfig) { c.Pool = backup })
+	require.ErrorIs(t, err, verify.ErrRecordsRefused)
+	r := res[0]
+	require.Equal(t, verify.RecoveryRecovered, r.State, "%+v", r)
+	require.Equal(t, 2, r.Decisions)
+	require.Equal(t, genuine.Seq, r.To)
+	require.Len(t, r.Foreign, 1)
+	require.Equal(t, forged, r.Foreign[0].Offset)
+	var next int64
+	require.NoError(t, backup.QueryRow(context.Background(), `SELECT next_seq FROM mandated_partitions WHERE partition = 0`).Scan(&next))
+	require.Equal(t, genuine.Seq+1, next)
+	var auths int
+	require.NoError(t, backup.QueryRow(context.Background(), `SELECT count(*) FROM authorizations`).Scan(&auths))
+	require.Equal(t, 2, auths, "the two lost reservations are rebuilt")
 }
