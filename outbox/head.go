@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -357,6 +358,12 @@ type TailConfig struct {
 	// partitions when the read starts to end (their records are part of
 	// the tail; see ReadTail). Defaults to SettleTimeoutDefault.
 	SettleTimeout time.Duration
+	// MaxRead bounds how many offsets of each topic the read goes back
+	// without reaching a record that is not foreign: past it, ReadTail
+	// fails with ErrTailTooLong, naming who wrote what it read. Defaults
+	// to none (the relay and the claim check read back as far as it
+	// takes; mandatectl recover bounds it).
+	MaxRead int64
 }
 
 // SettleTimeoutDefault bounds ReadTail's wait for open transactions: more
@@ -366,6 +373,11 @@ const SettleTimeoutDefault = 20 * time.Second
 // ErrOpenTransaction says a transaction open on a partition when its tail
 // was to be read did not end within TailConfig.SettleTimeout.
 var ErrOpenTransaction = errors.New("outbox: a transaction open on the partition did not end")
+
+// ErrTailTooLong says a tail read went back TailConfig.MaxRead offsets of
+// a topic without reaching a record on the partition's chain: that many
+// records another producer wrote after mandated's last one.
+var ErrTailTooLong = errors.New("outbox: too many records another producer wrote after the partition's chain")
 
 // TailWindowDefault is how far a tail read looks back first: the last
 // records of a partition in step (a few transactions' worth).
@@ -465,6 +477,9 @@ func ReadTail(ctx context.Context, cfg TailConfig, partition int32, load HeadSou
 				continue
 			}
 			from := max(sd.lso-window, sd.start)
+			if cfg.MaxRead > 0 {
+				from = max(from, sd.lso-cfg.MaxRead)
+			}
 			var read []Entry
 			err := ScanRange(ctx, cfg.KafkaOpts, sd.topic, partition, from, sd.from, func(r *kgo.Record) error {
 				read = append(read, ReadEntry(r, sd.dl))
@@ -503,11 +518,59 @@ func ReadTail(ctx context.Context, cfg TailConfig, partition int32, load HeadSou
 		if finished {
 			return tail, nil
 		}
+		if cfg.MaxRead > 0 {
+			for _, sd := range sides {
+				if !sd.done && sd.from > sd.start && sd.lso-sd.from >= cfg.MaxRead {
+					return nil, fmt.Errorf("%w: read back %d offsets of %s/%d without reaching a record on the partition's chain: %s",
+						ErrTailTooLong, sd.lso-sd.from, sd.topic, partition, foreignProducers(tail.Foreign))
+				}
+			}
+		}
 		window *= 4
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
 	}
+}
+
+// foreignProducers says who wrote the foreign records: each producer id
+// with its record count and offset range, the largest first.
+func foreignProducers(fs []ForeignRecord) string {
+	type count struct {
+		id            int64
+		n             int
+		first, last   int64
+		topic         string
+		transactional bool
+	}
+	by := map[string]*count{}
+	for _, f := range fs {
+		k := fmt.Sprintf("%s/%d", f.Topic, f.ProducerID)
+		c := by[k]
+		if c == nil {
+			c = &count{id: f.ProducerID, first: f.Offset, topic: f.Topic, transactional: f.Transactional}
+			by[k] = c
+		}
+		c.n++
+		c.first, c.last = min(c.first, f.Offset), max(c.last, f.Offset)
+	}
+	list := make([]*count, 0, len(by))
+	for _, c := range by {
+		list = append(list, c)
+	}
+	slices.SortFunc(list, func(a, b *count) int { return cmp.Or(cmp.Compare(b.n, a.n), cmp.Compare(a.id, b.id)) })
+	var out []string
+	for i, c := range list {
+		if i == 8 {
+			out = append(out, fmt.Sprintf("and %d more producers", len(list)-i))
+			break
+		}
+		out = append(out, fmt.Sprintf("%d records by producer %d on %s (offsets %d-%d, transactional %v)", c.n, c.id, c.topic, c.first, c.last, c.transactional))
+	}
+	if len(out) == 0 {
+		return "no record read is foreign"
+	}
+	return strings.Join(out, "; ")
 }
 
 // rewoundRecheck is how often the relay reads a rewound partition's tail

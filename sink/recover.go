@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -293,4 +294,32 @@ func recoveryState(ctx context.Context, tx pgx.Tx, r Recovery, tids *rowTIDs) (*
 		st.Intents[in.Scope] = &c
 	}
 	return st, nil
+}
+
+// ErrNotRouted says a database is not the one a partition's rows live in:
+// its shard does not own the partition, or holds only the read-only copy a
+// move left behind. A recovery never writes there.
+var ErrNotRouted = errors.New("sink: the partition's rows do not live in this database")
+
+// RecoveryOwns checks, as the database's own guard does before any write
+// (mandated_owns), that a partition's rows live in the database pool
+// reaches: its shard owns the partition by its recorded layout, or by a
+// move in, and the partition has not moved away. mandatectl recover
+// (verify.Recover) checks it before reading anything, so a dry run refuses
+// what the write would.
+func RecoveryOwns(ctx context.Context, pool *pgxpool.Pool, partition int32) error {
+	_, err := pool.Exec(ctx, `SELECT mandated_owns($1, false)`, partition)
+	if err == nil {
+		return nil
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+		return fmt.Errorf("%w: %s", ErrNotRouted, pgErr.Message)
+	}
+	err = interpretError(err)
+	if to, ok := MovedTo(err); ok {
+		return fmt.Errorf("%w: partition %d moved to shard %s and this is the read-only copy the move left (%v): recover it with the shard map from after the move",
+			ErrNotRouted, partition, to, err)
+	}
+	return fmt.Errorf("sink: check partition %d's shard: %w", partition, err)
 }

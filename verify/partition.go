@@ -24,24 +24,35 @@ type partitionVerifier struct {
 
 	decs, dls *topicReader
 
-	pr       PartitionReport
-	started  bool // the chain position is known (head, expect)
-	head     wire.ChainHash
-	expect   int64
-	recent   []accepted // the last accepted entries, for fork detection
-	pending  *entry     // accepted, not yet applied: the next record may show it is not on the chain
+	pr      PartitionReport
+	started bool // the chain position is known (head, expect)
+	head    wire.ChainHash
+	expect  int64
+	// recent are the last accepted entries, not yet applied to the
+	// rebuild: a later record may still show one is not on the chain (it
+	// continues from an earlier one), and a record that is not is never
+	// rebuilt from. An entry is applied when it leaves the window, or at
+	// the end.
+	recent []entry
+	// forged are the records found not on the chain, by hash: a record
+	// continuing one of them continues the forgery, and is reported as
+	// not on the chain at once (never resynchronized on).
+	forged   map[wire.ChainHash]int64
 	hashAtLS *wire.ChainHash
 	skipping bool // SinceHash: looking for the start
 	rb       *rebuild
 	lastProg time.Time
 }
 
-type accepted struct {
-	e       entry
-	applied bool
-}
+// recentMax bounds the window of accepted entries a later record may
+// still show not to be on the chain (and that are not rebuilt from until
+// they leave it): a forger's run of more records than this before the
+// chain goes on is reported as a sequence break instead.
+const recentMax = 1024
 
-const recentMax = 64
+// forgedMax bounds the hashes of records found not on the chain that are
+// remembered (a flood of forgeries costs no more memory than this).
+const forgedMax = 4096
 
 func (pv *partitionVerifier) brk(e *entry, kind, format string, args ...any) {
 	seq := int64(-1)
@@ -161,7 +172,10 @@ func (pv *partitionVerifier) run(ctx context.Context) error {
 		}
 	}
 	flushBelow(1 << 62)
-	pv.applyPending()
+	for _, e := range pv.recent {
+		pv.apply(&e)
+	}
+	pv.recent = nil
 	pv.finish()
 	pv.rep.Partitions = append(pv.rep.Partitions, pv.pr)
 	return nil
@@ -255,26 +269,30 @@ func (pv *partitionVerifier) check(e *entry) {
 		pv.accept(e) // the first record after the anchor follows a pre-chain record
 		return
 	}
+	if at, ok := pv.forged[e.Link.Prev]; ok && e.Seq == at+1 {
+		pv.notOnChain(e, fmt.Sprintf("sequence %d at %s offset %d is not on the chain: it continues a record found not on it (sequence %d, hash %s)",
+			e.Seq, e.Topic, e.Offset, at, e.Link.Prev))
+		return
+	}
 	// Does it continue the chain from an earlier record? Then the records
-	// accepted after that one are not on the chain.
+	// accepted after that one are not on the chain: each is reported once,
+	// as such (a sequence or prev_hash break reported when it was read is
+	// taken back), counted in no total and never rebuilt from.
 	for i := len(pv.recent) - 1; i >= 0; i-- {
-		r := pv.recent[i]
-		if !e.Follows(r.e.Seq, r.e.Link.Claimed) {
+		r := &pv.recent[i]
+		if !e.Follows(r.Seq, r.Link.Claimed) {
 			continue
 		}
-		for _, o := range pv.recent[i+1:] {
-			applied := ""
-			if o.applied {
-				applied = " (it was counted in the rebuild: expect drift from it too)"
-			}
-			pv.brk(&o.e, BreakNotOnChain, "sequence %d at %s offset %d is not on the chain: %s offset %d continues from sequence %d%s",
-				o.e.Seq, o.e.Topic, o.e.Offset, e.Topic, e.Offset, r.e.Seq, applied)
-			if pv.pending != nil && pv.pending.Topic == o.e.Topic && pv.pending.Offset == o.e.Offset {
-				pv.pending = nil
+		for j := range pv.recent[i+1:] {
+			o := &pv.recent[i+1+j]
+			pv.notOnChain(o, fmt.Sprintf("sequence %d at %s offset %d is not on the chain: %s offset %d continues from sequence %d",
+				o.Seq, o.Topic, o.Offset, e.Topic, e.Offset, r.Seq))
+			if o.Seq == pv.snap.LastSeq {
+				pv.hashAtLS = nil
 			}
 		}
 		pv.recent = pv.recent[:i+1]
-		pv.head, pv.expect = r.e.Link.Claimed, r.e.Seq+1
+		pv.head, pv.expect = r.Link.Claimed, r.Seq+1
 		pv.accept(e)
 		return
 	}
@@ -304,36 +322,48 @@ func (pv *partitionVerifier) checkpoint(e *entry) Checkpoint {
 	return c
 }
 
-// accept makes e the chain's head; the previous pending entry is applied
-// to the rebuild (e follows it).
+// notOnChain reports e as not on the chain, once: a sequence or
+// prev_hash break reported at its offset when it was read is taken back,
+// and it is counted in none of the partition's totals.
+func (pv *partitionVerifier) notOnChain(e *entry, detail string) {
+	pv.rep.Breaks = slices.DeleteFunc(pv.rep.Breaks, func(b Break) bool {
+		return b.Partition == pv.p && b.Topic == e.Topic && b.Offset == e.Offset && (b.Kind == BreakSequence || b.Kind == BreakPrevHash)
+	})
+	pv.brk(e, BreakNotOnChain, "%s", detail)
+	switch {
+	case e.Topic == "outbox_parked":
+		pv.pr.Parked--
+	case e.DeadLetter:
+		pv.pr.DeadLetters--
+	default:
+		pv.pr.Decisions--
+	}
+	if e.Chained {
+		if pv.forged == nil || len(pv.forged) >= forgedMax {
+			pv.forged = map[wire.ChainHash]int64{}
+		}
+		pv.forged[e.Link.Claimed] = e.Seq
+	}
+}
+
+// accept makes e the chain's head; the entry that leaves the window of
+// recent ones is applied to the rebuild.
 func (pv *partitionVerifier) accept(e *entry) {
-	pv.applyPending()
 	pv.started, pv.head, pv.expect = true, e.Link.Claimed, e.Seq+1
 	pv.pr.Head = pv.checkpoint(e)
 	if e.Seq == pv.snap.LastSeq {
 		h := e.Link.Claimed
 		pv.hashAtLS = &h
 	}
-	cp := *e
-	pv.pending = &cp
-	pv.recent = append(pv.recent, accepted{e: cp})
+	pv.recent = append(pv.recent, *e)
 	if len(pv.recent) > recentMax {
-		pv.recent = pv.recent[len(pv.recent)-recentMax:]
+		pv.apply(&pv.recent[0])
+		pv.recent = pv.recent[1:]
 	}
 }
 
-func (pv *partitionVerifier) applyPending() {
-	e := pv.pending
-	if e == nil {
-		return
-	}
-	pv.pending = nil
-	for i := len(pv.recent) - 1; i >= 0; i-- {
-		if pv.recent[i].e.Topic == e.Topic && pv.recent[i].e.Offset == e.Offset {
-			pv.recent[i].applied = true
-			break
-		}
-	}
+// apply folds an entry on the chain into the rebuild.
+func (pv *partitionVerifier) apply(e *entry) {
 	if e.Seq > pv.snap.LastSeq || e.DeadLetter || e.Value == nil {
 		return // after PostgreSQL's snapshot, or no state in it
 	}

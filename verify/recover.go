@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -38,11 +39,18 @@ import (
 type RecoverConfig struct {
 	// KafkaOpts reach the brokers (seed brokers, TLS, SASL). Required.
 	KafkaOpts []kgo.Opt
-	// Pool reaches PostgreSQL, with write access. Required.
+	// Pool reaches PostgreSQL, with write access. Required without
+	// ShardMap.
 	Pool *pgxpool.Pool
-	// Shards are the other databases of a shard map (a partition is
-	// recovered in the one that holds its row). Defaults to none.
-	Shards []*pgxpool.Pool
+	// ShardMap routes each partition to its shard's database as the
+	// processors do (sink.ShardMap.For), whether or not that database
+	// holds a row of it yet; ShardPools reach those databases, one per
+	// ShardMap.Shards, in its order, with write access. A partition is
+	// never recovered in another database, nor in the read-only copy a
+	// move left behind (a map older than the move). Defaults to none:
+	// Pool holds every partition.
+	ShardMap   *sink.ShardMap
+	ShardPools []*pgxpool.Pool
 	// The four topics. Required.
 	DecisionsTopic, DeadLetterTopic, ProposalsTopic, GrantsTopic string
 	// Partitions to recover. Defaults to every partition of the decisions
@@ -52,9 +60,26 @@ type RecoverConfig struct {
 	// Owner is recorded as the owner of the epoch each recovery takes.
 	// Defaults to "mandatectl-recover@<hostname>".
 	Owner string
-	// DryRun reads and rebuilds, and writes nothing.
+	// DryRun reads, checks and rebuilds, and writes nothing: it refuses
+	// what a run would refuse.
 	DryRun bool
+	// SettleTimeout bounds the wait for transactions open on a partition's
+	// decisions and dead-letter topics to end before its tail is read (a
+	// transaction another producer holds open keeps the last stable offset
+	// down until the broker aborts it). Defaults to
+	// outbox.SettleTimeoutDefault.
+	SettleTimeout time.Duration
+	// MaxRead bounds how many offsets of each topic one partition's tail
+	// read goes back without reaching a record on the partition's chain (a
+	// flood of records another producer appended after mandated's last).
+	// Defaults to MaxReadDefault.
+	MaxRead int64
 }
+
+// MaxReadDefault is RecoverConfig.MaxRead's default: far more than the
+// decisions a day's backup interval loses on one partition at the rates
+// docs/performance.md measures, far less than memory allows.
+const MaxReadDefault = 2_000_000
 
 // Recovery states of a partition.
 const (
@@ -62,6 +87,12 @@ const (
 	RecoveryPostgresAhead = "postgres_ahead" // PostgreSQL holds decisions not published yet (normal): nothing to recover
 	RecoveryRecovered     = "recovered"
 	RecoveryWouldRecover  = "would_recover" // DryRun
+	// RecoveryRefused: Kafka holds records past PostgreSQL's head that
+	// continue its chain but that recovery refuses (they answer no input
+	// record they name, or a grant whose signature does not verify):
+	// another producer wrote them. Nothing was written from them; the
+	// partition stays refused (docs/operations.md).
+	RecoveryRefused = "refused"
 )
 
 // PartitionRecovery is what Recover found and did on one partition.
@@ -79,8 +110,10 @@ type PartitionRecovery struct {
 	Epoch           int64                  `json:"epoch,omitempty"`
 	ProposalsOffset int64                  `json:"proposals_offset"`
 	GrantsOffset    int64                  `json:"grants_offset"`
-	Foreign         []outbox.ForeignRecord `json:"foreign_records"`
+	Foreign         []outbox.ForeignRecord `json:"foreign_records"` // the first 100
+	ForeignCount    int                    `json:"foreign_count"`
 	Seconds         float64                `json:"seconds"`
+	CheckSeconds    float64                `json:"check_seconds"` // of Seconds: checking what the records past the head answer
 }
 
 // Recover rebuilds every configured partition whose decisions topic is
@@ -88,9 +121,12 @@ type PartitionRecovery struct {
 // A partition it cannot recover is reported with the error; the others
 // are recovered all the same.
 func Recover(ctx context.Context, cfg RecoverConfig) ([]PartitionRecovery, error) {
-	if cfg.Pool == nil || len(cfg.KafkaOpts) == 0 || cfg.DecisionsTopic == "" || cfg.DeadLetterTopic == "" ||
+	if cfg.Pool == nil && cfg.ShardMap == nil || len(cfg.KafkaOpts) == 0 || cfg.DecisionsTopic == "" || cfg.DeadLetterTopic == "" ||
 		cfg.ProposalsTopic == "" || cfg.GrantsTopic == "" {
-		return nil, errors.New("verify: Pool, KafkaOpts and the four topics are required to recover")
+		return nil, errors.New("verify: Pool (or ShardMap), KafkaOpts and the four topics are required to recover")
+	}
+	if cfg.ShardMap != nil && len(cfg.ShardPools) != len(cfg.ShardMap.Shards) {
+		return nil, fmt.Errorf("verify: %d shard pools for a shard map of %d shards", len(cfg.ShardPools), len(cfg.ShardMap.Shards))
 	}
 	if cfg.Owner == "" {
 		host, _ := os.Hostname()
@@ -115,7 +151,6 @@ func Recover(ctx context.Context, cfg RecoverConfig) ([]PartitionRecovery, error
 			parts = append(parts, p)
 		}
 	}
-	vcfg := &Config{Pool: cfg.Pool, Shards: cfg.Shards}
 	out := make([]PartitionRecovery, len(parts))
 	errs := make([]error, len(parts))
 	sem := make(chan struct{}, 4)
@@ -126,9 +161,9 @@ func Recover(ctx context.Context, cfg RecoverConfig) ([]PartitionRecovery, error
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			pool, err := vcfg.poolFor(ctx, p)
+			pool, err := cfg.route(ctx, p)
 			if err != nil {
-				errs[i] = fmt.Errorf("verify: find partition %d's shard: %w", p, err)
+				errs[i] = fmt.Errorf("verify: recover partition %d: %w", p, err)
 				return
 			}
 			out[i], err = recoverPartition(ctx, cfg, pool, p)
@@ -140,25 +175,72 @@ func Recover(ctx context.Context, cfg RecoverConfig) ([]PartitionRecovery, error
 	wg.Wait()
 	var done []PartitionRecovery
 	for i := range out {
-		if errs[i] == nil {
+		if errs[i] == nil || out[i].State != "" {
 			done = append(done, out[i])
 		}
 	}
 	return done, errors.Join(errs...)
 }
 
+// route returns the database partition p's rows live in: its shard's as
+// the map says (the pool alone without one), checked with the database's
+// own guard (sink.RecoveryOwns) before anything is read.
+func (cfg *RecoverConfig) route(ctx context.Context, p int32) (*pgxpool.Pool, error) {
+	pool, where := cfg.Pool, "the database"
+	if m := cfg.ShardMap; m != nil {
+		i := m.For(p)
+		if i < 0 {
+			return nil, fmt.Errorf("%w: the shard map routes partition %d to no shard", sink.ErrNotRouted, p)
+		}
+		pool, where = cfg.ShardPools[i], "shard "+m.Shards[i].Name
+	}
+	if err := sink.RecoveryOwns(ctx, pool, p); err != nil {
+		return nil, fmt.Errorf("%s: %w", where, err)
+	}
+	return pool, nil
+}
+
+// ErrRecordsRefused says records past PostgreSQL's head that continue its
+// chain were refused (RecoveryRefused): another producer wrote them.
+var ErrRecordsRefused = errors.New("verify: records continuing the partition's chain were refused")
+
+// foreignListed bounds the foreign records a PartitionRecovery lists
+// (ForeignCount counts them all).
+const foreignListed = 100
+
+func (rec *PartitionRecovery) foreign(fs ...outbox.ForeignRecord) {
+	for _, f := range fs {
+		rec.ForeignCount++
+		if len(rec.Foreign) < foreignListed {
+			rec.Foreign = append(rec.Foreign, f)
+		}
+	}
+}
+
+// keysPool is where the grantor keys live: the control shard's database.
+func (cfg *RecoverConfig) keysPool() *pgxpool.Pool {
+	if cfg.ShardMap != nil {
+		return cfg.ShardPools[cfg.ShardMap.Control()]
+	}
+	return cfg.Pool
+}
+
 func recoverPartition(ctx context.Context, cfg RecoverConfig, pool *pgxpool.Pool, p int32) (PartitionRecovery, error) {
 	start := time.Now()
 	rec := PartitionRecovery{Partition: p, Foreign: []outbox.ForeignRecord{}}
 	tail, err := outbox.ReadTail(ctx, outbox.TailConfig{KafkaOpts: cfg.KafkaOpts, DecisionsTopic: cfg.DecisionsTopic,
-		DeadLetterTopic: cfg.DeadLetterTopic, Accept: outbox.AnswersUndecided(cfg.ProposalsTopic, cfg.GrantsTopic)}, p,
+		DeadLetterTopic: cfg.DeadLetterTopic, Accept: outbox.AnswersUndecided(cfg.ProposalsTopic, cfg.GrantsTopic),
+		SettleTimeout: cfg.SettleTimeout, MaxRead: cmp.Or(cfg.MaxRead, MaxReadDefault)}, p,
 		func(ctx context.Context, partition int32, seqs []int64) (outbox.PostgresHead, map[int64]outbox.Row, error) {
 			return outbox.LoadHead(ctx, pool, partition, seqs)
 		})
+	if errors.Is(err, outbox.ErrOpenTransaction) {
+		return rec, fmt.Errorf("%w (%s)", err, openTransactions(ctx, cfg, p))
+	}
 	if err != nil {
 		return rec, err
 	}
-	rec.Foreign = append(rec.Foreign, tail.Foreign...)
+	rec.foreign(tail.Foreign...)
 	rec.From, rec.To = tail.Head.LastSeq, tail.Head.LastSeq
 	rec.ProposalsOffset, rec.GrantsOffset = tail.Head.ProposalsOffset, tail.Head.GrantsOffset
 	switch tail.State() {
@@ -168,6 +250,36 @@ func recoverPartition(ctx context.Context, cfg RecoverConfig, pool *pgxpool.Pool
 	case outbox.PostgresAhead:
 		rec.State = RecoveryPostgresAhead
 		return rec, nil
+	}
+
+	// Each record past the head must answer what it says it answers; the
+	// first that does not ends the recovery (the rest continue from it).
+	checkStart := time.Now()
+	n, decs, why, err := checkSources(ctx, &cfg, cfg.keysPool(), p, tail.AheadRecords)
+	rec.CheckSeconds = time.Since(checkStart).Seconds()
+	if err != nil {
+		return rec, fmt.Errorf("check what the records past PostgreSQL's head answer: %w", err)
+	}
+	var refused error
+	if n < len(tail.AheadRecords) {
+		for i, e := range tail.AheadRecords[n:] {
+			w := why
+			if i > 0 {
+				w = fmt.Sprintf("it continues the chain from a refused record (sequence %d)", tail.AheadRecords[n].Seq)
+			}
+			rec.foreign(outbox.ForeignRecord{Topic: e.Topic, Partition: p, Offset: e.Offset, Seq: e.Seq, ProducerID: e.ProducerID,
+				ProducerEpoch: e.ProducerEpoch, Transactional: e.Transactional, Why: w})
+		}
+		refused = fmt.Errorf("%w: %d of the %d records past PostgreSQL's head (sequence %d) are refused, from sequence %d: %s",
+			ErrRecordsRefused, len(tail.AheadRecords)-n, len(tail.AheadRecords), tail.Head.LastSeq, tail.AheadRecords[n].Seq, why)
+		tail.AheadRecords = tail.AheadRecords[:n]
+		if n == 0 {
+			rec.State = RecoveryRefused
+			rec.Seconds = time.Since(start).Seconds()
+			return rec, refused
+		}
+		last := tail.AheadRecords[n-1]
+		tail.AheadSeq, tail.AheadHash = last.Seq, last.Link.Claimed
 	}
 
 	// The records past PostgreSQL's head, in sequence order, each
@@ -181,10 +293,7 @@ func recoverPartition(ctx context.Context, cfg RecoverConfig, pool *pgxpool.Pool
 			rb.source(e.Source)
 			continue
 		}
-		d, err := wire.ParseDecision(e.Value)
-		if err != nil {
-			return rec, fmt.Errorf("decision at sequence %d (%s offset %d): %w", e.Seq, e.Topic, e.Offset, err)
-		}
+		d := decs[i] // parsed by checkSources (every one it believed parses)
 		if d.Mandate != nil && len(d.Mandate.Operations) == 0 {
 			return rec, fmt.Errorf("decision %s (%s offset %d) predates the fields recovery needs (its mandate view has no operations): it cannot be rebuilt from",
 				d.DecisionID, e.Topic, e.Offset)
@@ -202,17 +311,53 @@ func recoverPartition(ctx context.Context, cfg RecoverConfig, pool *pgxpool.Pool
 	if cfg.DryRun {
 		rec.State = RecoveryWouldRecover
 		rec.Seconds = time.Since(start).Seconds()
-		return rec, nil
+		return rec, refused
 	}
 	res, err := sink.Recover(ctx, pool, r)
 	if err != nil {
-		return rec, err
+		return rec, errors.Join(err, refused)
 	}
 	rec.State = RecoveryRecovered
 	rec.Epoch, rec.ProposalsOffset, rec.GrantsOffset = res.Epoch, res.ProposalsOffset, res.GrantsOffset
 	rec.Mandates, rec.Authorizations, rec.Keys, rec.Intents = res.Mandates, res.Authorizations, res.Keys, res.Intents
 	rec.Seconds = time.Since(start).Seconds()
-	return rec, nil
+	return rec, refused
+}
+
+// openTransactions says who holds a transaction open on partition p's
+// decisions and dead-letter topics: each producer, since which offset,
+// and when it last wrote (the broker aborts it after that producer's
+// transaction timeout).
+func openTransactions(ctx context.Context, cfg RecoverConfig, p int32) string {
+	cl, err := kgo.NewClient(cfg.KafkaOpts...)
+	if err != nil {
+		return "cannot describe the producers: " + err.Error()
+	}
+	defer cl.Close()
+	ts := kadm.TopicsSet{}
+	ts.Add(cfg.DecisionsTopic, p)
+	ts.Add(cfg.DeadLetterTopic, p)
+	described, err := kadm.NewClient(cl).DescribeProducers(ctx, ts)
+	if err != nil {
+		return "cannot describe the producers: " + err.Error()
+	}
+	var out []string
+	for _, t := range described.Sorted() {
+		for _, pp := range t.Partitions.Sorted() {
+			for _, d := range pp.ActiveProducers.Sorted() {
+				if d.CurrentTxnStartOffset < 0 {
+					continue
+				}
+				out = append(out, fmt.Sprintf("producer id %d (epoch %d) holds a transaction open on %s/%d since offset %d, last write at %s",
+					d.ProducerID, d.ProducerEpoch, d.Topic, d.Partition, d.CurrentTxnStartOffset,
+					time.UnixMilli(d.LastTimestamp).UTC().Format(time.RFC3339)))
+			}
+		}
+	}
+	if len(out) == 0 {
+		return "no producer holds a transaction open now: run recover again"
+	}
+	return strings.Join(out, "; ") + "; the broker aborts it after that producer's transaction timeout, or run recover again once it ends"
 }
 
 // recovery turns the rebuild into the rows sink.Recover writes.

@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/mandated/mandated/outbox"
+	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/verify"
 )
 
@@ -22,15 +24,33 @@ its log name them and this command).
 For each partition it reads the decisions and dead letters past
 PostgreSQL's head — believing only records that continue the partition's
 hash chain from the head PostgreSQL recorded, link by link, written as the
-relay writes and answering inputs PostgreSQL had not decided — rebuilds the
-mandates, authorizations, idempotency keys and intents they show, and
-writes them in one transaction that takes a new epoch (a processor still
-deciding the partition is fenced), moves the head, the next sequence and
-the input offsets to the end of those decisions and records them as
-published. The processors claim the partition again once it is in step and
-go on after the last published decision: no input is decided twice.
-Anything else on the partition's tail (another producer's records) is
-listed and not applied. Partitions in step are left alone.
+relay writes and answering inputs PostgreSQL had not decided — and checks
+what each answers against the input topic itself: the input record it
+names is below that partition's last stable offset, read back it is what
+the decision says it answers (mandate, command, proposal key,
+authorization; a dead letter, the same bytes), and a grantor command's
+signature verifies again with the grantor keys PostgreSQL holds. The first
+record that fails a check, and every record after it, is refused (another
+producer wrote it): listed, never applied; the partition is then
+"refused" and the exit code 1. It rebuilds the mandates, authorizations,
+idempotency keys and intents the believed decisions show, and writes them
+in one transaction that takes a new epoch (a processor still deciding the
+partition is fenced), moves the head, the next sequence and the input
+offsets to the end of those decisions and records them as published. The
+processors claim the partition again once it is in step and go on after
+the last published decision: no input is decided twice. Partitions in
+step are left alone. --dry-run runs every check and writes nothing.
+
+With --shard-map a partition is recovered in the database of the shard
+the map routes it to, as the processors do, and only if that database's
+own guard says its rows live there (not in the read-only copy a move left
+behind: use the map from after the move).
+
+A transaction another producer holds open on a partition's topics is
+waited for --settle-timeout, then the partition fails, naming the
+producer; a tail read that goes back --max-read offsets without reaching
+the partition's chain (a flood of records another producer appended)
+fails, naming who wrote them.
 
 What the decisions do not hold is not recovered: org settings, grantor
 keys and gateway tokens changed after the backup (re-apply them), and
@@ -52,6 +72,8 @@ recovered (or nothing to recover), 1 a failure, 2 a usage error.`,
 	dryRun := f.Bool("dry-run", false, "read and rebuild, write nothing")
 	asJSON := f.Bool("json", false, "print the result as JSON")
 	timeout := f.Duration("timeout", 0, "bound on the whole run (0: none)")
+	settle := f.Duration("settle-timeout", outbox.SettleTimeoutDefault, "bound on the wait for a transaction open on a partition's decisions or dead-letter topic to end")
+	maxRead := f.Int64("max-read", verify.MaxReadDefault, "bound on the offsets of a topic read back without reaching the partition's chain")
 	pos, code, ok := f.parse(args)
 	if !ok {
 		return code
@@ -63,7 +85,10 @@ recovered (or nothing to recover), 1 a failure, 2 a usage error.`,
 		return f.usageErr("name the partitions to recover (--partition P) or --all")
 	}
 	cfg := verify.RecoverConfig{DecisionsTopic: topics.decisions, DeadLetterTopic: topics.deadLetter,
-		ProposalsTopic: topics.proposals, GrantsTopic: topics.grants, DryRun: *dryRun}
+		ProposalsTopic: topics.proposals, GrantsTopic: topics.grants, DryRun: *dryRun, SettleTimeout: *settle, MaxRead: *maxRead}
+	if *settle <= 0 || *maxRead <= 0 {
+		return f.usageErr("--settle-timeout and --max-read must be positive")
+	}
 	for _, p := range parts {
 		n, err := strconv.ParseInt(p, 10, 32)
 		if err != nil || n < 0 {
@@ -81,7 +106,13 @@ recovered (or nothing to recover), 1 a failure, 2 a usage error.`,
 	}
 	ctx, cancel := withTimeout(a.ctx, *timeout)
 	defer cancel()
-	pools, err := recoverPools(ctx, &db)
+	var shardMap *sink.ShardMap
+	if db.shardMap != "" {
+		if shardMap, err = db.readMap(); err != nil {
+			return f.usageErr("%v", err)
+		}
+	}
+	pools, err := recoverPools(ctx, &db, shardMap)
 	defer func() {
 		for _, p := range pools {
 			p.Close()
@@ -91,7 +122,11 @@ recovered (or nothing to recover), 1 a failure, 2 a usage error.`,
 		a.errorf("recover: %v", err)
 		return exitFailed
 	}
-	cfg.Pool, cfg.Shards = pools[0], pools[1:]
+	if shardMap != nil {
+		cfg.ShardMap, cfg.ShardPools = shardMap, pools
+	} else {
+		cfg.Pool = pools[0]
+	}
 	res, err := verify.Recover(ctx, cfg)
 	if *asJSON {
 		if res == nil {
@@ -113,6 +148,9 @@ recovered (or nothing to recover), 1 a failure, 2 a usage error.`,
 		for _, fr := range r.Foreign {
 			a.errorf("recover: partition %d: not applied: %s offset %d (sequence %d, producer %d): %s", r.Partition, fr.Topic, fr.Offset, fr.Seq, fr.ProducerID, fr.Why)
 		}
+		if more := r.ForeignCount - len(r.Foreign); more > 0 {
+			a.errorf("recover: partition %d: and %d more records not applied", r.Partition, more)
+		}
 	}
 	if err != nil {
 		a.errorf("recover: %v", err)
@@ -121,12 +159,16 @@ recovered (or nothing to recover), 1 a failure, 2 a usage error.`,
 	return exitOK
 }
 
-// recoverPools opens a read-write pool on every shard, without a statement
-// timeout (a large recovery writes for a while; --timeout bounds the run).
-func recoverPools(ctx context.Context, db *dbConn) ([]*pgxpool.Pool, error) {
-	all, err := db.shards()
-	if err != nil {
-		return nil, err
+// recoverPools opens a read-write pool on every shard of m, in its order
+// (on the one database without a map), without a statement timeout (a
+// large recovery writes for a while; --timeout bounds the run).
+func recoverPools(ctx context.Context, db *dbConn, m *sink.ShardMap) ([]*pgxpool.Pool, error) {
+	all := []*dbConn{db}
+	if m != nil {
+		all = make([]*dbConn, len(m.Shards))
+		for i := range m.Shards {
+			all[i] = &dbConn{shard: &m.Shards[i]}
+		}
 	}
 	var pools []*pgxpool.Pool
 	for _, one := range all {
