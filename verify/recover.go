@@ -398,6 +398,7 @@ func (rb *rebuild) recovery(tail *outbox.Tail, cfg RecoverConfig) (sink.Recovery
 				Operation: v.Operation, Target: v.Target, Amount: v.Amount.MinorUnits, Currency: v.Amount.Currency,
 				IdempotencyKey: v.IdempotencyKey, MandateVersion: v.MandateVersion, Deadline: v.Deadline, Executor: v.Executor,
 				ExecutionToken: v.ExecutionToken, ExternalRef: v.ExternalRef, Resolved: v.Resolved, Detail: v.Detail,
+				Reported: v.Reported, ResolvedBy: v.ResolvedBy,
 				DecisionID: a.first, CreatedAt: v.CreatedAt, UpdatedAt: v.UpdatedAt, ForkOf: v.ForkOf}
 			if v.ExecutionDeadline != nil {
 				la.ExecutionDeadline = *v.ExecutionDeadline
