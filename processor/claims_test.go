@@ -284,7 +284,8 @@ func TestAFencedWorkersReClaimOnADatabaseThatWentBackInTimeIsRefused(t *testing.
 	proxy.Restore()
 	restored := time.Now()
 	took := readyNamesRecover(t, w, 0, restored, h)
-	t.Logf("re-claim: partition 0 refused and named by /readyz %s after the standby took the primary's place", took.Round(time.Millisecond))
+	t.Logf("re-claim: partition 0 refused and named by /readyz %s after the standby took the primary's place (the check: %s)",
+		took.Round(time.Millisecond), claimCheckMean(t, w, "reclaim", "rewound"))
 	_, owned := w.Service.Processor.Owned()[0]
 	require.False(t, owned, "a rewound partition is not decided")
 
@@ -297,4 +298,43 @@ func TestAFencedWorkersReClaimOnADatabaseThatWentBackInTimeIsRefused(t *testing.
 	require.Equal(t, h.Await(byX[0]).AuthorizationID, retry.AuthorizationID)
 	require.Empty(t, answeredTwice(h))
 	requireEpochsNeverDecrease(t, h)
+}
+
+// claimCheckSeries returns the count and sum of
+// mandated_claim_check_seconds{path, result} on in's registry (zero when
+// it has none).
+func claimCheckSeries(t *testing.T, in *harness.Instance, path, result string) (uint64, float64) {
+	t.Helper()
+	fams, err := in.Registry.Gather()
+	require.NoError(t, err)
+	for _, f := range fams {
+		if f.GetName() != "mandated_claim_check_seconds" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["path"] == path && labels["result"] == result {
+				return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+			}
+		}
+	}
+	return 0, 0
+}
+
+// claimChecks is how many checks of path ended with result on in.
+func claimChecks(t *testing.T, in *harness.Instance, path, result string) int {
+	n, _ := claimCheckSeries(t, in, path, result)
+	return int(n)
+}
+
+// claimCheckMean is their mean duration.
+func claimCheckMean(t *testing.T, in *harness.Instance, path, result string) time.Duration {
+	n, sum := claimCheckSeries(t, in, path, result)
+	if n == 0 {
+		return 0
+	}
+	return (time.Duration(sum*float64(time.Second)) / time.Duration(n)).Round(time.Millisecond)
 }
