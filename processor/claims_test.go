@@ -191,7 +191,9 @@ func TestEpochsOnTheDecisionsTopicNeverDecreaseWhenTheSameBackupIsRestoredTwice(
 		in := h.Start(fmt.Sprintf("owner-%d", round), fast, func(cfg *processor.ServiceConfig) { cfg.Sink.DatabaseURL = dbURL })
 		s := h.Send(propose("acme", "m", fmt.Sprintf("k-%d", round), 1, nil))
 		if rewound {
-			readyNamesRecover(t, in, 0, time.Now(), h)
+			took := readyNamesRecover(t, in, 0, time.Now(), h)
+			t.Logf("round %d: assignment: partition 0 refused and named by /readyz %s after the start (the check: %s)", round,
+				took.Round(time.Millisecond), claimCheckMean(t, in, "assign", "rewound"))
 			res := recoverAll(t, h, dbURL)
 			require.Len(t, res, 1)
 			require.Equal(t, verify.RecoveryRecovered, res[0].State, "%+v", res[0])
