@@ -89,11 +89,9 @@ func (p *Processor) adoptOrphans(ctx context.Context, s *sink.Sink, here []sink.
 	fresh := p.cfg.ShardHandoffAfter / 2
 	sh := p.shards.Partitions(s)
 	found := orphans(sh.Set(p.partitions), sh.Name, here, answered, p.cfg.Owner, fresh)
-	if len(found) == 0 {
-		return
-	}
 	p.mu.Lock()
-	if p.stopping || p.handedOff || p.client == nil {
+	p.forgetRefusedAdoptions()
+	if len(found) == 0 || p.stopping || p.handedOff || p.client == nil {
 		p.mu.Unlock()
 		return
 	}
@@ -343,19 +341,31 @@ func (p *Processor) refuseAdoption(n int32, err error) {
 }
 
 // refusedAdoptionCauses returns why recently refused adoptions were
-// refused, for Ready (a refusal older than three rechecks is forgotten:
-// the holder took the partition back, or another processor adopted it).
-// Called with p.mu held.
+// refused, for Ready. Called with p.mu held.
 func (p *Processor) refusedAdoptionCauses() []error {
+	p.forgetRefusedAdoptions()
 	var out []error
 	for n, r := range p.refusedAdoptions {
-		if time.Since(r.at) > 3*p.cfg.RewoundRecheck {
-			delete(p.refusedAdoptions, n)
-			continue
-		}
 		if errors.Is(r.err, ErrRewound) {
 			out = append(out, fmt.Errorf("adoption of partition %d refused: %w", n, r.err))
 		}
 	}
 	return out
+}
+
+// forgetRefusedAdoptions forgets refusals older than three rechecks (the
+// holder took the partition back, another processor adopted it, or it was
+// recovered and adopted here) and their mandated_partition_rewound, unless
+// the partition is decided or waited for here (then its own checks set
+// it). Called with p.mu held.
+func (p *Processor) forgetRefusedAdoptions() {
+	for n, r := range p.refusedAdoptions {
+		if time.Since(r.at) <= 3*p.cfg.RewoundRecheck {
+			continue
+		}
+		delete(p.refusedAdoptions, n)
+		if p.workers[n] == nil && p.pending[n] == nil {
+			p.metrics.Rewound.DeleteLabelValues(strconv.Itoa(int(n)))
+		}
+	}
 }

@@ -1,6 +1,7 @@
 package processor_test
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"net/url"
@@ -129,6 +130,9 @@ func TestAnAdoptionOfAPartitionOnAPromotedStandbyThatLacksPublishedDecisionsIsRe
 	for _, s := range pending {
 		require.Equal(t, wire.OutcomeReserved, h.Await(s).Outcome)
 	}
+	testWaitFor(t, func() bool {
+		return rewoundGauge(t, other, 2) == 0 && rewoundGauge(t, other, 3) == 0 && other.Service.Ready(context.Background()) == nil
+	}, "z-other forgets the refused adoptions once a-cut decides 2 and 3 again: ready, mandated_partition_rewound cleared")
 	for i, p := range []int32{2, 3} {
 		retry := h.SendAwait(propose("acme", b.mandates[p], fmt.Sprintf("lost-%d", p), 1, nil))
 		require.Equal(t, wire.OutcomeReplayed, retry.Outcome)

@@ -340,3 +340,24 @@ func claimCheckMean(t *testing.T, in *harness.Instance, path, result string) tim
 	}
 	return (time.Duration(sum*float64(time.Second)) / time.Duration(n)).Round(time.Millisecond)
 }
+
+// rewoundGauge is mandated_partition_rewound{partition} on in's registry
+// (0 when it has none).
+func rewoundGauge(t *testing.T, in *harness.Instance, partition int32) float64 {
+	t.Helper()
+	fams, err := in.Registry.Gather()
+	require.NoError(t, err)
+	for _, f := range fams {
+		if f.GetName() != "mandated_partition_rewound" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "partition" && l.GetValue() == fmt.Sprint(partition) {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
