@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -360,4 +361,35 @@ func rewoundGauge(t *testing.T, in *harness.Instance, partition int32) float64 {
 		}
 	}
 	return 0
+}
+
+// TestAClaimTakesAnEpochAboveThePublishedOnesWhenTheDatabasesCounterIsBehind:
+// a partition in step with its decisions whose epoch counter is behind the
+// epochs they carry (set back by hand here; an older recover, or a copy
+// carrying an older counter, does the same) is claimed above the highest
+// published epoch, not at the counter's next.
+func TestAClaimTakesAnEpochAboveThePublishedOnesWhenTheDatabasesCounterIsBehind(t *testing.T) {
+	t.Parallel()
+	h := harness.New(t, harness.Options{Partitions: 1})
+	var last wire.Decision
+	for i := range 3 {
+		in := h.Start(fmt.Sprintf("owner-%d", i))
+		if i == 0 {
+			require.Equal(t, wire.OutcomeGranted, h.SendAwait(grant("acme", "m", 1000, nil)).Outcome)
+		}
+		last = h.SendAwait(propose("acme", "m", fmt.Sprintf("k-%d", i), 1, nil))
+		require.Equal(t, wire.OutcomeReserved, last.Outcome)
+		h.Stop(in)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := openPool(t, h.DatabaseURL).Exec(ctx, `UPDATE mandated_partitions SET epoch = 1 WHERE partition = 0`)
+	require.NoError(t, err)
+
+	in := h.Start("after")
+	d := h.SendAwait(propose("acme", "m", "k-after", 1, nil))
+	require.Equal(t, wire.OutcomeReserved, d.Outcome)
+	require.Greater(t, d.Epoch, last.Epoch, "decided above epoch %d, the highest published", last.Epoch)
+	require.Equal(t, 1.0, testutil.ToFloat64(in.Service.Metrics.EpochsRaised))
+	requireEpochsNeverDecrease(t, h)
 }
