@@ -115,6 +115,13 @@ type Tail struct {
 	Foreign      []ForeignRecord
 	Unverified   int
 	Read         int // records read
+	// Epoch is the highest epoch on the records read that are on the
+	// partition's chain (Ours and Ahead; 0 when none): the epochs that
+	// decided what the outside world has seen. A claim or a recovery takes
+	// an epoch above it (epochs only go up: the epoch is the fencing
+	// token), whatever a restored database's counter says. A foreign
+	// record's epoch is never believed.
+	Epoch int64
 }
 
 // Behind is how many records Kafka holds past PostgreSQL's last sequence.
@@ -270,6 +277,9 @@ func Classify(head PostgresHead, rows map[int64]Row, entries []Entry, accept fun
 		switch verdicts[i] {
 		case Ours:
 			t.Published = max(t.Published, e.Seq)
+			t.Epoch = max(t.Epoch, e.Epoch)
+		case Ahead:
+			t.Epoch = max(t.Epoch, e.Epoch)
 		case Unverified:
 			t.Unverified++
 		case Foreign:

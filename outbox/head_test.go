@@ -220,3 +220,41 @@ func TestClassifyRecognisesRowsWithoutChainMembersByTheirBytes(t *testing.T) {
 	require.Equal(t, int64(4), tail.Published)
 	require.Equal(t, outbox.PostgresAhead, tail.State())
 }
+
+// A tail reports the highest epoch on the records that are on the
+// partition's chain (PostgreSQL's and those continuing it), the floor of
+// every later claim's epoch; a forged record's epoch is not believed.
+func TestATailsEpochIsTheHighestOnThePartitionsChainNeverAForgerys(t *testing.T) {
+	t.Parallel()
+	rows := history(30)
+	for i := range rows {
+		switch {
+		case i < 10:
+			rows[i].Epoch = 2
+		case i < 20:
+			rows[i].Epoch = 7 // the highest, though not the last
+		default:
+			rows[i].Epoch = 4 // published before epochs only went up
+		}
+	}
+	outbox.Chain(rows, wire.Anchor(0, 0))
+	entries := published(rows)
+	forgery := asRelay(forged("31", []byte(`{"v":1,"sequence":31}`), 26))
+	forgery.Epoch = 1 << 40
+	entries = append(entries, forgery)
+
+	for _, tc := range []struct {
+		name string
+		head int // PostgreSQL's last sequence
+	}{
+		{"in step", 30},
+		{"PostgreSQL went back to before the highest epoch's records", 12},
+		{"PostgreSQL went back to before every record", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tail, _ := outbox.Classify(pgHead(rows[:tc.head], 0), outboxAbove(rows[:tc.head], 0), entries, nil)
+			require.Equal(t, int64(7), tail.Epoch)
+			require.Len(t, tail.Foreign, 1)
+		})
+	}
+}

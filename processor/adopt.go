@@ -3,6 +3,7 @@ package processor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"hash/fnv"
 	"slices"
 	"strconv"
@@ -88,15 +89,16 @@ func (p *Processor) adoptOrphans(ctx context.Context, s *sink.Sink, here []sink.
 	fresh := p.cfg.ShardHandoffAfter / 2
 	sh := p.shards.Partitions(s)
 	found := orphans(sh.Set(p.partitions), sh.Name, here, answered, p.cfg.Owner, fresh)
-	if len(found) == 0 {
-		return
-	}
 	p.mu.Lock()
-	if p.stopping || p.handedOff || p.client == nil {
+	p.forgetRefusedAdoptions()
+	if len(found) == 0 || p.stopping || p.handedOff || p.client == nil {
 		p.mu.Unlock()
 		return
 	}
-	found = slices.DeleteFunc(found, func(n int32) bool { return p.workers[n] != nil || p.pending[n] != nil })
+	found = slices.DeleteFunc(found, func(n int32) bool {
+		r, refused := p.refusedAdoptions[n]
+		return p.workers[n] != nil || p.pending[n] != nil || refused && time.Since(r.at) < p.cfg.RewoundRecheck
+	})
 	p.mu.Unlock()
 	if len(found) == 0 {
 		return
@@ -138,12 +140,24 @@ func (p *Processor) adopt(ctx context.Context, s *sink.Sink, n int32) bool {
 		}
 		return false
 	}
+	// Checked before it decides anything, as every claim: a shard that went
+	// back in time (a promoted replica that lacks published decisions) is
+	// refused here, and reported, not decided again from its offsets.
+	cc, err := p.checkClaim(ctx, pathAdopt, c)
+	if err != nil {
+		p.refuseAdoption(n, err)
+		return false
+	}
+	p.mu.Lock()
+	delete(p.refusedAdoptions, n)
+	p.mu.Unlock()
+	c = cc.Claim
 	cl, err := p.adoptionClient()
 	if err != nil {
 		p.log.Error().Err(err).Int32("partition", n).Msg("adopted a partition but cannot fetch it; its holder's absence leaves it to another adopter")
 		return false
 	}
-	w := newWorker(p, c)
+	w := newWorker(p, cc)
 	w.adopted, w.kc = true, cl
 	p.mu.Lock()
 	if p.stopping || p.handedOff || p.workers[n] != nil || p.pending[n] != nil {
@@ -295,5 +309,63 @@ func (p *Processor) adoptedPollLoop(ctx context.Context, cl *kgo.Client) {
 			}
 		})
 		p.mu.Unlock()
+	}
+}
+
+// refusedAdoption is an adoption whose check refused the partition (its
+// shard went back in time, or the check could not be made): not tried
+// again before RewoundRecheck, and named by Ready meanwhile.
+type refusedAdoption struct {
+	err error
+	at  time.Time
+}
+
+// refuseAdoption records and reports an adoption refused by its check. The
+// adopter's epoch stays claimed (it fenced the holder, which is cut from
+// the shard anyway); nothing is decided under it.
+func (p *Processor) refuseAdoption(n int32, err error) {
+	p.mu.Lock()
+	prev, seen := p.refusedAdoptions[n]
+	p.refusedAdoptions[n] = refusedAdoption{err: err, at: time.Now()}
+	p.mu.Unlock()
+	switch {
+	case errors.Is(err, ErrRewound):
+		if !seen || prev.err.Error() != err.Error() {
+			p.reportRewound(err)
+		}
+	case errors.Is(err, errEpochMoved):
+		p.log.Debug().Err(err).Int32("partition", n).Msg("not adopting: another processor claimed the partition meanwhile")
+	default:
+		p.log.Warn().Err(err).Int32("partition", n).Msg("adopted a partition but cannot check it against the decisions topic: not deciding it; trying again later")
+	}
+}
+
+// refusedAdoptionCauses returns why recently refused adoptions were
+// refused, for Ready. Called with p.mu held.
+func (p *Processor) refusedAdoptionCauses() []error {
+	p.forgetRefusedAdoptions()
+	var out []error
+	for n, r := range p.refusedAdoptions {
+		if errors.Is(r.err, ErrRewound) {
+			out = append(out, fmt.Errorf("adoption of partition %d refused: %w", n, r.err))
+		}
+	}
+	return out
+}
+
+// forgetRefusedAdoptions forgets refusals older than three rechecks (the
+// holder took the partition back, another processor adopted it, or it was
+// recovered and adopted here) and their mandated_partition_rewound, unless
+// the partition is decided or waited for here (then its own checks set
+// it). Called with p.mu held.
+func (p *Processor) forgetRefusedAdoptions() {
+	for n, r := range p.refusedAdoptions {
+		if time.Since(r.at) <= 3*p.cfg.RewoundRecheck {
+			continue
+		}
+		delete(p.refusedAdoptions, n)
+		if p.workers[n] == nil && p.pending[n] == nil {
+			p.metrics.Rewound.DeleteLabelValues(strconv.Itoa(int(n)))
+		}
 	}
 }

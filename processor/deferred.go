@@ -112,7 +112,8 @@ func (p *Processor) claimLater(ctx context.Context, n int32, pc *pendingClaim) {
 			// database: wait, without claiming again, until it is in step,
 			// then try the same claim again — unless its epoch moved (a
 			// recovery takes one): then claim anew.
-			if cerr := p.checkInStep(ctx, n, c.Epoch); cerr != nil {
+			cc, cerr := p.checkClaim(ctx, pathDeferred, c)
+			if cerr != nil {
 				if errors.Is(cerr, errEpochMoved) {
 					continue
 				}
@@ -132,7 +133,8 @@ func (p *Processor) claimLater(ctx context.Context, n int32, pc *pendingClaim) {
 				return
 			}
 			delete(p.pending, n)
-			w := newWorker(p, c)
+			c := cc.Claim
+			w := newWorker(p, cc)
 			p.workers[n] = w
 			client := p.client
 			p.refreshOwned()

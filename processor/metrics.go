@@ -52,6 +52,13 @@ type Metrics struct {
 	// Rewound is, per partition whose claim found Kafka ahead of
 	// PostgreSQL, how many decisions Kafka holds past PostgreSQL's head.
 	Rewound *prometheus.GaugeVec
+	// ClaimChecks times the check every claim makes before its first
+	// commit (checkClaim), by claim path and result.
+	ClaimChecks *prometheus.HistogramVec
+	// EpochsRaised counts claims whose epoch was raised above the highest
+	// epoch on the partition's published tail (the database's counter was
+	// behind it: a restore, a promoted replica).
+	EpochsRaised prometheus.Counter
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: none).
@@ -207,8 +214,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "mandated_partition_rewound",
 		Help: "Decisions the decisions topic holds past PostgreSQL's head on a partition assigned here: PostgreSQL went back in time (a restored backup, a promoted asynchronous replica). The partition is not decided until mandatectl recover rebuilds it; 0 once it is.",
 	}, []string{"partition"})
+	m.ClaimChecks = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "mandated_claim_check_seconds",
+		Help:    "Time from a claim to its check against the decisions topic deciding it (the tail read back, the epoch raised above the tail's), by path (assign, deferred, adopt, take_back, reclaim) and result (in_step, rewound, moved, error). No claim decides before its check.",
+		Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 45},
+	}, []string{"path", "result"})
+	m.EpochsRaised = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "mandated_claim_epochs_raised_total",
+		Help: "Claims whose epoch was raised above the highest epoch on the partition's published decisions: PostgreSQL's counter was behind what the topic carries (a restored backup, a promoted replica). Epochs only go up.",
+	})
 	if reg != nil {
-		reg.MustRegister(m.IntentReplays, m.Forks, m.PossibleReplays, m.IntentsPurged, m.ShardUp, m.RequestAnswers, m.RequestAnswersPurged, m.Rewound)
+		reg.MustRegister(m.IntentReplays, m.Forks, m.PossibleReplays, m.IntentsPurged, m.ShardUp, m.RequestAnswers, m.RequestAnswersPurged, m.Rewound,
+			m.ClaimChecks, m.EpochsRaised)
 	}
 	m.Rebalance = newRebalanceMetrics()
 	if reg != nil {

@@ -50,6 +50,8 @@ type Processor struct {
 	health *shardHealth
 	// adopter fetches the partitions adopted here (adopt.go).
 	adopter adopter
+	// refusedAdoptions are adoptions their check refused (adopt.go).
+	refusedAdoptions map[int32]refusedAdoption
 
 	cancel     context.CancelFunc // ends the processor's loops
 	loops      sync.WaitGroup
@@ -74,7 +76,8 @@ func NewSharded(cfg Config, shards *sink.Shards, log zerolog.Logger, m *Metrics)
 		m = NewMetrics(nil)
 	}
 	p := &Processor{cfg: cfg, shards: shards, log: log.With().Str("component", "processor").Logger(), metrics: m,
-		workers: map[int32]*worker{}, pending: map[int32]*pendingClaim{}, health: newShardHealth()}
+		workers: map[int32]*worker{}, pending: map[int32]*pendingClaim{}, refusedAdoptions: map[int32]refusedAdoption{},
+		health: newShardHealth()}
 	if cfg.TracerProvider != nil {
 		p.tracer = cfg.TracerProvider.Tracer("github.com/mandated/mandated/processor")
 	}
@@ -261,6 +264,7 @@ func (p *Processor) Ready(ctx context.Context) error {
 	var fenced []int32
 	var causes []error
 	pending, waiting := p.pendingPartitions()
+	waiting = append(waiting, p.refusedAdoptionCauses()...)
 	for n, w := range p.workers {
 		w.mu.Lock()
 		if w.fenced {
@@ -326,7 +330,7 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 		return nil, err
 	}
 	assigned := time.Now()
-	claims := make(map[int32]sink.Claim, len(nums))
+	claims := make(map[int32]checkedClaim, len(nums))
 	var deferred []int32
 	why := map[int32]error{}
 	held := map[int32]sink.Claim{} // claimed, then deferred: kept, not claimed again
@@ -374,7 +378,8 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 			}
 			// A partition whose database went back in time (or that cannot
 			// be checked yet) is not decided: it waits, paused (rewind.go).
-			if err := p.checkInStep(gctx, n, c.Epoch); err != nil && ctx.Err() == nil {
+			cc, err := p.checkClaim(gctx, pathAssign, c)
+			if err != nil && ctx.Err() == nil {
 				if errors.Is(err, ErrRewound) {
 					p.reportRewound(err)
 				} else {
@@ -388,8 +393,11 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 			p.metrics.TakeoverSeconds.Observe(time.Since(start).Seconds())
 			p.metrics.Rebalance.PauseSeconds.Observe(time.Since(assigned).Seconds())
 			p.metrics.PredecessorsKilled.Add(float64(c.Terminated))
+			if err != nil {
+				return err
+			}
 			mu.Lock()
-			claims[n] = c
+			claims[n] = cc
 			mu.Unlock()
 			return nil
 		})
@@ -401,14 +409,15 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 	out := map[string]map[int32]kgo.Offset{p.cfg.ProposalsTopic: {}, p.cfg.GrantsTopic: {}}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for n, c := range claims {
+	for n, cc := range claims {
+		c := cc.Claim
 		if old := p.workers[n]; old != nil {
 			// A worker from an earlier session: it is fenced by the claim.
 			p.mu.Unlock()
 			old.stop(time.Second)
 			p.mu.Lock()
 		}
-		w := newWorker(p, c)
+		w := newWorker(p, cc)
 		p.workers[n] = w
 		out[p.cfg.ProposalsTopic][n] = kgo.NewOffset().At(c.ProposalsOffset).WithEpoch(-1)
 		out[p.cfg.GrantsTopic][n] = kgo.NewOffset().At(c.GrantsOffset).WithEpoch(-1)

@@ -31,7 +31,7 @@ func (p *Processor) recoverFenced(w *worker) bool {
 		if w.isStopping() || w.ctx.Err() != nil {
 			return false
 		}
-		err := p.reclaim(w, "fenced partition re-claimed: still assigned here")
+		err := p.reclaim(w, pathReclaim, "fenced partition re-claimed: still assigned here")
 		if err == nil {
 			p.metrics.Reclaims.Inc()
 			return true
@@ -54,9 +54,10 @@ func (p *Processor) recoverFenced(w *worker) bool {
 }
 
 // reclaim claims a new epoch for a fenced (or released) worker's
-// partition, if the group still assigns it here, and starts a successor
-// with the worker's records; done is the log line.
-func (p *Processor) reclaim(w *worker, done string) error {
+// partition, if the group still assigns it here, checks it as every claim
+// (checkClaim) and starts a successor with the worker's records; path is
+// the claim path (re-claim or take-back), done the log line.
+func (p *Processor) reclaim(w *worker, path, done string) error {
 	if err := p.stillAssigned(w.ctx, w.partition); err != nil {
 		return err
 	}
@@ -75,9 +76,23 @@ func (p *Processor) reclaim(w *worker, done string) error {
 		go p.restartSession(fmt.Sprintf("partition %d: PostgreSQL went back in time", w.partition))
 		return errStopped
 	}
+	// The database may have gone back in time with this worker's position
+	// still in it: decisions another claimant published (an adopter, a
+	// rogue or stale member) are on the topic, not in PostgreSQL.
+	cc, err := p.checkClaim(w.ctx, path, c)
+	if errors.Is(err, ErrRewound) {
+		p.reportRewound(err)
+		w.setFenceCause(err)
+		go p.restartSession(fmt.Sprintf("partition %d: PostgreSQL went back in time", w.partition))
+		return errStopped
+	}
+	if err != nil {
+		return fmt.Errorf("re-claim: %w", err)
+	}
+	c = cc.Claim
 	p.metrics.TakeoverSeconds.Observe(c.Waited.Seconds())
 	p.metrics.PredecessorsKilled.Add(float64(c.Terminated))
-	next := newWorker(p, c)
+	next := newWorker(p, cc)
 	p.mu.Lock()
 	if p.stopping || p.workers[w.partition] != w || !w.handOver(next) {
 		p.mu.Unlock()

@@ -94,7 +94,7 @@ func (p *Processor) awaitTakeBack(w *worker) {
 			}
 			continue
 		}
-		err := p.reclaim(w, "partition taken back: its shard answers this processor again")
+		err := p.reclaim(w, pathTakeBack, "partition taken back: its shard answers this processor again")
 		if err == nil {
 			p.metrics.Rebalance.TakeBacks.Inc()
 			return

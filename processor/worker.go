@@ -78,7 +78,10 @@ var (
 // maxDuePerBatch bounds the deadlines applied in one batch.
 const maxDuePerBatch = 5000
 
-func newWorker(p *Processor, c sink.Claim) *worker {
+// newWorker starts from a checked claim only (checkClaim, rewind.go): no
+// claim path decides before its check.
+func newWorker(p *Processor, cc checkedClaim) *worker {
+	c := cc.Claim
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &worker{
 		p: p, partition: c.Partition, epoch: c.Epoch,

@@ -324,3 +324,31 @@ func (s *Sink) checkLayout(ctx context.Context, sh Shard, n int32) error {
 	s.count = n // every claim checks it again (repartition.go)
 	return nil
 }
+
+// ErrEpochMoved says a partition's epoch is no longer the one a claim took:
+// another claimant, a move or a recovery took one since.
+var ErrEpochMoved = errors.New("sink: the partition's epoch moved")
+
+// RaiseEpoch moves a claim's epoch above above, the highest epoch the
+// partition's published decisions carry, when the claim's is not already
+// (epochs only go up: the epoch is the fencing token, and a database
+// restored from a backup counts from an older one). It is a compare-and-set
+// on the claim's epoch: ErrEpochMoved when another claimant took one since.
+// The claim is returned with the epoch it now holds.
+func (s *Sink) RaiseEpoch(ctx context.Context, c Claim, above int64) (Claim, error) {
+	if c.Epoch > above {
+		return c, nil
+	}
+	var e int64
+	err := s.pool.QueryRow(ctx, raiseEpochSQL, c.Partition, c.Epoch, above+1).Scan(&e)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return c, fmt.Errorf("%w: partition %d is no longer at epoch %d", ErrEpochMoved, c.Partition, c.Epoch)
+	}
+	if err != nil {
+		return c, fmt.Errorf("sink: raise partition %d's epoch above %d: %w", c.Partition, above, interpretError(err))
+	}
+	c.Epoch = e
+	return c, nil
+}
+
+const raiseEpochSQL = `UPDATE mandated_partitions SET epoch = $3, updated_at = now() WHERE partition = $1 AND epoch = $2 RETURNING epoch`

@@ -50,6 +50,10 @@ type Recovery struct {
 	// Owner is recorded as the partition's owner under the epoch the
 	// recovery takes. Required.
 	Owner string
+	// EpochAbove is the highest epoch on the partition's published chain
+	// (outbox.Tail.Epoch): the recovery's epoch is above it and above the
+	// database's counter, which a restore took back (epochs only go up).
+	EpochAbove int64
 }
 
 // RecoveryResult is what Recover wrote.
@@ -76,7 +80,7 @@ JOIN unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS u(org, mandate_id
 FROM intents i
 JOIN unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) AS u(org, mandate_id, operation, run_id, step, action)
   USING (org, mandate_id, operation, run_id, step, action)`
-	recoverAdvanceSQL = `UPDATE mandated_partitions SET epoch = epoch + 1, owner = $2, claimed_at = now(), next_seq = $3, head_hash = $4,
+	recoverAdvanceSQL = `UPDATE mandated_partitions SET epoch = GREATEST(epoch, $7) + 1, owner = $2, claimed_at = now(), next_seq = $3, head_hash = $4,
   proposals_offset = GREATEST(proposals_offset, $5), grants_offset = GREATEST(grants_offset, $6), updated_at = now()
 WHERE partition = $1 RETURNING epoch, proposals_offset, grants_offset`
 	recoverPublishedSQL = `INSERT INTO relay_progress (partition, published_seq, updated_at) VALUES ($1, $2, now())
@@ -156,7 +160,7 @@ func Recover(ctx context.Context, pool *pgxpool.Pool, r Recovery) (RecoveryResul
 				return fmt.Errorf("write the rebuilt rows of partition %d: %w", r.Partition, err)
 			}
 		}
-		if err := tx.QueryRow(ctx, recoverAdvanceSQL, r.Partition, r.Owner, r.ToSeq+1, r.ToHead[:], r.ProposalsOffset, r.GrantsOffset).
+		if err := tx.QueryRow(ctx, recoverAdvanceSQL, r.Partition, r.Owner, r.ToSeq+1, r.ToHead[:], r.ProposalsOffset, r.GrantsOffset, r.EpochAbove).
 			Scan(&res.Epoch, &res.ProposalsOffset, &res.GrantsOffset); err != nil {
 			return fmt.Errorf("advance partition %d: %w", r.Partition, err)
 		}

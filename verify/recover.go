@@ -305,6 +305,7 @@ func recoverPartition(ctx context.Context, cfg RecoverConfig, pool *pgxpool.Pool
 	if err != nil {
 		return rec, err
 	}
+	r.EpochAbove = tail.Epoch // epochs only go up: above every epoch the partition published (issue 32)
 	rec.To = tail.AheadSeq
 	rec.Mandates, rec.Authorizations, rec.Keys, rec.Intents = len(r.Mandates), len(r.Auths), len(r.Keys), len(r.Intents)
 	rec.ProposalsOffset, rec.GrantsOffset = max(rec.ProposalsOffset, r.ProposalsOffset), max(rec.GrantsOffset, r.GrantsOffset)
