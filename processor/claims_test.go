@@ -140,14 +140,16 @@ func answeredTwice(h *harness.Harness) []string {
 	return twice
 }
 
-// recoverAll runs mandatectl recover's implementation on pool's database.
-func recoverAll(t *testing.T, h *harness.Harness, dbURL string) []verify.PartitionRecovery {
+// recoverAll runs mandatectl recover's implementation on pool's database,
+// for every partition or the ones given (those of one shard: recover
+// refuses a partition whose rows do not live in the database).
+func recoverAll(t *testing.T, h *harness.Harness, dbURL string, partitions ...int32) []verify.PartitionRecovery {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	res, err := verify.Recover(ctx, verify.RecoverConfig{KafkaOpts: append([]kgo.Opt{kgo.SeedBrokers(h.Brokers...)}, h.KafkaOpts...),
 		Pool: openPool(t, dbURL), DecisionsTopic: h.Spec.Decisions, DeadLetterTopic: h.Spec.DeadLetter,
-		ProposalsTopic: h.Spec.Proposals, GrantsTopic: h.Spec.Grants})
+		ProposalsTopic: h.Spec.Proposals, GrantsTopic: h.Spec.Grants, Partitions: partitions})
 	require.NoError(t, err)
 	return res
 }

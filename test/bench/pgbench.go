@@ -250,7 +250,7 @@ func buildP2Script(stmts map[string]string, prm p2Params, path string) error {
 				arrayLit(repeat(deadline, B), "timestamptz[]"), arrayLit(repeat("NULL", B), "timestamptz[]"), txt(repeat("", B)),
 				txt(repeat("", B)), txt(repeat("", B)), txt(decs), arrayLit(repeat(created, B), "timestamptz[]"), arrayLit(repeat(created, B), "timestamptz[]"),
 				arrayLit(repeat("0", B), "bigint[]"), arrayLit(repeat("NULL", B), "text[]"), arrayLit(repeat("false", B), "bool[]"), txt(repeat("", B)),
-				strconv.Itoa(B)},
+				txt(repeat("", B)), txt(repeat("", B)), strconv.Itoa(B)},
 			"insertIdemSQL": {txt(repeat("bench", B)), txt(repeat(benchOperation, B)), txt(keys), arrayLit(fps, "bytea[]"),
 				txt(mids(picks)), arrayLit(repeat(ps, B), "int[]"), txt(auths), txt(decs), txt(repeat("reserved", B)), txt(repeat("", B)),
 				arrayLit(repeat(created, B), "timestamptz[]"), arrayLit(repeat(expires, B), "timestamptz[]"), strconv.Itoa(B)},
