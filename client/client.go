@@ -321,7 +321,7 @@ func encodeCommand(cmd Command, signer *Signer, limits wire.Limits) ([]byte, par
 
 // Signer signs the grantor commands (grant, revoke, resolve) Record
 // builds: Ed25519 with a key registered for the org under KeyID
-// (wire.SignCommand; see the README's "Signed grants").
+// (wire.SignCommand; see docs/security.md, "Signed grants").
 type Signer struct {
 	KeyID string
 	Key   ed25519.PrivateKey

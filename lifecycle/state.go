@@ -43,7 +43,7 @@ type Mandate struct {
 	// execution token handed out. Tokens are monotonic per mandate, but
 	// executions of a mandate of several uses overlap, so a store
 	// downstream fences per authorization (per mandate only where the
-	// mandate has one use): see the README, "The executor boundary".
+	// mandate has one use): see docs/design.md, "The executor boundary".
 	Executions int64
 	CreatedAt  time.Time
 	UpdatedAt  time.Time
@@ -117,7 +117,7 @@ type Authorization struct {
 // mandate id), one operation. The mandate bounds it because a mandate has
 // one home partition, so one partition's single writer decides every use
 // of a key in one database transaction, on one database or on a shard map
-// alike (README, "Idempotency"); the same key on two mandates is two
+// alike (docs/design.md, "Idempotency"); the same key on two mandates is two
 // intents.
 type IdemScope struct {
 	Org       string

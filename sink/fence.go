@@ -109,7 +109,7 @@ func (s *Sink) recordLayout(ctx context.Context, sh Shard, n int32) error {
 			}
 			if settings {
 				return fmt.Errorf("sink: shard %s holds org settings but the shard map makes another shard the control shard; "+
-					"copy them there first (README, \"Scaling out PostgreSQL\")", sh.Name)
+					"copy them there first (docs/operating.md, \"Scaling out PostgreSQL\")", sh.Name)
 			}
 		}
 		moves, err := readMoves(ctx, tx)
@@ -144,7 +144,7 @@ func (s *Sink) recordLayout(ctx context.Context, sh Shard, n int32) error {
 		})
 		if len(foreign) > 0 {
 			return fmt.Errorf("sink: the shard map gives shard %s partitions %s but this database holds the rows of partitions %v; "+
-				"a partition moves between shards with its rows: mandatectl shards move (README, \"Scaling out PostgreSQL\")", sh.Name, sh.Range(), foreign)
+				"a partition moves between shards with its rows: mandatectl shards move (docs/operating.md, \"Scaling out PostgreSQL\")", sh.Name, sh.Range(), foreign)
 		}
 		if _, err := tx.Exec(ctx, `UPDATE mandated_meta SET shard = $1, first_partition = $2, last_partition = $3, control = $4, partitions = $5`,
 			sh.Name, first, last, control, set); err != nil {

@@ -16,7 +16,7 @@ import (
 	"github.com/mandated/mandated/internal/failpoint"
 )
 
-// Moving a partition to another shard (README, "Scaling out PostgreSQL";
+// Moving a partition to another shard (docs/operating.md, "Scaling out PostgreSQL";
 // docs/operations.md, "Moving a partition to another shard"). A move is
 // fenced like a takeover:
 //

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Changing the partition count of a shard map (README, "Scaling out
+// Changing the partition count of a shard map (docs/operating.md, "Scaling out
 // PostgreSQL"; docs/operations.md, "Changing the partition count"). A
 // repartition rehashes every mandate in ONE PostgreSQL transaction; rows
 // that would change database cannot move atomically, so a shard map is

@@ -13,7 +13,7 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// ShardMap maps partitions to PostgreSQL databases (README, "Scaling out
+// ShardMap maps partitions to PostgreSQL databases (docs/operating.md, "Scaling out
 // PostgreSQL: the shard map"). Every shard holds the whole schema but only its partitions' rows:
 // claims, fence, mandates, authorizations, idempotency keys, intents,
 // outbox and relay bookkeeping. One shard is the control shard: the org

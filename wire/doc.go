@@ -11,7 +11,7 @@
 // touch money.
 //
 // chain.go defines the decision chain's canonical form (the published
-// bytes minus the hash member) and anchors; see the README's "The decision
+// bytes minus the hash member) and anchors; see docs/wire.md, "The decision
 // chain".
 //
 // This package must never do I/O or read the clock.

@@ -109,7 +109,7 @@ func (k consoleKeys) signers() (map[string]*client.Signer, error) {
 func (c *config) register(fs *flag.FlagSet) {
 	c.kafka.Register(fs)
 	c.tracing.Register(fs)
-	fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL URL of a role that may only read (README, \"The gateway's PostgreSQL role\"), e.g. postgres://mandated_gateway@db:5432/mandated?sslmode=verify-full (required without --shard-map)")
+	fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL URL of a role that may only read (docs/operating.md, \"The gateway's PostgreSQL role\"), e.g. postgres://mandated_gateway@db:5432/mandated?sslmode=verify-full (required without --shard-map)")
 	fs.StringVar(&c.databaseURLFile, "database-url-file", "", "file holding the PostgreSQL URL (a mounted secret); wins over --database-url")
 	fs.StringVar(&c.shardMap, "shard-map", "", "mandated's shard map (YAML): each status read goes to its mandate's shard, tokens to the control shard; replaces --database-url")
 	fs.DurationVar(&c.shardMapPoll, "shard-map-poll", 10*time.Second, "how often the shard map file is read again for a change (SIGHUP reads it at once); 0: only on SIGHUP and when a shard says a partition moved")

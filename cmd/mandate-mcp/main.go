@@ -80,7 +80,7 @@ type config struct {
 
 func (c *config) register(fs *flag.FlagSet) {
 	c.kafka.Register(fs)
-	fs.StringVar(&c.rules, "rules", "", "the guarded tools (YAML or JSON file; README \"mandate-mcp\") (required)")
+	fs.StringVar(&c.rules, "rules", "", "the guarded tools (YAML or JSON file; docs/mcp.md, \"mandate-mcp\") (required)")
 	fs.StringVar(&c.upstreamCommand, "upstream-command", "", "run the upstream MCP server as this command over stdio (split at spaces)")
 	fs.StringVar(&c.upstreamURL, "upstream-url", "", "the upstream MCP server's streamable-HTTP endpoint, e.g. http://payments-mcp:8000/mcp")
 	fs.StringVar(&c.httpAddr, "http-addr", "", "serve MCP over streamable HTTP on this address; empty: serve one client over stdio")

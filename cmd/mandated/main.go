@@ -66,7 +66,7 @@ func (c *config) register(fs *flag.FlagSet) {
 	c.tracing.Register(fs)
 	fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL URL, e.g. postgres://mandated@db:5432/mandated?sslmode=verify-full&sslrootcert=/etc/ca.pem (required)")
 	fs.StringVar(&c.databaseURLFile, "database-url-file", "", "file holding the PostgreSQL URL (a mounted secret); wins over --database-url")
-	fs.StringVar(&c.shardMap, "shard-map", "", "YAML file mapping partition ranges to PostgreSQL databases (README, \"Scaling out PostgreSQL\"); replaces --database-url")
+	fs.StringVar(&c.shardMap, "shard-map", "", "YAML file mapping partition ranges to PostgreSQL databases (docs/operating.md, \"Scaling out PostgreSQL\"); replaces --database-url")
 	cli.Int32Var(fs, &sk.MaxConns, "db-max-conns", sink.MaxConnsDefault, "PostgreSQL connection pool size: the most `connections` open at once")
 	fs.DurationVar(&sk.LockTimeout, "db-lock-timeout", sink.LockTimeoutDefault, "how long a batch waits for its partition row")
 	fs.DurationVar(&sk.IdleInTxTimeout, "db-idle-in-transaction-timeout", sink.IdleInTxTimeoutDefault, "PostgreSQL ends a session idle inside a transaction after this (a paused owner)")
