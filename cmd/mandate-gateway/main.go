@@ -33,7 +33,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mandated/mandated/client"
 	"github.com/mandated/mandated/cmd/internal/cli"
@@ -169,17 +168,11 @@ func run(args []string) int {
 		log.Error().Err(err).Msg("invalid configuration")
 		return 2
 	}
-	brokers, err := c.kafka.SeedBrokers()
+	brokers, kopts, err := c.kafka.DaemonOpts(log)
 	if err != nil {
 		log.Error().Err(err).Msg("invalid configuration")
 		return 2
 	}
-	kopts, err := c.kafka.Opts()
-	if err != nil {
-		log.Error().Err(err).Msg("invalid configuration")
-		return 2
-	}
-	kopts = append(kopts, kgo.WithLogger(cli.KafkaLogger(log, kgo.LogLevelWarn)))
 	dbURL, err := cli.Secret(c.databaseURL, c.databaseURLFile)
 	switch {
 	case err != nil:

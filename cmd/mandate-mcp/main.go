@@ -25,11 +25,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mandated/mandated/client"
 	"github.com/mandated/mandated/cmd/internal/cli"
-	"github.com/mandated/mandated/internal/failpoint"
 	"github.com/mandated/mandated/mcpguard"
 )
 
@@ -106,15 +104,8 @@ func run(args []string) int {
 	if !ok {
 		return code
 	}
-	if c.failpoints == "" {
-		c.failpoints = os.Getenv(failpoint.EnvVar)
-	}
-	if err := failpoint.EnableFromEnv(c.failpoints); err != nil {
-		log.Error().Err(err).Msg("bad --failpoints")
+	if !cli.Failpoints(c.failpoints, log) {
 		return 2
-	}
-	if c.failpoints != "" {
-		log.Warn().Str("failpoints", c.failpoints).Msg("fault injection is enabled")
 	}
 	if c.rules == "" {
 		log.Error().Str("env", cli.EnvName("rules")).Msg("invalid configuration: --rules is required")
@@ -139,17 +130,11 @@ func run(args []string) int {
 		log.Error().Err(err).Msg("invalid configuration")
 		return 2
 	}
-	brokers, err := c.kafka.SeedBrokers()
+	brokers, kopts, err := c.kafka.DaemonOpts(log)
 	if err != nil {
 		log.Error().Err(err).Msg("invalid configuration")
 		return 2
 	}
-	kopts, err := c.kafka.Opts()
-	if err != nil {
-		log.Error().Err(err).Msg("invalid configuration")
-		return 2
-	}
-	kopts = append(kopts, kgo.WithLogger(cli.KafkaLogger(log, kgo.LogLevelWarn)))
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

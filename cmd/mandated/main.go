@@ -33,7 +33,6 @@ import (
 	"github.com/twmb/franz-go/plugin/kprom"
 
 	"github.com/mandated/mandated/cmd/internal/cli"
-	"github.com/mandated/mandated/internal/failpoint"
 	"github.com/mandated/mandated/internal/tracing"
 	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/processor"
@@ -113,15 +112,10 @@ func (c *config) register(fs *flag.FlagSet) {
 // the database (one URL or the shard map's control shard).
 func (c *config) serviceConfig(log zerolog.Logger, reg prometheus.Registerer) (processor.ServiceConfig, error) {
 	cfg := c.svc
-	brokers, err := c.kafka.SeedBrokers()
+	brokers, kopts, err := c.kafka.DaemonOpts(log)
 	if err != nil {
 		return cfg, err
 	}
-	kopts, err := c.kafka.Opts()
-	if err != nil {
-		return cfg, err
-	}
-	kopts = append(kopts, kgo.WithLogger(cli.KafkaLogger(log, kgo.LogLevelWarn)))
 	// kprom keeps one client's metrics per instance, labelled by client id.
 	hooks := func(string) []kgo.Hook {
 		return []kgo.Hook{kprom.NewMetrics("mandated_kafka", kprom.Registerer(reg), kprom.WithClientLabel())}
@@ -173,15 +167,8 @@ func run(args []string) int {
 	if !ok {
 		return code
 	}
-	if c.failpoints == "" {
-		c.failpoints = os.Getenv(failpoint.EnvVar)
-	}
-	if err := failpoint.EnableFromEnv(c.failpoints); err != nil {
-		log.Error().Err(err).Msg("bad --failpoints")
+	if !cli.Failpoints(c.failpoints, log) {
 		return 2
-	}
-	if c.failpoints != "" {
-		log.Warn().Str("failpoints", c.failpoints).Msg("fault injection is enabled")
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

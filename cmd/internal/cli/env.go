@@ -12,6 +12,8 @@ import (
 	"strings"
 
 	"github.com/rs/zerolog"
+
+	"github.com/mandated/mandated/internal/failpoint"
 )
 
 // EnvName is the environment variable a flag reads: --kafka-sasl-user is
@@ -111,4 +113,21 @@ func (v *int32Value) Set(s string) error {
 	}
 	*v = int32Value(n)
 	return nil
+}
+
+// Failpoints enables the fault injection of --failpoints (or, when the flag
+// is empty, of the environment's MANDATED_FAILPOINTS), warning that it is
+// on; false after logging a bad specification.
+func Failpoints(spec string, log zerolog.Logger) bool {
+	if spec == "" {
+		spec = os.Getenv(failpoint.EnvVar)
+	}
+	if err := failpoint.EnableFromEnv(spec); err != nil {
+		log.Error().Err(err).Msg("bad --failpoints")
+		return false
+	}
+	if spec != "" {
+		log.Warn().Str("failpoints", spec).Msg("fault injection is enabled")
+	}
+	return true
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/rs/zerolog"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
@@ -100,4 +101,19 @@ func (k *Kafka) Opts() ([]kgo.Opt, error) {
 		}
 	}
 	return opts, nil
+}
+
+// DaemonOpts is what a daemon connects to Kafka with: the seed brokers and
+// the client options (TLS, SASL), franz-go's own messages logged at warn
+// and above through log.
+func (k *Kafka) DaemonOpts(log zerolog.Logger) ([]string, []kgo.Opt, error) {
+	brokers, err := k.SeedBrokers()
+	if err != nil {
+		return nil, nil, err
+	}
+	opts, err := k.Opts()
+	if err != nil {
+		return nil, nil, err
+	}
+	return brokers, append(opts, kgo.WithLogger(KafkaLogger(log, kgo.LogLevelWarn))), nil
 }
