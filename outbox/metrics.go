@@ -23,6 +23,9 @@ type Metrics struct {
 	ShardErrors *prometheus.CounterVec
 	// ShardSkipped is 1 while the relay skips a shard.
 	ShardSkipped *prometheus.GaugeVec
+	// Handovers counts, by outcome, how a relay taking a partition dealt
+	// with the other relay recorded as its publisher (handover.go).
+	Handovers *prometheus.CounterVec
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: none).
@@ -94,8 +97,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "mandated_outbox_shard_skipped",
 			Help: "1 while the relay skips a shard that does not answer (its partitions' rows wait; the other shards' are published), else 0.",
 		}, []string{"shard"}),
+		Handovers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mandated_outbox_handovers_total",
+			Help: "Partitions taken from another relay, by outcome: released (it drained and released the partition: not fenced), not_released_in_time (fenced once its drain deadline passed), not_released (no release under way, a dead, paused or lost owner: fenced at once), earlier_version (a per-partition id of an earlier version fenced).",
+		}, []string{"outcome"}),
 	}
 	if reg != nil {
+		reg.MustRegister(m.Handovers)
 		reg.MustRegister(m.Published, m.PublishSeconds, m.TxnSeconds, m.PublishErrors, m.Parked, m.RowByRow, m.ParkedRows,
 			m.Backlog, m.OldestAge, m.Resumes, m.Fenced, m.Deleted, m.Gaps, m.ForeignRecords, m.ShardErrors, m.ShardSkipped)
 	}

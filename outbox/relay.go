@@ -112,7 +112,13 @@ type Relay struct {
 	// this relay committed (owned by the loop; see admitOne).
 	committed map[int32]int64
 
-	fences atomic.Int64 // numbers FencePredecessors' client ids
+	fences atomic.Int64 // numbers the fencing clients' ids
+
+	// takeovers is, per partition, what this relay did about its
+	// predecessors under the epoch it takes it (handover.go); guarded by mu.
+	takeovers map[int32]takeover
+	// bg counts Revoked's releasing notes (handover.go).
+	bg sync.WaitGroup
 
 	// What tail reads found (foreign.go), guarded by mu: per partition,
 	// the records reported as foreign, and the last read's status.
@@ -152,7 +158,7 @@ func NewSharded(cfg Config, shards Shards, log zerolog.Logger, m *Metrics) (*Rel
 		clientID: "mandated-relay-" + hex.EncodeToString(nonce[:]),
 		log:      log.With().Str("component", "relay").Str("transactional_id", txnID).Logger(),
 		parts:    map[int32]*part{}, committed: map[int32]int64{}, wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel,
-		foreignSeen: map[int32]map[foreignKey]bool{}, tails: map[int32]tailStatus{},
+		foreignSeen: map[int32]map[foreignKey]bool{}, tails: map[int32]tailStatus{}, takeovers: map[int32]takeover{},
 		stats: make(chan struct{}), done: make(chan struct{})}
 	r.gate = newShardGate(cfg.DatabaseTimeout, r.log, m, r.poke)
 	r.wg.Add(2)
@@ -219,15 +225,22 @@ func (r *Relay) Committed(partition int32, epoch int64, _ int64) {
 	}
 }
 
-// Revoked stops publishing a partition after what is committed is
-// published (bounded by RevokeDrain). It does not wait.
+// Revoked stops publishing a partition after what its process committed
+// is published (bounded by RevokeDrain), then releases it to its next
+// owner (handover.go). It waits only for the note in PostgreSQL that it is
+// releasing it (at most releasingWait).
 func (r *Relay) Revoked(partition int32) {
 	r.mu.Lock()
-	if ps := r.parts[partition]; ps != nil && !ps.stopping {
+	ps := r.parts[partition]
+	note := ps != nil && !ps.stopping
+	if note {
 		ps.stopping, ps.drainBy = true, time.Now().Add(r.cfg.RevokeDrain)
 	}
 	r.mu.Unlock()
 	r.poke()
+	if note {
+		r.noteReleasing(ps)
+	}
 }
 
 // Stop drains every partition (bounded by ctx) and waits for the relay.
@@ -257,11 +270,13 @@ func (r *Relay) Stop(ctx context.Context) error {
 	case <-r.done:
 		r.cancel()
 		r.wg.Wait()
+		r.bg.Wait()
 		r.gate.wait()
 		return nil
 	case <-ctx.Done():
 		r.cancel()
 		r.wg.Wait()
+		r.bg.Wait()
 		r.gate.wait()
 		return ctx.Err()
 	}
@@ -482,11 +497,13 @@ func (r *Relay) session() (progressed bool, err error) {
 			if !r.stopping(ps) {
 				continue
 			}
+			// Between two transactions: every one that carried the
+			// partition has ended, so it can be released (handover.go).
 			switch {
 			case len(batch.rows[ps]) == 0 && !batch.skipped[ps]:
-				r.drop(ps, "drained")
+				r.release(ctx, ps, "drained")
 			case r.drainedBy(ps):
-				r.drop(ps, "out of drain time")
+				r.release(ctx, ps, "out of drain time")
 			case batch.skipped[ps]:
 				r.drop(ps, "its shard does not answer")
 			default:
@@ -601,6 +618,8 @@ func (r *Relay) admit(ctx context.Context) {
 	wg.Wait()
 	for i, ps := range todo {
 		switch res := results[i]; {
+		case errors.Is(res.err, errReleasing):
+			ps.retryAt = time.Now().Add(releasePoll) // its predecessor drains it: the others go on meanwhile
 		case errors.Is(res.err, errRewound):
 			ps.retry = 0
 			ps.retryAt = time.Now().Add(rewoundRecheck)
@@ -629,7 +648,7 @@ func (r *Relay) admit(ctx context.Context) {
 // false means the partition is not this relay's any more.
 //
 // floor is the highest sequence of the partition this relay committed
-// itself. When the partition comes back to the relay that published it
+// itself (and, below, the one its predecessor released it after). When the partition comes back to the relay that published it
 // last (the same process claimed it again), nobody's fence waits for that
 // relay's last transaction to complete on the broker, and a tail read in
 // the few milliseconds before its markers are written misses it; what the
@@ -648,15 +667,17 @@ func (r *Relay) admitOne(ctx context.Context, ps *part, floor int64) (bool, erro
 		return false, nil // another relay took the publishing of this epoch over
 	}
 	if !own {
-		for i, id := range r.predecessors(ps, cur) {
-			// A client id of its own: metrics hooks (kprom) register one
-			// set per client id, and admissions run concurrently.
-			clientID := fmt.Sprintf("%s-fence-p%d-e%d-%d", r.clientID, ps.partition, ps.epoch, i)
-			if err := r.fence(ctx, id, clientID); err != nil {
-				r.metrics.PublishErrors.WithLabelValues("resume").Inc()
-				return false, fmt.Errorf("fence the previous publisher %s: %w", id, err)
-			}
+		released, err := r.takeOver(ctx, ps.partition, ps.epoch, cur, "fence")
+		if errors.Is(err, errReleasing) {
+			return false, err
 		}
+		if err != nil {
+			r.metrics.PublishErrors.WithLabelValues("resume").Inc()
+			return false, err
+		}
+		// What the predecessor released the partition after is published:
+		// its last transaction may still be completing on the broker.
+		floor = max(floor, released)
 		ok, err := r.st.recordPublisher(ctx, ps.partition, ps.epoch, r.txnID)
 		if err != nil {
 			r.metrics.PublishErrors.WithLabelValues("database").Inc()
@@ -709,59 +730,6 @@ func (r *Relay) admitOne(ctx context.Context, ps *part, floor int64) (bool, erro
 		f(ps.partition, last)
 	}
 	return true, nil
-}
-
-// FencePredecessors fences the relay transactional ids that may have
-// published partition since its previous claim (predecessors), unless the
-// partition's epoch is no longer epoch or the recorded one is this relay's
-// own. The processor calls it after it claims a partition and before it
-// reads the partition's tail back: a predecessor's open transaction is
-// aborted (or its commit completed) first, so the tail read sees all it
-// will ever hold. The relay fences them again when it admits the
-// partition; fencing twice only bumps their producer epoch twice.
-func (r *Relay) FencePredecessors(ctx context.Context, partition int32, epoch int64) error {
-	cur, err := r.st.publisher(ctx, partition)
-	if err != nil {
-		return fmt.Errorf("read partition %d's epoch and publisher: %w", partition, err)
-	}
-	if cur.epoch != epoch {
-		return nil
-	}
-	for i, id := range r.predecessors(&part{partition: partition, epoch: epoch}, cur) {
-		clientID := fmt.Sprintf("%s-prefence-p%d-e%d-%d-%d", r.clientID, partition, epoch, i, r.fences.Add(1))
-		if err := r.fence(ctx, id, clientID); err != nil {
-			return fmt.Errorf("fence the previous publisher %s of partition %d: %w", id, partition, err)
-		}
-	}
-	return nil
-}
-
-// predecessors lists the transactional ids that may have published the
-// partition since its previous claim and are not this relay's: the one
-// recorded, and the per-partition id of earlier versions when the record is
-// not from the previous epoch (an owner in between did not record one).
-func (r *Relay) predecessors(ps *part, cur publisherState) []string {
-	var ids []string
-	if cur.publisher != "" && cur.publisher != r.txnID {
-		ids = append(ids, cur.publisher)
-	}
-	if ps.epoch > 1 && cur.publisherEpoch < ps.epoch-1 {
-		ids = append(ids, fmt.Sprintf("%s.%s.%d", r.cfg.TransactionalIDPrefix, r.cfg.DecisionsTopic, ps.partition))
-	}
-	return ids
-}
-
-// fence initializes id's producer with a throwaway client: the broker
-// aborts id's open transaction (or waits for the one being committed) and
-// bumps its epoch, so its producer can commit nothing more.
-func (r *Relay) fence(ctx context.Context, id, clientID string) error {
-	cl, err := r.client(id, clientID)
-	if err != nil {
-		return err
-	}
-	defer cl.Close()
-	_, _, err = cl.ProducerID(ctx)
-	return err
 }
 
 // held returns the admitted partitions (in partition order), how many wait
@@ -905,9 +873,21 @@ func (r *Relay) load(ctx context.Context, held []*part, rotate int) batch {
 		}
 	}
 	for ps, rows := range b.rows {
-		if len(rows) > 0 && r.stopping(ps) {
-			b.draining = true
+		if len(rows) == 0 || !r.stopping(ps) {
+			continue
 		}
+		// A revoked partition drains what its process committed: rows of
+		// a newer epoch are its next owner's, published after this relay
+		// releases it (handover.go).
+		if i := slices.IndexFunc(rows, func(row Row) bool { return row.Epoch > ps.epoch }); i >= 0 {
+			rows = rows[:i]
+			b.rows[ps] = rows
+		}
+		if len(rows) == 0 {
+			delete(b.rows, ps)
+			continue
+		}
+		b.draining = true
 	}
 	return b
 }

@@ -93,29 +93,71 @@ func scanRow(r pgx.CollectableRow) (Row, error) {
 
 // publisherState is what PostgreSQL says about a partition's publishing:
 // its epoch, and the relay transactional id recorded as its publisher with
-// the epoch it was recorded under (empty and 0 when none was).
+// the epoch it was recorded under (empty and 0 when none was), and whether
+// that publisher released the partition (after releasedSeq) or is
+// releasing it (draining, until the database's clock passes the deadline
+// it wrote).
 type publisherState struct {
 	epoch          int64
 	publisher      string
 	publisherEpoch int64
+	released       bool
+	releasedSeq    int64
+	releasing      bool
 }
 
-// publisher reads a partition's epoch and recorded publisher.
+// publisherSQL reads a partition's epoch, recorded publisher and release
+// (one row or none: the aggregates return one row either way).
+const publisherSQL = `SELECT coalesce(max(epoch), 0), coalesce(max(publisher), ''), coalesce(max(publisher_epoch), 0),
+  max(publisher_released_seq), coalesce(bool_or(publisher_releasing_until > now()), false)
+FROM mandated_partitions WHERE partition = $1`
+
+// publisher reads a partition's epoch, recorded publisher and release.
 func (s store) publisher(ctx context.Context, partition int32) (publisherState, error) {
 	return call(ctx, s, s.shard(partition), func(ctx context.Context, pool *pgxpool.Pool) (publisherState, error) {
 		var st publisherState
-		err := pool.QueryRow(ctx, `SELECT coalesce(max(epoch), 0), coalesce(max(publisher), ''), coalesce(max(publisher_epoch), 0)
-		FROM mandated_partitions WHERE partition = $1`, partition).Scan(&st.epoch, &st.publisher, &st.publisherEpoch)
+		var released *int64
+		err := pool.QueryRow(ctx, publisherSQL, partition).Scan(&st.epoch, &st.publisher, &st.publisherEpoch, &released, &st.releasing)
+		if released != nil {
+			st.released, st.releasedSeq = true, *released
+		}
 		return st, err
 	})
 }
 
-// recordPublisher records txnID as the partition's publisher under epoch;
-// false when the partition's epoch is no longer epoch (nothing recorded).
+// recordPublisher records txnID as the partition's publisher under epoch
+// (and clears the previous publisher's release); false when the
+// partition's epoch is no longer epoch (nothing recorded).
 func (s store) recordPublisher(ctx context.Context, partition int32, epoch int64, txnID string) (bool, error) {
 	return call(ctx, s, s.shard(partition), func(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
-		tag, err := pool.Exec(ctx, `UPDATE mandated_partitions SET publisher = $3, publisher_epoch = $2
+		tag, err := pool.Exec(ctx, `UPDATE mandated_partitions SET publisher = $3, publisher_epoch = $2,
+		  publisher_releasing_until = NULL, publisher_released_seq = NULL
 		WHERE partition = $1 AND epoch = $2`, partition, epoch, txnID)
+		return tag.RowsAffected() == 1, err
+	})
+}
+
+// releasing notes that txnID, recorded as the partition's publisher under
+// epoch, drains it for at most drain (from the database's clock) before it
+// releases it; nothing when another publisher was recorded since, or when
+// it released it already. false when nothing was noted.
+func (s store) releasing(ctx context.Context, partition int32, epoch int64, txnID string, drain time.Duration) (bool, error) {
+	return call(ctx, s, s.shard(partition), func(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
+		tag, err := pool.Exec(ctx, `UPDATE mandated_partitions SET publisher_releasing_until = now() + make_interval(secs => $4)
+		WHERE partition = $1 AND publisher = $3 AND publisher_epoch = $2 AND publisher_released_seq IS NULL`,
+			partition, epoch, txnID, drain.Seconds())
+		return tag.RowsAffected() == 1, err
+	})
+}
+
+// release records that txnID, recorded as the partition's publisher under
+// epoch, released it after publishing up to seq: nothing when another
+// publisher was recorded since (a new owner that fenced it). false when
+// nothing was recorded.
+func (s store) release(ctx context.Context, partition int32, epoch int64, txnID string, seq int64) (bool, error) {
+	return call(ctx, s, s.shard(partition), func(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
+		tag, err := pool.Exec(ctx, `UPDATE mandated_partitions SET publisher_released_seq = $4, publisher_releasing_until = NULL
+		WHERE partition = $1 AND publisher = $3 AND publisher_epoch = $2`, partition, epoch, txnID, seq)
 		return tag.RowsAffected() == 1, err
 	})
 }
