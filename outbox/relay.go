@@ -40,11 +40,14 @@ import (
 //     recorded its own transactional id as p's publisher, under p's epoch
 //     (mandated_partitions.publisher, UPDATE ... WHERE epoch = its epoch).
 //  2. A relay taking p under epoch e (Assigned) reads p's epoch and recorded
-//     publisher; if the epoch is not e it drops p. If another id is recorded,
-//     it calls InitProducerID on that id with a throwaway client: the broker
-//     aborts that id's open transaction, waits for one being committed, and
-//     bumps the id's epoch, so every later produce or commit of its producer
-//     is refused. Only then does it record itself (which fails if e moved on)
+//     publisher; if the epoch is not e it drops p. If another id is recorded
+//     and released p (handover.go), it is left alone and the relay resumes
+//     after the released sequence at least; if it is releasing p, the relay
+//     waits for that until the deadline it noted. Otherwise (or past the
+//     deadline) it calls InitProducerID on that id with a throwaway
+//     client: the broker aborts that id's open transaction, waits for one
+//     being committed, and bumps the id's epoch, so every later produce or
+//     commit of its producer is refused. Only then does it record itself (which fails if e moved on)
 //     and read p's tails, read_committed, to resume: the predecessor's
 //     transactions are all complete by then, and it can commit no more.
 //  3. A relay whose producer is fenced (or fails in any way) ends the
@@ -71,10 +74,10 @@ import (
 // process claimed it again) fences nobody: the id is the relay's own, and
 // its loop is sequential. No fence then waits for the relay's last
 // transaction to complete on the broker, so it resumes after the higher of
-// its tails and what it committed itself. For the same reason a relay does
-// not "release" a partition it drained: the next owner's fence is also what
-// waits for the predecessor's last commit markers, without which its tail
-// read could miss a committed transaction.
+// its tails and what it committed itself. For the same reason a relay that
+// released a partition (handover.go) hands over the sequence it published
+// up to: a next owner that does not fence it resumes after that at least,
+// even were its tail read to miss the last transaction's markers.
 //
 // A transaction spanning partitions aborts as a whole (a fence of one
 // partition's predecessor fences the producer for all of them); every
