@@ -87,7 +87,10 @@ type takeover struct {
 }
 
 // noteReleasing notes in PostgreSQL that this relay is releasing ps
-// (Revoked, step 1), waiting for it at most releasingWait.
+// (Revoked, step 1), waiting for it at most releasingWait, and not at all
+// for a DatabaseTimeout after a note that took longer: a processor handing
+// off the partitions of a shard it cannot reach revokes them one after the
+// other, and must not wait releasingWait for each.
 func (r *Relay) noteReleasing(ps *part) {
 	r.mu.Lock()
 	if r.closing || !r.gate.up(r.st.shard(ps.partition)) {
@@ -108,11 +111,15 @@ func (r *Relay) noteReleasing(ps *part) {
 			ps.log.Debug().Dur("drain", r.cfg.RevokeDrain).Msg("noted that the relay releases the revoked partition once drained")
 		}
 	}()
+	if last := r.slowNote.Load(); last != 0 && time.Since(time.Unix(0, last)) < r.cfg.DatabaseTimeout {
+		return
+	}
 	t := time.NewTimer(releasingWait)
 	defer t.Stop()
 	select {
 	case <-done:
 	case <-t.C:
+		r.slowNote.Store(time.Now().UnixNano())
 	}
 }
 

@@ -120,8 +120,10 @@ type Relay struct {
 	// takeovers is, per partition, what this relay did about its
 	// predecessors under the epoch it takes it (handover.go); guarded by mu.
 	takeovers map[int32]takeover
-	// bg counts Revoked's releasing notes (handover.go).
-	bg sync.WaitGroup
+	// bg counts Revoked's releasing notes, and slowNote is when one last
+	// took longer than releasingWait (handover.go).
+	bg       sync.WaitGroup
+	slowNote atomic.Int64
 
 	// What tail reads found (foreign.go), guarded by mu: per partition,
 	// the records reported as foreign, and the last read's status.
@@ -645,16 +647,19 @@ func (r *Relay) admit(ctx context.Context) {
 	}
 }
 
-// admitOne checks that the partition is still this relay's, fences the
-// producer recorded as its publisher (when it is another), records this
-// relay as the publisher, and resumes after the last published sequence.
-// false means the partition is not this relay's any more.
+// admitOne checks that the partition is still this relay's, takes it over
+// from the producer recorded as its publisher (when it is another: left
+// alone if it released the partition, waited for while it releases it
+// (errReleasing), fenced otherwise; handover.go), records this relay as
+// the publisher, and resumes after the last published sequence. false
+// means the partition is not this relay's any more.
 //
 // floor is the highest sequence of the partition this relay committed
-// itself (and, below, the one its predecessor released it after). When the partition comes back to the relay that published it
-// last (the same process claimed it again), nobody's fence waits for that
-// relay's last transaction to complete on the broker, and a tail read in
-// the few milliseconds before its markers are written misses it; what the
+// itself (and, below, the one its predecessor released it after). When
+// the partition comes back to the relay that published it last (the same
+// process claimed it again), nobody's fence waits for that relay's last
+// transaction to complete on the broker, and a tail read in the few
+// milliseconds before its markers are written misses it; what the
 // relay committed itself is published, so it resumes after it at least.
 func (r *Relay) admitOne(ctx context.Context, ps *part, floor int64) (bool, error) {
 	cur, err := r.st.publisher(ctx, ps.partition)
