@@ -38,6 +38,7 @@ import (
 	"github.com/mandated/mandated/cmd/internal/cli"
 	"github.com/mandated/mandated/gateway"
 	"github.com/mandated/mandated/gateway/console"
+	"github.com/mandated/mandated/internal/backoff"
 	"github.com/mandated/mandated/internal/tracing"
 	"github.com/mandated/mandated/sink"
 )
@@ -390,7 +391,7 @@ func (l *certLoader) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 // connectClient retries while Kafka or the topics are not there yet, telling
 // st (and so /readyz) why; a signal abandons it.
 func connectClient(ctx context.Context, cfg client.Config, st *starting, log zerolog.Logger) (*client.Client, bool) {
-	backoff := time.Second
+	b := backoff.New(time.Second, 15*time.Second)
 	for attempt := 1; ; attempt++ {
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		cl, err := client.New(cctx, cfg)
@@ -403,13 +404,10 @@ func connectClient(ctx context.Context, cfg client.Config, st *starting, log zer
 			why = "the topics do not exist yet (create them: mandatectl topics create); retrying"
 		}
 		st.failed(why + ": " + err.Error())
-		log.Error().Err(err).Int("attempt", attempt).Dur("retry_in", backoff).Msg(why)
-		select {
-		case <-ctx.Done():
+		log.Error().Err(err).Int("attempt", attempt).Dur("retry_in", b.Current()).Msg(why)
+		if !b.Wait(ctx) {
 			return nil, false
-		case <-time.After(backoff):
 		}
-		backoff = min(backoff*2, 15*time.Second)
 	}
 }
 

@@ -28,6 +28,7 @@ import (
 
 	"github.com/mandated/mandated/client"
 	"github.com/mandated/mandated/cmd/internal/cli"
+	"github.com/mandated/mandated/internal/backoff"
 	"github.com/mandated/mandated/mcpguard"
 )
 
@@ -228,7 +229,7 @@ func run(args []string) int {
 // connectClient retries while Kafka or the decisions topic are not there
 // yet; a signal abandons it.
 func connectClient(ctx context.Context, cfg client.Config, log zerolog.Logger) (*client.Client, bool) {
-	backoff := time.Second
+	b := backoff.New(time.Second, 15*time.Second)
 	for attempt := 1; ; attempt++ {
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		cl, err := client.New(cctx, cfg)
@@ -236,12 +237,9 @@ func connectClient(ctx context.Context, cfg client.Config, log zerolog.Logger) (
 		if err == nil {
 			return cl, true
 		}
-		log.Error().Err(err).Int("attempt", attempt).Dur("retry_in", backoff).Msg("cannot reach Kafka yet; retrying")
-		select {
-		case <-ctx.Done():
+		log.Error().Err(err).Int("attempt", attempt).Dur("retry_in", b.Current()).Msg("cannot reach Kafka yet; retrying")
+		if !b.Wait(ctx) {
 			return nil, false
-		case <-time.After(backoff):
 		}
-		backoff = min(backoff*2, 15*time.Second)
 	}
 }

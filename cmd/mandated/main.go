@@ -33,6 +33,7 @@ import (
 	"github.com/twmb/franz-go/plugin/kprom"
 
 	"github.com/mandated/mandated/cmd/internal/cli"
+	"github.com/mandated/mandated/internal/backoff"
 	"github.com/mandated/mandated/internal/tracing"
 	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/processor"
@@ -267,7 +268,7 @@ type serving struct {
 // code 0); so does Kafka refusing mandated's credentials (exit code 1):
 // retrying the same password cannot help.
 func startWithRetry(cfg processor.ServiceConfig, log zerolog.Logger, state *serving, sigs <-chan os.Signal) (*processor.Service, int, bool) {
-	backoff := time.Second
+	b := backoff.New(time.Second, 15*time.Second)
 	for attempt := 1; ; attempt++ {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
@@ -296,14 +297,14 @@ func startWithRetry(cfg processor.ServiceConfig, log zerolog.Logger, state *serv
 		}
 		msg := err.Error()
 		state.lastErr.Store(&msg)
-		log.Error().Err(err).Int("attempt", attempt).Dur("retry_in", backoff).Msg("cannot start yet; retrying")
+		wait := b.Next()
+		log.Error().Err(err).Int("attempt", attempt).Dur("retry_in", wait).Msg("cannot start yet; retrying")
 		select {
 		case <-sigs:
 			log.Info().Msg("signal during start-up: exiting")
 			return nil, 0, false
-		case <-time.After(backoff):
+		case <-time.After(wait):
 		}
-		backoff = min(backoff*2, 15*time.Second)
 	}
 }
 
