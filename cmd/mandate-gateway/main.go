@@ -30,7 +30,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 	"github.com/twmb/franz-go/pkg/kerr"
 
@@ -403,7 +402,7 @@ func connectClient(ctx context.Context, cfg client.Config, st *starting, log zer
 		if errors.Is(err, kerr.UnknownTopicOrPartition) {
 			why = "the topics do not exist yet (create them: mandatectl topics create); retrying"
 		}
-		st.failed(why + ": " + err.Error())
+		st.Failed(why + ": " + err.Error())
 		log.Error().Err(err).Int("attempt", attempt).Dur("retry_in", b.Current()).Msg(why)
 		if !b.Wait(ctx) {
 			return nil, false
@@ -414,34 +413,17 @@ func connectClient(ctx context.Context, cfg client.Config, st *starting, log zer
 // starting is what the operations endpoints know of the gateway: nothing
 // yet but the last reason it could not start, then the server.
 type starting struct {
-	srv     atomic.Pointer[gateway.Server]
-	lastErr atomic.Pointer[string]
+	cli.Starting
+	srv atomic.Pointer[gateway.Server]
 }
-
-func (st *starting) failed(why string) { st.lastErr.Store(&why) }
 
 // ops serves /metrics, /healthz and /readyz.
 func (st *starting) ops(reg *prometheus.Registry) http.Handler {
-	ops := http.NewServeMux()
-	ops.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, EnableOpenMetrics: true}))
-	ops.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	ops.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+	return cli.Ops(reg, func(ctx context.Context) (string, error) {
 		srv := st.srv.Load()
 		if srv == nil {
-			why := "starting"
-			if e := st.lastErr.Load(); e != nil {
-				why += ": " + *e
-			}
-			http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
-			return
+			return "", st.NotReady()
 		}
-		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
-		defer cancel()
-		if err := srv.Ready(ctx); err != nil {
-			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = w.Write([]byte("ready\n"))
+		return "", srv.Ready(ctx)
 	})
-	return ops
 }

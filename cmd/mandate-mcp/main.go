@@ -23,7 +23,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 
 	"github.com/mandated/mandated/client"
@@ -159,18 +158,7 @@ func run(args []string) int {
 
 	var opsServer *http.Server
 	if c.opsAddr != "" {
-		ops := http.NewServeMux()
-		ops.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, EnableOpenMetrics: true}))
-		ops.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-		ops.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-			ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
-			defer cancel()
-			if err := g.Ready(ctx); err != nil {
-				http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
-				return
-			}
-			_, _ = w.Write([]byte("ready\n"))
-		})
+		ops := cli.Ops(reg, func(ctx context.Context) (string, error) { return "", g.Ready(ctx) })
 		ln, err := net.Listen("tcp", c.opsAddr)
 		if err != nil {
 			log.Error().Err(err).Str("addr", c.opsAddr).Msg("cannot listen")
