@@ -98,9 +98,29 @@ const p3DeleteSQL = `DELETE FROM p3_outbox WHERE id <= $1`
 // as a real service would. The output value is the input padded to
 // ValueBytes (a decision's size), so it echoes sent_at. No lifecycle, no
 // fences, no chain: what mandated does beyond this is what it costs more.
-// It prints "READY" once running and stops on SIGTERM.
+// It prints "READY" once running and stops on SIGTERM; SIGUSR1 starts the
+// measured part of its stage timings.
 func P3(cfg P3Config) error {
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer cancel()
+	usr1 := make(chan os.Signal, 1)
+	signal.Notify(usr1, syscall.SIGUSR1)
+	defer signal.Stop(usr1)
+	measure := make(chan struct{})
+	go func() {
+		select {
+		case <-usr1:
+			close(measure)
+		case <-ctx.Done():
+		}
+	}()
+	return runP3(ctx, cfg, measure)
+}
+
+// runP3 is P3 until ctx ends; its stage timings' measured part starts
+// when measure is closed.
+func runP3(ctx context.Context, cfg P3Config, measure <-chan struct{}) error {
+	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
 	if err != nil {
@@ -110,12 +130,9 @@ func P3(cfg P3Config) error {
 	requests := newReqHook()
 	stages, fetched, txns := newP3Stages(), newP3Fetched(), newTxnCommitLog()
 	var stagesFrom atomic.Pointer[map[string][]Bucket]
-	usr1 := make(chan os.Signal, 1)
-	signal.Notify(usr1, syscall.SIGUSR1)
-	defer signal.Stop(usr1)
 	go func() {
 		select {
-		case <-usr1:
+		case <-measure:
 			b := stages.buckets()
 			stagesFrom.Store(&b)
 		case <-ctx.Done():

@@ -9,9 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/mandated/mandated/outbox"
+	"github.com/mandated/mandated/processor"
 )
 
 func TestAQuantileIsInterpolatedWithinItsBucketAsHistogramQuantileDoes(t *testing.T) {
@@ -161,4 +165,30 @@ func TestWhereADecisionWaitsShowsMandatedAndP3SideBySidePerLevel(t *testing.T) {
 	var empty strings.Builder
 	(&Result{Latency: []LatencyResult{{System: SysMandated, Level: "light"}}}).waitsSummary(func(f string, a ...any) { empty.WriteString(fmt.Sprintf(f, a...)) })
 	require.Empty(t, empty.String(), "a run without stage figures has no such section")
+}
+
+// The child's /stats carries each stage's buckets apart (one histogram
+// family per component, one series per stage).
+func TestServeStatsCarryEachStagesBucketsApart(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	pm, om := processor.NewMetrics(reg), outbox.NewMetrics(reg)
+	for range 3 {
+		pm.Stages.WithLabelValues(StageFetch).Observe(0.003)
+	}
+	pm.Stages.WithLabelValues(StageQueue).Observe(0.040)
+	om.Stages.WithLabelValues(StageRelayWait).Observe(0.5)
+	st, err := gatherStats(reg)
+	require.NoError(t, err)
+	count := func(stage string) uint64 {
+		bs := st.Buckets[stageKey(stage)]
+		require.NotEmpty(t, bs, stage)
+		require.Equal(t, float64(infBucket), bs[len(bs)-1].LE)
+		return bs[len(bs)-1].Count
+	}
+	require.Equal(t, uint64(3), count(StageFetch))
+	require.Equal(t, uint64(1), count(StageQueue))
+	require.Equal(t, uint64(1), count(StageRelayWait))
+	require.InEpsilon(t, 3.0, stageQuantiles(st.Buckets[stageKey(StageFetch)], nil).P50MS, 0.2)
+	require.InEpsilon(t, 500.0, stageQuantiles(st.Buckets[stageKey(StageRelayWait)], nil).P99MS, 0.2)
 }
