@@ -14,6 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mandated/mandated/processor"
+	"github.com/mandated/mandated/test/harness"
 	"github.com/mandated/mandated/test/testenv"
 )
 
@@ -100,4 +102,36 @@ func TestP3TimesEveryStageOfEveryAnswerAndItsRelaysTransactions(t *testing.T) {
 	vis := visibleStage(arrivals, st.Txns)
 	require.Equal(t, uint64(50), vis.Count, "every answer's transaction is known")
 	require.Less(t, vis.P99MS, 900.0)
+}
+
+// Serve hooks a txnClock into every client of mandated, as here: each
+// decision the relay publishes is found in a transaction it committed,
+// before the decision was visible.
+func TestEveryDecisionOfMandatedsRelayIsFoundInATransactionItCommitted(t *testing.T) {
+	t.Parallel()
+	txns := newTxnCommitLog()
+	var h *harness.Harness
+	h = harness.New(t, harness.Options{Partitions: 2, Configure: func(cfg *processor.ServiceConfig) {
+		cfg.Processor.ClientHooks = func(string) []kgo.Hook { return []kgo.Hook{newTxnClock(h.Spec.Decisions, txns)} }
+	}})
+	h.Start("a")
+	var mu sync.Mutex
+	var arrivals []arrival
+	c, err := startCounter(h.Brokers, h.Spec.Decisions, 1<<30, nil, nil, func(r *kgo.Record, at time.Time) {
+		mu.Lock()
+		defer mu.Unlock()
+		arrivals = append(arrivals, arrival{partition: r.Partition, offset: r.Offset, at: at})
+	})
+	require.NoError(t, err)
+	defer c.close()
+	for i := range 20 {
+		h.Send(map[string]any{"type": "propose", "org": "acme", "mandate_id": fmt.Sprintf("m-%d", i), "idempotency_key": "k",
+			"operation": "refund", "amount": map[string]any{"minor_units": 1, "currency": "EUR"}})
+	}
+	testenv.WaitFor(t, 30*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(arrivals) >= 20 }, "20 decisions")
+	mu.Lock()
+	defer mu.Unlock()
+	vis := visibleStage(arrivals, txns.snapshot())
+	require.Equal(t, uint64(20), vis.Count, "each decision's transaction is known")
+	require.Less(t, vis.P99MS, 5000.0)
 }
