@@ -613,11 +613,13 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 			}
 		})
 	}
-	stagesMarked := func() {
+	stagesMarked := func() { // the stage mark is taken, or never will be
 		if stageTimer != nil && !stageTimer.Stop() {
 			<-stageMarked
 		}
+		stageTimer = nil
 	}
+	defer stagesMarked() // an early return leaves no timer behind
 	if lv.cold {
 		markStages()
 	}
