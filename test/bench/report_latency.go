@@ -69,6 +69,7 @@ func (r *Result) latencySummary(w func(string, ...any)) {
 		w("| %s | %.0f / %.0f | %.0f | %.0f / %.0f | %.0f / %.0f | %.0f | %.0f |\n", m.Level, m.DecideP50MS, m.DecideP99MS, m.CommitP99MS,
 			m.PublishP50MS, m.PublishP99MS, m.RelayTxnP50MS, m.RelayTxnP99MS, m.RelayTxnPS, m.BatchPS)
 	}
+	r.waitsSummary(w)
 	r.costSummary(w)
 
 	w("\nKafka requests of the process under test (client hook: round trip from write to response, without the time queued in the client; K2's and P3's cover their whole run, warm-up included):\n\n| load | system | request | count | mean ms | p99 ≤ ms | max ms | queued in client, mean ms |\n|---|---|---|---|---|---|---|---|\n")
