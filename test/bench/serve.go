@@ -50,6 +50,11 @@ type ServeConfig struct {
 	// RelayMetadataMinAge is the relay's outbox.Config.MetadataMinAge
 	// (negative: franz-go's 5 s). Zero: the default.
 	RelayMetadataMinAge time.Duration `json:"relay_metadata_min_age"`
+	// RelayMinTxnInterval is the relay's outbox.Config.MinTxnInterval in
+	// nanoseconds (negative: none). Zero: the default. An experiment
+	// (--exp-serve '{"relay_min_txn_interval": 5000000}') compares the
+	// relay's transactions per decision and its latency at every level.
+	RelayMinTxnInterval time.Duration `json:"relay_min_txn_interval"`
 	// RelayRetryLog counts the relay producers' franz-go debug messages
 	// about retries (ServeStats.RelayRetries). Debug logging costs CPU.
 	RelayRetryLog bool `json:"relay_retry_log"`
@@ -188,6 +193,7 @@ func Serve(cfg ServeConfig) error {
 		relay.KafkaOpts = append(relay.KafkaOpts, kgo.RetryBackoffFn(func(int) time.Duration { return d }))
 	}
 	relay.MetadataMinAge = cfg.RelayMetadataMinAge
+	relay.MinTxnInterval = cfg.RelayMinTxnInterval
 	var retries *retryLogger
 	if cfg.RelayRetryLog {
 		retries = newRetryLogger()
