@@ -17,7 +17,9 @@ import (
 //
 // The result travels as JSON text inside a string, with every non-ASCII
 // character escaped, because the contract refuses control characters in a
-// decision's strings and a tool's text is full of newlines. When the
+// decision's strings (a result's text may hold line breaks and tabs, but
+// not the escape sequences and C1 controls a tool's output may carry), and
+// the upstream's result is recorded exactly, whatever it holds. When the
 // object would exceed Config.MaxResultBytes, the record instead holds a
 // stub result — the first part of the text content, the full result's
 // size and SHA-256 — beside "oversize": true. The winner answers with the

@@ -26,7 +26,20 @@ type Metrics struct {
 	// Handovers counts, by outcome, how a relay taking a partition dealt
 	// with the other relay recorded as its publisher (handover.go).
 	Handovers *prometheus.CounterVec
+	// Stages is where a published row waited, by stage: relay_wait (its
+	// batch's PostgreSQL commit → the relay loaded it for the transaction
+	// that published it) and relay_txn (that load → the Kafka transaction
+	// committed). One observation per row; see stages.go.
+	Stages *prometheus.HistogramVec
+
+	relayWait, relayTxn prometheus.Observer
 }
+
+// StageBuckets are the bucket bounds of the stage histograms
+// (mandated_stage_seconds, mandated_outbox_stage_seconds): 0.25 ms to about
+// 30 s, each bound 1.2× the last, so that a quantile interpolated within a
+// bucket (histogram_quantile) is within about 10 % of the true one.
+func StageBuckets() []float64 { return prometheus.ExponentialBuckets(0.00025, 1.2, 65) }
 
 // NewMetrics creates the metrics and registers them with reg (nil: none).
 func NewMetrics(reg prometheus.Registerer) *Metrics {
@@ -101,9 +114,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "mandated_outbox_handovers_total",
 			Help: "Partitions taken from another relay, by outcome: released (it drained and released the partition: not fenced), not_released_in_time (fenced once its drain deadline passed), not_released (no release under way, a dead, paused or lost owner: fenced at once), earlier_version (a per-partition id of an earlier version fenced).",
 		}, []string{"outcome"}),
+		Stages: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "mandated_outbox_stage_seconds",
+			Help:    "Where a published outbox row waited, per row, by stage: relay_wait (its batch's PostgreSQL commit to the relay loading it for the transaction that published it; only rows committed by this process's processor since the relay took the partition) and relay_txn (that load to the Kafka transaction's commit). The processor's stages are mandated_stage_seconds.",
+			Buckets: StageBuckets(),
+		}, []string{"stage"}),
 	}
+	m.relayWait, m.relayTxn = m.Stages.WithLabelValues("relay_wait"), m.Stages.WithLabelValues("relay_txn")
 	if reg != nil {
 		reg.MustRegister(m.Handovers)
+		reg.MustRegister(m.Stages)
 		reg.MustRegister(m.Published, m.PublishSeconds, m.TxnSeconds, m.PublishErrors, m.Parked, m.RowByRow, m.ParkedRows,
 			m.Backlog, m.OldestAge, m.Resumes, m.Fenced, m.Deleted, m.Gaps, m.ForeignRecords, m.ShardErrors, m.ShardSkipped)
 	}

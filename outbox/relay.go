@@ -130,6 +130,8 @@ type Relay struct {
 	foreignSeen map[int32]map[foreignKey]bool
 	tails       map[int32]tailStatus
 
+	stages commitClock // when the processor committed what (stages.go)
+
 	wake   chan struct{}
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -217,15 +219,18 @@ func (r *Relay) Assigned(partition int32, epoch int64) {
 	r.parts[partition] = &part{partition: partition, epoch: epoch,
 		log: r.log.With().Int32("partition", partition).Int64("epoch", epoch).Logger()}
 	delete(r.tails, partition) // what an earlier ownership found; read again on admission
+	r.stages.reset(partition)
 	r.poke()
 }
 
-// Committed wakes the relay: new rows of a partition are committed.
-func (r *Relay) Committed(partition int32, epoch int64, _ int64) {
+// Committed wakes the relay: new rows of a partition are committed, those
+// below nextSeq.
+func (r *Relay) Committed(partition int32, epoch int64, nextSeq int64) {
 	r.mu.Lock()
 	ps := r.parts[partition]
 	r.mu.Unlock()
 	if ps != nil && ps.epoch == epoch {
+		r.stages.committed(partition, nextSeq, time.Now())
 		r.poke()
 	}
 }
@@ -547,6 +552,7 @@ func (r *Relay) session() (progressed bool, err error) {
 		lastEnd = time.Now()
 		for _, s := range done {
 			r.committed[s.ps.partition] = max(r.committed[s.ps.partition], s.last)
+			r.stages.observe(r.metrics, s.ps.partition, batch.rows[s.ps], s.first, s.last, batch.loadedAt, lastEnd)
 		}
 		if err != nil {
 			return progressed || len(done) > 0, err
@@ -785,6 +791,7 @@ type batch struct {
 	rows     map[*part][]Row
 	skipped  map[*part]bool // held, but its shard does not answer: no rows this cycle
 	draining bool           // a stopping partition has rows: no waiting
+	loadedAt time.Time      // when the rows were in hand
 }
 
 func (b batch) total() int {
@@ -897,6 +904,7 @@ func (r *Relay) load(ctx context.Context, held []*part, rotate int) batch {
 		}
 		b.draining = true
 	}
+	b.loadedAt = time.Now()
 	return b
 }
 

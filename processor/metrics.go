@@ -3,6 +3,7 @@ package processor
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/wire"
 )
 
@@ -59,6 +60,14 @@ type Metrics struct {
 	// epoch on the partition's published tail (the database's counter was
 	// behind it: a restore, a promoted replica).
 	EpochsRaised prometheus.Counter
+	// Stages is where a record waited before its decision was committed,
+	// by stage: fetch (its Kafka timestamp → its worker has it), queue
+	// (→ its batch starts), commit (→ the batch's PostgreSQL COMMIT). One
+	// observation per record; see stages.go. The relay's stages are
+	// outbox.Metrics.Stages.
+	Stages *prometheus.HistogramVec
+
+	stageFetch, stageQueue, stageCommit prometheus.Observer
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: none).
@@ -223,7 +232,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "mandated_claim_epochs_raised_total",
 		Help: "Claims whose epoch was raised above the highest epoch on the partition's published decisions: PostgreSQL's counter was behind what the topic carries (a restored backup, a promoted replica). Epochs only go up.",
 	})
+	m.Stages = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "mandated_stage_seconds",
+		Help:    "Where a record waited before its decision was committed, per record, by stage: fetch (its Kafka timestamp, the producer's send time, to its partition's worker having it), queue (to its batch starting), commit (to the batch's PostgreSQL COMMIT, retries and group commit included). Their sum is mandated_proposal_decision_latency_seconds; the relay's stages are mandated_outbox_stage_seconds.",
+		Buckets: outbox.StageBuckets(),
+	}, []string{"stage"})
+	m.stageFetch, m.stageQueue, m.stageCommit = m.Stages.WithLabelValues("fetch"), m.Stages.WithLabelValues("queue"), m.Stages.WithLabelValues("commit")
 	if reg != nil {
+		reg.MustRegister(m.Stages)
 		reg.MustRegister(m.IntentReplays, m.Forks, m.PossibleReplays, m.IntentsPurged, m.ShardUp, m.RequestAnswers, m.RequestAnswersPurged, m.Rewound,
 			m.ClaimChecks, m.EpochsRaised)
 	}

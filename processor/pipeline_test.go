@@ -225,3 +225,28 @@ func TestCommitAndCancelRacingLeaveOneTerminalState(t *testing.T) {
 		require.Equal(t, first.Authorization.State, second.Authorization.State, "the loser sees the winner's state")
 	}
 }
+
+// TestAProviderAnswerWithLineBreaksIsCommittedAndReplayedAsRecorded: a
+// provider's result often holds multi-line text (an address, a message).
+// The commit carrying it is committed, not refused (which would leave an
+// effect that happened in doubt), and a repeated commit, answered from
+// PostgreSQL, returns the same bytes.
+func TestAProviderAnswerWithLineBreaksIsCommittedAndReplayedAsRecorded(t *testing.T) {
+	t.Parallel()
+	h := harness.New(t, harness.Options{Partitions: 1})
+	h.Start("a")
+	h.SendAwait(grant("acme", "m", 1, nil))
+	r := h.SendAwait(propose("acme", "m", "k", 100, nil))
+	b := h.SendAwait(authCmd("begin", "acme", "m", r.AuthorizationID, map[string]any{"executor": "exec-1"}))
+	result := map[string]any{"address": "1 Main St\nFlat 2\r\n\tLondon", "status": "succeeded"}
+	commit := authCmd("commit", "acme", "m", r.AuthorizationID, map[string]any{"external_ref": "re_1",
+		"execution_token": b.ExecutionToken, "result": result})
+	c := h.SendAwait(commit)
+	require.Equal(t, wire.OutcomeCommitted, c.Outcome, "%+v", c)
+	want := `{"address":"1 Main St\nFlat 2\r\n\tLondon","status":"succeeded"}`
+	require.JSONEq(t, want, string(c.Authorization.Result))
+
+	again := h.SendAwait(commit)
+	require.Equal(t, wire.OutcomeReplayed, again.Outcome, "%+v", again)
+	require.JSONEq(t, want, string(again.Authorization.Result))
+}

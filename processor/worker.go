@@ -50,6 +50,7 @@ type worker struct {
 
 	mu       sync.Mutex
 	inbox    []*kgo.Record
+	fetched  fetchMarks       // when the inbox's records came (stages.go)
 	seen     map[string]int64 // the highest offset pushed, per topic
 	paused   bool
 	hwm      map[string]int64
@@ -63,6 +64,8 @@ type worker struct {
 	released  bool
 	releasedC chan struct{}      // closed at release
 	attempt   context.CancelFunc // cancels the commit attempt in flight
+
+	batchAt time.Time // when the batch in hand started (the worker goroutine only)
 
 	wake   chan struct{}
 	ctx    context.Context // cancelled to abort an in-flight batch
@@ -118,7 +121,9 @@ func (w *worker) client() *kgo.Client {
 // (an adoption's) must not put records twice, or out of order, in the
 // inbox.
 func (w *worker) push(records []*kgo.Record, topic string, hwm int64) {
+	at := time.Now()
 	w.mu.Lock()
+	before := len(w.inbox)
 	seen, ok := w.seen[topic]
 	for _, r := range records {
 		if ok && r.Offset <= seen {
@@ -130,6 +135,7 @@ func (w *worker) push(records []*kgo.Record, topic string, hwm int64) {
 	if ok {
 		w.seen[topic] = seen
 	}
+	w.fetched.pushed(w.p.metrics, w.inbox[before:], at)
 	w.hwm[topic] = hwm
 	pause := !w.paused && len(w.inbox) >= w.highWater()
 	if pause {
@@ -152,6 +158,8 @@ func (w *worker) poke() {
 func (w *worker) take(max int) []*kgo.Record {
 	w.mu.Lock()
 	n := min(len(w.inbox), max)
+	w.batchAt = time.Now()
+	w.fetched.taken(w.p.metrics, n, len(w.inbox), w.batchAt)
 	batch := make([]*kgo.Record, n)
 	copy(batch, w.inbox)
 	w.inbox = append(w.inbox[:0:0], w.inbox[n:]...)
@@ -637,6 +645,7 @@ func (w *worker) committed(b *sink.Batch, res sink.Result, items []item, due []l
 		if !it.rec.Timestamp.IsZero() {
 			tracing.Observe(m.DecisionLatency, commitTime.Sub(it.rec.Timestamp).Seconds(), it.trace)
 		}
+		m.stageCommit.Observe(commitTime.Sub(w.batchAt).Seconds())
 		switch it.kind {
 		case itemReject:
 			m.Rejections.WithLabelValues(string(it.rej.Reason)).Inc()

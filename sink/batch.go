@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/mandated/mandated/internal/backoff"
 	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/wire"
@@ -59,7 +59,7 @@ type Result struct {
 // with the connection is resolved by reading the stored position back.
 func (s *Sink) Commit(ctx context.Context, b *Batch) (Result, error) {
 	var res Result
-	backoff := RetryBackoffDefault
+	retry := backoff.Jittered(RetryBackoffDefault, time.Second)
 	for {
 		res.Attempts++
 		err := s.attempt(ctx, b, &res)
@@ -71,12 +71,8 @@ func (s *Sink) Commit(ctx context.Context, b *Batch) (Result, error) {
 			return res, err
 		}
 		res.Retries = append(res.Retries, RetryCause(err))
-		wait := backoff/2 + rand.N(backoff)
-		backoff = min(backoff*2, time.Second)
-		select {
-		case <-ctx.Done():
+		if !retry.Wait(ctx) {
 			return res, ctx.Err()
-		case <-time.After(wait):
 		}
 	}
 }

@@ -20,7 +20,7 @@ const (
 	RetentionRefreshDefault   = time.Minute
 	ApplicationNameDefault    = "mandated"
 	PurgeBatchDefault         = 1000
-	MinimumIdempotencyRetenti = time.Hour
+	MinIdempotencyRetention = time.Hour
 )
 
 // Config configures the sink.
@@ -88,7 +88,7 @@ func (c Config) Validate() error {
 		return errors.New("sink: LockTimeout, IdleInTxTimeout and StatementTimeout must be positive")
 	case c.TakeoverGrace <= 0 || c.TakeoverGrace >= c.ClaimTimeout:
 		return errors.New("sink: TakeoverGrace must be positive and below ClaimTimeout")
-	case c.Retention < MinimumIdempotencyRetenti:
+	case c.Retention < MinIdempotencyRetention:
 		return errors.New("sink: Retention must be at least one hour")
 	case c.MaxBatchAttempts < 1:
 		return errors.New("sink: MaxBatchAttempts must be at least 1")

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -15,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/mandated/mandated/internal/backoff"
 )
 
 // Defaults for GroupConfig.
@@ -107,7 +108,7 @@ func (s *Sink) NewGroup(cfg GroupConfig) *Group {
 // been given up.
 func (g *Group) Commit(ctx context.Context, b *Batch) (Result, error) {
 	var res Result
-	backoff := RetryBackoffDefault
+	retry := backoff.Jittered(RetryBackoffDefault, time.Second)
 	for {
 		res.Attempts++
 		out, err := g.submit(ctx, b, res.Attempts > 1 || b.Retry)
@@ -121,12 +122,8 @@ func (g *Group) Commit(ctx context.Context, b *Batch) (Result, error) {
 			return res, err
 		}
 		res.Retries = append(res.Retries, RetryCause(err))
-		wait := backoff/2 + rand.N(backoff)
-		backoff = min(backoff*2, time.Second)
-		select {
-		case <-ctx.Done():
+		if !retry.Wait(ctx) {
 			return res, ctx.Err()
-		case <-time.After(wait):
 		}
 	}
 }

@@ -132,7 +132,7 @@ func getOrgSetting(ctx context.Context, q interface {
 // execution timeout of any of the org's mandates: grants check the same
 // rule against the retention they see.
 func (o *OrgSettings) SetRetention(ctx context.Context, org string, d time.Duration) error {
-	if d < MinimumIdempotencyRetenti {
+	if d < MinIdempotencyRetention {
 		return fmt.Errorf("%w: %s for org %s is below one hour", ErrRetentionTooShort, d, org)
 	}
 	return pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {

@@ -212,7 +212,11 @@ func badInputs() []badInput {
 		{name: "a result that is not an object is refused", value: with(commitBase, "result", `["ok"]`), reason: wire.ReasonFieldInvalid, answeredTo: goodKey, detail: "result must be a JSON object"},
 		{name: "a result that is a string is refused", value: with(commitBase, "result", `"ok"`), reason: wire.ReasonFieldInvalid, answeredTo: goodKey},
 		{name: "a result over 8 KiB is refused", value: with(commitBase, "result", `{"a":"`+strings.Repeat("x", 8200)+`"}`), reason: wire.ReasonFieldInvalid, answeredTo: goodKey, detail: "the limit is 8192"},
-		{name: "a result with a control character is refused", value: with(commitBase, "result", `{"a":"x\ny"}`), reason: wire.ReasonControlChar, answeredTo: goodKey},
+		{name: "a result with an escape character (a terminal's control sequence) is refused", value: with(commitBase, "result", `{"a":"x\u001b[2Jy"}`), reason: wire.ReasonControlChar, answeredTo: goodKey},
+		{name: "a result with a NUL is refused", value: with(commitBase, "result", `{"a":"x\u0000y"}`), reason: wire.ReasonNULByte, answeredTo: goodKey},
+		{name: "a result key with a newline is refused", value: with(commitBase, "result", `{"a\nb":1}`), reason: wire.ReasonControlChar, answeredTo: goodKey},
+		{name: "a newline outside the result is still refused", value: with(commitBase, "external_ref", `"re_1\nforged"`, "result", `{"a":"x\ny"}`), reason: wire.ReasonControlChar, answeredTo: goodKey},
+		{name: "a newline in a result nested in another member is refused", value: with(commitBase, "meta", `{"result":{"a":"x\ny"}}`), reason: wire.ReasonControlChar, answeredTo: goodKey},
 		{name: "a result with a duplicate key is refused", value: with(commitBase, "result", `{"a":1,"a":2}`), reason: wire.ReasonAmbiguousField, answeredTo: goodKey},
 		{name: "a result nested too deep is refused", value: with(commitBase, "result", `{"a":{"b":{"c":{"d":{"e":{"f":{"g":{"h":1}}}}}}}}`), reason: wire.ReasonTooComplex, answeredTo: goodKey},
 		{name: "a result on a cancel is an unknown field", value: with(cancelBase, "result", `{}`), reason: wire.ReasonUnknownField, answeredTo: goodKey},
@@ -586,6 +590,12 @@ func TestDecodeAcceptsValidCommands(t *testing.T) {
 		{name: "a result keeps numbers as written and nested values", value: with(commitBase, "result", `{"z":[1.50,true,null],"a":{"n":-0.5e3}}`, "execution_token", `4611686018427387904`), want: &wire.Command{
 			Type: wire.CmdCommit, Key: key, Commit: &wire.Commit{AuthorizationID: exampleAuthID, ExternalRef: "re_1", ExecutionToken: wire.MaxExecutionToken,
 				Result: []byte(`{"a":{"n":-0.5e3},"z":[1.50,true,null]}`)}}},
+		{name: "a result's text may hold newlines, tabs and carriage returns (a provider's multi-line answer), re-encoded escaped", value: with(commitBase, "result", `{"address":"1 Main St\nFlat 2\r\n\tLondon"}`), want: &wire.Command{
+			Type: wire.CmdCommit, Key: key, Commit: &wire.Commit{AuthorizationID: exampleAuthID, ExternalRef: "re_1",
+				Result: []byte(`{"address":"1 Main St\nFlat 2\r\n\tLondon"}`)}}},
+		{name: "a resolve's result may hold a newline too", value: with(resolveBase, "result", `{"note":"a\nb"}`), want: &wire.Command{
+			Type: wire.CmdResolve, Key: key, Resolve: &wire.Resolve{AuthorizationID: exampleAuthID, Outcome: wire.ResolveCommitted,
+				ExternalRef: "re_1", Result: []byte(`{"note":"a\nb"}`)}}},
 		{name: "the cancel example decodes", value: example("cancel"), want: &wire.Command{
 			Type: wire.CmdCancel, Key: key, Cancel: &wire.Cancel{AuthorizationID: exampleAuthID,
 				Reason:           "the customer withdrew the refund request",

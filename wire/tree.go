@@ -71,7 +71,15 @@ type scanner struct {
 	pos    int
 	lim    treeLimits
 	tokens int
+	// data: inside a top-level "result", a provider's answer, whose text
+	// may hold line breaks and tabs (checkData); everywhere else strings
+	// are ids, names and reasons (checkString).
+	data bool
 }
+
+// dataMember is the one top-level member whose strings are a provider's
+// free text (a commit's or a resolve's result), not the contract's ids.
+const dataMember = "result"
 
 func (p *scanner) token() *parseError {
 	p.tokens++
@@ -125,7 +133,11 @@ func (p *scanner) value(depth int) (any, *parseError) {
 		if perr != nil {
 			return nil, perr
 		}
-		if perr := checkString(s); perr != nil {
+		check := checkString
+		if p.data {
+			check = checkData
+		}
+		if perr := check(s); perr != nil {
 			return nil, perr
 		}
 		return s, nil
@@ -191,7 +203,11 @@ func (p *scanner) object(depth int) (object, *parseError) {
 		}
 		p.pos++
 		p.skipSpace()
+		p.data = p.data || depth == 1 && key == dataMember
 		v, perr := p.value(depth)
+		if depth == 1 {
+			p.data = false
+		}
 		if perr != nil {
 			return nil, perr
 		}
@@ -388,9 +404,19 @@ func (p *scanner) hex4() (rune, bool) {
 
 // checkString refuses what PostgreSQL would refuse later (NUL) and what
 // would make ids or logs lie (control characters, replacement characters).
-func checkString(s string) *parseError {
+func checkString(s string) *parseError { return checkText(s, false) }
+
+// checkData is checkString for a provider's free text: line feeds,
+// carriage returns and tabs are text there (an address, a message), kept
+// escaped wherever the result is written again (JSON re-encoding); every
+// other control character is still refused (an escape sequence would
+// rewrite an operator's terminal).
+func checkData(s string) *parseError { return checkText(s, true) }
+
+func checkText(s string, lineBreaks bool) *parseError {
 	for _, r := range s {
 		switch {
+		case lineBreaks && (r == '\n' || r == '\r' || r == '\t'):
 		case r == 0:
 			return parseFail(ReasonNULByte, "a string contains a NUL character")
 		case r == utf8.RuneError:

@@ -30,7 +30,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 	"github.com/twmb/franz-go/pkg/kerr"
 
@@ -38,6 +37,7 @@ import (
 	"github.com/mandated/mandated/cmd/internal/cli"
 	"github.com/mandated/mandated/gateway"
 	"github.com/mandated/mandated/gateway/console"
+	"github.com/mandated/mandated/internal/backoff"
 	"github.com/mandated/mandated/internal/tracing"
 	"github.com/mandated/mandated/sink"
 )
@@ -390,7 +390,7 @@ func (l *certLoader) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 // connectClient retries while Kafka or the topics are not there yet, telling
 // st (and so /readyz) why; a signal abandons it.
 func connectClient(ctx context.Context, cfg client.Config, st *starting, log zerolog.Logger) (*client.Client, bool) {
-	backoff := time.Second
+	b := backoff.New(time.Second, 15*time.Second)
 	for attempt := 1; ; attempt++ {
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		cl, err := client.New(cctx, cfg)
@@ -402,48 +402,28 @@ func connectClient(ctx context.Context, cfg client.Config, st *starting, log zer
 		if errors.Is(err, kerr.UnknownTopicOrPartition) {
 			why = "the topics do not exist yet (create them: mandatectl topics create); retrying"
 		}
-		st.failed(why + ": " + err.Error())
-		log.Error().Err(err).Int("attempt", attempt).Dur("retry_in", backoff).Msg(why)
-		select {
-		case <-ctx.Done():
+		st.Failed(why + ": " + err.Error())
+		log.Error().Err(err).Int("attempt", attempt).Dur("retry_in", b.Current()).Msg(why)
+		if !b.Wait(ctx) {
 			return nil, false
-		case <-time.After(backoff):
 		}
-		backoff = min(backoff*2, 15*time.Second)
 	}
 }
 
 // starting is what the operations endpoints know of the gateway: nothing
 // yet but the last reason it could not start, then the server.
 type starting struct {
-	srv     atomic.Pointer[gateway.Server]
-	lastErr atomic.Pointer[string]
+	cli.Starting
+	srv atomic.Pointer[gateway.Server]
 }
-
-func (st *starting) failed(why string) { st.lastErr.Store(&why) }
 
 // ops serves /metrics, /healthz and /readyz.
 func (st *starting) ops(reg *prometheus.Registry) http.Handler {
-	ops := http.NewServeMux()
-	ops.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, EnableOpenMetrics: true}))
-	ops.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	ops.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+	return cli.Ops(reg, func(ctx context.Context) (string, error) {
 		srv := st.srv.Load()
 		if srv == nil {
-			why := "starting"
-			if e := st.lastErr.Load(); e != nil {
-				why += ": " + *e
-			}
-			http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
-			return
+			return "", st.NotReady()
 		}
-		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
-		defer cancel()
-		if err := srv.Ready(ctx); err != nil {
-			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = w.Write([]byte("ready\n"))
+		return "", srv.Ready(ctx)
 	})
-	return ops
 }

@@ -23,11 +23,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 
 	"github.com/mandated/mandated/client"
 	"github.com/mandated/mandated/cmd/internal/cli"
+	"github.com/mandated/mandated/internal/backoff"
 	"github.com/mandated/mandated/mcpguard"
 )
 
@@ -158,18 +158,7 @@ func run(args []string) int {
 
 	var opsServer *http.Server
 	if c.opsAddr != "" {
-		ops := http.NewServeMux()
-		ops.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, EnableOpenMetrics: true}))
-		ops.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-		ops.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-			ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
-			defer cancel()
-			if err := g.Ready(ctx); err != nil {
-				http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
-				return
-			}
-			_, _ = w.Write([]byte("ready\n"))
-		})
+		ops := cli.Ops(reg, func(ctx context.Context) (string, error) { return "", g.Ready(ctx) })
 		ln, err := net.Listen("tcp", c.opsAddr)
 		if err != nil {
 			log.Error().Err(err).Str("addr", c.opsAddr).Msg("cannot listen")
@@ -228,7 +217,7 @@ func run(args []string) int {
 // connectClient retries while Kafka or the decisions topic are not there
 // yet; a signal abandons it.
 func connectClient(ctx context.Context, cfg client.Config, log zerolog.Logger) (*client.Client, bool) {
-	backoff := time.Second
+	b := backoff.New(time.Second, 15*time.Second)
 	for attempt := 1; ; attempt++ {
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		cl, err := client.New(cctx, cfg)
@@ -236,12 +225,9 @@ func connectClient(ctx context.Context, cfg client.Config, log zerolog.Logger) (
 		if err == nil {
 			return cl, true
 		}
-		log.Error().Err(err).Int("attempt", attempt).Dur("retry_in", backoff).Msg("cannot reach Kafka yet; retrying")
-		select {
-		case <-ctx.Done():
+		log.Error().Err(err).Int("attempt", attempt).Dur("retry_in", b.Current()).Msg("cannot reach Kafka yet; retrying")
+		if !b.Wait(ctx) {
 			return nil, false
-		case <-time.After(backoff):
 		}
-		backoff = min(backoff*2, 15*time.Second)
 	}
 }

@@ -26,13 +26,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/plugin/kprom"
 
 	"github.com/mandated/mandated/cmd/internal/cli"
+	"github.com/mandated/mandated/internal/backoff"
 	"github.com/mandated/mandated/internal/tracing"
 	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/processor"
@@ -257,8 +257,8 @@ func run(args []string) int {
 
 // serving is what the HTTP handlers see of the process.
 type serving struct {
-	svc     atomic.Pointer[processor.Service]
-	lastErr atomic.Pointer[string]
+	cli.Starting
+	svc atomic.Pointer[processor.Service]
 }
 
 // startWithRetry starts the service, retrying with backoff while Kafka or
@@ -267,7 +267,7 @@ type serving struct {
 // code 0); so does Kafka refusing mandated's credentials (exit code 1):
 // retrying the same password cannot help.
 func startWithRetry(cfg processor.ServiceConfig, log zerolog.Logger, state *serving, sigs <-chan os.Signal) (*processor.Service, int, bool) {
-	backoff := time.Second
+	b := backoff.New(time.Second, 15*time.Second)
 	for attempt := 1; ; attempt++ {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
@@ -294,16 +294,15 @@ func startWithRetry(cfg processor.ServiceConfig, log zerolog.Logger, state *serv
 			log.Error().Err(err).Msg("Kafka refused mandated's SASL credentials: exiting (check --kafka-sasl-user and the password)")
 			return nil, 1, false
 		}
-		msg := err.Error()
-		state.lastErr.Store(&msg)
-		log.Error().Err(err).Int("attempt", attempt).Dur("retry_in", backoff).Msg("cannot start yet; retrying")
+		state.Failed(err.Error())
+		wait := b.Next()
+		log.Error().Err(err).Int("attempt", attempt).Dur("retry_in", wait).Msg("cannot start yet; retrying")
 		select {
 		case <-sigs:
 			log.Info().Msg("signal during start-up: exiting")
 			return nil, 0, false
-		case <-time.After(backoff):
+		case <-time.After(wait):
 		}
-		backoff = min(backoff*2, 15*time.Second)
 	}
 }
 
@@ -328,30 +327,14 @@ func watchReady(svc *processor.Service, g prometheus.Gauge, stop <-chan struct{}
 }
 
 func routes(state *serving, reg *prometheus.Registry) http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, EnableOpenMetrics: true}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		w.WriteHeader(http.StatusOK)
-		_, _ = w.Write([]byte("ok\n"))
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+	return cli.Ops(reg, func(ctx context.Context) (string, error) {
 		svc := state.svc.Load()
 		if svc == nil {
-			why := "starting"
-			if e := state.lastErr.Load(); e != nil {
-				why += ": " + *e
-			}
-			http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
-			return
+			return "", state.NotReady()
 		}
-		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
-		defer cancel()
 		if err := svc.Ready(ctx); err != nil {
-			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
-			return
+			return "", err
 		}
-		owned := svc.Processor.Owned()
-		_, _ = fmt.Fprintf(w, "ready: %d partitions owned\n", len(owned))
+		return fmt.Sprintf(": %d partitions owned", len(svc.Processor.Owned())), nil
 	})
-	return mux
 }

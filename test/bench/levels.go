@@ -199,6 +199,15 @@ func (b *Bench) logLevel(l LatencyResult) {
 		b.logf("   stages: record→commit p50 %.0f p99 %.0f ms, commit p99 %.0f ms, row→published p50 %.0f p99 %.0f ms, relay txn p50 %.0f p99 %.0f ms",
 			l.DecideP50MS, l.DecideP99MS, l.CommitP99MS, l.PublishP50MS, l.PublishP99MS, l.RelayTxnP50MS, l.RelayTxnP99MS)
 	}
+	if len(l.Stages) > 0 {
+		line := "   where a decision waits (p50 / p99 ms):"
+		for _, st := range Stages {
+			if q, ok := l.Stages[st]; ok && q.Count > 0 {
+				line += fmt.Sprintf(" %s %s / %s,", st, fmtMS(q.P50MS), fmtMS(q.P99MS))
+			}
+		}
+		b.logf("%s end-to-end %s / %s", line, fmtMS(l.P50MS), fmtMS(l.P99MS))
+	}
 	if c := l.Costs; c != nil {
 		b.logf("   per batch: %.1f statements, %.0f µs statement time, %.0f µs PostgreSQL backend CPU, %.0f µs other PostgreSQL CPU, %.0f WAL bytes, %.2f WAL flushes",
 			c.StatementsPerBatch, c.StatementMicrosPerBatch, c.BackendMicrosPerBatch, c.OtherPGMicrosPerBatch, c.WALBytesPerBatch, c.WALSyncsPerBatch)

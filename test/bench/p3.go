@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"sort"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -29,6 +31,18 @@ type P3Config struct {
 	// StatsPath receives, at exit, what each Kafka request type cost
 	// (map[string]ReqStat as JSON).
 	StatsPath string `json:"stats_path"`
+	// StagesPath receives, at exit, where its decisions waited
+	// (P3StageStats as JSON); SIGUSR1 marks the measured part's start.
+	StagesPath string `json:"stages_path"`
+}
+
+// P3StageStats is where P3's decisions waited: its stage histograms (the
+// buckets of mandated's, keyed as ServeStats.Buckets) at SIGUSR1 and at
+// exit, and its relay's transactions, for the visible stage.
+type P3StageStats struct {
+	Start map[string][]Bucket `json:"start,omitempty"`
+	End   map[string][]Bucket `json:"end"`
+	Txns  TxnCommits          `json:"txns"`
 }
 
 // p3Schema is P3's database: an idempotency row per record, a
@@ -84,9 +98,29 @@ const p3DeleteSQL = `DELETE FROM p3_outbox WHERE id <= $1`
 // as a real service would. The output value is the input padded to
 // ValueBytes (a decision's size), so it echoes sent_at. No lifecycle, no
 // fences, no chain: what mandated does beyond this is what it costs more.
-// It prints "READY" once running and stops on SIGTERM.
+// It prints "READY" once running and stops on SIGTERM; SIGUSR1 starts the
+// measured part of its stage timings.
 func P3(cfg P3Config) error {
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer cancel()
+	usr1 := make(chan os.Signal, 1)
+	signal.Notify(usr1, syscall.SIGUSR1)
+	defer signal.Stop(usr1)
+	measure := make(chan struct{})
+	go func() {
+		select {
+		case <-usr1:
+			close(measure)
+		case <-ctx.Done():
+		}
+	}()
+	return runP3(ctx, cfg, measure)
+}
+
+// runP3 is P3 until ctx ends; its stage timings' measured part starts
+// when measure is closed.
+func runP3(ctx context.Context, cfg P3Config, measure <-chan struct{}) error {
+	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
 	if err != nil {
@@ -94,14 +128,32 @@ func P3(cfg P3Config) error {
 	}
 	defer pool.Close()
 	requests := newReqHook()
+	stages, fetched, txns := newP3Stages(), newP3Fetched(), newTxnCommitLog()
+	var stagesFrom atomic.Pointer[map[string][]Bucket]
+	go func() {
+		select {
+		case <-measure:
+			b := stages.buckets()
+			stagesFrom.Store(&b)
+		case <-ctx.Done():
+		}
+	}()
 	defer func() {
 		if cfg.StatsPath != "" {
 			js, _ := json.Marshal(requests.snapshot())
 			_ = os.WriteFile(cfg.StatsPath, js, 0o644)
 		}
+		if cfg.StagesPath != "" {
+			st := P3StageStats{End: stages.buckets(), Txns: txns.snapshot()}
+			if b := stagesFrom.Load(); b != nil {
+				st.Start = *b
+			}
+			js, _ := json.Marshal(st)
+			_ = os.WriteFile(cfg.StagesPath, js, 0o644)
+		}
 	}()
 	cons, err := kgo.NewClient(
-		kgo.WithHooks(requests),
+		kgo.WithHooks(requests, fetched),
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.ConsumerGroup(cfg.Group),
 		kgo.ConsumeTopics(cfg.In),
@@ -117,7 +169,7 @@ func P3(cfg P3Config) error {
 	}
 	defer cons.Close()
 	prod, err := kgo.NewClient(
-		kgo.WithHooks(requests),
+		kgo.WithHooks(requests, newTxnClock(cfg.Out, txns)),
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.TransactionalID(cfg.TransactionID),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
@@ -131,12 +183,13 @@ func P3(cfg P3Config) error {
 	defer prod.Close()
 
 	wake := make(chan struct{}, 1)
+	marks := &p3Marks{}
 	var wg sync.WaitGroup
 	relayErr := make(chan error, 1)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		if err := p3Relay(ctx, pool, prod, cfg.Out, wake); err != nil && ctx.Err() == nil {
+		if err := p3Relay(ctx, pool, prod, cfg.Out, wake, marks, stages); err != nil && ctx.Err() == nil {
 			relayErr <- err
 			cancel()
 		}
@@ -157,10 +210,16 @@ func P3(cfg P3Config) error {
 		if n == 0 {
 			continue
 		}
+		start := time.Now() // the batch starts
+
 		keys, parts, offs := make([]string, 0, n), make([]int32, 0, n), make([]int64, 0, n)
 		rkeys, values := make([][]byte, 0, n), make([][]byte, 0, n)
 		next := map[int32]int64{}
 		fs.EachRecord(func(r *kgo.Record) {
+			if at, ok := fetched.take(r); ok {
+				stages[StageFetch].observe(at.Sub(r.Timestamp))
+				stages[StageQueue].observe(start.Sub(at))
+			}
 			key.IdempotencyKey = ""
 			if err := json.Unmarshal(r.Value, &key); err != nil || key.IdempotencyKey == "" {
 				key.IdempotencyKey = fmt.Sprintf("%d/%d", r.Partition, r.Offset) // unreadable: keyed by position
@@ -182,12 +241,25 @@ func P3(cfg P3Config) error {
 		var b pgx.Batch
 		b.Queue(p3InsertSQL, keys, parts, offs, rkeys, values)
 		b.Queue(p3OffsetsSQL, cfg.In, op, oo)
-		if err := pool.SendBatch(ctx, &b).Close(); err != nil {
+		br := pool.SendBatch(ctx, &b)
+		tag, err := br.Exec()
+		if err == nil {
+			_, err = br.Exec()
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
 			if ctx.Err() != nil {
 				break
 			}
 			return fmt.Errorf("store a poll of %d records: %w", n, err)
 		}
+		committed := time.Now()
+		for range n {
+			stages[StageCommit].observe(committed.Sub(start))
+		}
+		marks.committed(tag.RowsAffected(), committed)
 		select {
 		case wake <- struct{}{}:
 		default:
@@ -230,7 +302,7 @@ func p3Offsets(ctx context.Context, pool *pgxpool.Pool, m map[string]map[int32]k
 // p3Relay publishes the outbox in id order, one Kafka transaction per
 // read, and deletes what a committed transaction carried. Woken by the
 // consumer after each commit; it also looks every 100 ms.
-func p3Relay(ctx context.Context, pool *pgxpool.Pool, prod *kgo.Client, topic string, wake <-chan struct{}) error {
+func p3Relay(ctx context.Context, pool *pgxpool.Pool, prod *kgo.Client, topic string, wake <-chan struct{}, marks *p3Marks, stages p3Stages) error {
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
 	type row struct {
@@ -251,6 +323,7 @@ func p3Relay(ctx context.Context, pool *pgxpool.Pool, prod *kgo.Client, topic st
 		}); err != nil {
 			return err
 		}
+		loaded := time.Now()
 		if len(batch) == 0 {
 			select {
 			case <-ctx.Done():
@@ -284,8 +357,87 @@ func p3Relay(ctx context.Context, pool *pgxpool.Pool, prod *kgo.Client, topic st
 		if perr != nil {
 			return fmt.Errorf("publish: %w", perr)
 		}
+		published := time.Now()
+		for _, r := range batch {
+			stages[StageRelayWait].observe(loaded.Sub(marks.at(r.id, loaded)))
+			stages[StageRelayTxn].observe(published.Sub(loaded))
+		}
+		marks.published(batch[len(batch)-1].id)
 		if _, err := pool.Exec(ctx, p3DeleteSQL, batch[len(batch)-1].id); err != nil {
 			return err
 		}
 	}
+}
+
+// p3Fetched notes when P3's consumer client buffered each record (the
+// fetch stage's end: where mandated's poll loop hands a record to its
+// worker, P3's client holds it until the next poll).
+type p3Fetched struct {
+	mu sync.Mutex
+	at map[p3Pos]time.Time
+}
+
+type p3Pos struct {
+	partition int32
+	offset    int64
+}
+
+var _ kgo.HookFetchRecordBuffered = (*p3Fetched)(nil)
+
+func newP3Fetched() *p3Fetched { return &p3Fetched{at: map[p3Pos]time.Time{}} }
+
+func (f *p3Fetched) OnFetchRecordBuffered(r *kgo.Record) {
+	now := time.Now()
+	f.mu.Lock()
+	f.at[p3Pos{r.Partition, r.Offset}] = now
+	f.mu.Unlock()
+}
+
+// take returns when r was buffered, and forgets it.
+func (f *p3Fetched) take(r *kgo.Record) (time.Time, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	k := p3Pos{r.Partition, r.Offset}
+	at, ok := f.at[k]
+	delete(f.at, k)
+	return at, ok
+}
+
+// p3Marks notes when P3's transactions committed their outbox rows: one
+// writer, so the outbox ids (a fresh bigserial, never rolled back) are
+// the running count of rows committed.
+type p3Marks struct {
+	mu    sync.Mutex
+	total int64
+	marks [][2]int64 // [running count, commit time in Unix ns]
+}
+
+func (m *p3Marks) committed(rows int64, at time.Time) {
+	if rows == 0 {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.total += rows
+	m.marks = append(m.marks, [2]int64{m.total, at.UnixNano()})
+}
+
+// at is when the row id was committed; or, if its commit is not noted
+// yet (the relay read it in between), def.
+func (m *p3Marks) at(id int64, def time.Time) time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	i := sort.Search(len(m.marks), func(i int) bool { return m.marks[i][0] >= id })
+	if i == len(m.marks) {
+		return def
+	}
+	return time.Unix(0, m.marks[i][1])
+}
+
+// published forgets the marks of rows up to id.
+func (m *p3Marks) published(id int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	i := sort.Search(len(m.marks), func(i int) bool { return m.marks[i][0] > id })
+	m.marks = append(m.marks[:0], m.marks[i:]...)
 }

@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/HdrHistogram/hdrhistogram-go"
@@ -345,6 +346,9 @@ type LatencyResult struct {
 	PublishP99MS  float64 `json:"publish_p99_ms"`
 	RelayTxnP50MS float64 `json:"relay_txn_p50_ms"`
 	RelayTxnP99MS float64 `json:"relay_txn_p99_ms"`
+	// Stages is where a decision waited, by stage (Stages), over the
+	// measured part of the level: mandated and P3 only (stages.go).
+	Stages map[string]StageQuantiles `json:"stages,omitempty"`
 	// Requests is what each Kafka request type cost the process under test
 	// over the level (K2: over its whole life, warm-up included).
 	Requests map[string]ReqStat `json:"kafka_requests,omitempty"`
@@ -481,6 +485,7 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 	var mu sync.Mutex
 	var t0, measureFrom time.Time // zero until the schedule is fixed
 	var measured, seen, dups atomic.Int64
+	var arrivals []arrival // the measured decisions, for the visible stage
 	c, err := startCounter(b.cfg.Brokers, out, 1<<62, nil, nil, func(r *kgo.Record, at time.Time) {
 		seen.Add(1)
 		sent, ok := sentAtOf(r.Value)
@@ -508,6 +513,7 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 		if !sent.Before(measureFrom) {
 			_ = hist.RecordValue(lat)
 			measured.Add(1)
+			arrivals = append(arrivals, arrival{partition: r.Partition, offset: r.Offset, at: at})
 		}
 	})
 	if err != nil {
@@ -530,7 +536,9 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 					break
 				}
 				mi := choose()
-				prod.Produce(ctx, &kgo.Record{Topic: t("proposals"), Key: mandateKey(mi).Bytes(),
+				// The Kafka timestamp is the intended send time, where the
+				// systems' stage timings start.
+				prod.Produce(ctx, &kgo.Record{Topic: t("proposals"), Key: mandateKey(mi).Bytes(), Timestamp: intended,
 					Value: proposeValue(mi, fmt.Sprintf("l-%d", i), intended)}, func(_ *kgo.Record, err error) {
 					if err != nil {
 						failed.Add(1)
@@ -561,13 +569,14 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 	}
 	var ch *child
 	peerStats := filepath.Join(b.work, "peer-"+id+".requests.json")
+	peerStages := filepath.Join(b.work, "peer-"+id+".stages.json")
 	switch lv.system {
 	case SysK2:
 		ch, err = startChild(b.work, "txpipe-"+id, "txpipe", TxPipeConfig{Brokers: b.cfg.Brokers, In: t("proposals"), Out: out,
 			Group: "bench-" + id, TransactionID: "bench-" + id, ValueBytes: lv.valueBytes, StatsPath: peerStats})
 	case SysP3:
 		ch, err = startChild(b.work, "p3-"+id, "p3", P3Config{Brokers: b.cfg.Brokers, DatabaseURL: b.pg.dbURL(db), In: t("proposals"),
-			Out: out, Group: "bench-" + id, TransactionID: "bench-" + id, ValueBytes: lv.valueBytes, StatsPath: peerStats})
+			Out: out, Group: "bench-" + id, TransactionID: "bench-" + id, ValueBytes: lv.valueBytes, StatsPath: peerStats, StagesPath: peerStages})
 	case SysExperiment:
 		ch, err = startChildOf(b.cfg.ExpBinary, b.work, "serve-"+id, "serve", scfg)
 	default:
@@ -585,6 +594,35 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 			_ = ch.stop()
 		}
 	}()
+	// The stage timings start with the measured part: at measureFrom,
+	// mandated's histograms are read, P3 is told to start its own.
+	var stageStart ServeStats
+	var stageTimer *time.Timer
+	stageMarked := make(chan struct{})
+	markStages := func() {
+		mu.Lock()
+		from := measureFrom
+		mu.Unlock()
+		stageTimer = time.AfterFunc(time.Until(from), func() {
+			defer close(stageMarked)
+			switch {
+			case mandated:
+				stageStart = ch.stats()
+			case lv.system == SysP3:
+				_ = ch.cmd.Process.Signal(syscall.SIGUSR1)
+			}
+		})
+	}
+	stagesMarked := func() { // the stage mark is taken, or never will be
+		if stageTimer != nil && !stageTimer.Stop() {
+			<-stageMarked
+		}
+		stageTimer = nil
+	}
+	defer stagesMarked() // an early return leaves no timer behind
+	if lv.cold {
+		markStages()
+	}
 	startCPU := b.cpu.sample(ch.pid())
 	startBusy := markBusy()
 	var startStats ServeStats
@@ -621,6 +659,7 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 		startCPU = b.cpu.sample(ch.pid())
 		startBusy = markBusy()
 		fix(time.Now().Add(50 * time.Millisecond))
+		markStages()
 		close(offered)
 		if mandated {
 			_ = b.resetStatements(ctx)
@@ -662,8 +701,19 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 	if l, err := loadAvg1(); err == nil {
 		res.Machine.LoadDuring = l
 	}
+	stagesMarked()
+	var txns TxnCommits
 	if mandated {
 		endStats := ch.stats()
+		res.Stages = map[string]StageQuantiles{}
+		for _, st := range Stages[:5] {
+			if bs := endStats.Buckets[stageKey(st)]; len(bs) > 0 {
+				res.Stages[st] = stageQuantiles(bs, stageStart.Buckets[stageKey(st)])
+			}
+		}
+		if err := ch.getJSON("/txns", &txns); err != nil {
+			b.logf("warning: %s: the relay's transactions (for the visible stage): %v", id, err)
+		}
 		res.Statements, _ = b.statements(ctx, `dbid = (SELECT oid FROM pg_database WHERE datname = $1)`, db)
 		if snapA != nil {
 			if snapZ, err := b.snapshot(ctx, db); err == nil {
@@ -723,6 +773,16 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 		if js, err := os.ReadFile(peerStats); err == nil {
 			_ = json.Unmarshal(js, &res.Requests)
 		}
+		if lv.system == SysP3 {
+			var ps P3StageStats
+			if js, err := os.ReadFile(peerStages); err == nil && json.Unmarshal(js, &ps) == nil {
+				res.Stages = map[string]StageQuantiles{}
+				for _, st := range Stages[:5] {
+					res.Stages[st] = stageQuantiles(ps.End[stageKey(st)], ps.Start[stageKey(st)])
+				}
+				txns = ps.Txns
+			}
+		}
 	}
 	mu.Lock()
 	// Charge each missing answer the time waited so far: a lower bound.
@@ -742,6 +802,9 @@ func (b *Bench) runLatency(ctx context.Context, v *variant, lv level) (LatencyRe
 			_ = hist.RecordValue(waited)
 			res.Missing++
 		}
+	}
+	if res.Stages != nil && txns != nil {
+		res.Stages[StageVisible] = visibleStage(arrivals, txns)
 	}
 	res.Duplicates = dups.Load()
 	res.Measured = hist.TotalCount()

@@ -50,6 +50,11 @@ type ServeConfig struct {
 	// RelayMetadataMinAge is the relay's outbox.Config.MetadataMinAge
 	// (negative: franz-go's 5 s). Zero: the default.
 	RelayMetadataMinAge time.Duration `json:"relay_metadata_min_age"`
+	// RelayMinTxnInterval is the relay's outbox.Config.MinTxnInterval in
+	// nanoseconds (negative: none). Zero: the default. An experiment
+	// (--exp-serve '{"relay_min_txn_interval": 5000000}') compares the
+	// relay's transactions per decision and its latency at every level.
+	RelayMinTxnInterval time.Duration `json:"relay_min_txn_interval"`
 	// RelayRetryLog counts the relay producers' franz-go debug messages
 	// about retries (ServeStats.RelayRetries). Debug logging costs CPU.
 	RelayRetryLog bool `json:"relay_retry_log"`
@@ -103,7 +108,8 @@ type ServeStats struct {
 	PublishSum   float64 `json:"publish_sum"`
 	PublishCount uint64  `json:"publish_count"`
 	// Buckets of mandated's own histograms ("decide", "commit", "publish",
-	// "relay_txn"), cumulative, for quantiles per level.
+	// "relay_txn", and "stage:<stage>" per stage of Stages), cumulative,
+	// for quantiles per level.
 	Buckets map[string][]Bucket `json:"buckets"`
 	// Requests is what each Kafka request type cost the process's clients.
 	Requests map[string]ReqStat `json:"requests"`
@@ -175,8 +181,10 @@ func Serve(cfg ServeConfig) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector())
 	requests := newReqHook()
+	txns := newTxnCommitLog()
 	hooks := func(string) []kgo.Hook {
-		return []kgo.Hook{kprom.NewMetrics("mandated_kafka", kprom.Registerer(reg), kprom.WithClientLabel()), requests}
+		return []kgo.Hook{kprom.NewMetrics("mandated_kafka", kprom.Registerer(reg), kprom.WithClientLabel()), requests,
+			newTxnClock(cfg.Decisions, txns)}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -185,6 +193,7 @@ func Serve(cfg ServeConfig) error {
 		relay.KafkaOpts = append(relay.KafkaOpts, kgo.RetryBackoffFn(func(int) time.Duration { return d }))
 	}
 	relay.MetadataMinAge = cfg.RelayMetadataMinAge
+	relay.MinTxnInterval = cfg.RelayMinTxnInterval
 	var retries *retryLogger
 	if cfg.RelayRetryLog {
 		retries = newRetryLogger()
@@ -234,6 +243,9 @@ func Serve(cfg ServeConfig) error {
 		}
 		_ = json.NewEncoder(w).Encode(st)
 	})
+	mux.HandleFunc("/txns", func(w http.ResponseWriter, _ *http.Request) {
+		_ = json.NewEncoder(w).Encode(txns.snapshot())
+	})
 	mux.HandleFunc("/heap", func(w http.ResponseWriter, _ *http.Request) {
 		runtime.GC()
 		debug.FreeOSMemory()
@@ -263,9 +275,12 @@ func Serve(cfg ServeConfig) error {
 
 func gatherStats(reg *prometheus.Registry) (ServeStats, error) {
 	st := ServeStats{Buckets: map[string][]Bucket{}}
-	buckets := func(name string, mf *dto.MetricFamily) {
+	buckets := func(name string, mf *dto.MetricFamily, only ...func(*dto.Metric) bool) {
 		var bs []Bucket
 		for _, x := range mf.GetMetric() {
+			if len(only) > 0 && !only[0](x) {
+				continue
+			}
 			h := x.GetHistogram()
 			for i, b := range h.GetBucket() {
 				if i >= len(bs) {
@@ -322,6 +337,15 @@ func gatherStats(reg *prometheus.Registry) (ServeStats, error) {
 			for _, x := range mf.GetMetric() {
 				st.PublishSum += x.GetHistogram().GetSampleSum()
 				st.PublishCount += x.GetHistogram().GetSampleCount()
+			}
+		case "mandated_stage_seconds", "mandated_outbox_stage_seconds":
+			for _, x := range mf.GetMetric() {
+				for _, l := range x.GetLabel() {
+					if l.GetName() == "stage" {
+						stage := l.GetValue()
+						buckets(stageKey(stage), mf, func(y *dto.Metric) bool { return y == x })
+					}
+				}
 			}
 		case "mandated_batch_retries_total":
 			st.BatchRetries = sum(mf, func(x *dto.Metric) float64 { return x.GetCounter().GetValue() })

@@ -67,7 +67,7 @@ func TestEveryLinkOfTheREADMEAndDocsResolves(t *testing.T) {
 	require.NoError(t, err)
 	files = append(files, filepath.Join(repo, "README.md"), filepath.Join(repo, "deploy", "README.md"),
 		filepath.Join(repo, "clients", "python", "README.md"), filepath.Join(repo, "test", "infra", "README.md"),
-		filepath.Join(repo, "examples", "langgraph-approval", "README.md"))
+		filepath.Join(repo, "examples", "langgraph-approval", "README.md"), filepath.Join(repo, "CHANGELOG.md"))
 	var broken []string
 	for _, f := range files {
 		b, err := os.ReadFile(f)
@@ -107,6 +107,85 @@ func TestTheREADMEStartsSmall(t *testing.T) {
 	lines := strings.Count(string(b), "\n")
 	require.LessOrEqual(t, lines, 320, "the README is the short version: what it is, the two commands, make dev, the callers' snippets, the guarantees, links (the rest lives in docs/)")
 	require.True(t, strings.Contains(string(b), "make demo") && strings.Contains(string(b), "make test"), "the README's first commands")
+}
+
+// TestTheChangelogIsGroupedByReleaseWithEntriesOfOneToThreeLines: the
+// CHANGELOG says what a user or operator sees, release by release (Unreleased
+// on top, then the versions newest first), in Keep a Changelog's sections, one
+// of each per release; an entry is one "- " bullet and at most two continuation
+// lines of about 100 characters. Evidence and figures live in docs/. A few
+// words under a release heading, before its first section, may say what it was.
+func TestTheChangelogIsGroupedByReleaseWithEntriesOfOneToThreeLines(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile(filepath.Join(repo, "CHANGELOG.md"))
+	require.NoError(t, err)
+	const maxLines, maxWidth = 3, 110
+	releaseRE := regexp.MustCompile(`^## \[(\d+)\.(\d+)\.(\d+)\] - \d{4}-\d{2}-\d{2}$`)
+	sections := map[string]bool{"Added": true, "Changed": true, "Deprecated": true, "Removed": true, "Fixed": true, "Security": true}
+	var problems []string
+	release, section, seen := "", "", map[string]bool{}
+	var releases []string
+	entry, entryLine, entryLines := "", 0, 0
+	endEntry := func() {
+		if entry != "" && entryLines > maxLines {
+			problems = append(problems, "line "+strconv.Itoa(entryLine)+": an entry of "+strconv.Itoa(entryLines)+" lines (at most "+strconv.Itoa(maxLines)+"): "+entry)
+		}
+		entry, entryLines = "", 0
+	}
+	for i, line := range strings.Split(string(b), "\n") {
+		n := i + 1
+		if w := len([]rune(line)); w > maxWidth {
+			problems = append(problems, "line "+strconv.Itoa(n)+": "+strconv.Itoa(w)+" characters (at most "+strconv.Itoa(maxWidth)+")")
+		}
+		switch {
+		case strings.HasPrefix(line, "## "):
+			endEntry()
+			if line != "## Unreleased" && !releaseRE.MatchString(line) {
+				problems = append(problems, "line "+strconv.Itoa(n)+": a release heading is \"## Unreleased\" or \"## [X.Y.Z] - YYYY-MM-DD\": "+line)
+			}
+			release, section, seen = line, "", map[string]bool{}
+			releases = append(releases, line)
+		case strings.HasPrefix(line, "### "):
+			endEntry()
+			name := strings.TrimPrefix(line, "### ")
+			if !sections[name] {
+				problems = append(problems, "line "+strconv.Itoa(n)+": not a Keep a Changelog section: "+line)
+			}
+			if seen[name] {
+				problems = append(problems, "line "+strconv.Itoa(n)+": a second \""+line+"\" in "+release)
+			}
+			seen[name], section = true, line
+		case strings.HasPrefix(line, "- "):
+			endEntry()
+			entry, entryLine, entryLines = line, n, 1
+		case strings.TrimSpace(line) == "" || strings.HasPrefix(line, "# "):
+			endEntry()
+		case entry != "":
+			entryLines++
+		case section != "": // a release's opening words may be prose; a section holds only entries
+			problems = append(problems, "line "+strconv.Itoa(n)+": text outside an entry: "+line)
+		}
+	}
+	endEntry()
+	require.NotEmpty(t, releases, "the CHANGELOG has releases")
+	require.Equal(t, "## Unreleased", releases[0], "Unreleased comes first")
+	for i := 2; i < len(releases); i++ {
+		prev, cur := releaseRE.FindStringSubmatch(releases[i-1]), releaseRE.FindStringSubmatch(releases[i])
+		if prev != nil && cur != nil && version(t, cur) >= version(t, prev) {
+			problems = append(problems, "releases out of order (newest first): "+releases[i-1]+" before "+releases[i])
+		}
+	}
+	require.Empty(t, strings.Join(problems, "\n"), "the CHANGELOG's shape")
+}
+
+func version(t *testing.T, m []string) int {
+	v := 0
+	for _, s := range m[1:4] {
+		n, err := strconv.Atoi(s)
+		require.NoError(t, err)
+		v = v*1000 + n
+	}
+	return v
 }
 
 // stripCode blanks fenced code blocks (a link inside one is code).
