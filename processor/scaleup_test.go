@@ -230,4 +230,27 @@ func TestAScaleUpKeepsPublishingThePartitionsThatDidNotMoveWithoutPause(t *testi
 			"partition %d stayed with %s: published within 1.5× the steady max gap %v (+250 ms)", p, o.by, steady)
 	}
 	require.True(t, kept, "a member that lost a partition kept another (the case measured)")
+	require.GreaterOrEqual(t, handovers(t, c, "released"), 1.0, "c took partitions their former owner released, without fencing it")
+	t.Logf("c's hand-overs: released %v, not released in time %v, not released %v", handovers(t, c, "released"),
+		handovers(t, c, "not_released_in_time"), handovers(t, c, "not_released"))
+}
+
+// handovers reads an instance's mandated_outbox_handovers_total{outcome}.
+func handovers(t *testing.T, in *harness.Instance, outcome string) float64 {
+	t.Helper()
+	families, err := in.Registry.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() != "mandated_outbox_handovers_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "outcome" && l.GetValue() == outcome {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }
