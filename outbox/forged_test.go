@@ -79,6 +79,7 @@ func TestRecordsWithForgedSequenceHeadersNeitherSkipNorDeleteDecisionsWhenTheRel
 	second, err := outbox.New(outbox.Config{Brokers: b.brokers, DecisionsTopic: b.spec.Decisions, DeadLetterTopic: b.spec.DeadLetter,
 		TransactionalIDPrefix: b.txnID, IdlePoll: 100 * time.Millisecond}, b.pool, zerolog.Nop(), m)
 	require.NoError(t, err)
+	require.NoError(t, second.Start(context.Background()))
 	t.Cleanup(func() { _ = second.Stop(context.Background()) })
 	second.Assigned(0, e2)
 

@@ -93,7 +93,7 @@ type takeover struct {
 // other, and must not wait releasingWait for each.
 func (r *Relay) noteReleasing(ps *part) {
 	r.mu.Lock()
-	if r.closing || !r.gate.up(r.st.shard(ps.partition)) {
+	if r.closing || !r.started || !r.gate.up(r.st.shard(ps.partition)) {
 		r.mu.Unlock()
 		return
 	}

@@ -113,6 +113,7 @@ func TestTwoRelayProcessesRacingForPartitionsThatMoveUnderLoadWithAPausedFormerO
 		cfg.Test.BeforePublish = gates[i].beforePublish
 		r, err := outbox.New(cfg, b.pool, zerolog.Nop(), metrics[i])
 		require.NoError(t, err)
+		require.NoError(t, r.Start(context.Background()))
 		relays[i] = r
 	}
 	require.NotEqual(t, relays[0].TransactionalID(), relays[1].TransactionalID())

@@ -132,15 +132,19 @@ type Relay struct {
 
 	stages commitClock // when the processor committed what (stages.go)
 
-	wake   chan struct{}
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	stats  chan struct{}
-	done   chan struct{}
+	wake chan struct{}
+	// The run's, set by Start (under mu) before its goroutines: ctx ends
+	// them, wg is every one of them, done closes when the loop ends.
+	ctx     context.Context
+	cancel  context.CancelFunc
+	started bool
+	wg      sync.WaitGroup
+	stats   chan struct{}
+	done    chan struct{}
 }
 
-// New returns a relay; it publishes once partitions are Assigned.
+// New returns a relay that is not yet running; once started (Start), it
+// publishes the partitions Assigned to it.
 func New(cfg Config, pool *pgxpool.Pool, log zerolog.Logger, m *Metrics) (*Relay, error) {
 	return NewSharded(cfg, oneShard{Shard{Name: SingleShardName, Pool: pool}}, log, m)
 }
@@ -160,22 +164,39 @@ func NewSharded(cfg Config, shards Shards, log zerolog.Logger, m *Metrics) (*Rel
 		return nil, fmt.Errorf("outbox: transactional id: %w", err)
 	}
 	txnID := fmt.Sprintf("%s.%s.proc.%s", cfg.TransactionalIDPrefix, cfg.DecisionsTopic, hex.EncodeToString(nonce[:]))
-	ctx, cancel := context.WithCancel(context.Background())
 	r := &Relay{cfg: cfg, st: store{shards: shards, timeout: cfg.DatabaseTimeout}, metrics: m, txnID: txnID,
 		clientID: "mandated-relay-" + hex.EncodeToString(nonce[:]),
 		log:      log.With().Str("component", "relay").Str("transactional_id", txnID).Logger(),
-		parts:    map[int32]*part{}, committed: map[int32]int64{}, wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel,
+		parts:    map[int32]*part{}, committed: map[int32]int64{}, wake: make(chan struct{}, 1),
 		foreignSeen: map[int32]map[foreignKey]bool{}, tails: map[int32]tailStatus{}, takeovers: map[int32]takeover{},
 		stats: make(chan struct{}), done: make(chan struct{})}
 	r.gate = newShardGate(cfg.DatabaseTimeout, r.log, m, r.poke)
+	return r, nil
+}
+
+// errNotStartable says Start came after Stop, or twice.
+var errNotStartable = errors.New("outbox: a relay starts once, before Stop")
+
+// Start starts the relay's loops (publishing, statistics, tail checks) and
+// returns; they run until Stop. The run's context carries ctx's values but
+// not its cancellation: a caller's start-up deadline or signal context must
+// not end the relay without the drain Stop does.
+func (r *Relay) Start(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.started || r.closing {
+		return errNotStartable
+	}
+	r.started = true
+	r.ctx, r.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	r.wg.Add(2)
 	go func() { defer r.wg.Done(); r.statsLoop() }()
-	if cfg.TailCheckInterval > 0 {
+	if r.cfg.TailCheckInterval > 0 {
 		r.wg.Add(1)
 		go func() { defer r.wg.Done(); r.checkLoop() }()
 	}
 	go func() { defer r.wg.Done(); r.run() }()
-	return r, nil
+	return nil
 }
 
 // TransactionalID is the id of the relay's producer (new at every New).
@@ -253,9 +274,17 @@ func (r *Relay) Revoked(partition int32) {
 	}
 }
 
-// Stop drains every partition (bounded by ctx) and waits for the relay.
+// Stop drains every partition (bounded by ctx) and waits for every
+// goroutine of the relay. If ctx ends first, it cancels what is left,
+// waits for the goroutines to end, and returns ctx's error. A relay never
+// started has nothing to stop.
 func (r *Relay) Stop(ctx context.Context) error {
 	r.mu.Lock()
+	if !r.started {
+		r.closing = true
+		r.mu.Unlock()
+		return nil
+	}
 	if r.closing {
 		r.mu.Unlock()
 		<-r.done

@@ -166,6 +166,7 @@ func (b *testBundle) relayOn(pool *pgxpool.Pool, m *outbox.Metrics, mods ...func
 	}
 	r, err := outbox.New(cfg, pool, zerolog.Nop(), m)
 	require.NoError(b.t, err)
+	require.NoError(b.t, r.Start(context.Background()))
 	b.t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()

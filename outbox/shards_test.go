@@ -107,6 +107,7 @@ func (b *shardsBundle) relay(m *outbox.Metrics, mods ...func(*outbox.Config)) *o
 	}
 	r, err := outbox.NewSharded(cfg, testShards{b.shards}, zerolog.Nop(), m)
 	require.NoError(b.t, err)
+	require.NoError(b.t, r.Start(context.Background()))
 	b.t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()

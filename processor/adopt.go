@@ -157,7 +157,7 @@ func (p *Processor) adopt(ctx context.Context, s *sink.Sink, n int32) bool {
 		p.log.Error().Err(err).Int32("partition", n).Msg("adopted a partition but cannot fetch it; its holder's absence leaves it to another adopter")
 		return false
 	}
-	w := newWorker(p, cc)
+	w := newWorker(p.workCtx, p, cc)
 	w.adopted, w.kc = true, cl
 	p.mu.Lock()
 	if p.stopping || p.handedOff || p.workers[n] != nil || p.pending[n] != nil {
@@ -176,7 +176,7 @@ func (p *Processor) adopt(ctx context.Context, s *sink.Sink, n int32) bool {
 	w.log.Warn().Int64("proposals_offset", c.ProposalsOffset).Int64("grants_offset", c.GrantsOffset).
 		Int64("next_seq", c.NextSeq).Int("predecessors_terminated", c.Terminated).
 		Msg("partition adopted: its holder is cut from its shard; deciding it here until the holder takes it back")
-	go w.run()
+	p.running.Go(w.run)
 	if l := p.cfg.Listener; l != nil {
 		l.Assigned(n, c.Epoch)
 	}
@@ -234,12 +234,13 @@ func (p *Processor) adoptionClient() (*kgo.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	a.client, a.cancel, a.done, a.owner = cl, cancel, make(chan struct{}), map[int32]*worker{}
-	go func() {
-		defer close(a.done)
+	ctx, cancel := context.WithCancel(p.runCtx)
+	done := make(chan struct{})
+	a.client, a.cancel, a.done, a.owner = cl, cancel, done, map[int32]*worker{}
+	p.loops.Go(func() {
+		defer close(done)
 		p.adoptedPollLoop(ctx, cl)
-	}()
+	})
 	return cl, nil
 }
 

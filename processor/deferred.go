@@ -54,7 +54,7 @@ func (p *Processor) startDeferredClaims(nums []int32, why map[int32]error, held 
 			old.stop(time.Second)
 			p.mu.Lock()
 		}
-		ctx, cancel := context.WithCancel(context.Background())
+		ctx, cancel := context.WithCancel(p.runCtx)
 		pc := &pendingClaim{cancel: cancel}
 		if errors.Is(why[n], ErrRewound) {
 			pc.why = why[n]
@@ -63,7 +63,7 @@ func (p *Processor) startDeferredClaims(nums []int32, why map[int32]error, held 
 			pc.held = &c
 		}
 		p.pending[n] = pc
-		go p.claimLater(ctx, n, pc)
+		p.loops.Go(func() { p.claimLater(ctx, n, pc) })
 	}
 	p.log.Warn().Ints32("partitions", nums).Msg("assigned partitions that cannot be claimed yet (their shard does not answer, or their database went back in time): they wait, paused, and are claimed once they can be; the others start now")
 }
@@ -134,7 +134,7 @@ func (p *Processor) claimLater(ctx context.Context, n int32, pc *pendingClaim) {
 			}
 			delete(p.pending, n)
 			c := cc.Claim
-			w := newWorker(p, cc)
+			w := newWorker(p.workCtx, p, cc)
 			p.workers[n] = w
 			client := p.client
 			p.refreshOwned()
@@ -143,7 +143,7 @@ func (p *Processor) claimLater(ctx context.Context, n int32, pc *pendingClaim) {
 			p.metrics.Rebalance.Assigned.Inc()
 			w.log.Info().Int64("proposals_offset", c.ProposalsOffset).Int64("grants_offset", c.GrantsOffset).
 				Int64("next_seq", c.NextSeq).Msg("partition assigned: its shard answers again")
-			go w.run()
+			p.running.Go(w.run)
 			if l := p.cfg.Listener; l != nil {
 				l.Assigned(n, c.Epoch)
 			}

@@ -87,7 +87,7 @@ func (b *dueBundle) start(t *testing.T) *worker {
 	t.Helper()
 	c, err := b.sink.Claim(context.Background(), 0, "worker")
 	require.NoError(t, err)
-	w := newWorker(b.proc, checkedClaim{c}) // no decisions topic here: nothing to check against
+	w := newWorker(context.Background(), b.proc, checkedClaim{c}) // no decisions topic here: nothing to check against
 	t.Cleanup(w.cancel)
 	require.NoError(t, w.loadDeadlines())
 	return w

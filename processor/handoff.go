@@ -272,12 +272,10 @@ func (p *Processor) handOffShards(ctx context.Context, probes []*shardProbe, dow
 			continue
 		}
 		here := pr.members
-		p.loops.Add(1)
-		go func() {
-			defer p.loops.Done()
+		p.loops.Go(func() {
 			defer pr.adopting.Store(false)
 			p.adoptOrphans(ctx, pr.s, here, answered)
-		}()
+		})
 	}
 }
 

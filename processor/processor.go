@@ -1,6 +1,7 @@
 package processor
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/mandated/mandated/internal/failpoint"
+	"github.com/mandated/mandated/internal/owned"
 	"github.com/mandated/mandated/sink"
 )
 
@@ -53,8 +55,18 @@ type Processor struct {
 	// refusedAdoptions are adoptions their check refused (adopt.go).
 	refusedAdoptions map[int32]refusedAdoption
 
-	cancel     context.CancelFunc // ends the processor's loops
-	loops      sync.WaitGroup
+	// Every goroutine the processor starts belongs to its run (Start to
+	// Stop), and Stop waits for each. runCtx ends the loops: the
+	// background loops, adoption rounds, deferred claims and session
+	// restarts (loops). workCtx, runCtx's parent, ends the workers
+	// (running) as well; Stop cancels it after the workers finished their
+	// batches, or at once when its own context ends first.
+	runCtx     context.Context
+	cancel     context.CancelFunc
+	loops      owned.Group
+	workCtx    context.Context
+	workCancel context.CancelFunc
+	running    owned.Group
 	sessCancel context.CancelFunc // ends the group session's loops
 	session    sync.WaitGroup
 }
@@ -114,19 +126,21 @@ func (p *Processor) Start(ctx context.Context) error {
 		return err
 	}
 	p.metrics.Rebalance.PartitionsAll.Set(float64(n))
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	p.cancel = cancel
-	if err := p.join(runCtx); err != nil {
-		cancel()
+	// The run carries ctx's values, not its cancellation: a start-up
+	// deadline must not end the run; Stop does.
+	p.workCtx, p.workCancel = context.WithCancel(context.WithoutCancel(ctx))
+	p.runCtx, p.cancel = context.WithCancel(p.workCtx)
+	if err := p.join(p.runCtx); err != nil {
+		p.workCancel()
 		return err
 	}
 	p.mu.Lock()
 	p.started = true
 	p.mu.Unlock()
-	p.loops.Add(3)
-	go func() { defer p.loops.Done(); p.statsLoop(runCtx) }()
-	go func() { defer p.loops.Done(); p.handoffLoop(runCtx) }()
-	go func() { defer p.loops.Done(); p.purgeLoop(runCtx) }()
+	runCtx := p.runCtx
+	p.loops.Go(func() { p.statsLoop(runCtx) })
+	p.loops.Go(func() { p.handoffLoop(runCtx) })
+	p.loops.Go(func() { p.purgeLoop(runCtx) })
 	p.log.Info().Str("group", p.cfg.Group).Str("protocol", p.cfg.GroupProtocol).Str("instance_id", p.cfg.InstanceID).
 		Int32("partitions", n).Str("owner", p.cfg.Owner).Msg("processor started")
 	return nil
@@ -207,6 +221,10 @@ func (p *Processor) leave(ctx context.Context, grace time.Duration, reason strin
 // Kafka, and leaves the group so that the next owners claim at once. A
 // static member (InstanceID) leaves temporarily: its partitions wait for
 // its restart for a session timeout and do not move.
+//
+// It returns once every goroutine the processor started has ended. If ctx
+// ends first, it cancels them all (the batches in flight abort), waits at
+// most abortWait more for them, and returns ctx's error.
 func (p *Processor) Stop(ctx context.Context) error {
 	p.mu.Lock()
 	if !p.started || p.stopping {
@@ -220,11 +238,46 @@ func (p *Processor) Stop(ctx context.Context) error {
 		grace = max(time.Until(dl)/2, 100*time.Millisecond)
 	}
 	p.cancel() // the hand-off loop may not rejoin now
-	p.loops.Wait()
+	err := p.waitOwned(ctx, "loops", p.loops.Wait)
 	p.leave(ctx, grace, "shutdown", false)
 	p.closeAdopter() // left already (handed off): its adopted workers are stopped
+	// Every worker finished (or aborted) its batch and exited; a worker
+	// started meanwhile (a fenced one's successor) ends now.
+	p.workCancel()
+	err = cmp.Or(err, p.waitOwned(ctx, "workers", p.running.Wait), p.waitOwned(ctx, "loops", p.loops.Wait))
+	for _, g := range p.groups {
+		err = cmp.Or(err, p.waitOwned(ctx, "group commits", g.Wait))
+	}
+	if err != nil {
+		p.log.Warn().Err(err).Msg("processor stopped, past its deadline: the batches still in flight were aborted")
+		return err
+	}
 	p.log.Info().Msg("processor stopped")
 	return nil
+}
+
+// abortWait bounds how long Stop, past its deadline, waits for the
+// goroutines it cancelled.
+const abortWait = 5 * time.Second
+
+// waitOwned waits for some of the run's goroutines (wait) within ctx.
+// Past it, it cancels every goroutine of the run, waits for those at most
+// abortWait more, and returns ctx's error.
+func (p *Processor) waitOwned(ctx context.Context, what string, wait func(context.Context) error) error {
+	err := wait(ctx)
+	if err == nil {
+		return nil
+	}
+	p.workCancel()
+	// ctx ended: the bounded wait for what was just cancelled needs a
+	// context of its own.
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortWait)
+	defer cancel()
+	if wait(actx) != nil {
+		p.log.Error().Str("goroutines", what).Dur("waited", abortWait).
+			Msg("goroutines of the processor still run after Stop cancelled them")
+	}
+	return err
 }
 
 // Owned returns the partitions this processor decides, with their epochs:
@@ -417,7 +470,7 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 			old.stop(time.Second)
 			p.mu.Lock()
 		}
-		w := newWorker(p, cc)
+		w := newWorker(p.workCtx, p, cc)
 		p.workers[n] = w
 		out[p.cfg.ProposalsTopic][n] = kgo.NewOffset().At(c.ProposalsOffset).WithEpoch(-1)
 		out[p.cfg.GrantsTopic][n] = kgo.NewOffset().At(c.GrantsOffset).WithEpoch(-1)
@@ -425,7 +478,7 @@ func (p *Processor) onAssigned(ctx context.Context, offsets map[string]map[int32
 		w.log.Info().Int64("proposals_offset", c.ProposalsOffset).Int64("grants_offset", c.GrantsOffset).
 			Int64("next_seq", c.NextSeq).Hex("chain_head", c.Head).Dur("claim_took", c.Waited).Int("predecessors_terminated", c.Terminated).
 			Msg("partition assigned")
-		go w.run()
+		p.running.Go(w.run)
 		if l := p.cfg.Listener; l != nil {
 			l.Assigned(n, c.Epoch)
 		}

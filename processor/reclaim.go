@@ -73,7 +73,7 @@ func (p *Processor) reclaim(w *worker, path, done string) error {
 		w.log.Error().Int64("stored_proposals_offset", c.ProposalsOffset).Int64("committed_proposals_offset", w.pos.ProposalsOffset).
 			Int64("stored_next_seq", c.NextSeq).Int64("committed_next_seq", w.pos.NextSeq).
 			Msg("PostgreSQL stores an older position than this worker committed: the database went back in time")
-		go p.restartSession(fmt.Sprintf("partition %d: PostgreSQL went back in time", w.partition))
+		p.restart(fmt.Sprintf("partition %d: PostgreSQL went back in time", w.partition))
 		return errStopped
 	}
 	// The database may have gone back in time with this worker's position
@@ -83,7 +83,7 @@ func (p *Processor) reclaim(w *worker, path, done string) error {
 	if errors.Is(err, ErrRewound) {
 		p.reportRewound(err)
 		w.setFenceCause(err)
-		go p.restartSession(fmt.Sprintf("partition %d: PostgreSQL went back in time", w.partition))
+		p.restart(fmt.Sprintf("partition %d: PostgreSQL went back in time", w.partition))
 		return errStopped
 	}
 	if err != nil {
@@ -92,7 +92,7 @@ func (p *Processor) reclaim(w *worker, path, done string) error {
 	c = cc.Claim
 	p.metrics.TakeoverSeconds.Observe(c.Waited.Seconds())
 	p.metrics.PredecessorsKilled.Add(float64(c.Terminated))
-	next := newWorker(p, cc)
+	next := newWorker(p.workCtx, p, cc)
 	p.mu.Lock()
 	if p.stopping || p.workers[w.partition] != w || !w.handOver(next) {
 		p.mu.Unlock()
@@ -108,7 +108,7 @@ func (p *Processor) reclaim(w *worker, path, done string) error {
 	if l := p.cfg.Listener; l != nil {
 		l.Assigned(w.partition, c.Epoch)
 	}
-	go next.run()
+	p.running.Go(next.run)
 	next.poke()
 	return nil
 }

@@ -58,11 +58,8 @@ func (p *Processor) handOffShard(s *sink.Sink, cause error, failing time.Duratio
 	}
 	for _, w := range adopted {
 		// Not this processor's: another one that reaches the shard adopts
-		// it. Its batch cannot commit; abort it.
-		go func() {
-			w.cancel()
-			<-w.done
-		}()
+		// it. Its batch cannot commit; abort it (Stop waits for it to end).
+		w.cancel()
 	}
 }
 

@@ -177,13 +177,22 @@ func (p *Processor) reportRewound(err error) {
 		Msg("PostgreSQL went back in time: the decisions topic holds decisions it lost (a restored backup, a promoted asynchronous replica?); the partition is not decided until it is recovered (docs/operations.md, \"A database that went back in time\")")
 }
 
+// restart runs restartSession in the background, as a goroutine of the
+// run: a worker asks for it, and must not wait for it (it stops every
+// worker).
+func (p *Processor) restart(reason string) {
+	ctx := p.runCtx
+	p.loops.Go(func() { p.restartSession(ctx, reason) })
+}
+
 // restartSession leaves the consumer group and joins it again, so that
 // every partition is assigned afresh and fetched from the position
 // PostgreSQL stores (deferred claims fetch from the start and drop what is
 // below it). A worker that finds its database went back under it cannot
 // go on from the offsets it already fetched past: what the database lost
-// must be fetched again. At most one restart runs at a time.
-func (p *Processor) restartSession(reason string) {
+// must be fetched again. At most one restart runs at a time; it gives up
+// when the run ends (ctx).
+func (p *Processor) restartSession(ctx context.Context, reason string) {
 	p.mu.Lock()
 	if p.restarting || p.stopping || p.handedOff || p.client == nil {
 		p.mu.Unlock()
@@ -197,13 +206,12 @@ func (p *Processor) restartSession(reason string) {
 		p.mu.Unlock()
 	}()
 	p.log.Warn().Str("reason", reason).Msg("leaving the consumer group and joining again: every partition is claimed afresh from the position PostgreSQL stores")
-	ctx := context.Background()
 	p.leave(ctx, time.Second, reason, false)
 	for {
 		p.mu.Lock()
 		stop := p.stopping || p.handedOff
 		p.mu.Unlock()
-		if stop {
+		if stop || ctx.Err() != nil {
 			return
 		}
 		err := p.join(ctx)
@@ -211,6 +219,8 @@ func (p *Processor) restartSession(reason string) {
 			return
 		}
 		p.log.Error().Err(err).Msg("cannot join the group again; retrying")
-		time.Sleep(time.Second)
+		if !sleepCtx(ctx, time.Second) {
+			return
+		}
 	}
 }

@@ -91,6 +91,10 @@ func StartService(ctx context.Context, cfg ServiceConfig, log zerolog.Logger) (s
 		s.Close()
 		return nil, err
 	}
+	if err := relay.Start(ctx); err != nil {
+		s.Close()
+		return nil, err
+	}
 	pcfg.Listener = relay
 	metrics := NewMetrics(cfg.Registerer)
 	p, err := NewSharded(pcfg, s, log, metrics)

@@ -82,10 +82,11 @@ var (
 const maxDuePerBatch = 5000
 
 // newWorker starts from a checked claim only (checkClaim, rewind.go): no
-// claim path decides before its check.
-func newWorker(p *Processor, cc checkedClaim) *worker {
+// claim path decides before its check. Its context is ctx's (the
+// processor's work context): cancelled at the latest when Stop ends.
+func newWorker(ctx context.Context, p *Processor, cc checkedClaim) *worker {
 	c := cc.Claim
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(ctx)
 	w := &worker{
 		p: p, partition: c.Partition, epoch: c.Epoch,
 		log:       p.log.With().Int32("partition", c.Partition).Int64("epoch", c.Epoch).Str("shard", p.shards.For(c.Partition).Shard().Name).Logger(),
@@ -284,7 +285,7 @@ func (w *worker) stillInStep() bool {
 		w.mu.Lock()
 		w.fenced, w.cause = true, err
 		w.mu.Unlock()
-		go w.p.restartSession(fmt.Sprintf("partition %d: PostgreSQL went back in time", w.partition))
+		w.p.restart(fmt.Sprintf("partition %d: PostgreSQL went back in time", w.partition))
 		return false
 	default:
 		if w.ctx.Err() == nil {

@@ -8,18 +8,18 @@ import (
 
 // Defaults for Config.
 const (
-	MaxConnsDefault           = 20
-	LockTimeoutDefault        = 5 * time.Second
-	IdleInTxTimeoutDefault    = 10 * time.Second
-	StatementTimeoutDefault   = 30 * time.Second
-	TakeoverGraceDefault      = 2 * time.Second
-	ClaimTimeoutDefault       = 30 * time.Second
-	RetentionDefault          = 30 * 24 * time.Hour
-	MaxBatchAttemptsDefault   = 10
-	RetryBackoffDefault       = 20 * time.Millisecond
-	RetentionRefreshDefault   = time.Minute
-	ApplicationNameDefault    = "mandated"
-	PurgeBatchDefault         = 1000
+	MaxConnsDefault         = 20
+	LockTimeoutDefault      = 5 * time.Second
+	IdleInTxTimeoutDefault  = 10 * time.Second
+	StatementTimeoutDefault = 30 * time.Second
+	TakeoverGraceDefault    = 2 * time.Second
+	ClaimTimeoutDefault     = 30 * time.Second
+	RetentionDefault        = 30 * 24 * time.Hour
+	MaxBatchAttemptsDefault = 10
+	RetryBackoffDefault     = 20 * time.Millisecond
+	RetentionRefreshDefault = time.Minute
+	ApplicationNameDefault  = "mandated"
+	PurgeBatchDefault       = 1000
 	MinIdempotencyRetention = time.Hour
 )
 

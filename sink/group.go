@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/mandated/mandated/internal/backoff"
+	"github.com/mandated/mandated/internal/owned"
 )
 
 // Defaults for GroupConfig.
@@ -75,7 +76,8 @@ type Group struct {
 
 	mu      sync.Mutex
 	queue   []*groupReq
-	running int // goroutines committing the queue
+	running int         // goroutines committing the queue
+	runs    owned.Group // the same goroutines, for Wait
 }
 
 type groupReq struct {
@@ -128,6 +130,11 @@ func (g *Group) Commit(ctx context.Context, b *Batch) (Result, error) {
 	}
 }
 
+// Wait waits until no group commit runs, or until ctx ends (its error
+// then). A group commit ends once each of its batches is committed or
+// given up, so the group's owner waits for it after its callers stopped.
+func (g *Group) Wait(ctx context.Context) error { return g.runs.Wait(ctx) }
+
 // Waiting returns how many batches wait for the next group commit.
 func (g *Group) Waiting() int {
 	g.mu.Lock()
@@ -141,7 +148,7 @@ func (g *Group) submit(ctx context.Context, b *Batch, retried bool) (written, er
 	g.queue = append(g.queue, r)
 	if g.running < g.cfg.MaxInFlight {
 		g.running++
-		go g.run()
+		g.runs.Go(g.run)
 	}
 	g.mu.Unlock()
 	select {

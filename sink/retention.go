@@ -163,29 +163,33 @@ func (o *OrgSettings) SetRetention(ctx context.Context, org string, d time.Durat
 }
 
 // retentionRefresher reads org_settings again every RetentionRefresh, so
-// a retention an operator changes applies without a restart.
+// a retention an operator changes applies without a restart. It runs from
+// Open to Close: Close cancels a read in flight and waits for it.
 type retentionRefresher struct {
-	once sync.Once
-	quit chan struct{}
-	done chan struct{}
+	once   sync.Once
+	cancel context.CancelFunc
+	done   chan struct{}
 }
 
-func (r *retentionRefresher) start(s *Sink) {
-	r.quit, r.done = make(chan struct{}), make(chan struct{})
+// start starts the refresh; ctx is Open's, whose values it keeps, not its
+// cancellation (Open's deadline is the opening's, not the sink's life).
+func (r *retentionRefresher) start(ctx context.Context, s *Sink) {
+	ctx, r.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	r.done = make(chan struct{})
 	go func() {
 		defer close(r.done)
 		t := time.NewTicker(s.cfg.RetentionRefresh)
 		defer t.Stop()
 		for {
 			select {
-			case <-r.quit:
+			case <-ctx.Done():
 				return
 			case <-t.C:
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), s.cfg.StatementTimeout)
-			err := s.RefreshRetention(ctx)
+			rctx, cancel := context.WithTimeout(ctx, s.cfg.StatementTimeout)
+			err := s.RefreshRetention(rctx)
 			cancel()
-			if err != nil {
+			if err != nil && ctx.Err() == nil {
 				s.log.Warn().Err(err).Msg("cannot refresh the per-org idempotency retention; keeping the last one read")
 			}
 		}
@@ -193,9 +197,9 @@ func (r *retentionRefresher) start(s *Sink) {
 }
 
 func (r *retentionRefresher) stop() {
-	if r.quit == nil {
+	if r.cancel == nil {
 		return // never started (a sink that only wraps a pool)
 	}
-	r.once.Do(func() { close(r.quit) })
+	r.once.Do(r.cancel)
 	<-r.done
 }

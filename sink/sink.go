@@ -110,7 +110,7 @@ func open(ctx context.Context, cfg Config, shard Shard, control *Sink, log zerol
 		pool.Close()
 		return nil, err
 	}
-	s.refresh.start(s)
+	s.refresh.start(ctx, s)
 	return s, nil
 }
 
