@@ -19,6 +19,7 @@ import (
 
 	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/shardmap"
 )
 
 // RepartitionConfig configures Repartition: where the topics, the group
@@ -347,27 +348,27 @@ func growTopics(ctx context.Context, adm *kadm.Client, cfg RepartitionConfig, co
 // synced, renamed over it) with partitions 0..To-1 on that shard. The
 // partitions are spread again afterwards with mandatectl shards move.
 //
-// The map file is locked (sink.LockShardMap) and read again for the whole
+// The map file is locked (shardmap.Lock) and read again for the whole
 // run, and checked writable before anything changes. Any step that
 // fails is completed by running it again: a finished step is not repeated,
 // and until every step is done processors refuse to start (the topics',
 // the shards' and the map's counts differ).
-func RepartitionShards(ctx context.Context, m *sink.ShardMap, cfg RepartitionConfig, log zerolog.Logger) (RepartitionReport, error) {
+func RepartitionShards(ctx context.Context, m *shardmap.Map, cfg RepartitionConfig, log zerolog.Logger) (RepartitionReport, error) {
 	var rep RepartitionReport
 	if path := m.Path(); path != "" {
 		// The map's lock, from a fresh read to the write: a shards move of
 		// the same map waits, and is never lost or half-applied.
-		lock, err := sink.LockShardMap(ctx, path, func(holder string) {
-			log.Info().Str("lock", sink.LockPath(path)).Str("holder", holder).Msg("waiting for the shard map's lock, held by another edit")
+		lock, err := shardmap.Lock(ctx, path, func(holder string) {
+			log.Info().Str("lock", shardmap.LockPath(path)).Str("holder", holder).Msg("waiting for the shard map's lock, held by another edit")
 		})
 		if err != nil {
 			return rep, fmt.Errorf("%w: %w", sink.ErrRepartitionRefused, err)
 		}
 		defer lock.Unlock() //nolint:errcheck // released with the file anyway
-		if m, err = sink.ReadShardMap(path); err != nil {
+		if m, err = shardmap.Read(path); err != nil {
 			return rep, fmt.Errorf("%w: %w", sink.ErrRepartitionRefused, err)
 		}
-		if err := sink.CheckWritable(path); err != nil {
+		if err := shardmap.CheckWritable(path); err != nil {
 			return rep, fmt.Errorf("%w: %w", sink.ErrRepartitionRefused, err)
 		}
 	}
@@ -396,12 +397,12 @@ func RepartitionShards(ctx context.Context, m *sink.ShardMap, cfg RepartitionCon
 		if err != nil {
 			return rep, fmt.Errorf("processor: read the shard map: %w", err)
 		}
-		edited, err := sink.RepartitionMapFile(b, plan.Owner.Name, cfg.To)
+		edited, err := shardmap.Repartition(b, plan.Owner.Name, cfg.To)
 		if err != nil {
 			return rep, err
 		}
 		if !bytes.Equal(edited, b) {
-			if err := sink.WriteFileAtomic(m.Path(), edited); err != nil {
+			if err := shardmap.WriteFileAtomic(m.Path(), edited); err != nil {
 				return rep, fmt.Errorf("processor: write the shard map %s: %w", m.Path(), err)
 			}
 		}

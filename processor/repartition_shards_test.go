@@ -19,6 +19,7 @@ import (
 	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/shardmap"
 	"github.com/mandated/mandated/test/harness"
 	"github.com/mandated/mandated/test/testenv"
 	"github.com/mandated/mandated/wire"
@@ -44,9 +45,9 @@ func moveAndMap(t *testing.T, ctx context.Context, mapPath string, p int32, from
 	require.NoError(t, err, "move partition %d to shard %s", p, toName)
 	b, err := os.ReadFile(mapPath)
 	require.NoError(t, err)
-	edited, err := sink.MoveInMapFile(b, p, toName, "")
+	edited, err := shardmap.MoveIn(b, p, toName, "")
 	require.NoError(t, err)
-	require.NoError(t, sink.WriteFileAtomic(mapPath, edited))
+	require.NoError(t, shardmap.WriteFileAtomic(mapPath, edited))
 }
 
 // TestAShardMapIsRepartitionedFrom6To12ByConsolidatingRepartitioningAndSpreading
@@ -76,8 +77,8 @@ func TestAShardMapIsRepartitionedFrom6To12ByConsolidatingRepartitioningAndSpread
 	mapPath := filepath.Join(t.TempDir(), "shards.yaml")
 	require.NoError(t, os.WriteFile(mapPath, fmt.Appendf(nil,
 		"# two shards\nshards:\n  - name: a\n    partitions: 0-2\n    url: %q\n  - name: b\n    partitions: 3-5\n    url: %q\n", urlA, urlB), 0o644))
-	readMap := func() *sink.ShardMap {
-		m, err := sink.ReadShardMap(mapPath)
+	readMap := func() *shardmap.Map {
+		m, err := shardmap.Read(mapPath)
 		require.NoError(t, err)
 		return m
 	}

@@ -1,6 +1,8 @@
 package sink
 
 import (
+	"github.com/mandated/mandated/sink/shardmap"
+
 	"cmp"
 	"context"
 	"errors"
@@ -695,7 +697,7 @@ func (m *meta) ownedSet(moves map[int32]Move) []int32 {
 
 func (m *meta) describe() string {
 	if m.set != nil {
-		return FormatPartitions(m.set)
+		return shardmap.FormatPartitions(m.set)
 	}
 	return fmt.Sprintf("%d-%d", m.first, coalesce(m.last, m.count-1))
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/shardmap"
 	"github.com/mandated/mandated/test/testenv"
 )
 
@@ -46,7 +47,7 @@ func writeMap(t *testing.T, yaml string) (string, *sink.Shards) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "shards.yaml")
 	require.NoError(t, os.WriteFile(path, []byte(yaml), 0o644))
-	m, err := sink.ReadShardMap(path)
+	m, err := shardmap.Read(path)
 	require.NoError(t, err)
 	sh, err := openShards(t, m)
 	require.NoError(t, err)
@@ -132,9 +133,9 @@ func TestAMovedPartitionIsCopiedWhole_FencedAndReadOnlyAtTheSource_AndContinuesO
 	// The map: P is in b's set, comments are kept; processors reload it.
 	raw, err := os.ReadFile(path)
 	require.NoError(t, err)
-	edited, err := sink.MoveInMapFile(raw, 1, "b", "")
+	edited, err := shardmap.MoveIn(raw, 1, "b", "")
 	require.NoError(t, err)
-	require.NoError(t, sink.WriteFileAtomic(path, edited))
+	require.NoError(t, shardmap.WriteFileAtomic(path, edited))
 	require.Contains(t, string(edited), "# the first")
 	require.Same(t, a, sh.For(1), "routing changes only when the map is reloaded")
 	require.NoError(t, sh.Reload(ctx))
@@ -155,7 +156,7 @@ func TestAMovedPartitionIsCopiedWhole_FencedAndReadOnlyAtTheSource_AndContinuesO
 	require.Error(t, err, "a record decided before the move is below the stored offset on the target")
 
 	// A restart with the new map checks the layouts against the databases.
-	m2, err := sink.ReadShardMap(path)
+	m2, err := shardmap.Read(path)
 	require.NoError(t, err)
 	sh2, err := openShards(t, m2)
 	require.NoError(t, err)
@@ -182,9 +183,9 @@ func TestAMovedPartitionIsCopiedWhole_FencedAndReadOnlyAtTheSource_AndContinuesO
 	require.NoError(t, err)
 	raw, err = os.ReadFile(path)
 	require.NoError(t, err)
-	edited, err = sink.MoveInMapFile(raw, 0, "c", urlC)
+	edited, err = shardmap.MoveIn(raw, 0, "c", urlC)
 	require.NoError(t, err)
-	require.NoError(t, sink.WriteFileAtomic(path, edited))
+	require.NoError(t, shardmap.WriteFileAtomic(path, edited))
 	require.NoError(t, sh.Reload(ctx))
 	require.Equal(t, "c", sh.For(0).Shard().Name)
 	require.Equal(t, "none", sh.Partitions(a).Range(), "shard a keeps the org settings, with no partition")
@@ -358,37 +359,37 @@ func TestAMoveIsRefusedWithNothingChanged(t *testing.T) {
 func TestTheShardMapFileIsRewrittenWithThePartitionInItsNewShard(t *testing.T) {
 	t.Parallel()
 	in := []byte("# the map\nshards:\n  - name: a # first\n    partitions: 0-5\n    url: x\n  - name: b\n    partitions: 6-11\n    url: y\n")
-	out, err := sink.MoveInMapFile(in, 0, "b", "")
+	out, err := shardmap.MoveIn(in, 0, "b", "")
 	require.NoError(t, err)
-	m, err := sink.ParseShardMap(out)
+	m, err := shardmap.Parse(out)
 	require.NoError(t, err)
 	require.Equal(t, "1-5", m.Shards[m.For(1)].Partitions)
 	require.Equal(t, "0,6-11", m.Shards[m.For(0)].Partitions)
 	require.Equal(t, "a", m.Shards[m.Control()].Name, "the control shard stays a when partition 0 leaves it")
 	require.Contains(t, string(out), "# first")
 
-	out, err = sink.MoveInMapFile(out, 3, "c", "postgres://c/db")
+	out, err = shardmap.MoveIn(out, 3, "c", "postgres://c/db")
 	require.NoError(t, err)
-	m, err = sink.ParseShardMap(out)
+	m, err = shardmap.Parse(out)
 	require.NoError(t, err)
 	require.Equal(t, "c", m.Shards[m.For(3)].Name)
 	require.Equal(t, "1-2,4-5", m.Shards[m.For(1)].Partitions)
 	require.True(t, m.Shards[m.For(4)].Owns(4) && !m.Shards[m.For(4)].Owns(3))
 	require.NoError(t, m.Cover(12))
 
-	_, err = sink.MoveInMapFile(in, 3, "c", "")
+	_, err = shardmap.MoveIn(in, 3, "c", "")
 	require.ErrorContains(t, err, `names no shard "c"`)
-	_, err = sink.ParseShardMap([]byte(`{shards: [{name: a, partitions: "0-2,4", url: x}, {name: b, partitions: "3,4", url: y}]}`))
+	_, err = shardmap.Parse([]byte(`{shards: [{name: a, partitions: "0-2,4", url: x}, {name: b, partitions: "3,4", url: y}]}`))
 	require.ErrorContains(t, err, "partition 4 is owned by shards")
-	_, err = sink.ParseShardMap([]byte(`{shards: [{name: a, partitions: "0-2,5", url: x}, {name: b, partitions: "3", url: y}]}`))
+	_, err = shardmap.Parse([]byte(`{shards: [{name: a, partitions: "0-2,5", url: x}, {name: b, partitions: "3", url: y}]}`))
 	require.ErrorContains(t, err, "no shard owns partitions 4-4")
 
 	path := filepath.Join(t.TempDir(), "shards.yaml")
 	require.NoError(t, os.WriteFile(path, in, 0o444))
-	require.ErrorContains(t, sink.CheckWritable(path), "is not writable")
+	require.ErrorContains(t, shardmap.CheckWritable(path), "is not writable")
 	require.NoError(t, os.Chmod(path, 0o640))
-	require.NoError(t, sink.CheckWritable(path))
-	require.NoError(t, sink.WriteFileAtomic(path, out))
+	require.NoError(t, shardmap.CheckWritable(path))
+	require.NoError(t, shardmap.WriteFileAtomic(path, out))
 	st, err := os.Stat(path)
 	require.NoError(t, err)
 	require.Equal(t, os.FileMode(0o640), st.Mode().Perm(), "the file keeps its mode")

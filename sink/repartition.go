@@ -1,6 +1,8 @@
 package sink
 
 import (
+	"github.com/mandated/mandated/sink/shardmap"
+
 	"cmp"
 	"context"
 	"errors"
@@ -174,7 +176,7 @@ func Repartition(ctx context.Context, conn *pgx.Conn, cfg RepartitionConfig) (Re
 			return err
 		}
 		res.From = meta.count
-		sharded := meta.name != SingleShard || meta.first != 0 || meta.last != nil || meta.set != nil
+		sharded := meta.name != shardmap.SingleShard || meta.first != 0 || meta.last != nil || meta.set != nil
 		if sharded && cfg.Shard != meta.name {
 			return fmt.Errorf("%w: this database is shard %q of a shard map: run the repartition with the shard map (--shard-map), "+
 				"which changes the other shards and the map file with it (docs/operations.md, \"Changing the partition count\")",
@@ -276,7 +278,7 @@ func ownsEveryPartition(ctx context.Context, tx pgx.Tx, m *meta) error {
 	}
 	return fmt.Errorf("%w: shard %s owns partitions %s, not all of 0-%d (partitions %s are elsewhere): repartition runs on one database; "+
 		"move every partition to one shard first (docs/operations.md, \"Changing the partition count\")",
-		ErrRepartitionRefused, m.name, FormatPartitions(owned), m.count-1, FormatPartitions(missing))
+		ErrRepartitionRefused, m.name, shardmap.FormatPartitions(owned), m.count-1, shardmap.FormatPartitions(missing))
 }
 
 // liveSessions refuses while a session of mandated (a processor, its

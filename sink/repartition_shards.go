@@ -1,6 +1,8 @@
 package sink
 
 import (
+	"github.com/mandated/mandated/sink/shardmap"
+
 	"cmp"
 	"context"
 	"errors"
@@ -25,8 +27,8 @@ import (
 // ShardedRepartition is a shard map checked for a repartition: one shard
 // owns every partition, the others none.
 type ShardedRepartition struct {
-	Owner  Shard   // owns every partition
-	Others []Shard // own none
+	Owner  shardmap.Shard   // owns every partition
+	Others []shardmap.Shard // own none
 	// From is the owner's recorded count (To when a run already changed
 	// it).
 	From int32
@@ -41,14 +43,14 @@ type ShardedRepartition struct {
 // owner's count (or already `to`, a run again) and no daemon session is
 // connected to them. It refuses with an error wrapping
 // ErrRepartitionRefused; it writes nothing.
-func PlanShardedRepartition(ctx context.Context, m *ShardMap, to int32, app string) (ShardedRepartition, error) {
+func PlanShardedRepartition(ctx context.Context, m *shardmap.Map, to int32, app string) (ShardedRepartition, error) {
 	app = cmp.Or(app, ApplicationNameDefault)
 	var plan ShardedRepartition
 	if err := m.Validate(); err != nil {
 		return plan, err
 	}
 	type state struct {
-		shard Shard
+		shard shardmap.Shard
 		meta  *meta
 		owned []int32
 	}
@@ -77,9 +79,9 @@ func PlanShardedRepartition(ctx context.Context, m *ShardMap, to int32, app stri
 			}
 			if len(kept) > 0 {
 				slices.Sort(kept)
-				copies = append(copies, fmt.Sprintf("shard %s keeps copies of partitions %s", s.Name, FormatPartitions(kept)))
+				copies = append(copies, fmt.Sprintf("shard %s keeps copies of partitions %s", s.Name, shardmap.FormatPartitions(kept)))
 			}
-			if mt.name != s.Name && mt.name != SingleShard {
+			if mt.name != s.Name && mt.name != shardmap.SingleShard {
 				return state{}, fmt.Errorf("%w: the shard map names this database %q but it is shard %q", ErrRepartitionRefused, s.Name, mt.name)
 			}
 			return state{shard: s, meta: mt, owned: mt.ownedSet(moves)}, nil
@@ -93,7 +95,7 @@ func PlanShardedRepartition(ctx context.Context, m *ShardMap, to int32, app stri
 	owner := -1
 	for i, st := range states {
 		if len(st.owned) > 0 {
-			owners = append(owners, fmt.Sprintf("%s owns %s", st.shard.Name, FormatPartitions(st.owned)))
+			owners = append(owners, fmt.Sprintf("%s owns %s", st.shard.Name, shardmap.FormatPartitions(st.owned)))
 			owner = i
 		}
 	}
@@ -115,7 +117,7 @@ func PlanShardedRepartition(ctx context.Context, m *ShardMap, to int32, app stri
 	plan.Owner, plan.From = own.shard, own.meta.count
 	if len(own.owned) != int(own.meta.count) {
 		return plan, fmt.Errorf("%w: shard %s owns partitions %s, not all of 0-%d: move the others to it first (mandatectl shards move)",
-			ErrRepartitionRefused, own.shard.Name, FormatPartitions(own.owned), own.meta.count-1)
+			ErrRepartitionRefused, own.shard.Name, shardmap.FormatPartitions(own.owned), own.meta.count-1)
 	}
 	for i, st := range states {
 		if i == owner {
@@ -135,13 +137,13 @@ func PlanShardedRepartition(ctx context.Context, m *ShardMap, to int32, app stri
 	}
 	mapped := own.shard.Range()
 	switch {
-	case mapped == FormatPartitions(own.owned):
-	case own.meta.count == to && own.shard.First() == 0 && own.shard.Last() < to && mapped == FormatPartitions(allPartitions(own.shard.Last()+1)):
+	case mapped == shardmap.FormatPartitions(own.owned):
+	case own.meta.count == to && own.shard.First() == 0 && own.shard.Last() < to && mapped == shardmap.FormatPartitions(shardmap.All(own.shard.Last()+1)):
 		// A run again after the owner's step: the map file still has the
 		// old count.
 	default:
 		return plan, fmt.Errorf("%w: the shard map gives shard %s partitions %s but its database owns %s: "+
-			"the map is older than a move; fix the map file first", ErrRepartitionRefused, own.shard.Name, mapped, FormatPartitions(own.owned))
+			"the map is older than a move; fix the map file first", ErrRepartitionRefused, own.shard.Name, mapped, shardmap.FormatPartitions(own.owned))
 	}
 	for _, s := range plan.Others {
 		if err := othersIdle(ctx, s, app); err != nil {
@@ -151,18 +153,10 @@ func PlanShardedRepartition(ctx context.Context, m *ShardMap, to int32, app stri
 	return plan, nil
 }
 
-func allPartitions(n int32) []int32 {
-	out := make([]int32, n)
-	for p := range n {
-		out[p] = p
-	}
-	return out
-}
-
-func ownsNone(s Shard) bool { return s.set != nil && len(s.set) == 0 }
+func ownsNone(s shardmap.Shard) bool { return s.None() }
 
 // othersIdle refuses while a daemon session is connected to shard s.
-func othersIdle(ctx context.Context, s Shard, app string) error {
+func othersIdle(ctx context.Context, s shardmap.Shard, app string) error {
 	conn, err := pgx.Connect(ctx, s.URL)
 	if err != nil {
 		return fmt.Errorf("%w: shard %s does not answer: %w", ErrRepartitionRefused, s.Name, interpretError(err))
@@ -209,7 +203,7 @@ func FinishShardedRepartition(ctx context.Context, plan ShardedRepartition, to i
 					return err
 				}
 				if owned := m.ownedSet(moves); len(owned) > 0 {
-					return fmt.Errorf("%w: it owns partitions %s now", ErrRepartitionRefused, FormatPartitions(owned))
+					return fmt.Errorf("%w: it owns partitions %s now", ErrRepartitionRefused, shardmap.FormatPartitions(owned))
 				}
 				if err := liveSessions(ctx, tx, app); err != nil {
 					return err

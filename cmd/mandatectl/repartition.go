@@ -10,6 +10,7 @@ import (
 
 	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/shardmap"
 )
 
 func runRepartition(a *app, args []string) int {
@@ -72,7 +73,7 @@ docs/operations.md, "Changing the partition count".`,
 	if *to < 1 {
 		return f.usageErr("--to M is required (the new partition count)")
 	}
-	var shardMap *sink.ShardMap
+	var shardMap *shardmap.Map
 	if db.shardMap != "" {
 		m, err := db.readMap()
 		if err != nil {

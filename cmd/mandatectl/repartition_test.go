@@ -14,6 +14,7 @@ import (
 
 	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/shardmap"
 	"github.com/mandated/mandated/test/testenv"
 )
 
@@ -98,7 +99,7 @@ func TestRepartitionOfAShardMapRefusesPartitionsOnTwoShards(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "shards.yaml")
 	mapFile := fmt.Appendf(nil, "shards:\n  - name: a\n    partitions: 0-2\n    url: %q\n  - name: b\n    partitions: 3-5\n    url: %q\n", urlA, urlB)
 	require.NoError(t, os.WriteFile(path, mapFile, 0o644))
-	m, err := sink.ReadShardMap(path)
+	m, err := shardmap.Read(path)
 	require.NoError(t, err)
 	sh, err := sink.OpenShards(ctx, sink.Config{}, m, zerolog.Nop())
 	require.NoError(t, err)
