@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/mandated/mandated/sink/pgerr"
 )
 
 // KeyQuerier is what the grantor-key queries need: a pool, a connection or a
@@ -56,8 +58,7 @@ func AddGrantorKey(ctx context.Context, q KeyQuerier, k GrantorKey) error {
 	}
 	_, err := q.Exec(ctx, `INSERT INTO grantor_keys (org, key_id, alg, public_key, valid_from, valid_until, note)
 		VALUES ($1, $2, 'ed25519', $3, $4, $5, $6)`, k.Org, k.KeyID, []byte(k.PublicKey), k.ValidFrom, until, k.Note)
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+	if pgerr.Is(err, pgerr.UniqueViolation) {
 		return fmt.Errorf("%w: %s/%s", ErrKeyExists, k.Org, k.KeyID)
 	}
 	if err != nil {

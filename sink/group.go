@@ -15,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/mandated/mandated/sink/pgerr"
 )
 
 // Defaults for GroupConfig.
@@ -120,7 +122,7 @@ func (g *Group) Commit(ctx context.Context, b *Batch) (Result, error) {
 		if !errors.Is(err, ErrRetryable) || res.Attempts >= g.s.cfg.MaxBatchAttempts {
 			return res, err
 		}
-		res.Retries = append(res.Retries, RetryCause(err))
+		res.Retries = append(res.Retries, pgerr.RetryCause(err))
 		wait := backoff/2 + rand.N(backoff)
 		backoff = min(backoff*2, time.Second)
 		select {
@@ -301,7 +303,7 @@ func commitOutcome(tag pgconn.CommandTag, err error) error {
 		if errors.Is(interpretError(err), ErrRetryable) {
 			return err
 		}
-		return retry("commit_unknown", "commit outcome unknown: %v", err)
+		return pgerr.Retry("commit_unknown", "commit outcome unknown: %v", err)
 	}
 	if tag.String() != "COMMIT" {
 		return fmt.Errorf("commit: PostgreSQL rolled the transaction back (%s)", tag)
@@ -561,7 +563,7 @@ func (s *Sink) attemptMerged(ctx context.Context, reqs []*groupReq, live []int, 
 			continue
 		}
 		if scope, ok := p.bindsTwice(bound); ok {
-			errs[i] = retry("unique", "partition %d binds %v, which another batch of its group commit binds too", p.b.Partition, scope)
+			errs[i] = pgerr.Retry("unique", "partition %d binds %v, which another batch of its group commit binds too", p.b.Partition, scope)
 			continue
 		}
 		hooks = hooks || p.b.BeforeCommit != nil

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/mandated/mandated/internal/failpoint"
+	"github.com/mandated/mandated/sink/pgerr"
 )
 
 // Moving a partition to another shard (docs/operating.md, "Scaling out PostgreSQL";
@@ -56,39 +57,6 @@ type Move struct {
 	Rows      int64
 	StartedAt time.Time
 	UpdatedAt time.Time
-}
-
-// ErrMoved says a partition was moved to another shard: this database
-// refuses its claims, commits and relay marks. It is also an ErrFenced (the
-// epoch moved on); a processor that meets it reloads its shard map and
-// claims the partition where it lives now.
-var ErrMoved = errors.New("sink: the partition moved to another shard")
-
-// movedError is an ErrMoved naming the shard the partition moved to.
-type movedError struct {
-	To  string
-	msg string
-}
-
-func (e *movedError) Error() string { return "sink: " + e.msg }
-
-func (e *movedError) Is(target error) bool { return target == ErrMoved || target == ErrFenced }
-
-// MovedTo returns the shard a partition moved to, from an ErrMoved.
-func MovedTo(err error) (string, bool) {
-	var m *movedError
-	if errors.As(err, &m) {
-		return m.To, true
-	}
-	return "", false
-}
-
-// movedCode is the SQLSTATE mandated_owns raises for a moved partition
-// (migration 0014); its HINT is the shard the partition moved to.
-const movedCode = "MD001"
-
-func interpretMoved(pgErr *pgconn.PgError) error {
-	return &movedError{To: pgErr.Hint, msg: pgErr.Message}
 }
 
 func readMoves(ctx context.Context, q interface {
@@ -363,11 +331,10 @@ func lockMover(ctx context.Context, src *pgx.Conn, p int32) error {
 	if _, rerr := src.Exec(ctx, `RESET lock_timeout`); err == nil {
 		err = rerr
 	}
-	var pgErr *pgconn.PgError
 	if err == nil {
 		return nil
 	}
-	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" { // lock_not_available
+	if !pgerr.Is(err, pgerr.LockNotAvailable) {
 		return fmt.Errorf("sink: move: lock partition %d's mover on the source: %w", p, interpretError(err))
 	}
 	holder := "another session"
@@ -732,8 +699,7 @@ func checkMigrated(ctx context.Context, src, dst *pgx.Conn, target string) error
 	version := func(c *pgx.Conn) (int, error) {
 		var v int
 		err := c.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM mandated_schema_migrations`).Scan(&v)
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+		if pgerr.Is(err, pgerr.UndefinedTable) {
 			return 0, nil
 		}
 		return v, interpretError(err)
