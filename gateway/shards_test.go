@@ -20,11 +20,11 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
+	"github.com/mandated/mandated/admin"
 	"github.com/mandated/mandated/client"
 	"github.com/mandated/mandated/gateway"
 	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/processor"
-	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/sink/shardmap"
 	"github.com/mandated/mandated/test/harness"
 	"github.com/mandated/mandated/test/testenv"
@@ -199,7 +199,7 @@ func TestGatewayReadsEachStatusOnItsMandatesShardAsTheDocumentedRole(t *testing.
 
 	// Partition 1 moves to shard b; the processors' map says so (they
 	// follow when shard a refuses them).
-	_, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urls["a"], Target: urls["b"], TargetName: "b"})
+	_, err = admin.MovePartition(ctx, admin.MoveOptions{Partition: 1, Source: urls["a"], Target: urls["b"], TargetName: "b"})
 	require.NoError(t, err)
 	for _, path := range []string{procMap, gwMap} {
 		raw, err := os.ReadFile(path)

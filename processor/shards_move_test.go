@@ -14,9 +14,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/mandated/mandated/admin"
 	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/processor"
-	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/sink/shardmap"
 	"github.com/mandated/mandated/test/harness"
 	"github.com/mandated/mandated/test/testenv"
@@ -104,7 +104,7 @@ func TestAPartitionMovedUnderLoadIsDecidedExactlyOnceAndContinuesOnItsNewShard(t
 
 	// The move, as mandatectl shards move does it.
 	start := time.Now()
-	res, err := sink.MovePartition(ctx, sink.MoveOptions{Partition: moved, Source: urlA, Target: urlB, TargetName: "b"})
+	res, err := admin.MovePartition(ctx, admin.MoveOptions{Partition: moved, Source: urlA, Target: urlB, TargetName: "b"})
 	require.NoError(t, err)
 	edited, err := shardmap.MoveIn(oldMap, moved, "b", "")
 	require.NoError(t, err)

@@ -1,8 +1,6 @@
 package sink
 
 import (
-	"github.com/mandated/mandated/sink/shardmap"
-
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/mandated/mandated/sink/shardmap"
 )
 
 // Claim is a partition owned under an epoch, and where its consumption
@@ -115,7 +115,7 @@ func (s *Sink) recordLayout(ctx context.Context, sh shardmap.Shard, n int32) err
 					"copy them there first (docs/operating.md, \"Scaling out PostgreSQL\")", sh.Name)
 			}
 		}
-		moves, err := readMoves(ctx, tx)
+		moves, err := ReadMoves(ctx, tx)
 		if err != nil {
 			return err
 		}

@@ -1,8 +1,6 @@
 package sink
 
 import (
-	"github.com/mandated/mandated/sink/shardmap"
-
 	"bytes"
 	"context"
 	"errors"
@@ -13,6 +11,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/mandated/mandated/sink/shardmap"
 )
 
 // Shards is mandated's storage over one or more databases, each owning a

@@ -1,8 +1,6 @@
 package sink
 
 import (
-	"github.com/mandated/mandated/sink/shardmap"
-
 	"context"
 	"fmt"
 	"strconv"
@@ -14,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mandated/mandated/lifecycle"
+	"github.com/mandated/mandated/sink/shardmap"
 )
 
 // Sink is mandated's PostgreSQL storage. Safe for concurrent use by the

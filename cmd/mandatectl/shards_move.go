@@ -11,7 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/admin"
 	"github.com/mandated/mandated/sink/shardmap"
 )
 
@@ -191,7 +191,7 @@ Nothing printed carries a password of the map or of --to.`,
 		a.errorf("shards move: %v (nothing was changed)", err)
 		return exitFailed
 	}
-	res, err := sink.MovePartition(ctx, sink.MoveOptions{Partition: p, Source: source.URL, Target: targetURL, TargetName: targetName})
+	res, err := admin.MovePartition(ctx, admin.MoveOptions{Partition: p, Source: source.URL, Target: targetURL, TargetName: targetName})
 	if err != nil {
 		a.errorf("shards move: %v", err)
 		return exitFailed
@@ -213,11 +213,11 @@ Nothing printed carries a password of the map or of --to.`,
 	fmt.Fprintf(a.stdout, "partition %d moved from shard %s to shard %s: %d rows in %s, epoch %d on %s\n",
 		p, res.SourceShard, targetName, res.Total, res.Took.Round(time.Millisecond), res.Epoch, targetName)
 	switch res.Resumed {
-	case sink.ResumedCopy:
+	case admin.ResumedCopy:
 		fmt.Fprintf(a.stdout, "  (an interrupted move completed: it had fenced partition %d on %s; copied now)\n", p, res.SourceShard)
-	case sink.ResumedRecord:
+	case admin.ResumedRecord:
 		fmt.Fprintf(a.stdout, "  (an interrupted move completed: %s had the copy; %s records the move now)\n", targetName, res.SourceShard)
-	case sink.ResumedDone:
+	case admin.ResumedDone:
 		fmt.Fprintf(a.stdout, "  (an interrupted move completed: both databases had recorded it; only the map was left)\n")
 	}
 	for _, t := range tables {
@@ -270,7 +270,7 @@ with. Refused while the move is not finished, or where P did not move away.`,
 	}
 	ctx, cancel := withTimeout(a.ctx, *timeout)
 	defer cancel()
-	deleted, err := sink.DropMoved(ctx, url, p)
+	deleted, err := admin.DropMoved(ctx, url, p)
 	if err != nil {
 		a.errorf("shards drop-moved: %v", err)
 		return exitFailed
@@ -304,7 +304,7 @@ func runShardsMoves(a *app, args []string) int {
 	fmt.Fprintln(tw, "SHARD\tPARTITION\tSTATE\tPEER\tEPOCH\tROWS\tUPDATED")
 	failed := false
 	for _, s := range m.Shards {
-		moves, err := sink.Moves(ctx, s.URL)
+		moves, err := admin.Moves(ctx, s.URL)
 		if err != nil {
 			a.errorf("shards moves: shard %s: %v", s.Name, err)
 			failed = true

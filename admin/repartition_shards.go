@@ -1,8 +1,6 @@
-package sink
+package admin
 
 import (
-	"github.com/mandated/mandated/sink/shardmap"
-
 	"cmp"
 	"context"
 	"errors"
@@ -11,6 +9,10 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/pgerr"
+	"github.com/mandated/mandated/sink/shardmap"
 )
 
 // Changing the partition count of a shard map (docs/operating.md, "Scaling out
@@ -19,7 +21,7 @@ import (
 // that would change database cannot move atomically, so a shard map is
 // repartitioned by composition: every partition is first consolidated on
 // one shard (mandatectl shards move), the moved copies are dropped, the
-// owning shard is repartitioned as a single database (Repartition, with
+// owning shard is repartitioned as a single database (RepartitionDatabase, with
 // Shard set), the other shards record the new count, the map file gives
 // the owner every new partition, and the partitions are spread again with
 // shards move.
@@ -44,7 +46,7 @@ type ShardedRepartition struct {
 // connected to them. It refuses with an error wrapping
 // ErrRepartitionRefused; it writes nothing.
 func PlanShardedRepartition(ctx context.Context, m *shardmap.Map, to int32, app string) (ShardedRepartition, error) {
-	app = cmp.Or(app, ApplicationNameDefault)
+	app = cmp.Or(app, sink.ApplicationNameDefault)
 	var plan ShardedRepartition
 	if err := m.Validate(); err != nil {
 		return plan, err
@@ -60,20 +62,20 @@ func PlanShardedRepartition(ctx context.Context, m *shardmap.Map, to int32, app 
 		st, err := func() (state, error) {
 			conn, err := pgx.Connect(ctx, s.URL)
 			if err != nil {
-				return state{}, fmt.Errorf("%w: shard %s does not answer: %w", ErrRepartitionRefused, s.Name, interpretError(err))
+				return state{}, fmt.Errorf("%w: shard %s does not answer: %w", ErrRepartitionRefused, s.Name, pgerr.Interpret(err))
 			}
 			defer conn.Close(context.WithoutCancel(ctx))
 			mt, err := readMeta(ctx, conn)
 			if err != nil || mt == nil {
 				return state{shard: s}, err
 			}
-			moves, err := readMoves(ctx, conn)
+			moves, err := sink.ReadMoves(ctx, conn)
 			if err != nil {
 				return state{}, err
 			}
 			var kept []int32
 			for p, mv := range moves {
-				if mv.State == MoveOut || mv.State == MovedOut {
+				if mv.State == sink.MoveOut || mv.State == sink.MovedOut {
 					kept = append(kept, p)
 				}
 			}
@@ -159,7 +161,7 @@ func ownsNone(s shardmap.Shard) bool { return s.None() }
 func othersIdle(ctx context.Context, s shardmap.Shard, app string) error {
 	conn, err := pgx.Connect(ctx, s.URL)
 	if err != nil {
-		return fmt.Errorf("%w: shard %s does not answer: %w", ErrRepartitionRefused, s.Name, interpretError(err))
+		return fmt.Errorf("%w: shard %s does not answer: %w", ErrRepartitionRefused, s.Name, pgerr.Interpret(err))
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
@@ -171,7 +173,7 @@ func othersIdle(ctx context.Context, s shardmap.Shard, app string) error {
 }
 
 // FinishShardedRepartition records the new count on every shard of the
-// plan but the owner (after the owner's Repartition committed): each in a
+// plan but the owner (after the owner's RepartitionDatabase committed): each in a
 // transaction that locks its mandated_meta and checks again that it owns
 // no partition and no daemon is connected. A shard already at `to` is
 // left as it is; one that never recorded a layout records it at its first
@@ -179,17 +181,17 @@ func othersIdle(ctx context.Context, s shardmap.Shard, app string) error {
 // counts differ): a run again finishes it.
 func FinishShardedRepartition(ctx context.Context, plan ShardedRepartition, to int32, operator, app string) error {
 	operator = cmp.Or(operator, RepartitionOperatorDefault)
-	app = cmp.Or(app, ApplicationNameDefault)
+	app = cmp.Or(app, sink.ApplicationNameDefault)
 	for _, s := range plan.Others {
 		err := func() error {
 			conn, err := pgx.Connect(ctx, s.URL)
 			if err != nil {
-				return interpretError(err)
+				return pgerr.Interpret(err)
 			}
 			defer conn.Close(context.WithoutCancel(ctx))
 			return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 				m, err := readMetaTx(ctx, tx, true)
-				if errors.Is(err, ErrNotFound) {
+				if errors.Is(err, sink.ErrNotFound) {
 					return nil
 				}
 				if err != nil {
@@ -198,7 +200,7 @@ func FinishShardedRepartition(ctx context.Context, plan ShardedRepartition, to i
 				if m.count == to {
 					return nil
 				}
-				moves, err := readMoves(ctx, tx)
+				moves, err := sink.ReadMoves(ctx, tx)
 				if err != nil {
 					return err
 				}
@@ -209,11 +211,11 @@ func FinishShardedRepartition(ctx context.Context, plan ShardedRepartition, to i
 					return err
 				}
 				if _, err := tx.Exec(ctx, `UPDATE mandated_meta SET partition_count = $1`, to); err != nil {
-					return fmt.Errorf("record the partition count: %w", interpretError(err))
+					return fmt.Errorf("record the partition count: %w", pgerr.Interpret(err))
 				}
 				_, err = tx.Exec(ctx, `INSERT INTO mandated_repartitions (from_count, to_count, mandates, authorizations, keys, intents, operator)
 					VALUES ($1, $2, 0, 0, 0, 0, $3) ON CONFLICT (to_count) DO NOTHING`, m.count, to, operator+" (partitions on shard "+plan.Owner.Name+")")
-				return interpretError(err)
+				return pgerr.Interpret(err)
 			})
 		}()
 		if err != nil {
