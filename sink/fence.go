@@ -50,7 +50,7 @@ func (s *Sink) ensureLayout(ctx context.Context, n int32) error {
 	if err := s.recordLayout(ctx, s.shard, n); err != nil {
 		return err
 	}
-	s.count = n // every claim checks it again (repartition.go)
+	s.count = n // every claim checks it again (partitioncount.go)
 	return nil
 }
 
@@ -324,7 +324,7 @@ func (s *Sink) checkLayout(ctx context.Context, sh shardmap.Shard, n int32) erro
 	if err := s.recordLayout(ctx, sh, n); err != nil {
 		return err
 	}
-	s.count = n // every claim checks it again (repartition.go)
+	s.count = n // every claim checks it again (partitioncount.go)
 	return nil
 }
 
