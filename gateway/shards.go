@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
-	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/shardmap"
 )
 
 // Shards is the gateway's view of mandated's shard map: the database that
@@ -35,7 +35,7 @@ type Shards struct {
 
 type shardLayout struct {
 	raw   []byte
-	m     *sink.ShardMap
+	m     *shardmap.Map
 	pools []*pgxpool.Pool // index-aligned with m.Shards
 }
 
@@ -59,7 +59,7 @@ func OpenShards(ctx context.Context, path string, open func(ctx context.Context,
 }
 
 func (sh *Shards) parse(ctx context.Context, b []byte) (*shardLayout, error) {
-	m, err := sink.ParseShardMap(b)
+	m, err := shardmap.Parse(b)
 	if err != nil {
 		return nil, err
 	}

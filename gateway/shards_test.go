@@ -20,11 +20,12 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
+	"github.com/mandated/mandated/admin"
 	"github.com/mandated/mandated/client"
 	"github.com/mandated/mandated/gateway"
 	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/processor"
-	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/shardmap"
 	"github.com/mandated/mandated/test/harness"
 	"github.com/mandated/mandated/test/testenv"
 	"github.com/mandated/mandated/wire"
@@ -121,7 +122,7 @@ func TestGatewayReadsEachStatusOnItsMandatesShardAsTheDocumentedRole(t *testing.
 	dir := t.TempDir()
 	procMap := filepath.Join(dir, "processors.yaml")
 	writeMap(t, procMap, [][3]string{{"ctl", "0", urls["ctl"]}, {"a", "1", urls["a"]}, {"b", "2-3", urls["b"]}})
-	m, err := sink.ReadShardMap(procMap)
+	m, err := shardmap.Read(procMap)
 	require.NoError(t, err)
 	h := harness.New(t, harness.Options{Partitions: 4, Configure: func(c *processor.ServiceConfig) { c.Shards = m }})
 	h.Start("a")
@@ -198,12 +199,12 @@ func TestGatewayReadsEachStatusOnItsMandatesShardAsTheDocumentedRole(t *testing.
 
 	// Partition 1 moves to shard b; the processors' map says so (they
 	// follow when shard a refuses them).
-	_, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urls["a"], Target: urls["b"], TargetName: "b"})
+	_, err = admin.MovePartition(ctx, admin.MoveOptions{Partition: 1, Source: urls["a"], Target: urls["b"], TargetName: "b"})
 	require.NoError(t, err)
 	for _, path := range []string{procMap, gwMap} {
 		raw, err := os.ReadFile(path)
 		require.NoError(t, err)
-		moved, err := sink.MoveInMapFile(raw, 1, "b", "")
+		moved, err := shardmap.MoveIn(raw, 1, "b", "")
 		require.NoError(t, err)
 		if path == gwMap {
 			// The gateway's map changes a moment later: until then shard

@@ -15,6 +15,7 @@ import (
 	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/shardmap"
 	"github.com/mandated/mandated/test/testenv"
 )
 
@@ -40,7 +41,7 @@ func setupShards(t *testing.T) *shardsBundle {
 	pgB := testenv.PrivatePostgres(t)
 	urlB, err := pgB.Database(ctx, "relay")
 	require.NoError(t, err)
-	m, err := sink.ParseShardMap(fmt.Appendf(nil, `{shards: [{name: a, partitions: 0-1, url: %q}, {name: b, partitions: 2-3, url: %q}]}`,
+	m, err := shardmap.Parse(fmt.Appendf(nil, `{shards: [{name: a, partitions: 0-1, url: %q}, {name: b, partitions: 2-3, url: %q}]}`,
 		testenv.Database(t), urlB))
 	require.NoError(t, err)
 	shards, err := sink.OpenShards(ctx, sink.Config{}, m, zerolog.Nop())

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mandated/mandated/processor"
-	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/shardmap"
 	"github.com/mandated/mandated/test/harness"
 	"github.com/mandated/mandated/test/testenv"
 	"github.com/mandated/mandated/wire"
@@ -50,9 +50,9 @@ func newShardsBundle(t *testing.T) *shardsBundle {
 	return b
 }
 
-func (b *shardsBundle) shardMap(t *testing.T, urlB string) *sink.ShardMap {
+func (b *shardsBundle) shardMap(t *testing.T, urlB string) *shardmap.Map {
 	t.Helper()
-	m, err := sink.ParseShardMap(fmt.Appendf(nil, `{shards: [{name: a, partitions: 0-1, url: %q}, {name: b, partitions: 2-7, url: %q}]}`, b.urlA, urlB))
+	m, err := shardmap.Parse(fmt.Appendf(nil, `{shards: [{name: a, partitions: 0-1, url: %q}, {name: b, partitions: 2-7, url: %q}]}`, b.urlA, urlB))
 	require.NoError(t, err)
 	return m
 }

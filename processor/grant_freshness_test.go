@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/mandated/mandated/admin"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/test/harness"
 	"github.com/mandated/mandated/wire"
@@ -40,9 +41,9 @@ func TestAnOlderSignedGrantReplayedAfterItsKeyExpiredCannotWidenTheMandateAgain(
 	defer cancel()
 	_, priv, err := ed25519.GenerateKey(nil)
 	require.NoError(t, err)
-	require.NoError(t, sink.AddGrantorKey(ctx, db, sink.GrantorKey{Org: "acme", KeyID: "treasury",
+	require.NoError(t, admin.AddGrantorKey(ctx, db, sink.GrantorKey{Org: "acme", KeyID: "treasury",
 		PublicKey: priv.Public().(ed25519.PublicKey), ValidFrom: t0.Add(-time.Hour)}))
-	require.NoError(t, sink.SetSigningMode(ctx, db, "acme", sink.SigningRequired))
+	require.NoError(t, admin.SetSigningMode(ctx, db, "acme", sink.SigningRequired))
 
 	terms := func(uses, max int, key string, basedOn int64) map[string]any {
 		g := grant("acme", "m", uses, map[string]any{"idempotency_key": key,
@@ -127,9 +128,9 @@ func TestAReplayedSignedRevokeOrResolveChangesNothing(t *testing.T) {
 	pool := in.Service.Sink.Pool()
 	_, priv, err := ed25519.GenerateKey(nil)
 	require.NoError(t, err)
-	require.NoError(t, sink.AddGrantorKey(ctx, pool, sink.GrantorKey{Org: "acme", KeyID: "k1",
+	require.NoError(t, admin.AddGrantorKey(ctx, pool, sink.GrantorKey{Org: "acme", KeyID: "k1",
 		PublicKey: priv.Public().(ed25519.PublicKey), ValidFrom: time.Now().Add(-time.Hour)}))
-	require.NoError(t, sink.SetSigningMode(ctx, pool, "acme", sink.SigningRequired))
+	require.NoError(t, admin.SetSigningMode(ctx, pool, "acme", sink.SigningRequired))
 
 	key, g := signedBytes(t, grant("acme", "m", 2, nil), "k1", priv)
 	require.Equal(t, wire.OutcomeGranted, h.Await(h.ProduceRaw(h.Spec.Grants, key, g, -1)).Outcome)

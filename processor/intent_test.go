@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/mandated/mandated/admin"
 	"github.com/mandated/mandated/internal/clock"
 	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/partitioner"
@@ -242,8 +243,9 @@ func TestThePossibleReplayWindowIsJudgedAtItsBoundaryUnderBothPolicies(t *testin
 	h, clk, a := fakeClockInstance(t)
 	ctx := context.Background()
 	const window = 10 * time.Minute
-	require.NoError(t, a.Service.Sink.SetOrgReplay(ctx, "deny-org", window, lifecycle.ReplayDeny))
-	require.NoError(t, a.Service.Sink.SetOrgReplay(ctx, "flag-org", window, lifecycle.ReplayFlag))
+	require.NoError(t, admin.WriteOrgReplay(ctx, a.Service.Sink.Pool(), "deny-org", window, lifecycle.ReplayDeny))
+	require.NoError(t, admin.WriteOrgReplay(ctx, a.Service.Sink.Pool(), "flag-org", window, lifecycle.ReplayFlag))
+	require.NoError(t, a.Service.Sink.RefreshReplay(ctx))
 
 	for _, org := range []string{"deny-org", "flag-org", "off-org"} {
 		h.SendAwait(grant(org, "m", 10, map[string]any{"hold_seconds": 3600}))

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/mandated/mandated/admin"
 	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/test/harness"
@@ -34,7 +35,7 @@ func TestAnOrgRetentionChangedWhileRunningTakesEffectWithoutARestart(t *testing.
 
 	// An operator changes the org's retention (as mandatectl org-settings
 	// set does), through another connection; the running daemon applies it.
-	require.NoError(t, sink.NewOrgSettings(db).SetRetention(ctx, "acme", 48*time.Hour))
+	require.NoError(t, admin.NewOrgSettings(db).SetRetention(ctx, "acme", 48*time.Hour))
 	testenv.WaitFor(t, 20*time.Second, func() bool { return a.Service.Sink.Retention("acme") == 48*time.Hour }, "the running sink reads the new retention")
 	require.Equal(t, wire.OutcomeReserved, h.SendAwait(propose("acme", "m", "after", 100, nil)).Outcome)
 	require.Equal(t, 48*time.Hour, retentionOf("after"))
@@ -49,12 +50,12 @@ func TestAnOrgRetentionShorterThanOneOfItsMandatesWindowsIsRefused(t *testing.T)
 	ctx := context.Background()
 	// The defaults: a 5-minute hold and a 1-hour execution timeout.
 	h.SendAwait(grant("acme", "m", 1, nil))
-	settings := sink.NewOrgSettings(db)
+	settings := admin.NewOrgSettings(db)
 
 	err := settings.SetRetention(ctx, "acme", time.Hour)
-	require.ErrorIs(t, err, sink.ErrRetentionTooShort)
+	require.ErrorIs(t, err, admin.ErrRetentionTooShort)
 	require.Contains(t, err.Error(), "1h5m0s")
-	require.ErrorIs(t, settings.SetRetention(ctx, "other", 59*time.Minute), sink.ErrRetentionTooShort, "never below one hour")
+	require.ErrorIs(t, settings.SetRetention(ctx, "other", 59*time.Minute), admin.ErrRetentionTooShort, "never below one hour")
 	got, err := settings.Get(ctx, "acme")
 	require.NoError(t, err)
 	require.False(t, got.RetentionSet, "nothing was stored")

@@ -15,10 +15,11 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mandated/mandated/admin"
 	"github.com/mandated/mandated/internal/clock"
 	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/processor"
-	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/shardmap"
 	"github.com/mandated/mandated/test/harness"
 	"github.com/mandated/mandated/test/testenv"
 	"github.com/mandated/mandated/wire"
@@ -40,13 +41,13 @@ func mandateWhere(org string, skip []string, ok func(p6, p12 int32) bool) string
 // does: the database steps, then the map file.
 func moveAndMap(t *testing.T, ctx context.Context, mapPath string, p int32, from, to, toName string) {
 	t.Helper()
-	_, err := sink.MovePartition(ctx, sink.MoveOptions{Partition: p, Source: from, Target: to, TargetName: toName})
+	_, err := admin.MovePartition(ctx, admin.MoveOptions{Partition: p, Source: from, Target: to, TargetName: toName})
 	require.NoError(t, err, "move partition %d to shard %s", p, toName)
 	b, err := os.ReadFile(mapPath)
 	require.NoError(t, err)
-	edited, err := sink.MoveInMapFile(b, p, toName, "")
+	edited, err := shardmap.MoveIn(b, p, toName, "")
 	require.NoError(t, err)
-	require.NoError(t, sink.WriteFileAtomic(mapPath, edited))
+	require.NoError(t, shardmap.WriteFileAtomic(mapPath, edited))
 }
 
 // TestAShardMapIsRepartitionedFrom6To12ByConsolidatingRepartitioningAndSpreading
@@ -76,8 +77,8 @@ func TestAShardMapIsRepartitionedFrom6To12ByConsolidatingRepartitioningAndSpread
 	mapPath := filepath.Join(t.TempDir(), "shards.yaml")
 	require.NoError(t, os.WriteFile(mapPath, fmt.Appendf(nil,
 		"# two shards\nshards:\n  - name: a\n    partitions: 0-2\n    url: %q\n  - name: b\n    partitions: 3-5\n    url: %q\n", urlA, urlB), 0o644))
-	readMap := func() *sink.ShardMap {
-		m, err := sink.ReadShardMap(mapPath)
+	readMap := func() *shardmap.Map {
+		m, err := shardmap.Read(mapPath)
 		require.NoError(t, err)
 		return m
 	}
@@ -141,15 +142,15 @@ func TestAShardMapIsRepartitionedFrom6To12ByConsolidatingRepartitioningAndSpread
 	step("consolidate 3 partitions on a", start)
 	again := h.SendAwait(propose("acme", dbt, "k-dbt", 100, nil))
 	require.Equal(t, wire.OutcomeReplayed, again.Outcome, "shard a answers for partition %d now: %+v", rDbt.Partition, again)
-	_, err = processor.RepartitionShards(ctx, readMap(), cfg, log)
-	require.ErrorIs(t, err, sink.ErrRepartitionRefused)
+	_, err = admin.RepartitionShards(ctx, readMap(), cfg, log)
+	require.ErrorIs(t, err, admin.ErrRepartitionRefused)
 	require.ErrorContains(t, err, "shard b keeps copies of partitions 3-5")
 	require.ErrorContains(t, err, "mandatectl shards drop-moved")
 
 	// 2. Drop the copies, stop the processor.
 	start = time.Now()
 	for p := int32(3); p <= 5; p++ {
-		_, err := sink.DropMoved(ctx, urlB, p)
+		_, err := admin.DropMoved(ctx, urlB, p)
 		require.NoError(t, err)
 	}
 	step("drop-moved 3 copies", start)
@@ -166,7 +167,7 @@ func TestAShardMapIsRepartitionedFrom6To12ByConsolidatingRepartitioningAndSpread
 	crashed := cfg
 	crashed.Test.StopAfterDatabase = true
 	start = time.Now()
-	rep, err := processor.RepartitionShards(ctx, readMap(), crashed, log)
+	rep, err := admin.RepartitionShards(ctx, readMap(), crashed, log)
 	require.NoError(t, err)
 	step("repartition 6 -> 12 (database step of shard a)", start)
 	require.Equal(t, int32(6), rep.From)
@@ -183,7 +184,7 @@ func TestAShardMapIsRepartitionedFrom6To12ByConsolidatingRepartitioningAndSpread
 	noDaemonSessions(t, poolA)
 	noDaemonSessions(t, poolB)
 	start = time.Now()
-	rep2, err := processor.RepartitionShards(ctx, readMap(), cfg, log)
+	rep2, err := admin.RepartitionShards(ctx, readMap(), cfg, log)
 	require.NoError(t, err)
 	step("the run again (topics, shard b, map file)", start)
 	require.True(t, rep2.AlreadyDone)
@@ -202,7 +203,7 @@ func TestAShardMapIsRepartitionedFrom6To12ByConsolidatingRepartitioningAndSpread
 	require.Equal(t, []int32{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, setA, "shard a records that it owns the new partitions")
 	require.Equal(t, int32(12), countA)
 	require.Equal(t, int32(12), countB, "shard b records the new count")
-	rep2, err = processor.RepartitionShards(ctx, readMap(), cfg, log)
+	rep2, err = admin.RepartitionShards(ctx, readMap(), cfg, log)
 	require.NoError(t, err, "a run again finds it done")
 	require.True(t, rep2.AlreadyDone)
 	require.Empty(t, rep2.Grown)
@@ -214,7 +215,7 @@ func TestAShardMapIsRepartitionedFrom6To12ByConsolidatingRepartitioningAndSpread
 		moveAndMap(t, ctx, mapPath, p, urlA, urlB, "b")
 	}
 	for p := int32(6); p <= 11; p++ {
-		_, err := sink.DropMoved(ctx, urlA, p)
+		_, err := admin.DropMoved(ctx, urlA, p)
 		require.NoError(t, err)
 	}
 	step("spread 6 partitions to b and drop their copies", start)

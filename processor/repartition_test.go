@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mandated/mandated/admin"
 	"github.com/mandated/mandated/internal/clock"
 	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/processor"
@@ -35,19 +36,19 @@ func repartitionHarness(t *testing.T, clk *clock.Fake) *harness.Harness {
 		}})
 }
 
-func repartitionConfig(h *harness.Harness, to int32) processor.RepartitionConfig {
-	return processor.RepartitionConfig{To: to, Brokers: h.Brokers, KafkaOpts: h.KafkaOpts, Group: h.Group,
+func repartitionConfig(h *harness.Harness, to int32) admin.RepartitionConfig {
+	return admin.RepartitionConfig{To: to, Brokers: h.Brokers, KafkaOpts: h.KafkaOpts, Group: h.Group,
 		ProposalsTopic: h.Spec.Proposals, GrantsTopic: h.Spec.Grants, DecisionsTopic: h.Spec.Decisions, DeadLetterTopic: h.Spec.DeadLetter}
 }
 
-func repartition(t *testing.T, h *harness.Harness, cfg processor.RepartitionConfig) (processor.RepartitionReport, error) {
+func repartition(t *testing.T, h *harness.Harness, cfg admin.RepartitionConfig) (admin.RepartitionReport, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, h.DatabaseURL)
 	require.NoError(t, err)
 	defer conn.Close(context.Background())
-	return processor.Repartition(ctx, conn, cfg, zerolog.New(zerolog.NewTestWriter(t)))
+	return admin.Repartition(ctx, conn, cfg, zerolog.New(zerolog.NewTestWriter(t)))
 }
 
 // movedMandates returns n mandate ids of org whose home changes from 6 to
@@ -319,7 +320,7 @@ func TestRepartitionRefusesALiveProcessorAnUndrainedPartitionAndACountThatDoesNo
 
 	t.Run("a live consumer-group member", func(t *testing.T) {
 		_, err := repartition(t, h, repartitionConfig(h, 12))
-		require.ErrorIs(t, err, sink.ErrRepartitionRefused)
+		require.ErrorIs(t, err, admin.ErrRepartitionRefused)
 		require.ErrorContains(t, err, fmt.Sprintf("consumer group %q has 1 live members", h.Group))
 		unchanged()
 	})
@@ -335,17 +336,17 @@ func TestRepartitionRefusesALiveProcessorAnUndrainedPartitionAndACountThatDoesNo
 		require.NoError(t, err)
 		defer zombie.Close(ctx)
 		_, err = repartition(t, h, repartitionConfig(h, 12))
-		require.ErrorIs(t, err, sink.ErrRepartitionRefused)
+		require.ErrorIs(t, err, admin.ErrRepartitionRefused)
 		require.ErrorContains(t, err, "mandated is still connected to the database (mandated/zombie-7")
 		unchanged()
 	})
 
 	t.Run("a count that does not grow", func(t *testing.T) {
 		_, err := repartition(t, h, repartitionConfig(h, 6))
-		require.ErrorIs(t, err, sink.ErrRepartitionRefused)
+		require.ErrorIs(t, err, admin.ErrRepartitionRefused)
 		require.ErrorContains(t, err, "the database has 6 partitions; --to must be greater")
 		_, err = repartition(t, h, repartitionConfig(h, 3))
-		require.ErrorIs(t, err, sink.ErrRepartitionRefused)
+		require.ErrorIs(t, err, admin.ErrRepartitionRefused)
 		require.ErrorContains(t, err, "already has 6 partitions; --to 3 must be greater")
 		unchanged()
 	})
@@ -362,7 +363,7 @@ func TestRepartitionRefusesALiveProcessorAnUndrainedPartitionAndACountThatDoesNo
 		require.NoError(t, err)
 		// The parked row counts as published (and is listed): one of the two blocks, not both.
 		rep, err := repartition(t, h, repartitionConfig(h, 12))
-		require.ErrorIs(t, err, sink.ErrRepartitionRefused)
+		require.ErrorIs(t, err, admin.ErrRepartitionRefused)
 		require.ErrorContains(t, err, fmt.Sprintf("partition %d: 1 decisions not yet published (outbox sequences %d-%d, published up to %d)",
 			g.Partition, last+1, last+2, last))
 		require.Equal(t, []string{fmt.Sprintf("%d-%d", g.Partition, last+1)}, rep.Parked)
@@ -379,7 +380,7 @@ func TestRepartitionRefusesALiveProcessorAnUndrainedPartitionAndACountThatDoesNo
 		s1 := h.Send(propose("acme", "m", "undecided-1", 100, nil))
 		h.Send(propose("acme", "m", "undecided-2", 100, nil))
 		_, err := repartition(t, h, repartitionConfig(h, 12))
-		require.ErrorIs(t, err, sink.ErrRepartitionRefused)
+		require.ErrorIs(t, err, admin.ErrRepartitionRefused)
 		require.ErrorContains(t, err, fmt.Sprintf("partition %d: 2 undecided records on %s (decided up to offset %d, end %d)",
 			s1.Partition, h.Spec.Proposals, s1.Offset, s1.Offset+2))
 		unchanged()

@@ -11,6 +11,7 @@ import (
 
 	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/shardmap"
 )
 
 // ServiceConfig configures a whole mandated instance: storage, processor and
@@ -21,7 +22,7 @@ type ServiceConfig struct {
 	Sink sink.Config
 	// Shards maps partitions to databases. Defaults to every partition in
 	// Sink.DatabaseURL.
-	Shards    *sink.ShardMap
+	Shards    *shardmap.Map
 	Processor Config
 	Relay     outbox.Config
 	// Registerer receives every metric. Defaults to none.
@@ -58,7 +59,7 @@ func StartService(ctx context.Context, cfg ServiceConfig, log zerolog.Logger) (s
 	}
 	m := cfg.Shards
 	if m == nil {
-		m = sink.Single(cfg.Sink.DatabaseURL)
+		m = shardmap.Single(cfg.Sink.DatabaseURL)
 	}
 	s, err := sink.OpenShards(ctx, cfg.Sink, m, log.With().Str("component", "sink").Logger())
 	if err != nil {

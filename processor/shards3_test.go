@@ -14,7 +14,7 @@ import (
 
 	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/processor"
-	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/shardmap"
 	"github.com/mandated/mandated/test/harness"
 	"github.com/mandated/mandated/test/testenv"
 	"github.com/mandated/mandated/wire"
@@ -47,7 +47,7 @@ func TestThreeShardsUnderLoadAShardDownStallsOnlyItsPartitionsAndTheControlShard
 		layout = append(layout, fmt.Sprintf("{name: %s, partitions: %s, url: %q}", sh.name, sh.parts(), sh.url))
 	}
 	a, b, c := shards[0], shards[1], shards[2]
-	m, err := sink.ParseShardMap(fmt.Appendf(nil, "{shards: [%s]}", strings.Join(layout, ", ")))
+	m, err := shardmap.Parse(fmt.Appendf(nil, "{shards: [%s]}", strings.Join(layout, ", ")))
 	require.NoError(t, err)
 	require.Equal(t, 0, m.Control(), "the first shard is the control shard")
 	const handoff = 2 * time.Second

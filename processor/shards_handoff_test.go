@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mandated/mandated/processor"
-	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/shardmap"
 	"github.com/mandated/mandated/test/harness"
 	"github.com/mandated/mandated/test/testenv"
 	"github.com/mandated/mandated/wire"
@@ -41,8 +41,8 @@ func TestAMemberCutFromOneShardHandsOffThatShardsPartitionsOnlyAndTakesThemBack(
 	u, err := url.Parse(urlB)
 	require.NoError(t, err)
 	proxy := testenv.StartProxy(t, u.Host)
-	shardMap := func(b string) *sink.ShardMap {
-		m, err := sink.ParseShardMap(fmt.Appendf(nil, `{shards: [{name: a, partitions: 0-1, url: %q}, {name: b, partitions: 2-7, url: %q}]}`, urlA, b))
+	shardMap := func(b string) *shardmap.Map {
+		m, err := shardmap.Parse(fmt.Appendf(nil, `{shards: [{name: a, partitions: 0-1, url: %q}, {name: b, partitions: 2-7, url: %q}]}`, urlA, b))
 		require.NoError(t, err)
 		return m
 	}

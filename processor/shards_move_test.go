@@ -14,9 +14,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/mandated/mandated/admin"
 	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/processor"
-	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/shardmap"
 	"github.com/mandated/mandated/test/harness"
 	"github.com/mandated/mandated/test/testenv"
 	"github.com/mandated/mandated/wire"
@@ -46,7 +47,7 @@ func TestAPartitionMovedUnderLoadIsDecidedExactlyOnceAndContinuesOnItsNewShard(t
 	mapPath := filepath.Join(dir, "shards.yaml")
 	oldMap := fmt.Appendf(nil, "shards:\n  - name: a\n    partitions: 0-1\n    url: %q\n  - name: b\n    partitions: 2-3\n    url: %q\n", urlA, urlB)
 	require.NoError(t, os.WriteFile(mapPath, oldMap, 0o644))
-	m, err := sink.ReadShardMap(mapPath)
+	m, err := shardmap.Read(mapPath)
 	require.NoError(t, err)
 	h := harness.New(t, harness.Options{Partitions: 4, Configure: func(c *processor.ServiceConfig) {
 		c.Shards = m
@@ -103,11 +104,11 @@ func TestAPartitionMovedUnderLoadIsDecidedExactlyOnceAndContinuesOnItsNewShard(t
 
 	// The move, as mandatectl shards move does it.
 	start := time.Now()
-	res, err := sink.MovePartition(ctx, sink.MoveOptions{Partition: moved, Source: urlA, Target: urlB, TargetName: "b"})
+	res, err := admin.MovePartition(ctx, admin.MoveOptions{Partition: moved, Source: urlA, Target: urlB, TargetName: "b"})
 	require.NoError(t, err)
-	edited, err := sink.MoveInMapFile(oldMap, moved, "b", "")
+	edited, err := shardmap.MoveIn(oldMap, moved, "b", "")
 	require.NoError(t, err)
-	require.NoError(t, sink.WriteFileAtomic(mapPath, edited))
+	require.NoError(t, shardmap.WriteFileAtomic(mapPath, edited))
 	written := time.Now()
 	var rows int64
 	for _, c := range res.Rows {
@@ -181,7 +182,7 @@ func TestAPartitionMovedUnderLoadIsDecidedExactlyOnceAndContinuesOnItsNewShard(t
 	h.Stop(in)
 	stalePath := filepath.Join(dir, "stale.yaml")
 	require.NoError(t, os.WriteFile(stalePath, oldMap, 0o644))
-	stale, err := sink.ReadShardMap(stalePath)
+	stale, err := shardmap.Read(stalePath)
 	require.NoError(t, err)
 	late := h.Start("stale", func(c *processor.ServiceConfig) { c.Shards = stale })
 	testWaitFor(t, func() bool { return len(late.Service.Processor.Owned()) == 3 }, "the stale map's processor decides the other partitions")
@@ -193,7 +194,7 @@ func TestAPartitionMovedUnderLoadIsDecidedExactlyOnceAndContinuesOnItsNewShard(t
 	require.False(t, owned)
 	require.Equal(t, frozen, copyAt(), "the stale processor wrote nothing of the moved partition on shard a")
 
-	require.NoError(t, sink.WriteFileAtomic(stalePath, edited)) // the mount catches up
+	require.NoError(t, shardmap.WriteFileAtomic(stalePath, edited)) // the mount catches up
 	require.Equal(t, wire.OutcomeReserved, h.Await(waiting).Outcome, "the stale processor switches to shard b")
 	checkExactlyOnce()
 }

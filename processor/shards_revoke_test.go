@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mandated/mandated/processor"
-	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/shardmap"
 	"github.com/mandated/mandated/test/harness"
 	"github.com/mandated/mandated/test/testenv"
 	"github.com/mandated/mandated/wire"
@@ -40,7 +40,7 @@ func TestARevocationOfAPartitionWhoseShardIsDownDoesNotStallTheMembersOtherShard
 	require.NoError(t, err)
 	urlB, err := pgB.Database(ctx, "mandated")
 	require.NoError(t, err)
-	m, err := sink.ParseShardMap(fmt.Appendf(nil, `{shards: [{name: a, partitions: "0-1,4-5", url: %q}, {name: b, partitions: "2-3,6-7", url: %q}]}`, urlA, urlB))
+	m, err := shardmap.Parse(fmt.Appendf(nil, `{shards: [{name: a, partitions: "0-1,4-5", url: %q}, {name: b, partitions: "2-3,6-7", url: %q}]}`, urlA, urlB))
 	require.NoError(t, err)
 	h := harness.New(t, harness.Options{Partitions: n, Configure: func(c *processor.ServiceConfig) {
 		c.Shards = m

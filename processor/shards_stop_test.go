@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mandated/mandated/processor"
-	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/shardmap"
 	"github.com/mandated/mandated/test/harness"
 	"github.com/mandated/mandated/test/testenv"
 	"github.com/mandated/mandated/wire"
@@ -33,7 +33,7 @@ func TestAStoppedShardServerStallsOnlyItsPartitionsForDecidingAndPublishing(t *t
 	pgB := testenv.PrivatePostgres(t)
 	urlB, err := pgB.Database(ctx, "mandated")
 	require.NoError(t, err)
-	m, err := sink.ParseShardMap(fmt.Appendf(nil, `{shards: [{name: a, partitions: 0-2, url: %q}, {name: b, partitions: 3-5, url: %q}]}`,
+	m, err := shardmap.Parse(fmt.Appendf(nil, `{shards: [{name: a, partitions: 0-2, url: %q}, {name: b, partitions: 3-5, url: %q}]}`,
 		testenv.Database(t), urlB))
 	require.NoError(t, err)
 	h := harness.New(t, harness.Options{Partitions: n, Configure: func(c *processor.ServiceConfig) {
@@ -99,7 +99,7 @@ func TestAMemberJoiningWhileAShardServerIsStoppedDecidesTheOtherShardsPartitions
 	pgB := testenv.PrivatePostgres(t)
 	urlB, err := pgB.Database(ctx, "mandated")
 	require.NoError(t, err)
-	m, err := sink.ParseShardMap(fmt.Appendf(nil, `{shards: [{name: a, partitions: 0-3, url: %q}, {name: b, partitions: 4-5, url: %q}]}`,
+	m, err := shardmap.Parse(fmt.Appendf(nil, `{shards: [{name: a, partitions: 0-3, url: %q}, {name: b, partitions: 4-5, url: %q}]}`,
 		testenv.Database(t), urlB))
 	require.NoError(t, err)
 	h := harness.New(t, harness.Options{Partitions: n, Configure: func(c *processor.ServiceConfig) {

@@ -12,7 +12,7 @@ import (
 
 	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/processor"
-	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/shardmap"
 	"github.com/mandated/mandated/test/harness"
 	"github.com/mandated/mandated/test/testenv"
 	"github.com/mandated/mandated/wire"
@@ -33,7 +33,7 @@ func TestTwoShardsDecideTheirOwnPartitionsAndAShardDownStallsOnlyItsOwn(t *testi
 	require.NoError(t, err)
 	urlB, err := pgB.Database(ctx, "mandated")
 	require.NoError(t, err)
-	m, err := sink.ParseShardMap(fmt.Appendf(nil, `{shards: [{name: a, partitions: 0-1, url: %q}, {name: b, partitions: 2-3, url: %q}]}`, urlA, urlB))
+	m, err := shardmap.Parse(fmt.Appendf(nil, `{shards: [{name: a, partitions: 0-1, url: %q}, {name: b, partitions: 2-3, url: %q}]}`, urlA, urlB))
 	require.NoError(t, err)
 	h := harness.New(t, harness.Options{Partitions: 4, Configure: func(c *processor.ServiceConfig) {
 		c.Shards = m
@@ -131,7 +131,7 @@ func TestAPodRestartedDuringAShardOutageDecidesTheOtherShardsPartitionsAtOnce(t 
 	pgB := testenv.PrivatePostgres(t)
 	urlB, err := pgB.Database(ctx, "mandated")
 	require.NoError(t, err)
-	m, err := sink.ParseShardMap(fmt.Appendf(nil, `{shards: [{name: a, partitions: 0-1, url: %q}, {name: b, partitions: 2-5, url: %q}]}`, urlA, urlB))
+	m, err := shardmap.Parse(fmt.Appendf(nil, `{shards: [{name: a, partitions: 0-1, url: %q}, {name: b, partitions: 2-5, url: %q}]}`, urlA, urlB))
 	require.NoError(t, err)
 	h := harness.New(t, harness.Options{Partitions: 6, Configure: func(c *processor.ServiceConfig) {
 		c.Shards = m

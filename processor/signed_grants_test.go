@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/mandated/mandated/admin"
 	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/test/harness"
@@ -59,17 +60,17 @@ func TestAGrantsTopicWriterWithoutAKeyCannotMintAuthority(t *testing.T) {
 	live, expired, future, stolen, attacker := gen(), gen(), gen(), gen(), gen()
 	now := time.Now()
 	add := func(id string, priv ed25519.PrivateKey, from, until time.Time) {
-		require.NoError(t, sink.AddGrantorKey(ctx, pool, sink.GrantorKey{Org: "acme", KeyID: id,
+		require.NoError(t, admin.AddGrantorKey(ctx, pool, sink.GrantorKey{Org: "acme", KeyID: id,
 			PublicKey: priv.Public().(ed25519.PublicKey), ValidFrom: from, ValidUntil: until}))
 	}
 	add("k-live", live, now.Add(-time.Hour), time.Time{})
 	add("k-old", expired, now.Add(-2*time.Hour), now.Add(-time.Hour))
 	add("k-next", future, now.Add(time.Hour), time.Time{})
 	add("k-stolen", stolen, now.Add(-time.Hour), time.Time{})
-	require.NoError(t, sink.RevokeGrantorKey(ctx, pool, "acme", "k-stolen", now.Add(-time.Minute)))
-	require.ErrorIs(t, sink.AddGrantorKey(ctx, pool, sink.GrantorKey{Org: "acme", KeyID: "k-live",
-		PublicKey: attacker.Public().(ed25519.PublicKey), ValidFrom: now}), sink.ErrKeyExists, "a key id is never replaced")
-	require.NoError(t, sink.SetSigningMode(ctx, pool, "acme", sink.SigningRequired))
+	require.NoError(t, admin.RevokeGrantorKey(ctx, pool, "acme", "k-stolen", now.Add(-time.Minute)))
+	require.ErrorIs(t, admin.AddGrantorKey(ctx, pool, sink.GrantorKey{Org: "acme", KeyID: "k-live",
+		PublicKey: attacker.Public().(ed25519.PublicKey), ValidFrom: now}), admin.ErrKeyExists, "a key id is never replaced")
+	require.NoError(t, admin.SetSigningMode(ctx, pool, "acme", sink.SigningRequired))
 
 	probes := 0
 	nothingGranted := func(what string) {
@@ -186,13 +187,13 @@ func TestARevokedGrantorKeyStopsSigningWithinTheRefresh(t *testing.T) {
 	pool := in.Service.Sink.Pool()
 	_, priv, err := ed25519.GenerateKey(nil)
 	require.NoError(t, err)
-	require.NoError(t, sink.AddGrantorKey(ctx, pool, sink.GrantorKey{Org: "acme", KeyID: "k1",
+	require.NoError(t, admin.AddGrantorKey(ctx, pool, sink.GrantorKey{Org: "acme", KeyID: "k1",
 		PublicKey: priv.Public().(ed25519.PublicKey), ValidFrom: time.Now().Add(-time.Minute)}))
-	require.NoError(t, sink.SetSigningMode(ctx, pool, "acme", sink.SigningRequired))
+	require.NoError(t, admin.SetSigningMode(ctx, pool, "acme", sink.SigningRequired))
 	d := h.Await(sendSigned(t, h, grant("acme", "m0", 1, nil), "k1", priv, nil))
 	require.Equal(t, wire.OutcomeGranted, d.Outcome, "%+v", d)
 
-	require.NoError(t, sink.RevokeGrantorKey(ctx, pool, "acme", "k1", time.Now()))
+	require.NoError(t, admin.RevokeGrantorKey(ctx, pool, "acme", "k1", time.Now()))
 	revokedAt := time.Now()
 	n := 0
 	testenv.WaitFor(t, 20*time.Second, func() bool {

@@ -12,6 +12,7 @@ import (
 	"github.com/mandated/mandated/internal/backoff"
 	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/outbox"
+	"github.com/mandated/mandated/sink/pgerr"
 	"github.com/mandated/mandated/wire"
 )
 
@@ -70,7 +71,7 @@ func (s *Sink) Commit(ctx context.Context, b *Batch) (Result, error) {
 		if !errors.Is(err, ErrRetryable) || res.Attempts >= s.cfg.MaxBatchAttempts {
 			return res, err
 		}
-		res.Retries = append(res.Retries, RetryCause(err))
+		res.Retries = append(res.Retries, pgerr.RetryCause(err))
 		if !retry.Wait(ctx) {
 			return res, ctx.Err()
 		}

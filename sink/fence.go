@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/mandated/mandated/sink/shardmap"
 )
 
 // Claim is a partition owned under an epoch, and where its consumption
@@ -48,7 +50,7 @@ func (s *Sink) ensureLayout(ctx context.Context, n int32) error {
 	if err := s.recordLayout(ctx, s.shard, n); err != nil {
 		return err
 	}
-	s.count = n // every claim checks it again (repartition.go)
+	s.count = n // every claim checks it again (partitioncount.go)
 	return nil
 }
 
@@ -57,12 +59,12 @@ func (s *Sink) ensureLayout(ctx context.Context, n int32) error {
 // say: a map that still lists a partition moved away, or does not list one
 // moved in yet, is older than the move and is accepted as it is (the
 // processor claims such a partition where it lives, see ErrMoved).
-func (s *Sink) recordLayout(ctx context.Context, sh Shard, n int32) error {
+func (s *Sink) recordLayout(ctx context.Context, sh shardmap.Shard, n int32) error {
 	var last *int32
 	var set []int32 // non-nil: the shard owns this set, not one range
-	first := sh.first
+	first := sh.First()
 	switch {
-	case sh.set != nil:
+	case sh.Listed():
 		set = sh.Set(n)
 		first = 0
 		if len(set) > 0 {
@@ -71,11 +73,12 @@ func (s *Sink) recordLayout(ctx context.Context, sh Shard, n int32) error {
 		if len(set) > 0 && *last >= n {
 			return fmt.Errorf("sink: shard %s owns partitions %s but the topics have %d", sh.Name, sh.Range(), n)
 		}
-	case sh.last != maxPartition:
-		if sh.last >= n {
+	case !sh.Unbounded():
+		shLast := sh.Last()
+		if shLast >= n {
 			return fmt.Errorf("sink: shard %s owns partitions %s but the topics have %d", sh.Name, sh.Range(), n)
 		}
-		last = &sh.last
+		last = &shLast
 	}
 	control := s.control == nil
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
@@ -98,7 +101,7 @@ func (s *Sink) recordLayout(ctx context.Context, sh Shard, n int32) error {
 			return fmt.Errorf("sink: the topics have %d partitions but this database was set up for %d; "+
 				"changing the partition count moves mandates between partitions and needs an explicit migration", n, stored.count)
 		}
-		if stored.name != sh.Name && stored.name != SingleShard {
+		if stored.name != sh.Name && stored.name != shardmap.SingleShard {
 			return fmt.Errorf("sink: the shard map names this database %q but it is shard %q", sh.Name, stored.name)
 		}
 		if stored.control && !control {
@@ -112,13 +115,13 @@ func (s *Sink) recordLayout(ctx context.Context, sh Shard, n int32) error {
 					"copy them there first (docs/operating.md, \"Scaling out PostgreSQL\")", sh.Name)
 			}
 		}
-		moves, err := readMoves(ctx, tx)
+		moves, err := ReadMoves(ctx, tx)
 		if err != nil {
 			return err
 		}
 		storedSet := stored.set
 		if storedSet == nil {
-			storedSet = Shard{first: stored.first, last: coalesce(stored.last, n-1)}.Set(n)
+			storedSet = shardmap.RangeShard(stored.first, coalesce(stored.last, n-1)).Set(n)
 		}
 		want := sh.Set(n)
 		if stored.name == sh.Name && stored.control == control && sameOutsideMoves(storedSet, want, moves) {
@@ -311,7 +314,7 @@ func (s *Sink) CurrentEpoch(ctx context.Context, partition int32) (int64, error)
 
 // checkLayout checks (and records, where the map may change it) shard sh's
 // layout here, for a reloaded map.
-func (s *Sink) checkLayout(ctx context.Context, sh Shard, n int32) error {
+func (s *Sink) checkLayout(ctx context.Context, sh shardmap.Shard, n int32) error {
 	s.setupMu.Lock()
 	defer s.setupMu.Unlock()
 	if s.lateSetup {
@@ -321,7 +324,7 @@ func (s *Sink) checkLayout(ctx context.Context, sh Shard, n int32) error {
 	if err := s.recordLayout(ctx, sh, n); err != nil {
 		return err
 	}
-	s.count = n // every claim checks it again (repartition.go)
+	s.count = n // every claim checks it again (partitioncount.go)
 	return nil
 }
 

@@ -3,7 +3,6 @@ package sink
 import (
 	"context"
 	"crypto/ed25519"
-	"errors"
 	"fmt"
 	"time"
 
@@ -41,44 +40,6 @@ const (
 	SigningRequired SigningMode = "required" // unsigned grantor commands are rejected
 )
 
-// ErrKeyExists says a grantor key id is already registered for the org.
-var ErrKeyExists = errors.New("sink: grantor key already exists")
-
-// AddGrantorKey registers a key. Key ids are never reused within an org,
-// so a decision's signed_by names one key forever.
-func AddGrantorKey(ctx context.Context, q KeyQuerier, k GrantorKey) error {
-	if len(k.PublicKey) != ed25519.PublicKeySize {
-		return fmt.Errorf("sink: grantor key %s: not an Ed25519 public key (%d bytes)", k.KeyID, len(k.PublicKey))
-	}
-	var until *time.Time
-	if !k.ValidUntil.IsZero() {
-		until = &k.ValidUntil
-	}
-	_, err := q.Exec(ctx, `INSERT INTO grantor_keys (org, key_id, alg, public_key, valid_from, valid_until, note)
-		VALUES ($1, $2, 'ed25519', $3, $4, $5, $6)`, k.Org, k.KeyID, []byte(k.PublicKey), k.ValidFrom, until, k.Note)
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
-		return fmt.Errorf("%w: %s/%s", ErrKeyExists, k.Org, k.KeyID)
-	}
-	if err != nil {
-		return fmt.Errorf("sink: add grantor key: %w", interpretError(err))
-	}
-	return nil
-}
-
-// RevokeGrantorKey marks a key revoked as of at (it stays on record). A key
-// already revoked keeps its first revocation time.
-func RevokeGrantorKey(ctx context.Context, q KeyQuerier, org, keyID string, at time.Time) error {
-	tag, err := q.Exec(ctx, `UPDATE grantor_keys SET revoked_at = coalesce(revoked_at, $3) WHERE org = $1 AND key_id = $2`, org, keyID, at)
-	if err != nil {
-		return fmt.Errorf("sink: revoke grantor key: %w", interpretError(err))
-	}
-	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("%w: grantor key %s/%s", ErrNotFound, org, keyID)
-	}
-	return nil
-}
-
 // GrantorKeys lists the keys of org, or of every org when org is empty.
 func GrantorKeys(ctx context.Context, q KeyQuerier, org string) ([]GrantorKey, error) {
 	rows, err := q.Query(ctx, `SELECT org, key_id, alg, public_key, valid_from, valid_until, revoked_at, note, created_at
@@ -106,19 +67,6 @@ func GrantorKeys(ctx context.Context, q KeyQuerier, org string) ([]GrantorKey, e
 		return nil, fmt.Errorf("sink: read grantor keys: %w", interpretError(err))
 	}
 	return out, nil
-}
-
-// SetSigningMode stores an org's grant_signing setting.
-func SetSigningMode(ctx context.Context, q KeyQuerier, org string, mode SigningMode) error {
-	if mode != SigningOff && mode != SigningRequired {
-		return fmt.Errorf("sink: grant signing mode %q is not off or required", mode)
-	}
-	_, err := q.Exec(ctx, `INSERT INTO org_grant_signing (org, mode) VALUES ($1, $2)
-		ON CONFLICT (org) DO UPDATE SET mode = EXCLUDED.mode, updated_at = now()`, org, string(mode))
-	if err != nil {
-		return fmt.Errorf("sink: set grant signing: %w", interpretError(err))
-	}
-	return nil
 }
 
 // SigningModes returns every org's grant_signing setting that is not the

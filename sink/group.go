@@ -17,6 +17,7 @@ import (
 
 	"github.com/mandated/mandated/internal/backoff"
 	"github.com/mandated/mandated/internal/owned"
+	"github.com/mandated/mandated/sink/pgerr"
 )
 
 // Defaults for GroupConfig.
@@ -123,7 +124,7 @@ func (g *Group) Commit(ctx context.Context, b *Batch) (Result, error) {
 		if !errors.Is(err, ErrRetryable) || res.Attempts >= g.s.cfg.MaxBatchAttempts {
 			return res, err
 		}
-		res.Retries = append(res.Retries, RetryCause(err))
+		res.Retries = append(res.Retries, pgerr.RetryCause(err))
 		if !retry.Wait(ctx) {
 			return res, ctx.Err()
 		}
@@ -305,7 +306,7 @@ func commitOutcome(tag pgconn.CommandTag, err error) error {
 		if errors.Is(interpretError(err), ErrRetryable) {
 			return err
 		}
-		return retry("commit_unknown", "commit outcome unknown: %v", err)
+		return pgerr.Retry("commit_unknown", "commit outcome unknown: %v", err)
 	}
 	if tag.String() != "COMMIT" {
 		return fmt.Errorf("commit: PostgreSQL rolled the transaction back (%s)", tag)
@@ -565,7 +566,7 @@ func (s *Sink) attemptMerged(ctx context.Context, reqs []*groupReq, live []int, 
 			continue
 		}
 		if scope, ok := p.bindsTwice(bound); ok {
-			errs[i] = retry("unique", "partition %d binds %v, which another batch of its group commit binds too", p.b.Partition, scope)
+			errs[i] = pgerr.Retry("unique", "partition %d binds %v, which another batch of its group commit binds too", p.b.Partition, scope)
 			continue
 		}
 		hooks = hooks || p.b.BeforeCommit != nil

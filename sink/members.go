@@ -7,7 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/mandated/mandated/sink/pgerr"
 )
 
 // Member is a processor's row in a shard's mandated_members (migration
@@ -64,8 +65,7 @@ func Heartbeat(ctx context.Context, conn *pgx.Conn, owner string, deciding, assi
 		return err
 	})
 	err := conn.SendBatch(ctx, &b).Close()
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+	if pgerr.Is(err, pgerr.UndefinedTable) {
 		return nil, nil
 	}
 	if err != nil {
@@ -76,10 +76,7 @@ func Heartbeat(ctx context.Context, conn *pgx.Conn, owner string, deciding, assi
 
 // Unreachable reports whether err says the database did not answer (no
 // connection, a deadline), rather than answered with an error.
-func Unreachable(err error) bool {
-	var pgErr *pgconn.PgError
-	return err != nil && !errors.As(err, &pgErr)
-}
+func Unreachable(err error) bool { return pgerr.Unanswered(err) }
 
 func orEmpty[T any](s []T) []T {
 	if s == nil {

@@ -13,8 +13,10 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
+	"github.com/mandated/mandated/admin"
 	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/shardmap"
 	"github.com/mandated/mandated/test/testenv"
 )
 
@@ -46,7 +48,7 @@ func writeMap(t *testing.T, yaml string) (string, *sink.Shards) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "shards.yaml")
 	require.NoError(t, os.WriteFile(path, []byte(yaml), 0o644))
-	m, err := sink.ReadShardMap(path)
+	m, err := shardmap.Read(path)
 	require.NoError(t, err)
 	sh, err := openShards(t, m)
 	require.NoError(t, err)
@@ -81,7 +83,7 @@ func TestAMovedPartitionIsCopiedWhole_FencedAndReadOnlyAtTheSource_AndContinuesO
 	require.Equal(t, int64(3), before["mandates"])
 	require.Equal(t, int64(3), before["outbox"])
 
-	res, err := sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b"})
+	res, err := admin.MovePartition(ctx, admin.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b"})
 	require.NoError(t, err)
 	require.Equal(t, "a", res.SourceShard)
 	require.Equal(t, c.Epoch+2, res.Epoch, "the source's epoch is bumped by the fence, the target's once more")
@@ -132,9 +134,9 @@ func TestAMovedPartitionIsCopiedWhole_FencedAndReadOnlyAtTheSource_AndContinuesO
 	// The map: P is in b's set, comments are kept; processors reload it.
 	raw, err := os.ReadFile(path)
 	require.NoError(t, err)
-	edited, err := sink.MoveInMapFile(raw, 1, "b", "")
+	edited, err := shardmap.MoveIn(raw, 1, "b", "")
 	require.NoError(t, err)
-	require.NoError(t, sink.WriteFileAtomic(path, edited))
+	require.NoError(t, shardmap.WriteFileAtomic(path, edited))
 	require.Contains(t, string(edited), "# the first")
 	require.Same(t, a, sh.For(1), "routing changes only when the map is reloaded")
 	require.NoError(t, sh.Reload(ctx))
@@ -155,13 +157,13 @@ func TestAMovedPartitionIsCopiedWhole_FencedAndReadOnlyAtTheSource_AndContinuesO
 	require.Error(t, err, "a record decided before the move is below the stored offset on the target")
 
 	// A restart with the new map checks the layouts against the databases.
-	m2, err := sink.ReadShardMap(path)
+	m2, err := shardmap.Read(path)
 	require.NoError(t, err)
 	sh2, err := openShards(t, m2)
 	require.NoError(t, err)
 	require.NoError(t, sh2.EnsurePartitionCount(ctx, 4))
 
-	dropped, err := sink.DropMoved(ctx, urlA, 1)
+	dropped, err := admin.DropMoved(ctx, urlA, 1)
 	require.NoError(t, err)
 	require.Equal(t, before["authorizations"]+before["mandates"], dropped["authorizations"]+dropped["mandates"])
 	for table, n := range rowsOf(t, poolA, 1) {
@@ -169,7 +171,7 @@ func TestAMovedPartitionIsCopiedWhole_FencedAndReadOnlyAtTheSource_AndContinuesO
 	}
 	_, err = a.Claim(ctx, 1, "old map")
 	require.ErrorIs(t, err, sink.ErrMoved, "a dropped partition is still refused where it was")
-	_, err = sink.DropMoved(ctx, urlB, 1)
+	_, err = admin.DropMoved(ctx, urlB, 1)
 	require.ErrorContains(t, err, "did not move away from shard b")
 
 	// To a new shard: a migrated database the map does not name yet; a
@@ -178,13 +180,13 @@ func TestAMovedPartitionIsCopiedWhole_FencedAndReadOnlyAtTheSource_AndContinuesO
 	fresh, err := sink.Open(ctx, sink.Config{DatabaseURL: urlC}, zerolog.Nop())
 	require.NoError(t, err)
 	fresh.Close()
-	_, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 0, Source: urlA, Target: urlC, TargetName: "c"})
+	_, err = admin.MovePartition(ctx, admin.MoveOptions{Partition: 0, Source: urlA, Target: urlC, TargetName: "c"})
 	require.NoError(t, err)
 	raw, err = os.ReadFile(path)
 	require.NoError(t, err)
-	edited, err = sink.MoveInMapFile(raw, 0, "c", urlC)
+	edited, err = shardmap.MoveIn(raw, 0, "c", urlC)
 	require.NoError(t, err)
-	require.NoError(t, sink.WriteFileAtomic(path, edited))
+	require.NoError(t, shardmap.WriteFileAtomic(path, edited))
 	require.NoError(t, sh.Reload(ctx))
 	require.Equal(t, "c", sh.For(0).Shard().Name)
 	require.Equal(t, "none", sh.Partitions(a).Range(), "shard a keeps the org settings, with no partition")
@@ -227,18 +229,18 @@ func TestAMoveIsRefusedWithNothingChanged(t *testing.T) {
 
 	for _, c := range []struct {
 		name string
-		o    sink.MoveOptions
+		o    admin.MoveOptions
 		want string
 	}{
-		{"the partition is not on the source", sink.MoveOptions{Partition: 2, Source: urlA, Target: urlB, TargetName: "b"}, "partition 2 is not on shard a (partitions 0-1)"},
-		{"the target is the source", sink.MoveOptions{Partition: 1, Source: urlA, Target: urlA, TargetName: "a"}, "on shard a already"},
-		{"the target is not migrated", sink.MoveOptions{Partition: 1, Source: urlA, Target: unmigrated, TargetName: "c"}, "target shard c is not migrated"},
-		{"the target counts other partitions", sink.MoveOptions{Partition: 1, Source: urlA, Target: counted, TargetName: "c"}, "target shard c counts 8 partitions, the source 4"},
-		{"the target does not answer", sink.MoveOptions{Partition: 1, Source: urlA, Target: "postgres://postgres@127.0.0.1:1/x?sslmode=disable&connect_timeout=2", TargetName: "c"}, "target shard c does not answer"},
-		{"the target is another shard", sink.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "c"}, "the target database is shard b, not c"},
-		{"the target is a single database", sink.MoveOptions{Partition: 1, Source: urlA, Target: single, TargetName: "c"}, "the target database is shard main, not c"},
+		{"the partition is not on the source", admin.MoveOptions{Partition: 2, Source: urlA, Target: urlB, TargetName: "b"}, "partition 2 is not on shard a (partitions 0-1)"},
+		{"the target is the source", admin.MoveOptions{Partition: 1, Source: urlA, Target: urlA, TargetName: "a"}, "on shard a already"},
+		{"the target is not migrated", admin.MoveOptions{Partition: 1, Source: urlA, Target: unmigrated, TargetName: "c"}, "target shard c is not migrated"},
+		{"the target counts other partitions", admin.MoveOptions{Partition: 1, Source: urlA, Target: counted, TargetName: "c"}, "target shard c counts 8 partitions, the source 4"},
+		{"the target does not answer", admin.MoveOptions{Partition: 1, Source: urlA, Target: "postgres://postgres@127.0.0.1:1/x?sslmode=disable&connect_timeout=2", TargetName: "c"}, "target shard c does not answer"},
+		{"the target is another shard", admin.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "c"}, "the target database is shard b, not c"},
+		{"the target is a single database", admin.MoveOptions{Partition: 1, Source: urlA, Target: single, TargetName: "c"}, "the target database is shard main, not c"},
 	} {
-		_, err := sink.MovePartition(ctx, c.o)
+		_, err := admin.MovePartition(ctx, c.o)
 		require.ErrorContains(t, err, c.want, c.name)
 		require.Equal(t, e0, epoch(), "%s: the partition is not fenced", c.name)
 	}
@@ -261,7 +263,7 @@ func TestAMoveIsRefusedWithNothingChanged(t *testing.T) {
 	require.NoError(t, err)
 	_, err = poolB0.Exec(ctx, `CREATE TRIGGER test_boom BEFORE INSERT ON idempotency_keys FOR EACH ROW EXECUTE FUNCTION test_boom()`)
 	require.NoError(t, err)
-	_, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b"})
+	_, err = admin.MovePartition(ctx, admin.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b"})
 	require.ErrorContains(t, err, "boom")
 	require.ErrorContains(t, err, "the move was undone: partition 1 stays on shard a")
 	c1, err := sh.For(1).Claim(ctx, 1, "owner")
@@ -275,7 +277,7 @@ func TestAMoveIsRefusedWithNothingChanged(t *testing.T) {
 	_, err = poolB.Exec(ctx, `INSERT INTO mandated_moves (partition, state, peer, epoch) VALUES (1, 'moved_in', 'x', 1);
 		INSERT INTO mandated_partitions (partition, epoch, owner) VALUES (1, 1, 'smuggled')`)
 	require.NoError(t, err)
-	_, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b"})
+	_, err = admin.MovePartition(ctx, admin.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b"})
 	require.ErrorContains(t, err, "target shard b already holds rows of partition 1")
 	require.Equal(t, e0, epoch())
 	_, err = poolB.Exec(ctx, `DELETE FROM mandated_partitions WHERE partition = 1; DELETE FROM chain_anchors WHERE partition = 1; DELETE FROM mandated_moves`)
@@ -288,7 +290,7 @@ func TestAMoveIsRefusedWithNothingChanged(t *testing.T) {
 	require.NoError(t, err)
 	_, err = mover.Exec(ctx, `SELECT pg_advisory_lock($1::int, 1)`, 0x6d6f7665)
 	require.NoError(t, err)
-	_, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b"})
+	_, err = admin.MovePartition(ctx, admin.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b"})
 	require.ErrorContains(t, err, "another move of partition 1 is running (PostgreSQL session")
 	require.NoError(t, mover.Close(ctx)) // the mover's process died: its session ends
 
@@ -298,21 +300,21 @@ func TestAMoveIsRefusedWithNothingChanged(t *testing.T) {
 	require.NoError(t, err)
 	_, err = poolA.Exec(ctx, `INSERT INTO mandated_moves (partition, state, peer, epoch) VALUES (1, 'moving_out', 'b', $1)`, e0+1)
 	require.NoError(t, err)
-	_, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: counted, TargetName: "c"})
+	_, err = admin.MovePartition(ctx, admin.MoveOptions{Partition: 1, Source: urlA, Target: counted, TargetName: "c"})
 	require.ErrorContains(t, err, "partition 1 is moving to shard b")
-	res, err := sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b"})
+	res, err := admin.MovePartition(ctx, admin.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b"})
 	require.NoError(t, err, "the same move again completes it")
-	require.Equal(t, sink.ResumedCopy, res.Resumed)
+	require.Equal(t, admin.ResumedCopy, res.Resumed)
 	require.Positive(t, res.Total)
 	copied := res.Total
-	_, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: counted, TargetName: "c"})
+	_, err = admin.MovePartition(ctx, admin.MoveOptions{Partition: 1, Source: urlA, Target: counted, TargetName: "c"})
 	require.ErrorContains(t, err, "partition 1 is not on shard a: it moved to shard b (moved_out)")
 
 	// A move whose databases both recorded it (it died before writing the
 	// map): the same move again has nothing left to do in them.
-	res, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b"})
+	res, err = admin.MovePartition(ctx, admin.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b"})
 	require.NoError(t, err)
-	require.Equal(t, sink.ResumedDone, res.Resumed)
+	require.Equal(t, admin.ResumedDone, res.Resumed)
 	require.Empty(t, res.Rows, "nothing copied twice")
 	require.Equal(t, copied, res.Total)
 
@@ -320,9 +322,9 @@ func TestAMoveIsRefusedWithNothingChanged(t *testing.T) {
 	// recorded the partition moved out: the same move again only records it.
 	_, err = poolA.Exec(ctx, `UPDATE mandated_moves SET state = 'moving_out' WHERE partition = 1`)
 	require.NoError(t, err)
-	res, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b", Resume: true})
+	res, err = admin.MovePartition(ctx, admin.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b", Resume: true})
 	require.NoError(t, err, "after the copy committed")
-	require.Equal(t, sink.ResumedRecord, res.Resumed)
+	require.Equal(t, admin.ResumedRecord, res.Resumed)
 	require.Empty(t, res.Rows, "nothing copied twice")
 	require.Equal(t, copied, res.Total)
 	var state string
@@ -333,7 +335,7 @@ func TestAMoveIsRefusedWithNothingChanged(t *testing.T) {
 	// lost, or the partition moved on): refused, naming both.
 	_, err = poolB.Exec(ctx, `UPDATE mandated_moves SET epoch = epoch + 100 WHERE partition = 1`)
 	require.NoError(t, err)
-	_, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b"})
+	_, err = admin.MovePartition(ctx, admin.MoveOptions{Partition: 1, Source: urlA, Target: urlB, TargetName: "b"})
 	require.ErrorContains(t, err, "shard a records partition 1 moved to shard b")
 	_, err = poolB.Exec(ctx, `UPDATE mandated_moves SET epoch = epoch - 100 WHERE partition = 1`)
 	require.NoError(t, err)
@@ -344,7 +346,7 @@ func TestAMoveIsRefusedWithNothingChanged(t *testing.T) {
 
 	// A partition never claimed moves with no rows; its first claim on the
 	// target starts it.
-	res, err = sink.MovePartition(ctx, sink.MoveOptions{Partition: 0, Source: urlA, Target: urlB, TargetName: "b"})
+	res, err = admin.MovePartition(ctx, admin.MoveOptions{Partition: 0, Source: urlA, Target: urlB, TargetName: "b"})
 	require.NoError(t, err)
 	require.Equal(t, int64(0), res.Epoch)
 	c, err := sh.For(2).Claim(ctx, 0, "owner")
@@ -358,37 +360,37 @@ func TestAMoveIsRefusedWithNothingChanged(t *testing.T) {
 func TestTheShardMapFileIsRewrittenWithThePartitionInItsNewShard(t *testing.T) {
 	t.Parallel()
 	in := []byte("# the map\nshards:\n  - name: a # first\n    partitions: 0-5\n    url: x\n  - name: b\n    partitions: 6-11\n    url: y\n")
-	out, err := sink.MoveInMapFile(in, 0, "b", "")
+	out, err := shardmap.MoveIn(in, 0, "b", "")
 	require.NoError(t, err)
-	m, err := sink.ParseShardMap(out)
+	m, err := shardmap.Parse(out)
 	require.NoError(t, err)
 	require.Equal(t, "1-5", m.Shards[m.For(1)].Partitions)
 	require.Equal(t, "0,6-11", m.Shards[m.For(0)].Partitions)
 	require.Equal(t, "a", m.Shards[m.Control()].Name, "the control shard stays a when partition 0 leaves it")
 	require.Contains(t, string(out), "# first")
 
-	out, err = sink.MoveInMapFile(out, 3, "c", "postgres://c/db")
+	out, err = shardmap.MoveIn(out, 3, "c", "postgres://c/db")
 	require.NoError(t, err)
-	m, err = sink.ParseShardMap(out)
+	m, err = shardmap.Parse(out)
 	require.NoError(t, err)
 	require.Equal(t, "c", m.Shards[m.For(3)].Name)
 	require.Equal(t, "1-2,4-5", m.Shards[m.For(1)].Partitions)
 	require.True(t, m.Shards[m.For(4)].Owns(4) && !m.Shards[m.For(4)].Owns(3))
 	require.NoError(t, m.Cover(12))
 
-	_, err = sink.MoveInMapFile(in, 3, "c", "")
+	_, err = shardmap.MoveIn(in, 3, "c", "")
 	require.ErrorContains(t, err, `names no shard "c"`)
-	_, err = sink.ParseShardMap([]byte(`{shards: [{name: a, partitions: "0-2,4", url: x}, {name: b, partitions: "3,4", url: y}]}`))
+	_, err = shardmap.Parse([]byte(`{shards: [{name: a, partitions: "0-2,4", url: x}, {name: b, partitions: "3,4", url: y}]}`))
 	require.ErrorContains(t, err, "partition 4 is owned by shards")
-	_, err = sink.ParseShardMap([]byte(`{shards: [{name: a, partitions: "0-2,5", url: x}, {name: b, partitions: "3", url: y}]}`))
+	_, err = shardmap.Parse([]byte(`{shards: [{name: a, partitions: "0-2,5", url: x}, {name: b, partitions: "3", url: y}]}`))
 	require.ErrorContains(t, err, "no shard owns partitions 4-4")
 
 	path := filepath.Join(t.TempDir(), "shards.yaml")
 	require.NoError(t, os.WriteFile(path, in, 0o444))
-	require.ErrorContains(t, sink.CheckWritable(path), "is not writable")
+	require.ErrorContains(t, shardmap.CheckWritable(path), "is not writable")
 	require.NoError(t, os.Chmod(path, 0o640))
-	require.NoError(t, sink.CheckWritable(path))
-	require.NoError(t, sink.WriteFileAtomic(path, out))
+	require.NoError(t, shardmap.CheckWritable(path))
+	require.NoError(t, shardmap.WriteFileAtomic(path, out))
 	st, err := os.Stat(path)
 	require.NoError(t, err)
 	require.Equal(t, os.FileMode(0o640), st.Mode().Perm(), "the file keeps its mode")

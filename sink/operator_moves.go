@@ -2,14 +2,13 @@ package sink
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/mandated/mandated/partitioner"
+	"github.com/mandated/mandated/sink/pgerr"
 )
 
 // A move leaves a read-only copy of the partition on its source shard
@@ -34,8 +33,7 @@ func MovedAway(ctx context.Context, pool *pgxpool.Pool) (map[int32]bool, error) 
 	if err == nil {
 		list, err = pgx.CollectRows(rows, pgx.RowTo[int32])
 	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+	if pgerr.Is(err, pgerr.UndefinedTable) {
 		return nil, nil // not migrated to 0014 yet: no move
 	}
 	if err != nil {

@@ -7,12 +7,12 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/partitioner"
+	"github.com/mandated/mandated/sink/pgerr"
 )
 
 // ErrRecoveryMoved says a partition's head changed between reading the
@@ -316,8 +316,7 @@ func RecoveryOwns(ctx context.Context, pool *pgxpool.Pool, partition int32) erro
 	if err == nil {
 		return nil
 	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+	if pgErr, ok := pgerr.As(err); ok && pgErr.Code == pgerr.InsufficientPrivilege {
 		return fmt.Errorf("%w: %s", ErrNotRouted, pgErr.Message)
 	}
 	err = interpretError(err)

@@ -11,10 +11,12 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/mandated/mandated/sink/shardmap"
 )
 
 // Shards is mandated's storage over one or more databases, each owning a
-// range of partitions (a ShardMap). A partition's claims, batches, purges
+// range of partitions (a shardmap.Map). A partition's claims, batches, purges
 // and relay go to its shard's Sink only; the org settings are read from
 // the control shard. A shard that does not answer stalls its partitions
 // only.
@@ -36,8 +38,8 @@ type Shards struct {
 
 // shardLayout is which sink owns which partitions: the map as last read.
 type shardLayout struct {
-	sinks  []*Sink // in partition order
-	shards []Shard // sinks[i] owns shards[i]'s partitions
+	sinks  []*Sink          // in partition order
+	shards []shardmap.Shard // sinks[i] owns shards[i]'s partitions
 }
 
 func (l *shardLayout) lookup(p int32) *Sink {
@@ -51,7 +53,7 @@ func (l *shardLayout) lookup(p int32) *Sink {
 
 // OpenShards opens every shard of m with cfg (cfg.DatabaseURL is ignored):
 // the control shard first, whose org settings the others read.
-func OpenShards(ctx context.Context, cfg Config, m *ShardMap, log zerolog.Logger) (*Shards, error) {
+func OpenShards(ctx context.Context, cfg Config, m *shardmap.Map, log zerolog.Logger) (*Shards, error) {
 	if err := m.Validate(); err != nil {
 		return nil, err
 	}
@@ -62,7 +64,7 @@ func OpenShards(ctx context.Context, cfg Config, m *ShardMap, log zerolog.Logger
 	if err != nil {
 		return nil, fmt.Errorf("shard %s: %w", m.Shards[ci].Name, err)
 	}
-	sh := &Shards{control: control, path: m.Path(), raw: m.raw, cfg: cfg, log: log, opened: []*Sink{control}}
+	sh := &Shards{control: control, path: m.Path(), raw: m.Raw(), cfg: cfg, log: log, opened: []*Sink{control}}
 	l := &shardLayout{}
 	for i, s := range m.Shards {
 		if i == ci {
@@ -86,7 +88,7 @@ func OpenShards(ctx context.Context, cfg Config, m *ShardMap, log zerolog.Logger
 // One wraps a single open Sink as the only shard.
 func One(s *Sink) *Shards {
 	sh := &Shards{control: s, opened: []*Sink{s}}
-	sh.layout.Store(&shardLayout{sinks: []*Sink{s}, shards: []Shard{s.shard}})
+	sh.layout.Store(&shardLayout{sinks: []*Sink{s}, shards: []shardmap.Shard{s.shard}})
 	return sh
 }
 
@@ -119,7 +121,7 @@ func (sh *Shards) Reload(ctx context.Context) error {
 	if bytes.Equal(b, sh.raw) {
 		return nil // unchanged: nothing to route differently
 	}
-	m, err := ParseShardMap(b)
+	m, err := shardmap.Parse(b)
 	if err != nil {
 		return err
 	}
@@ -170,7 +172,7 @@ func (sh *Shards) All() []*Sink { return sh.layout.Load().sinks }
 
 // Partitions returns the partitions of shard s as the map last read says
 // (s.Shard() is as the map said when s was opened).
-func (sh *Shards) Partitions(s *Sink) Shard {
+func (sh *Shards) Partitions(s *Sink) shardmap.Shard {
 	l := sh.layout.Load()
 	for i, o := range l.sinks {
 		if o == s {
@@ -185,7 +187,7 @@ func (sh *Shards) Partitions(s *Sink) Shard {
 // shards own exactly partitions 0 to n-1.
 func (sh *Shards) EnsurePartitionCount(ctx context.Context, n int32) error {
 	l := sh.layout.Load()
-	m := ShardMap{Shards: l.shards}
+	m := shardmap.Map{Shards: l.shards}
 	if err := m.Cover(n); err != nil {
 		return err
 	}

@@ -13,17 +13,18 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/shardmap"
 	"github.com/mandated/mandated/test/testenv"
 )
 
-func shardMap(t *testing.T, yaml string) *sink.ShardMap {
+func shardMap(t *testing.T, yaml string) *shardmap.Map {
 	t.Helper()
-	m, err := sink.ParseShardMap([]byte(yaml))
+	m, err := shardmap.Parse([]byte(yaml))
 	require.NoError(t, err)
 	return m
 }
 
-func openShards(t *testing.T, m *sink.ShardMap) (*sink.Shards, error) {
+func openShards(t *testing.T, m *shardmap.Map) (*sink.Shards, error) {
 	t.Helper()
 	sh, err := sink.OpenShards(context.Background(), sink.Config{TakeoverGrace: 500 * time.Millisecond}, m, zerolog.Nop())
 	if err == nil {
@@ -58,7 +59,7 @@ shards:
 		"an unknown field":   `{shards: [{name: a, partitions: 0-3, url: x, urls: y}]}`,
 		"a reversed range":   `{shards: [{name: a, partitions: 3-0, url: x}]}`,
 	} {
-		_, err := sink.ParseShardMap([]byte(bad))
+		_, err := shardmap.Parse([]byte(bad))
 		require.Error(t, err, name)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mandated/mandated/lifecycle"
+	"github.com/mandated/mandated/sink/shardmap"
 )
 
 // Sink is mandated's PostgreSQL storage. Safe for concurrent use by the
@@ -27,8 +28,8 @@ type Sink struct {
 	refresh retentionRefresher
 	replay  atomic.Pointer[map[string]lifecycle.ReplaySetting] // per-org possible-replay settings (see intents.go)
 
-	shard   Shard // which partitions this database owns
-	control *Sink // where the org settings are read; nil: here (the control shard)
+	shard   shardmap.Shard // which partitions this database owns
+	control *Sink          // where the org settings are read; nil: here (the control shard)
 
 	// A shard other than the control shard that did not answer at start is
 	// set up (migrations, layout check) by its first claim: lateSetup says
@@ -42,12 +43,12 @@ type Sink struct {
 // The database owns every partition (the single shard "main"); OpenShards
 // opens several.
 func Open(ctx context.Context, cfg Config, log zerolog.Logger) (*Sink, error) {
-	return open(ctx, cfg, Single(cfg.DatabaseURL).Shards[0], nil, log)
+	return open(ctx, cfg, shardmap.Single(cfg.DatabaseURL).Shards[0], nil, log)
 }
 
 // open opens one shard's database. A shard other than the control shard
 // reads the org settings from control and keeps no copy of them.
-func open(ctx context.Context, cfg Config, shard Shard, control *Sink, log zerolog.Logger) (*Sink, error) {
+func open(ctx context.Context, cfg Config, shard shardmap.Shard, control *Sink, log zerolog.Logger) (*Sink, error) {
 	cfg.DatabaseURL = shard.URL
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -177,7 +178,7 @@ func (s *Sink) Pool() *pgxpool.Pool { return s.pool }
 func (s *Sink) Config() Config { return s.cfg }
 
 // Shard returns the shard this database is: its name and partitions.
-func (s *Sink) Shard() Shard { return s.shard }
+func (s *Sink) Shard() shardmap.Shard { return s.shard }
 
 // settings is the sink the org settings are read from: the control shard.
 func (s *Sink) settings() *Sink {

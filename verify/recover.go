@@ -19,6 +19,7 @@ import (
 	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/shardmap"
 	"github.com/mandated/mandated/wire"
 )
 
@@ -43,13 +44,13 @@ type RecoverConfig struct {
 	// ShardMap.
 	Pool *pgxpool.Pool
 	// ShardMap routes each partition to its shard's database as the
-	// processors do (sink.ShardMap.For), whether or not that database
+	// processors do (shardmap.Map.For), whether or not that database
 	// holds a row of it yet; ShardPools reach those databases, one per
 	// ShardMap.Shards, in its order, with write access. A partition is
 	// never recovered in another database, nor in the read-only copy a
 	// move left behind (a map older than the move). Defaults to none:
 	// Pool holds every partition.
-	ShardMap   *sink.ShardMap
+	ShardMap   *shardmap.Map
 	ShardPools []*pgxpool.Pool
 	// The four topics. Required.
 	DecisionsTopic, DeadLetterTopic, ProposalsTopic, GrantsTopic string

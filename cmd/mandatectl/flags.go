@@ -19,6 +19,7 @@ import (
 	"github.com/mandated/mandated/cmd/internal/cli"
 	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/shardmap"
 )
 
 // flagSet is one command's flags with its help text. Flags registered
@@ -211,7 +212,7 @@ type dbConn struct {
 	url      string
 	urlFile  string
 	shardMap string
-	shard    *sink.Shard // set on the per-shard copies shards returns
+	shard    *shardmap.Shard // set on the per-shard copies shards returns
 }
 
 func (d *dbConn) register(f *flagSet) {
@@ -223,11 +224,11 @@ func (d *dbConn) register(f *flagSet) {
 }
 
 // readMap reads --shard-map.
-func (d *dbConn) readMap() (*sink.ShardMap, error) {
+func (d *dbConn) readMap() (*shardmap.Map, error) {
 	if d.url != "" || d.urlFile != "" {
 		return nil, errors.New("--shard-map and --database-url exclude each other: the map names every database")
 	}
-	m, err := sink.ReadShardMap(d.shardMap)
+	m, err := shardmap.Read(d.shardMap)
 	if err != nil {
 		return nil, fmt.Errorf("--shard-map: %w", err)
 	}

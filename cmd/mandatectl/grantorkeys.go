@@ -13,6 +13,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/mandated/mandated/admin"
 	"github.com/mandated/mandated/client"
 	"github.com/mandated/mandated/cmd/internal/cli"
 	"github.com/mandated/mandated/partitioner"
@@ -135,7 +136,7 @@ RFC 3339 or a duration from now (90m, 30d).`,
 		return f.usageErr("--valid-until must be after --valid-from")
 	}
 	return withGrantorKeysConn(a, f, &db, *timeout, "grantor-keys add", func(ctx context.Context, q sink.KeyQuerier) error {
-		if err := sink.AddGrantorKey(ctx, q, sink.GrantorKey{Org: org, KeyID: keyID, PublicKey: pub,
+		if err := admin.AddGrantorKey(ctx, q, sink.GrantorKey{Org: org, KeyID: keyID, PublicKey: pub,
 			ValidFrom: from, ValidUntil: validUntil.t, Note: *note}); err != nil {
 			return err
 		}
@@ -163,7 +164,7 @@ func runGrantorKeysRevoke(a *app, args []string) int {
 		return f.usageErr("%v", err)
 	}
 	return withGrantorKeysConn(a, f, &db, *timeout, "grantor-keys revoke", func(ctx context.Context, q sink.KeyQuerier) error {
-		if err := sink.RevokeGrantorKey(ctx, q, org, keyID, time.Now()); err != nil {
+		if err := admin.RevokeGrantorKey(ctx, q, org, keyID, time.Now()); err != nil {
 			return err
 		}
 		fmt.Fprintf(a.stdout, "revoked grantor key %s of org %s\n", keyID, org)

@@ -28,7 +28,7 @@ import (
 	"syscall"
 
 	"github.com/mandated/mandated/internal/failpoint"
-	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/shardmap"
 )
 
 // Exit codes.
@@ -109,7 +109,7 @@ func call(f func()) {
 // errorf prints an error. A password in it (a connection URL or string an
 // error quotes, a shard map's url:) is replaced by "***".
 func (a *app) errorf(format string, args ...any) {
-	fmt.Fprint(a.stderr, "mandatectl: "+sink.RedactSecrets(fmt.Sprintf(format, args...))+"\n")
+	fmt.Fprint(a.stderr, "mandatectl: "+shardmap.RedactSecrets(fmt.Sprintf(format, args...))+"\n")
 }
 
 type command struct {

@@ -10,8 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/mandated/mandated/admin"
 	"github.com/mandated/mandated/partitioner"
-	"github.com/mandated/mandated/sink"
 )
 
 func runOrgSettings(a *app, args []string) int {
@@ -82,7 +82,7 @@ timeout among its mandates, the shortest retention it may be given.`,
 		return exitFailed
 	}
 	defer closeShards()
-	s, err := sink.NewOrgSettings(pool).WithShards(shards...).Get(ctx, org)
+	s, err := admin.NewOrgSettings(pool).WithShards(shards...).Get(ctx, org)
 	if err != nil {
 		a.errorf("org-settings get: %v", err)
 		return exitFailed
@@ -97,7 +97,7 @@ timeout among its mandates, the shortest retention it may be given.`,
 	return exitOK
 }
 
-func printOrgSettings(a *app, s sink.OrgSetting, asJSON bool) {
+func printOrgSettings(a *app, s admin.OrgSetting, asJSON bool) {
 	if asJSON {
 		v := orgSettingsView{Org: s.Org, LongestWindowsSeconds: s.LongestWindows.Seconds()}
 		if s.RetentionSet {
@@ -173,11 +173,11 @@ possible_replay_of. Default: off. Running daemons apply it within 10 s.`,
 		return exitFailed
 	}
 	defer closeShards()
-	settings := sink.NewOrgSettings(pool).WithShards(shards...)
+	settings := admin.NewOrgSettings(pool).WithShards(shards...)
 	if retention.d != 0 {
 		if err := settings.SetRetention(ctx, org, retention.d); err != nil {
 			a.errorf("org-settings set: %v", err)
-			if errors.Is(err, sink.ErrRetentionTooShort) {
+			if errors.Is(err, admin.ErrRetentionTooShort) {
 				return exitUsage
 			}
 			return exitFailed

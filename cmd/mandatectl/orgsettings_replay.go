@@ -7,8 +7,8 @@ import (
 	"io"
 	"time"
 
+	"github.com/mandated/mandated/admin"
 	"github.com/mandated/mandated/lifecycle"
-	"github.com/mandated/mandated/sink"
 )
 
 // The possible-replay flags of `mandatectl org-settings` (issue 13). They
@@ -35,10 +35,10 @@ func (r *replayFlags) given(set map[string]bool) bool {
 // apply stores the flags given, keeping the org's stored value for a flag
 // not given.
 func (r *replayFlags) apply(ctx context.Context, db interface {
-	sink.Execer
-	sink.Querier
+	admin.Execer
+	admin.Querier
 }, org string, set map[string]bool) error {
-	cur, err := sink.ReadOrgReplay(ctx, db, org)
+	cur, err := admin.ReadOrgReplay(ctx, db, org)
 	if err != nil {
 		return err
 	}
@@ -51,12 +51,12 @@ func (r *replayFlags) apply(ctx context.Context, db interface {
 			return fmt.Errorf("--replay-policy must be deny or flag, not %q", r.policy)
 		}
 	}
-	return sink.WriteOrgReplay(ctx, db, org, cur.Window, cur.Policy)
+	return admin.WriteOrgReplay(ctx, db, org, cur.Window, cur.Policy)
 }
 
 // printReplay prints an org's stored possible-replay setting.
-func printReplay(ctx context.Context, w io.Writer, db sink.Querier, org string) error {
-	rs, err := sink.ReadOrgReplay(ctx, db, org)
+func printReplay(ctx context.Context, w io.Writer, db admin.Querier, org string) error {
+	rs, err := admin.ReadOrgReplay(ctx, db, org)
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/mandated/mandated/admin"
 	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/sink"
 )
@@ -30,7 +31,7 @@ func (s *signingSetting) apply(ctx context.Context, q sink.KeyQuerier, org strin
 	if mode != sink.SigningOff && mode != sink.SigningRequired {
 		return fmt.Errorf("--grant-signing must be required or off, not %q", s.mode)
 	}
-	return sink.SetSigningMode(ctx, q, org, mode)
+	return admin.SetSigningMode(ctx, q, org, mode)
 }
 
 func runSigningRequire(a *app, args []string) int {

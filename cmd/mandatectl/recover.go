@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/mandated/mandated/outbox"
-	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/shardmap"
 	"github.com/mandated/mandated/verify"
 )
 
@@ -106,7 +106,7 @@ recovered (or nothing to recover), 1 a failure, 2 a usage error.`,
 	}
 	ctx, cancel := withTimeout(a.ctx, *timeout)
 	defer cancel()
-	var shardMap *sink.ShardMap
+	var shardMap *shardmap.Map
 	if db.shardMap != "" {
 		if shardMap, err = db.readMap(); err != nil {
 			return f.usageErr("%v", err)
@@ -162,7 +162,7 @@ recovered (or nothing to recover), 1 a failure, 2 a usage error.`,
 // recoverPools opens a read-write pool on every shard of m, in its order
 // (on the one database without a map), without a statement timeout (a
 // large recovery writes for a while; --timeout bounds the run).
-func recoverPools(ctx context.Context, db *dbConn, m *sink.ShardMap) ([]*pgxpool.Pool, error) {
+func recoverPools(ctx context.Context, db *dbConn, m *shardmap.Map) ([]*pgxpool.Pool, error) {
 	all := []*dbConn{db}
 	if m != nil {
 		all = make([]*dbConn, len(m.Shards))

@@ -15,6 +15,7 @@ import (
 	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/shardmap"
 	"github.com/mandated/mandated/test/harness"
 	"github.com/mandated/mandated/test/testenv"
 	"github.com/mandated/mandated/verify"
@@ -22,10 +23,10 @@ import (
 )
 
 // writeShardMap writes a map of shard a (partition 0) and b (partition 1).
-func writeShardMap(t *testing.T, path, urlA, urlB string) *sink.ShardMap {
+func writeShardMap(t *testing.T, path, urlA, urlB string) *shardmap.Map {
 	t.Helper()
 	require.NoError(t, os.WriteFile(path, fmt.Appendf(nil, "shards:\n  - name: a\n    partitions: \"0\"\n    url: %q\n  - name: b\n    partitions: \"1\"\n    url: %q\n", urlA, urlB), 0o644))
-	m, err := sink.ReadShardMap(path)
+	m, err := shardmap.Read(path)
 	require.NoError(t, err)
 	return m
 }
@@ -66,13 +67,13 @@ func TestRecoverWithAShardMapRoutesEachPartitionToItsShard(t *testing.T) {
 	dir := t.TempDir()
 	// The backup of shard b: its layout recorded, partition 1 never claimed.
 	restoredMap := filepath.Join(dir, "restored.yaml")
-	for _, m := range []*sink.ShardMap{writeShardMap(t, restoredMap, urlA, urlRestored), writeShardMap(t, filepath.Join(dir, "shards.yaml"), urlA, urlB)} {
+	for _, m := range []*shardmap.Map{writeShardMap(t, restoredMap, urlA, urlRestored), writeShardMap(t, filepath.Join(dir, "shards.yaml"), urlA, urlB)} {
 		sh, err := sink.OpenShards(ctx, sink.Config{TakeoverGrace: 500 * time.Millisecond}, m, zerolog.Nop())
 		require.NoError(t, err)
 		require.NoError(t, sh.EnsurePartitionCount(ctx, 2))
 		sh.Close()
 	}
-	live, err := sink.ReadShardMap(filepath.Join(dir, "shards.yaml"))
+	live, err := shardmap.Read(filepath.Join(dir, "shards.yaml"))
 	require.NoError(t, err)
 	h := harness.New(t, harness.Options{Partitions: 2, Configure: func(c *processor.ServiceConfig) { c.Shards = live }})
 	in := h.Start("a")

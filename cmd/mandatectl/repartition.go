@@ -8,8 +8,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mandated/mandated/admin"
 	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/shardmap"
 )
 
 func runRepartition(a *app, args []string) int {
@@ -72,7 +74,7 @@ docs/operations.md, "Changing the partition count".`,
 	if *to < 1 {
 		return f.usageErr("--to M is required (the new partition count)")
 	}
-	var shardMap *sink.ShardMap
+	var shardMap *shardmap.Map
 	if db.shardMap != "" {
 		m, err := db.readMap()
 		if err != nil {
@@ -96,14 +98,14 @@ docs/operations.md, "Changing the partition count".`,
 	}
 	ctx, cancel := withTimeout(a.ctx, *timeout)
 	defer cancel()
-	cfg := processor.RepartitionConfig{
+	cfg := admin.RepartitionConfig{
 		To: int32(*to), Brokers: seeds, KafkaOpts: opts, Group: group,
 		ProposalsTopic: topics.proposals, GrantsTopic: topics.grants, DecisionsTopic: topics.decisions, DeadLetterTopic: topics.deadLetter,
 		DaemonApplicationName: appName,
 	}
-	var rep processor.RepartitionReport
+	var rep admin.RepartitionReport
 	if shardMap != nil {
-		rep, err = processor.RepartitionShards(ctx, shardMap, cfg, log)
+		rep, err = admin.RepartitionShards(ctx, shardMap, cfg, log)
 	} else {
 		conn, cerr := db.conn(ctx)
 		if cerr != nil {
@@ -111,13 +113,13 @@ docs/operations.md, "Changing the partition count".`,
 			return exitFailed
 		}
 		defer conn.Close(context.WithoutCancel(ctx))
-		rep, err = processor.Repartition(ctx, conn, cfg, log)
+		rep, err = admin.Repartition(ctx, conn, cfg, log)
 	}
 	for _, p := range rep.Parked {
 		fmt.Fprintf(a.stdout, "parked outbox row %s stays parked on its partition (mandatectl parked)\n", p)
 	}
 	if err != nil {
-		if errors.Is(err, sink.ErrRepartitionRefused) {
+		if errors.Is(err, admin.ErrRepartitionRefused) {
 			a.errorf("repartition: %v", err)
 		} else {
 			a.errorf("repartition: %v (run it again: a finished step is not repeated)", err)
@@ -128,7 +130,7 @@ docs/operations.md, "Changing the partition count".`,
 		fmt.Fprintf(a.stdout, "the database was already repartitioned from %d to %d partitions\n", rep.From, rep.To)
 	} else {
 		fmt.Fprintf(a.stdout, "repartitioned from %d to %d partitions in %s: moved %d mandates, %d authorizations, %d idempotency keys, %d intents\n",
-			rep.From, rep.To, rep.RepartitionResult.Took.Round(time.Millisecond), rep.Mandates, rep.Authorizations, rep.Keys, rep.Intents)
+			rep.From, rep.To, rep.RepartitionDatabaseResult.Took.Round(time.Millisecond), rep.Mandates, rep.Authorizations, rep.Keys, rep.Intents)
 	}
 	if len(rep.Grown) > 0 {
 		fmt.Fprintf(a.stdout, "grew %s to %d partitions\n", strings.Join(rep.Grown, ", "), rep.To)

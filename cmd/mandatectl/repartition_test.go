@@ -12,8 +12,10 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
+	"github.com/mandated/mandated/admin"
 	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/shardmap"
 	"github.com/mandated/mandated/test/testenv"
 )
 
@@ -98,7 +100,7 @@ func TestRepartitionOfAShardMapRefusesPartitionsOnTwoShards(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "shards.yaml")
 	mapFile := fmt.Appendf(nil, "shards:\n  - name: a\n    partitions: 0-2\n    url: %q\n  - name: b\n    partitions: 3-5\n    url: %q\n", urlA, urlB)
 	require.NoError(t, os.WriteFile(path, mapFile, 0o644))
-	m, err := sink.ReadShardMap(path)
+	m, err := shardmap.Read(path)
 	require.NoError(t, err)
 	sh, err := sink.OpenShards(ctx, sink.Config{}, m, zerolog.Nop())
 	require.NoError(t, err)
@@ -117,12 +119,12 @@ func TestRepartitionOfAShardMapRefusesPartitionsOnTwoShards(t *testing.T) {
 	conn, err := pgx.Connect(ctx, urlA)
 	require.NoError(t, err)
 	defer conn.Close(ctx)
-	drained := func(context.Context, pgx.Tx, []sink.RepartitionPosition) error { return nil }
-	_, err = sink.Repartition(ctx, conn, sink.RepartitionConfig{To: 12, Drained: drained})
-	require.ErrorIs(t, err, sink.ErrRepartitionRefused)
+	drained := func(context.Context, pgx.Tx, []admin.RepartitionPosition) error { return nil }
+	_, err = admin.RepartitionDatabase(ctx, conn, admin.RepartitionDatabaseConfig{To: 12, Drained: drained})
+	require.ErrorIs(t, err, admin.ErrRepartitionRefused)
 	require.ErrorContains(t, err, `this database is shard "a" of a shard map: run the repartition with the shard map (--shard-map)`)
-	_, err = sink.Repartition(ctx, conn, sink.RepartitionConfig{To: 12, Drained: drained, Shard: "a"})
-	require.ErrorIs(t, err, sink.ErrRepartitionRefused)
+	_, err = admin.RepartitionDatabase(ctx, conn, admin.RepartitionDatabaseConfig{To: 12, Drained: drained, Shard: "a"})
+	require.ErrorIs(t, err, admin.ErrRepartitionRefused)
 	require.ErrorContains(t, err, "shard a owns partitions 0-2, not all of 0-5 (partitions 3-5 are elsewhere)")
 	for _, url := range []string{urlA, urlB} {
 		pool, err := pgxpool.New(ctx, url)

@@ -11,7 +11,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/admin"
+	"github.com/mandated/mandated/sink/shardmap"
 )
 
 // runShards runs `mandatectl shards move|drop-moved|moves`.
@@ -124,7 +125,7 @@ Nothing printed carries a password of the map or of --to.`,
 	if *mapPath == "" || *to == "" {
 		return f.usageErr("--shard-map and --to are required")
 	}
-	if _, err := sink.ReadShardMap(*mapPath); err != nil {
+	if _, err := shardmap.Read(*mapPath); err != nil {
 		return f.usageErr("--shard-map: %v", err)
 	}
 	ctx, cancel := withTimeout(a.ctx, *timeout)
@@ -132,8 +133,8 @@ Nothing printed carries a password of the map or of --to.`,
 
 	// Everything from here to the map write holds the map's lock, and reads
 	// the map again under it: another edit that ran meanwhile is kept.
-	lock, err := sink.LockShardMap(ctx, *mapPath, func(holder string) {
-		a.errorf("shards move: waiting for the shard map's lock %s, held by %s", sink.LockPath(*mapPath), cmp.Or(holder, "another edit"))
+	lock, err := shardmap.Lock(ctx, *mapPath, func(holder string) {
+		a.errorf("shards move: waiting for the shard map's lock %s, held by %s", shardmap.LockPath(*mapPath), cmp.Or(holder, "another edit"))
 		call(a.hooks.mapLockWait)
 	})
 	if err != nil {
@@ -141,7 +142,7 @@ Nothing printed carries a password of the map or of --to.`,
 		return exitFailed
 	}
 	defer lock.Unlock() //nolint:errcheck // released with the file anyway
-	m, err := sink.ReadShardMap(*mapPath)
+	m, err := shardmap.Read(*mapPath)
 	if err != nil {
 		return f.usageErr("--shard-map: %v", err)
 	}
@@ -181,22 +182,22 @@ Nothing printed carries a password of the map or of --to.`,
 		a.errorf("shards move: partition %d is on shard %s already", p, source.Name)
 		return exitFailed
 	}
-	edited, err := sink.MoveInMapFile(raw, p, targetName, newURL)
+	edited, err := shardmap.MoveIn(raw, p, targetName, newURL)
 	if err != nil {
 		a.errorf("shards move: %v", err)
 		return exitFailed
 	}
-	if err := sink.CheckWritable(*mapPath); err != nil {
+	if err := shardmap.CheckWritable(*mapPath); err != nil {
 		a.errorf("shards move: %v (nothing was changed)", err)
 		return exitFailed
 	}
-	res, err := sink.MovePartition(ctx, sink.MoveOptions{Partition: p, Source: source.URL, Target: targetURL, TargetName: targetName})
+	res, err := admin.MovePartition(ctx, admin.MoveOptions{Partition: p, Source: source.URL, Target: targetURL, TargetName: targetName})
 	if err != nil {
 		a.errorf("shards move: %v", err)
 		return exitFailed
 	}
 	call(a.hooks.beforeMapWrite)
-	if err := sink.WriteFileAtomic(*mapPath, edited); err != nil {
+	if err := shardmap.WriteFileAtomic(*mapPath, edited); err != nil {
 		// Never the map itself: its url: entries may carry passwords. The
 		// databases record the move; running the command again writes it.
 		a.errorf("shards move: partition %d is on shard %s now (both databases record the move), but writing the shard map %s failed: %v; "+
@@ -212,11 +213,11 @@ Nothing printed carries a password of the map or of --to.`,
 	fmt.Fprintf(a.stdout, "partition %d moved from shard %s to shard %s: %d rows in %s, epoch %d on %s\n",
 		p, res.SourceShard, targetName, res.Total, res.Took.Round(time.Millisecond), res.Epoch, targetName)
 	switch res.Resumed {
-	case sink.ResumedCopy:
+	case admin.ResumedCopy:
 		fmt.Fprintf(a.stdout, "  (an interrupted move completed: it had fenced partition %d on %s; copied now)\n", p, res.SourceShard)
-	case sink.ResumedRecord:
+	case admin.ResumedRecord:
 		fmt.Fprintf(a.stdout, "  (an interrupted move completed: %s had the copy; %s records the move now)\n", targetName, res.SourceShard)
-	case sink.ResumedDone:
+	case admin.ResumedDone:
 		fmt.Fprintf(a.stdout, "  (an interrupted move completed: both databases had recorded it; only the map was left)\n")
 	}
 	for _, t := range tables {
@@ -229,7 +230,7 @@ Nothing printed carries a password of the map or of --to.`,
 
 // shardURL finds a shard's URL in the map; a shard the map no longer lists
 // (all its partitions moved away and it was removed) is not found.
-func shardURL(m *sink.ShardMap, name string) (string, bool) {
+func shardURL(m *shardmap.Map, name string) (string, bool) {
 	for _, s := range m.Shards {
 		if s.Name == name {
 			return s.URL, true
@@ -259,7 +260,7 @@ with. Refused while the move is not finished, or where P did not move away.`,
 	if *mapPath == "" || *shard == "" {
 		return f.usageErr("--shard-map and --shard are required")
 	}
-	m, err := sink.ReadShardMap(*mapPath)
+	m, err := shardmap.Read(*mapPath)
 	if err != nil {
 		return f.usageErr("--shard-map: %v", err)
 	}
@@ -269,7 +270,7 @@ with. Refused while the move is not finished, or where P did not move away.`,
 	}
 	ctx, cancel := withTimeout(a.ctx, *timeout)
 	defer cancel()
-	deleted, err := sink.DropMoved(ctx, url, p)
+	deleted, err := admin.DropMoved(ctx, url, p)
 	if err != nil {
 		a.errorf("shards drop-moved: %v", err)
 		return exitFailed
@@ -293,7 +294,7 @@ func runShardsMoves(a *app, args []string) int {
 	if *mapPath == "" {
 		return f.usageErr("--shard-map is required")
 	}
-	m, err := sink.ReadShardMap(*mapPath)
+	m, err := shardmap.Read(*mapPath)
 	if err != nil {
 		return f.usageErr("--shard-map: %v", err)
 	}
@@ -303,7 +304,7 @@ func runShardsMoves(a *app, args []string) int {
 	fmt.Fprintln(tw, "SHARD\tPARTITION\tSTATE\tPEER\tEPOCH\tROWS\tUPDATED")
 	failed := false
 	for _, s := range m.Shards {
-		moves, err := sink.Moves(ctx, s.URL)
+		moves, err := admin.Moves(ctx, s.URL)
 		if err != nil {
 			a.errorf("shards moves: shard %s: %v", s.Name, err)
 			failed = true

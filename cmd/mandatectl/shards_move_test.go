@@ -22,6 +22,7 @@ import (
 
 	"github.com/mandated/mandated/internal/failpoint"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/shardmap"
 	"github.com/mandated/mandated/test/testenv"
 )
 
@@ -37,7 +38,7 @@ func TestShardsMoveRewritesTheMapAndRefusesClearly(t *testing.T) {
 	urlA, urlB, urlC := testenv.Database(t), testenv.Database(t), testenv.Database(t)
 	path := filepath.Join(t.TempDir(), "shards.yaml")
 	require.NoError(t, os.WriteFile(path, fmt.Appendf(nil, "shards:\n  - name: a\n    partitions: 0-1\n    url: %q\n  - name: b\n    partitions: 2-3\n    url: %q\n", urlA, urlB), 0o444))
-	m, err := sink.ReadShardMap(path)
+	m, err := shardmap.Read(path)
 	require.NoError(t, err)
 	sh, err := sink.OpenShards(ctx, sink.Config{TakeoverGrace: 500 * time.Millisecond}, m, zerolog.Nop())
 	require.NoError(t, err)
@@ -72,7 +73,7 @@ func TestShardsMoveRewritesTheMapAndRefusesClearly(t *testing.T) {
 	r = ctl(t, "shards", "move", "1", "--to", "b", "--shard-map", path)
 	require.Equal(t, exitOK, r.code, "%s", r)
 	require.Contains(t, r.stdout, "partition 1 moved from shard a to shard b")
-	m, err = sink.ReadShardMap(path)
+	m, err = shardmap.Read(path)
 	require.NoError(t, err)
 	require.Equal(t, "b", m.Shards[m.For(1)].Name)
 	require.Equal(t, "1-3", m.Shards[m.For(1)].Partitions)
@@ -88,7 +89,7 @@ func TestShardsMoveRewritesTheMapAndRefusesClearly(t *testing.T) {
 	require.Equal(t, exitOK, r.code, "%s", r)
 	r = ctl(t, "shards", "move", "0", "--to", urlC, "--name", "c", "--shard-map", path)
 	require.Equal(t, exitOK, r.code, "%s", r)
-	m, err = sink.ReadShardMap(path)
+	m, err = shardmap.Read(path)
 	require.NoError(t, err)
 	require.Equal(t, "c", m.Shards[m.For(0)].Name)
 	require.Equal(t, "a", m.Shards[m.Control()].Name, "shard a holds the org settings still")
@@ -153,7 +154,7 @@ func newMoveFixture(t *testing.T, urlA, urlB string) *moveFixture {
 	ctx := context.Background()
 	f := &moveFixture{path: filepath.Join(t.TempDir(), "shards.yaml"), urlA: urlA, urlB: urlB}
 	require.NoError(t, os.WriteFile(f.path, fmt.Appendf(nil, "shards:\n  - name: a\n    partitions: 0-1\n    url: %q\n  - name: b\n    partitions: 2-3\n    url: %q\n", urlA, urlB), 0o644))
-	m, err := sink.ReadShardMap(f.path)
+	m, err := shardmap.Read(f.path)
 	require.NoError(t, err)
 	sh, err := sink.OpenShards(ctx, sink.Config{TakeoverGrace: 500 * time.Millisecond}, m, zerolog.Nop())
 	require.NoError(t, err)
@@ -201,7 +202,7 @@ func moveState(t *testing.T, pool *pgxpool.Pool, p int32) string {
 // shardOf is the shard the map file gives partition p.
 func (f *moveFixture) shardOf(t *testing.T, p int32) string {
 	t.Helper()
-	m, err := sink.ReadShardMap(f.path)
+	m, err := shardmap.Read(f.path)
 	require.NoError(t, err)
 	return m.Shards[m.For(p)].Name
 }
@@ -260,7 +261,7 @@ func TestAShardsMoveKilledAtAnyPointIsCompletedByRunningItAgain(t *testing.T) {
 				require.Contains(t, r.stdout, "partition 1 moved from shard a to shard b")
 				f.requireMoved(t, 1, f.poolA, f.poolB, "a", "b")
 
-				m, err := sink.ReadShardMap(f.path)
+				m, err := shardmap.Read(f.path)
 				require.NoError(t, err)
 				sh, err := sink.OpenShards(context.Background(), sink.Config{TakeoverGrace: 500 * time.Millisecond}, m, zerolog.Nop())
 				require.NoError(t, err)

@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/push"
 
-	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/admin"
 	"github.com/mandated/mandated/verify"
 	"github.com/mandated/mandated/wire"
 )
@@ -239,7 +239,7 @@ const maxRecordedReport = 1 << 20
 // recordVerifyRun stores the run's result in verify_runs on the control
 // database (a connection of its own: the verify's pools are read-only).
 func recordVerifyRun(a *app, db *dbConn, start time.Time, rep *verify.Report, runErr error) int {
-	run := sink.VerifyRun{StartedAt: start, FinishedAt: time.Now(), Completed: runErr == nil}
+	run := admin.VerifyRun{StartedAt: start, FinishedAt: time.Now(), Completed: runErr == nil}
 	run.Host, _ = os.Hostname()
 	if runErr != nil {
 		run.Error = runErr.Error()
@@ -271,7 +271,7 @@ func recordVerifyRun(a *app, db *dbConn, start time.Time, rep *verify.Report, ru
 		return exitFailed
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	id, err := sink.RecordVerifyRun(ctx, conn, run)
+	id, err := admin.RecordVerifyRun(ctx, conn, run)
 	if err != nil {
 		a.errorf("verify: record the run: %v", err)
 		return exitFailed

@@ -37,6 +37,7 @@ import (
 	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/shardmap"
 	"github.com/mandated/mandated/wire"
 )
 
@@ -128,7 +129,7 @@ func (c *config) serviceConfig(log zerolog.Logger, reg prometheus.Registerer) (p
 	case c.shardMap != "" && dbURL != "":
 		return cfg, errors.New("--shard-map and --database-url exclude each other: the map names every database")
 	case c.shardMap != "":
-		if cfg.Shards, err = sink.ReadShardMap(c.shardMap); err != nil {
+		if cfg.Shards, err = shardmap.Read(c.shardMap); err != nil {
 			return cfg, fmt.Errorf("--shard-map: %w", err)
 		}
 		dbURL = cfg.Shards.Shards[cfg.Shards.Control()].URL

@@ -27,6 +27,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/goleak"
 
+	"github.com/mandated/mandated/admin"
 	"github.com/mandated/mandated/client"
 	"github.com/mandated/mandated/gateway"
 	"github.com/mandated/mandated/gateway/console"
@@ -87,7 +88,7 @@ func setupWith(t *testing.T, dbURL func(h *harness.Harness) string, ccfg console
 
 	pub, priv, err := ed25519.GenerateKey(rand.Reader)
 	require.NoError(t, err)
-	require.NoError(t, sink.AddGrantorKey(ctx, rw, sink.GrantorKey{Org: "globex", KeyID: "reconciler-2026", Alg: "ed25519", PublicKey: pub,
+	require.NoError(t, admin.AddGrantorKey(ctx, rw, sink.GrantorKey{Org: "globex", KeyID: "reconciler-2026", Alg: "ed25519", PublicKey: pub,
 		ValidFrom: time.Now().Add(-time.Hour), ValidUntil: time.Now().Add(24 * time.Hour)}))
 	b.signer = &client.Signer{KeyID: "reconciler-2026", Key: priv}
 
@@ -285,7 +286,7 @@ func TestAnOperatorReconcilesInTheConsoleInARealBrowser(t *testing.T) {
 	globexAuth := b.inDoubt(t, "globex", "payout-77", "payout-runner-3.attempt-1")
 	ctxDB, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	require.NoError(t, sink.SetSigningMode(ctxDB, b.rw, "globex", sink.SigningRequired))
+	require.NoError(t, admin.SetSigningMode(ctxDB, b.rw, "globex", sink.SigningRequired))
 	recordVerify(t, b)
 
 	// Not signed in: the sign-in form. An org's API token does not open it.
@@ -442,7 +443,7 @@ func recordVerify(t *testing.T, b *testBundle) {
 	require.True(t, rep.OK(), "%+v", rep)
 	report, err := json.Marshal(rep)
 	require.NoError(t, err)
-	_, err = sink.RecordVerifyRun(ctx, b.rw, sink.VerifyRun{StartedAt: start, FinishedAt: time.Now(), Completed: true, OK: true,
+	_, err = admin.RecordVerifyRun(ctx, b.rw, admin.VerifyRun{StartedAt: start, FinishedAt: time.Now(), Completed: true, OK: true,
 		Partitions: len(rep.Partitions), Records: rep.Records, Host: "verify-cronjob-29411", Report: report})
 	require.NoError(t, err)
 }

@@ -42,7 +42,7 @@ const (
 	RelayInTransaction          = "relay_in_transaction"            // relay: every record of the Kafka transaction produced, not committed
 	RelayInMark                 = "relay_in_mark"                   // relay: published sequences written in PostgreSQL, not committed
 
-	// mandatectl shards move (sink.MovePartition and the map file write):
+	// mandatectl shards move (admin.MovePartition and the map file write):
 	// each is a point where an operator's tool can die.
 	MoveAfterFence  = "shards_move_after_fence"  // the source fenced the partition (moving_out); nothing copied
 	MoveAfterCopy   = "shards_move_after_copy"   // the target committed the copy (moved_in); the source still says moving_out

@@ -25,6 +25,7 @@ import (
 	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/shardmap"
 )
 
 // ServeConfig is what the mandated child process runs with. Everything not
@@ -67,7 +68,7 @@ type ServeConfig struct {
 	Shards []ServeShard `json:"shards,omitempty"`
 }
 
-// ServeShard is one shard of ServeConfig.Shards: a sink.Shard.
+// ServeShard is one shard of ServeConfig.Shards: a shardmap.Shard.
 type ServeShard struct {
 	Name       string `json:"name"`
 	Partitions string `json:"partitions"` // "first-last"
@@ -75,13 +76,13 @@ type ServeShard struct {
 }
 
 // shardMap is cfg's shard map, nil without one.
-func (cfg ServeConfig) shardMap() (*sink.ShardMap, error) {
+func (cfg ServeConfig) shardMap() (*shardmap.Map, error) {
 	if len(cfg.Shards) == 0 {
 		return nil, nil
 	}
-	m := &sink.ShardMap{}
+	m := &shardmap.Map{}
 	for _, s := range cfg.Shards {
-		m.Shards = append(m.Shards, sink.Shard{Name: s.Name, Partitions: s.Partitions, URL: s.URL})
+		m.Shards = append(m.Shards, shardmap.Shard{Name: s.Name, Partitions: s.Partitions, URL: s.URL})
 	}
 	if err := m.Validate(); err != nil {
 		return nil, err

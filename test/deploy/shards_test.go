@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/shardmap"
 )
 
 var partitionsArg = regexp.MustCompile(`topics create --partitions (\d+)`)
@@ -30,9 +30,9 @@ func partitionCount(t *testing.T, script string) int32 {
 
 // checkShardMap parses a shard map as mandated does, with url_file read
 // from files (path → content), and checks it covers the partitions.
-func checkShardMap(t *testing.T, text string, files map[string]string, partitions int32) *sink.ShardMap {
+func checkShardMap(t *testing.T, text string, files map[string]string, partitions int32) *shardmap.Map {
 	t.Helper()
-	var m sink.ShardMap
+	var m shardmap.Map
 	dec := yaml.NewDecoder(strings.NewReader(text))
 	dec.KnownFields(true)
 	require.NoError(t, dec.Decode(&m))

@@ -1,9 +1,11 @@
 // Package layout is the floor plan of mandated's packages: which may import
 // which. The contract (wire) and the decision logic (lifecycle) are the
-// ground floor everything else stands on; storage (outbox, sink) stands on
-// them, the auditor (verify) on storage, the processor on all of those; the
-// client stands beside them on the contract alone, the gateway on the client
-// and storage, the binaries (cmd) on everything. TestTheHouseKeepsItsShape
+// ground floor everything else stands on; storage (outbox, sink, with the
+// shard map and the SQLSTATE translation beneath sink) stands on them, the
+// auditor (verify) on storage, the processor on all of those, the operator
+// layer (admin) on the processor and storage — the runtime never imports
+// it; the client stands beside them on the contract alone, the gateway on
+// the client and storage, the binaries (cmd) on everything. TestTheHouseKeepsItsShape
 // runs Check over 'go list -deps -json ./...' of the module, so an import that
 // runs back up the house, or a package given no floor, fails the suite and
 // names the import.
@@ -39,6 +41,9 @@ type Floor struct {
 	Imports []string
 	// Owns says what the floor is for, for the failure message.
 	Owns string
+	// Never names imports from outside the module (path prefixes) the
+	// floor must not take, such as the PostgreSQL driver for the shard map.
+	Never []string
 }
 
 // Plan is mandated's floor plan, bottom first. A floor may import only
@@ -53,31 +58,38 @@ var Plan = []Floor{
 		Owns: "the pure state machine"},
 	{Name: "internal", Packages: []string{"internal/..."},
 		Owns: "the test seams (clock, failpoint) and the tracing plumbing: they import nothing of ours"},
+	{Name: "pgerr", Packages: []string{"sink/pgerr"}, Imports: []string{"internal"},
+		Owns: "the one translation of PostgreSQL's errors (SQLSTATEs) that sink and admin share"},
+	{Name: "shardmap", Packages: []string{"sink/shardmap"}, Imports: []string{"internal"},
+		Owns: "the shard map: its file, its edits and their lock, never the driver", Never: []string{"github.com/jackc/"}},
 	{Name: "outbox", Packages: []string{"outbox"}, Imports: []string{"partitioner", "wire", "lifecycle", "internal"},
 		Owns: "outbox rows, their hash chain and the relay"},
-	{Name: "sink", Packages: []string{"sink"}, Imports: []string{"partitioner", "wire", "lifecycle", "internal", "outbox"},
-		Owns: "PostgreSQL: the fenced batch transaction writes outbox rows, so sink stands on outbox"},
-	{Name: "verify", Packages: []string{"verify"}, Imports: []string{"partitioner", "wire", "lifecycle", "internal", "outbox", "sink"},
+	{Name: "sink", Packages: []string{"sink"}, Imports: []string{"partitioner", "wire", "lifecycle", "internal", "outbox", "pgerr", "shardmap"},
+		Owns: "PostgreSQL at run time: the fenced batch transaction writes outbox rows, so sink stands on outbox"},
+	{Name: "verify", Packages: []string{"verify"}, Imports: []string{"partitioner", "wire", "lifecycle", "internal", "outbox", "pgerr", "shardmap", "sink"},
 		Owns: "the auditor: reads the published history and PostgreSQL, never imported by them"},
 	{Name: "processor", Packages: []string{"processor"},
-		Imports: []string{"partitioner", "wire", "lifecycle", "internal", "outbox", "sink", "verify"},
+		Imports: []string{"partitioner", "wire", "lifecycle", "internal", "outbox", "pgerr", "shardmap", "sink", "verify"},
 		Owns:    "the consumer-group member that wires the floors below"},
+	{Name: "admin", Packages: []string{"admin"},
+		Imports: []string{"partitioner", "wire", "lifecycle", "internal", "outbox", "pgerr", "shardmap", "sink", "processor"},
+		Owns:    "the operator layer (kadm to the runtime's kgo): moves, repartition, org settings, grantor-key writes, verify-run records"},
 	{Name: "client", Packages: []string{"client"}, Imports: []string{"partitioner", "wire"},
 		Owns: "the Go client callers import: the contract alone, nothing that decides or stores"},
 	{Name: "mcpguard", Packages: []string{"mcpguard"}, Imports: []string{"partitioner", "wire", "internal", "client"},
 		Owns: "the MCP door: guards an upstream MCP server's tool calls, produces through client, never decides"},
-	{Name: "gateway", Packages: []string{"gateway"}, Imports: []string{"partitioner", "wire", "internal", "client", "sink"},
+	{Name: "gateway", Packages: []string{"gateway"}, Imports: []string{"partitioner", "wire", "internal", "client", "shardmap", "sink"},
 		Owns: "the HTTP door: produces through client, only reads PostgreSQL, never decides"},
-	{Name: "console", Packages: []string{"gateway/console"}, Imports: []string{"partitioner", "wire", "lifecycle", "internal", "client", "sink", "gateway"},
-		Owns: "the operators' web console of the gateway: reads PostgreSQL (lifecycle's row types through sink), produces resolves through client"},
+	{Name: "console", Packages: []string{"gateway/console"}, Imports: []string{"partitioner", "wire", "lifecycle", "internal", "client", "sink", "admin", "gateway"},
+		Owns: "the operators' web console of the gateway: reads PostgreSQL (lifecycle's row types through sink, the verify runs through admin), produces resolves through client"},
 	{Name: "cmd", Packages: []string{"cmd/..."},
-		Imports: []string{"partitioner", "wire", "lifecycle", "internal", "outbox", "sink", "verify", "processor", "client", "gateway", "console", "mcpguard"},
+		Imports: []string{"partitioner", "wire", "lifecycle", "internal", "outbox", "pgerr", "shardmap", "sink", "verify", "processor", "admin", "client", "gateway", "console", "mcpguard"},
 		Owns:    "the binaries: wiring and configuration"},
 	{Name: "test", Packages: []string{"test/..."},
-		Imports: []string{"partitioner", "wire", "lifecycle", "internal", "outbox", "sink", "verify", "processor", "client", "gateway", "console", "mcpguard", "cmd"},
+		Imports: []string{"partitioner", "wire", "lifecycle", "internal", "outbox", "pgerr", "shardmap", "sink", "verify", "processor", "admin", "client", "gateway", "console", "mcpguard", "cmd"},
 		Owns:    "test servers, harnesses and suites: nothing else may import them"},
 	{Name: "examples", Packages: []string{"examples/..."},
-		Imports: []string{"partitioner", "wire", "lifecycle", "internal", "outbox", "sink", "verify", "processor", "client", "gateway", "console", "mcpguard", "cmd", "test"},
+		Imports: []string{"partitioner", "wire", "lifecycle", "internal", "outbox", "pgerr", "shardmap", "sink", "verify", "processor", "admin", "client", "gateway", "console", "mcpguard", "cmd", "test"},
 		Owns:    "runnable examples of mandated where agents act (LangGraph) and the Go tests that run them against the real stack"},
 }
 
@@ -167,6 +179,12 @@ func Check(plan []Floor, module string, pkgs []Package) []Violation {
 		for _, imp := range p.Imports {
 			to, ok := rel(imp)
 			if !ok {
+				for _, never := range ff.Never {
+					if strings.HasPrefix(imp, never) {
+						out = append(out, Violation{Package: p.ImportPath, Import: imp,
+							Msg: fmt.Sprintf("%s imports %s: floor %s (%s) must never import %s", p.ImportPath, imp, ff.Name, ff.Owns, never)})
+					}
+				}
 				continue
 			}
 			tf, ok := floorOf(plan, to)

@@ -67,9 +67,11 @@ func TestTheFloorPlanHasNoUpwardArrow(t *testing.T) {
 
 // TestAnUpwardImportFailsNamingIt plants upward imports in a copy of a
 // sound graph (a caller's client reaching into storage, the contract
-// importing a test seam, storage importing its auditor, the processor
-// importing the test harness) and a package on no floor: each is reported,
-// naming the package, the import and the floors, and nothing else is.
+// importing a test seam, storage importing its auditor, the runtime sink
+// importing the operator layer, the processor importing the test harness),
+// the shard map importing the PostgreSQL driver, and a package on no
+// floor: each is reported, naming the package, the import and the floors,
+// and nothing else is.
 func TestAnUpwardImportFailsNamingIt(t *testing.T) {
 	t.Parallel()
 	m := func(rel string) string { return module + "/" + rel }
@@ -80,23 +82,27 @@ func TestAnUpwardImportFailsNamingIt(t *testing.T) {
 		{ImportPath: m("internal/clock")},
 		{ImportPath: m("internal/failpoint")},
 		{ImportPath: m("outbox"), Imports: []string{m("internal/failpoint"), m("wire")}},
-		{ImportPath: m("sink"), Imports: []string{m("outbox"), m("lifecycle"), m("wire"), "github.com/jackc/pgx/v5"}},
+		{ImportPath: m("sink/pgerr"), Imports: []string{m("internal/failpoint"), "github.com/jackc/pgx/v5"}},
+		{ImportPath: m("sink/shardmap"), Imports: []string{m("internal/failpoint"), "go.yaml.in/yaml/v3"}},
+		{ImportPath: m("sink"), Imports: []string{m("outbox"), m("lifecycle"), m("wire"), m("sink/pgerr"), m("sink/shardmap"), "github.com/jackc/pgx/v5"}},
 		{ImportPath: m("verify"), Imports: []string{m("outbox"), m("sink"), m("wire")}},
 		{ImportPath: m("processor"), Imports: []string{m("internal/clock"), m("outbox"), m("sink"), m("lifecycle")}},
+		{ImportPath: m("admin"), Imports: []string{m("sink"), m("sink/pgerr"), m("sink/shardmap"), m("processor"), "github.com/jackc/pgx/v5"}},
 		{ImportPath: m("client"), Imports: []string{m("partitioner"), m("wire")}},
 		{ImportPath: m("gateway"), Imports: []string{m("client"), m("wire")}},
 		{ImportPath: m("cmd/internal/cli")},
-		{ImportPath: m("cmd/mandatectl"), Imports: []string{m("cmd/internal/cli"), m("verify"), m("processor"), m("gateway")}},
+		{ImportPath: m("cmd/mandatectl"), Imports: []string{m("cmd/internal/cli"), m("verify"), m("processor"), m("admin"), m("gateway")}},
 		{ImportPath: m("test/testenv")},
 		{ImportPath: m("test/harness"), Imports: []string{m("test/testenv"), m("processor")}},
 	}
 	require.Empty(t, Check(Plan, module, sound), "the sound graph passes")
 
 	planted := map[string][]string{
-		"client":    {m("sink")},
-		"wire":      {m("internal/failpoint")},
-		"sink":      {m("verify")},
-		"processor": {m("test/testenv")},
+		"client":        {m("sink")},
+		"wire":          {m("internal/failpoint")},
+		"sink":          {m("verify"), m("admin")},
+		"sink/shardmap": {"github.com/jackc/pgx/v5"},
+		"processor":     {m("test/testenv")},
 	}
 	var graph []Package
 	for _, p := range sound {
@@ -111,9 +117,11 @@ func TestAnUpwardImportFailsNamingIt(t *testing.T) {
 	}
 	require.Equal(t, []string{
 		module + "/attic is on no floor of the layout plan (test/layout/layout.go): give it one",
-		module + "/client imports " + module + "/sink: floor client (the Go client callers import: the contract alone, nothing that decides or stores) may import only its own floor and partitioner, wire, not floor sink (PostgreSQL: the fenced batch transaction writes outbox rows, so sink stands on outbox)",
-		module + "/processor imports " + module + "/test/testenv: floor processor (the consumer-group member that wires the floors below) may import only its own floor and partitioner, wire, lifecycle, internal, outbox, sink, verify, not floor test (test servers, harnesses and suites: nothing else may import them)",
-		module + "/sink imports " + module + "/verify: floor sink (PostgreSQL: the fenced batch transaction writes outbox rows, so sink stands on outbox) may import only its own floor and partitioner, wire, lifecycle, internal, outbox, not floor verify (the auditor: reads the published history and PostgreSQL, never imported by them)",
+		module + "/client imports " + module + "/sink: floor client (the Go client callers import: the contract alone, nothing that decides or stores) may import only its own floor and partitioner, wire, not floor sink (PostgreSQL at run time: the fenced batch transaction writes outbox rows, so sink stands on outbox)",
+		module + "/processor imports " + module + "/test/testenv: floor processor (the consumer-group member that wires the floors below) may import only its own floor and partitioner, wire, lifecycle, internal, outbox, pgerr, shardmap, sink, verify, not floor test (test servers, harnesses and suites: nothing else may import them)",
+		module + "/sink imports " + module + "/admin: floor sink (PostgreSQL at run time: the fenced batch transaction writes outbox rows, so sink stands on outbox) may import only its own floor and partitioner, wire, lifecycle, internal, outbox, pgerr, shardmap, not floor admin (the operator layer (kadm to the runtime's kgo): moves, repartition, org settings, grantor-key writes, verify-run records)",
+		module + "/sink imports " + module + "/verify: floor sink (PostgreSQL at run time: the fenced batch transaction writes outbox rows, so sink stands on outbox) may import only its own floor and partitioner, wire, lifecycle, internal, outbox, pgerr, shardmap, not floor verify (the auditor: reads the published history and PostgreSQL, never imported by them)",
+		module + "/sink/shardmap imports github.com/jackc/pgx/v5: floor shardmap (the shard map: its file, its edits and their lock, never the driver) must never import github.com/jackc/",
 		module + "/wire imports " + module + "/internal/failpoint: floor wire (the contract: decoder, encoder, reasons, schemas, chain form, intent keys) may import only its own floor and partitioner, not floor internal (the test seams (clock, failpoint) and the tracing plumbing: they import nothing of ours)",
 	}, got)
 }

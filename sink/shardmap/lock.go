@@ -1,4 +1,4 @@
-package sink
+package shardmap
 
 import (
 	"context"
@@ -22,19 +22,19 @@ type MapLock struct {
 	path string
 }
 
-// MapLockPoll is how often LockShardMap tries again while another editor
+// LockPoll is how often Lock tries again while another editor
 // holds the lock.
-const MapLockPoll = 50 * time.Millisecond
+const LockPoll = 50 * time.Millisecond
 
 // LockPath is the lock file of the shard map at path.
 func LockPath(path string) string { return path + ".lock" }
 
-// LockShardMap takes the lock of the shard map file at path, waiting while
+// Lock takes the lock of the shard map file at path, waiting while
 // another editor holds it (waiting, when not nil, is called once with what
 // the holder wrote in the lock file) until ctx ends. Once it holds the
 // lock it removes the temporary files an editor killed before its rename
 // left beside the map (WriteFileAtomic): only a lock holder writes them.
-func LockShardMap(ctx context.Context, path string, waiting func(holder string)) (*MapLock, error) {
+func Lock(ctx context.Context, path string, waiting func(holder string)) (*MapLock, error) {
 	lp := LockPath(path)
 	f, err := os.OpenFile(lp, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
@@ -51,7 +51,7 @@ func LockShardMap(ctx context.Context, path string, waiting func(holder string))
 			return nil, fmt.Errorf("sink: lock the shard map (%s): %w", lp, err)
 		}
 		if tick == nil {
-			tick = time.NewTicker(MapLockPoll)
+			tick = time.NewTicker(LockPoll)
 			defer tick.Stop()
 			if waiting != nil {
 				holder, _ := os.ReadFile(lp)

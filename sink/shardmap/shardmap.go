@@ -1,4 +1,4 @@
-package sink
+package shardmap
 
 import (
 	"errors"
@@ -13,22 +13,26 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// ShardMap maps partitions to PostgreSQL databases (docs/operating.md, "Scaling out
+// Map maps partitions to PostgreSQL databases (docs/operating.md, "Scaling out
 // PostgreSQL: the shard map"). Every shard holds the whole schema but only its partitions' rows:
 // claims, fence, mandates, authorizations, idempotency keys, intents,
 // outbox and relay bookkeeping. One shard is the control shard: the org
 // settings (retention, replay window, grantor keys, grant signing, gateway
 // tokens) live there only, every shard's partitions read them from it, and
 // the other shards refuse them in SQL.
-type ShardMap struct {
+type Map struct {
 	Shards []Shard `yaml:"shards"`
 
-	path string // the file it was read from (ReadShardMap), for Shards.Reload
+	path string // the file it was read from (Read), for Shards.Reload
 	raw  []byte // its content
 }
 
 // Path is the file the map was read from ("" when parsed from bytes).
-func (m *ShardMap) Path() string { return m.path }
+func (m *Map) Path() string { return m.path }
+
+// Raw is the content of the file the map was read from (nil when parsed
+// from bytes): Shards.Reload compares it with the file's content now.
+func (m *Map) Raw() []byte { return m.raw }
 
 // Shard is one database and the partitions it owns.
 type Shard struct {
@@ -56,6 +60,29 @@ func (s Shard) First() int32 { return s.first }
 
 // Last is the last partition the shard owns.
 func (s Shard) Last() int32 { return s.last }
+
+// Listed says whether the shard's partitions are a set ("0-2,5", "none")
+// rather than one range.
+func (s Shard) Listed() bool { return s.set != nil }
+
+// None says whether the shard owns no partition: all of them moved away.
+func (s Shard) None() bool { return s.set != nil && len(s.set) == 0 }
+
+// Unbounded says whether the shard owns every partition there is or will
+// be: the single shard of one database (Single).
+func (s Shard) Unbounded() bool { return s.last == maxPartition }
+
+// RangeShard is a shard owning the partitions first to last, inclusive.
+func RangeShard(first, last int32) Shard { return Shard{first: first, last: last} }
+
+// All is every partition of n: 0 to n-1.
+func All(n int32) []int32 {
+	out := make([]int32, n)
+	for p := range n {
+		out[p] = p
+	}
+	return out
+}
 
 // Owns says whether the shard owns partition p.
 func (s Shard) Owns(p int32) bool {
@@ -124,14 +151,14 @@ const SingleShard = "main"
 
 var shardName = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
 
-// ReadShardMap reads and checks a shard map file (YAML), reading every
+// Read reads and checks a shard map file (YAML), reading every
 // url_file it names.
-func ReadShardMap(path string) (*ShardMap, error) {
+func Read(path string) (*Map, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("sink: read the shard map: %w", err)
 	}
-	m, err := ParseShardMap(b)
+	m, err := Parse(b)
 	if err != nil {
 		return nil, err
 	}
@@ -139,10 +166,10 @@ func ReadShardMap(path string) (*ShardMap, error) {
 	return m, nil
 }
 
-// ParseShardMap parses a shard map (YAML), reads every url_file it names
+// Parse parses a shard map (YAML), reads every url_file it names
 // and checks it (Validate).
-func ParseShardMap(b []byte) (*ShardMap, error) {
-	var m ShardMap
+func Parse(b []byte) (*Map, error) {
+	var m Map
 	dec := yaml.NewDecoder(strings.NewReader(string(b)))
 	dec.KnownFields(true)
 	if err := dec.Decode(&m); err != nil {
@@ -165,8 +192,8 @@ func ParseShardMap(b []byte) (*ShardMap, error) {
 }
 
 // Single returns the map of one database owning every partition.
-func Single(url string) *ShardMap {
-	return &ShardMap{Shards: []Shard{{Name: SingleShard, URL: url, Control: true, first: 0, last: maxPartition}}}
+func Single(url string) *Map {
+	return &Map{Shards: []Shard{{Name: SingleShard, URL: url, Control: true, first: 0, last: maxPartition}}}
 }
 
 // maxPartition stands for "every partition" in a single-database map.
@@ -176,7 +203,7 @@ const maxPartition = 1<<31 - 1
 // leave no gap from partition 0; exactly one control shard. Whether the
 // last range ends at the topics' partition count is checked at start
 // (Cover).
-func (m *ShardMap) Validate() error {
+func (m *Map) Validate() error {
 	if len(m.Shards) == 0 {
 		return errors.New("sink: the shard map names no shard")
 	}
@@ -295,7 +322,7 @@ func parseRange(s string) (int32, int32, error) {
 }
 
 // Cover checks that the shards own exactly partitions 0 to n-1.
-func (m *ShardMap) Cover(n int32) error {
+func (m *Map) Cover(n int32) error {
 	var top int32 = -1
 	for _, s := range m.Shards {
 		if s.last == maxPartition {
@@ -312,7 +339,7 @@ func (m *ShardMap) Cover(n int32) error {
 }
 
 // For returns the index of the shard owning partition p, or -1.
-func (m *ShardMap) For(p int32) int {
+func (m *Map) For(p int32) int {
 	for i, s := range m.Shards {
 		if s.Owns(p) {
 			return i
@@ -322,7 +349,7 @@ func (m *ShardMap) For(p int32) int {
 }
 
 // Control returns the index of the control shard.
-func (m *ShardMap) Control() int {
+func (m *Map) Control() int {
 	for i, s := range m.Shards {
 		if s.Control {
 			return i

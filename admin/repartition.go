@@ -1,4 +1,4 @@
-package processor
+package admin
 
 import (
 	"bytes"
@@ -18,7 +18,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mandated/mandated/outbox"
-	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/processor"
+	"github.com/mandated/mandated/sink/shardmap"
 )
 
 // RepartitionConfig configures Repartition: where the topics, the group
@@ -30,7 +31,7 @@ type RepartitionConfig struct {
 	Brokers []string
 	// KafkaOpts are extra client options (TLS, SASL). Defaults to none.
 	KafkaOpts []kgo.Opt
-	// Group is the processors' consumer group. Defaults to GroupDefault.
+	// Group is the processors' consumer group. Defaults to processor.GroupDefault.
 	Group string
 	// ProposalsTopic, GrantsTopic, DecisionsTopic and DeadLetterTopic
 	// default to the processor's defaults.
@@ -39,10 +40,10 @@ type RepartitionConfig struct {
 	// Defaults to sink.ApplicationNameDefault.
 	DaemonApplicationName string
 	// Operator is recorded with the change. Defaults to
-	// sink.RepartitionOperatorDefault.
+	// RepartitionOperatorDefault.
 	Operator string
 	// Shard is the shard of a shard map the database is (set by
-	// RepartitionShards; see sink.RepartitionConfig.Shard). Defaults to
+	// RepartitionShards; see RepartitionDatabaseConfig.Shard). Defaults to
 	// none: a single database.
 	Shard string
 	// Test holds knobs for tests only.
@@ -55,11 +56,11 @@ type RepartitionConfig struct {
 
 // WithDefaults returns a copy with every zero field set to its default.
 func (c RepartitionConfig) WithDefaults() RepartitionConfig {
-	c.Group = cmp.Or(c.Group, GroupDefault)
-	c.ProposalsTopic = cmp.Or(c.ProposalsTopic, ProposalsTopicDefault)
-	c.GrantsTopic = cmp.Or(c.GrantsTopic, GrantsTopicDefault)
-	c.DecisionsTopic = cmp.Or(c.DecisionsTopic, DecisionsTopicDefault)
-	c.DeadLetterTopic = cmp.Or(c.DeadLetterTopic, DeadLetterTopicDefault)
+	c.Group = cmp.Or(c.Group, processor.GroupDefault)
+	c.ProposalsTopic = cmp.Or(c.ProposalsTopic, processor.ProposalsTopicDefault)
+	c.GrantsTopic = cmp.Or(c.GrantsTopic, processor.GrantsTopicDefault)
+	c.DecisionsTopic = cmp.Or(c.DecisionsTopic, processor.DecisionsTopicDefault)
+	c.DeadLetterTopic = cmp.Or(c.DeadLetterTopic, processor.DeadLetterTopicDefault)
 	return c
 }
 
@@ -80,7 +81,7 @@ func (c RepartitionConfig) topics() []string {
 
 // RepartitionReport is what Repartition did.
 type RepartitionReport struct {
-	sink.RepartitionResult
+	RepartitionDatabaseResult
 	Grown  []string // the topics grown to To by this run
 	Parked []string // parked outbox rows of the old partitions ("partition-seq"): listed, not blocking
 	Took   time.Duration
@@ -92,7 +93,7 @@ type RepartitionReport struct {
 //
 //  1. It refuses while the consumer group has a member (a live processor,
 //     or a static one within its session timeout).
-//  2. In one PostgreSQL transaction (sink.Repartition): it refuses while a
+//  2. In one PostgreSQL transaction (RepartitionDatabase): it refuses while a
 //     daemon session is connected, fences every old partition (epoch + 1),
 //     refuses unless each old partition is drained (its stored proposals
 //     and grants offsets equal the topics' end offsets; every outbox row
@@ -128,22 +129,22 @@ func Repartition(ctx context.Context, conn *pgx.Conn, cfg RepartitionConfig, log
 	}
 	for t, n := range counts {
 		if n > cfg.To {
-			return rep, fmt.Errorf("%w: topic %s already has %d partitions; --to %d must be greater (Kafka cannot remove partitions)", sink.ErrRepartitionRefused, t, n, cfg.To)
+			return rep, fmt.Errorf("%w: topic %s already has %d partitions; --to %d must be greater (Kafka cannot remove partitions)", ErrRepartitionRefused, t, n, cfg.To)
 		}
 	}
 	if err := groupIsEmpty(ctx, adm, cfg.Group); err != nil {
 		return rep, err
 	}
 
-	res, err := sink.Repartition(ctx, conn, sink.RepartitionConfig{
+	res, err := RepartitionDatabase(ctx, conn, RepartitionDatabaseConfig{
 		To: cfg.To, Operator: cfg.Operator, DaemonApplicationName: cfg.DaemonApplicationName, Shard: cfg.Shard,
-		Drained: func(ctx context.Context, tx pgx.Tx, old []sink.RepartitionPosition) error {
+		Drained: func(ctx context.Context, tx pgx.Tx, old []RepartitionPosition) error {
 			rep.Parked = nil
 			return drained(ctx, tx, adm, cfg, old, &rep.Parked)
 		},
 		BeforeCommit: func(ctx context.Context) error { return groupIsEmpty(ctx, adm, cfg.Group) },
 	})
-	rep.RepartitionResult = res
+	rep.RepartitionDatabaseResult = res
 	if err != nil {
 		return rep, err
 	}
@@ -191,7 +192,7 @@ func groupIsEmpty(ctx context.Context, adm *kadm.Client, group string) error {
 	var members []string
 	groups, err := adm.DescribeConsumerGroups(ctx, group)
 	if err != nil {
-		return fmt.Errorf("%w: cannot describe consumer group %q: %w", sink.ErrRepartitionRefused, group, err)
+		return fmt.Errorf("%w: cannot describe consumer group %q: %w", ErrRepartitionRefused, group, err)
 	}
 	g := groups[group]
 	switch {
@@ -206,12 +207,12 @@ func groupIsEmpty(ctx context.Context, adm *kadm.Client, group string) error {
 	case errors.Is(g.Err, kerr.GroupIDNotFound):
 		// No consumer-protocol group of that name; a classic one is checked below.
 	default:
-		return fmt.Errorf("%w: cannot describe consumer group %q: %w", sink.ErrRepartitionRefused, group, g.Err)
+		return fmt.Errorf("%w: cannot describe consumer group %q: %w", ErrRepartitionRefused, group, g.Err)
 	}
 	if len(members) == 0 {
 		classic, err := adm.DescribeGroups(ctx, group)
 		if err != nil {
-			return fmt.Errorf("%w: cannot describe consumer group %q: %w", sink.ErrRepartitionRefused, group, err)
+			return fmt.Errorf("%w: cannot describe consumer group %q: %w", ErrRepartitionRefused, group, err)
 		}
 		if c, ok := classic[group]; ok && c.Err == nil {
 			for _, m := range c.Members {
@@ -223,7 +224,7 @@ func groupIsEmpty(ctx context.Context, adm *kadm.Client, group string) error {
 		sort.Strings(members)
 		return fmt.Errorf("%w: consumer group %q has %d live members (%s): stop every processor of the old count "+
 			"(a static member stays for the broker's session timeout after it stops)",
-			sink.ErrRepartitionRefused, group, len(members), strings.Join(members, ", "))
+			ErrRepartitionRefused, group, len(members), strings.Join(members, ", "))
 	}
 	return nil
 }
@@ -234,7 +235,7 @@ func groupIsEmpty(ctx context.Context, adm *kadm.Client, group string) error {
 // What the topics hold counts as published only where it is on the
 // partition's own chain (outbox.ReadTail), never past PostgreSQL's last
 // sequence; a chain past it (PostgreSQL went back in time) refuses.
-func drained(ctx context.Context, tx pgx.Tx, adm *kadm.Client, cfg RepartitionConfig, old []sink.RepartitionPosition, parked *[]string) error {
+func drained(ctx context.Context, tx pgx.Tx, adm *kadm.Client, cfg RepartitionConfig, old []RepartitionPosition, parked *[]string) error {
 	ends, err := adm.ListEndOffsets(ctx, cfg.ProposalsTopic, cfg.GrantsTopic)
 	if err != nil {
 		return fmt.Errorf("processor: list end offsets: %w", err)
@@ -288,7 +289,7 @@ func drained(ctx context.Context, tx pgx.Tx, adm *kadm.Client, cfg RepartitionCo
 	}
 	if len(problems) > 0 {
 		return fmt.Errorf("%w: not drained (stop intake, run the processors of the old count until their lag and outbox backlog are 0, stop them):\n  %s",
-			sink.ErrRepartitionRefused, strings.Join(problems, "\n  "))
+			ErrRepartitionRefused, strings.Join(problems, "\n  "))
 	}
 	return nil
 }
@@ -339,7 +340,7 @@ func growTopics(ctx context.Context, adm *kadm.Client, cfg RepartitionConfig, co
 // RepartitionShards changes the partition count of a shard map m
 // (docs/operations.md, "Changing the partition count"). It runs only when
 // one shard owns every partition and the others none
-// (sink.PlanShardedRepartition, which refuses otherwise, naming the shards
+// (PlanShardedRepartition, which refuses otherwise, naming the shards
 // that own partitions): it repartitions that shard as Repartition does one
 // database, recording in the same transaction that the shard owns
 // partitions 0..To-1; records the new count on the other shards; and, when
@@ -347,31 +348,31 @@ func growTopics(ctx context.Context, adm *kadm.Client, cfg RepartitionConfig, co
 // synced, renamed over it) with partitions 0..To-1 on that shard. The
 // partitions are spread again afterwards with mandatectl shards move.
 //
-// The map file is locked (sink.LockShardMap) and read again for the whole
+// The map file is locked (shardmap.Lock) and read again for the whole
 // run, and checked writable before anything changes. Any step that
 // fails is completed by running it again: a finished step is not repeated,
 // and until every step is done processors refuse to start (the topics',
 // the shards' and the map's counts differ).
-func RepartitionShards(ctx context.Context, m *sink.ShardMap, cfg RepartitionConfig, log zerolog.Logger) (RepartitionReport, error) {
+func RepartitionShards(ctx context.Context, m *shardmap.Map, cfg RepartitionConfig, log zerolog.Logger) (RepartitionReport, error) {
 	var rep RepartitionReport
 	if path := m.Path(); path != "" {
 		// The map's lock, from a fresh read to the write: a shards move of
 		// the same map waits, and is never lost or half-applied.
-		lock, err := sink.LockShardMap(ctx, path, func(holder string) {
-			log.Info().Str("lock", sink.LockPath(path)).Str("holder", holder).Msg("waiting for the shard map's lock, held by another edit")
+		lock, err := shardmap.Lock(ctx, path, func(holder string) {
+			log.Info().Str("lock", shardmap.LockPath(path)).Str("holder", holder).Msg("waiting for the shard map's lock, held by another edit")
 		})
 		if err != nil {
-			return rep, fmt.Errorf("%w: %w", sink.ErrRepartitionRefused, err)
+			return rep, fmt.Errorf("%w: %w", ErrRepartitionRefused, err)
 		}
 		defer lock.Unlock() //nolint:errcheck // released with the file anyway
-		if m, err = sink.ReadShardMap(path); err != nil {
-			return rep, fmt.Errorf("%w: %w", sink.ErrRepartitionRefused, err)
+		if m, err = shardmap.Read(path); err != nil {
+			return rep, fmt.Errorf("%w: %w", ErrRepartitionRefused, err)
 		}
-		if err := sink.CheckWritable(path); err != nil {
-			return rep, fmt.Errorf("%w: %w", sink.ErrRepartitionRefused, err)
+		if err := shardmap.CheckWritable(path); err != nil {
+			return rep, fmt.Errorf("%w: %w", ErrRepartitionRefused, err)
 		}
 	}
-	plan, err := sink.PlanShardedRepartition(ctx, m, cfg.To, cfg.DaemonApplicationName)
+	plan, err := PlanShardedRepartition(ctx, m, cfg.To, cfg.DaemonApplicationName)
 	if err != nil {
 		return rep, err
 	}
@@ -388,7 +389,7 @@ func RepartitionShards(ctx context.Context, m *sink.ShardMap, cfg RepartitionCon
 	if cfg.Test.StopAfterDatabase {
 		return rep, nil
 	}
-	if err := sink.FinishShardedRepartition(ctx, plan, cfg.To, cfg.Operator, cfg.DaemonApplicationName); err != nil {
+	if err := FinishShardedRepartition(ctx, plan, cfg.To, cfg.Operator, cfg.DaemonApplicationName); err != nil {
 		return rep, err
 	}
 	if m.Path() != "" {
@@ -396,12 +397,12 @@ func RepartitionShards(ctx context.Context, m *sink.ShardMap, cfg RepartitionCon
 		if err != nil {
 			return rep, fmt.Errorf("processor: read the shard map: %w", err)
 		}
-		edited, err := sink.RepartitionMapFile(b, plan.Owner.Name, cfg.To)
+		edited, err := shardmap.Repartition(b, plan.Owner.Name, cfg.To)
 		if err != nil {
 			return rep, err
 		}
 		if !bytes.Equal(edited, b) {
-			if err := sink.WriteFileAtomic(m.Path(), edited); err != nil {
+			if err := shardmap.WriteFileAtomic(m.Path(), edited); err != nil {
 				return rep, fmt.Errorf("processor: write the shard map %s: %w", m.Path(), err)
 			}
 		}

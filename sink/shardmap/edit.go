@@ -1,4 +1,4 @@
-package sink
+package shardmap
 
 import (
 	"bytes"
@@ -15,13 +15,13 @@ import (
 	"github.com/mandated/mandated/internal/failpoint"
 )
 
-// MoveInMapFile returns the shard map file's content b with partition p
+// MoveIn returns the shard map file's content b with partition p
 // given to shard to: p leaves the set of the shard that lists it and joins
 // to's. A shard the map does not name yet is added with url (a new shard;
 // url_file is better for a secret, edit it in afterwards). Comments and the
 // other fields are kept; the control shard is marked explicitly, so moving
 // partition 0 does not change which shard holds the org settings.
-func MoveInMapFile(b []byte, p int32, to, url string) ([]byte, error) {
+func MoveIn(b []byte, p int32, to, url string) ([]byte, error) {
 	doc, list, control, err := editShardMap(b)
 	if err != nil {
 		return nil, err
@@ -70,16 +70,16 @@ func MoveInMapFile(b []byte, p int32, to, url string) ([]byte, error) {
 	return out, nil
 }
 
-// RepartitionMapFile returns the shard map file's content b after a
+// Repartition returns the shard map file's content b after a
 // repartition to `to` partitions: shard owner owns 0..to-1, every other
 // shard none. Comments and the other fields are kept; the control shard is
-// marked explicitly, as MoveInMapFile does.
-func RepartitionMapFile(b []byte, owner string, to int32) ([]byte, error) {
+// marked explicitly, as MoveIn does.
+func Repartition(b []byte, owner string, to int32) ([]byte, error) {
 	doc, list, control, err := editShardMap(b)
 	if err != nil {
 		return nil, err
 	}
-	all := allPartitions(to)
+	all := All(to)
 	found := false
 	for _, entry := range list.Content {
 		name := field(entry, "name")
@@ -200,7 +200,7 @@ func WriteFileAtomic(path string, b []byte) error {
 // editShardMap parses a shard map file's content for editing: the YAML
 // document (comments kept), its shards list and the control shard's name.
 func editShardMap(b []byte) (doc *yaml.Node, list *yaml.Node, control string, err error) {
-	before, err := ParseShardMap(b)
+	before, err := Parse(b)
 	if err != nil {
 		return nil, nil, "", err
 	}
@@ -220,14 +220,14 @@ func editShardMap(b []byte) (doc *yaml.Node, list *yaml.Node, control string, er
 
 // encodeShardMap writes an edited document back and checks that it is
 // still a valid shard map.
-func encodeShardMap(doc *yaml.Node) ([]byte, *ShardMap, error) {
+func encodeShardMap(doc *yaml.Node) ([]byte, *Map, error) {
 	var out bytes.Buffer
 	enc := yaml.NewEncoder(&out)
 	enc.SetIndent(2)
 	if err := enc.Encode(doc); err != nil {
 		return nil, nil, fmt.Errorf("sink: write the shard map: %w", err)
 	}
-	after, err := ParseShardMap(out.Bytes())
+	after, err := Parse(out.Bytes())
 	if err != nil {
 		return nil, nil, fmt.Errorf("sink: the edited shard map does not check: %w", err)
 	}

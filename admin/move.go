@@ -1,4 +1,4 @@
-package sink
+package admin
 
 import (
 	"cmp"
@@ -14,6 +14,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/mandated/mandated/internal/failpoint"
+	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/pgerr"
+	"github.com/mandated/mandated/sink/shardmap"
 )
 
 // Moving a partition to another shard (docs/operating.md, "Scaling out PostgreSQL";
@@ -36,80 +39,6 @@ import (
 // the decisions topic's tail (outbox.Relay), never from the mark alone. Not
 // waiting for the source's relay to drain keeps the move short and keeps
 // the relay out of it: once fenced, that relay cannot mark anything anyway.
-
-// Move states (mandated_moves.state).
-const (
-	MoveOut     = "moving_out" // fenced on the source, copy under way
-	MovedOut    = "moved_out"  // the target owns it; a read-only copy remains here
-	MoveDropped = "dropped"    // the read-only copy is deleted
-	MoveIn      = "moved_in"   // owned here by a move
-)
-
-// Move is a partition's move as one database records it.
-type Move struct {
-	Partition int32
-	State     string
-	Peer      string // out: the shard it moved to; in: the shard it came from
-	Epoch     int64
-	Rows      int64
-	StartedAt time.Time
-	UpdatedAt time.Time
-}
-
-// ErrMoved says a partition was moved to another shard: this database
-// refuses its claims, commits and relay marks. It is also an ErrFenced (the
-// epoch moved on); a processor that meets it reloads its shard map and
-// claims the partition where it lives now.
-var ErrMoved = errors.New("sink: the partition moved to another shard")
-
-// movedError is an ErrMoved naming the shard the partition moved to.
-type movedError struct {
-	To  string
-	msg string
-}
-
-func (e *movedError) Error() string { return "sink: " + e.msg }
-
-func (e *movedError) Is(target error) bool { return target == ErrMoved || target == ErrFenced }
-
-// MovedTo returns the shard a partition moved to, from an ErrMoved.
-func MovedTo(err error) (string, bool) {
-	var m *movedError
-	if errors.As(err, &m) {
-		return m.To, true
-	}
-	return "", false
-}
-
-// movedCode is the SQLSTATE mandated_owns raises for a moved partition
-// (migration 0014); its HINT is the shard the partition moved to.
-const movedCode = "MD001"
-
-func interpretMoved(pgErr *pgconn.PgError) error {
-	return &movedError{To: pgErr.Hint, msg: pgErr.Message}
-}
-
-func readMoves(ctx context.Context, q interface {
-	Query(context.Context, string, ...any) (pgx.Rows, error)
-}) (map[int32]Move, error) {
-	rows, err := q.Query(ctx, `SELECT partition, state, peer, epoch, rows, started_at, updated_at FROM mandated_moves`)
-	if err != nil {
-		return nil, fmt.Errorf("sink: read the partition moves: %w", interpretError(err))
-	}
-	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Move, error) {
-		var m Move
-		err := r.Scan(&m.Partition, &m.State, &m.Peer, &m.Epoch, &m.Rows, &m.StartedAt, &m.UpdatedAt)
-		return m, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("sink: read the partition moves: %w", interpretError(err))
-	}
-	out := make(map[int32]Move, len(list))
-	for _, m := range list {
-		out[m.Partition] = m
-	}
-	return out, nil
-}
 
 // movedTables are the tables holding a partition's rows, in the order a
 // copy inserts them (a mandate before its authorizations; the chain's
@@ -192,12 +121,12 @@ func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 	res := MoveResult{Rows: map[string]int64{}}
 	src, err := pgx.Connect(ctx, o.Source)
 	if err != nil {
-		return res, fmt.Errorf("sink: move: the source does not answer: %w", interpretError(err))
+		return res, fmt.Errorf("sink: move: the source does not answer: %w", pgerr.Interpret(err))
 	}
 	defer src.Close(context.WithoutCancel(ctx))
 	dst, err := pgx.Connect(ctx, o.Target)
 	if err != nil {
-		return res, fmt.Errorf("sink: move: target shard %s does not answer: %w", o.TargetName, interpretError(err))
+		return res, fmt.Errorf("sink: move: target shard %s does not answer: %w", o.TargetName, pgerr.Interpret(err))
 	}
 	defer dst.Close(context.WithoutCancel(ctx))
 	p := o.Partition
@@ -219,7 +148,7 @@ func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 	if err := lockMover(ctx, src, p); err != nil {
 		return res, err
 	}
-	srcMoves, err := readMoves(ctx, src)
+	srcMoves, err := sink.ReadMoves(ctx, src)
 	if err != nil {
 		return res, err
 	}
@@ -241,19 +170,19 @@ func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 	if dstMeta != nil && dstMeta.name != o.TargetName {
 		return res, fmt.Errorf("sink: move: the target database is shard %s, not %s", dstMeta.name, o.TargetName)
 	}
-	dstMoves, err := readMoves(ctx, dst)
+	dstMoves, err := sink.ReadMoves(ctx, dst)
 	if err != nil {
 		return res, fmt.Errorf("sink: move: target shard %s: %w", o.TargetName, err)
 	}
 	in, hasIn := dstMoves[p]
 	// copied: the target committed this move's copy (the record of a
 	// move in from the source at the epoch the source fenced).
-	copied := stage.State != "" && hasIn && in.State == MoveIn && in.Peer == srcMeta.name && in.Epoch == stage.Epoch
+	copied := stage.State != "" && hasIn && in.State == sink.MoveIn && in.Peer == srcMeta.name && in.Epoch == stage.Epoch
 	switch {
-	case stage.State == MovedOut && !copied:
+	case stage.State == sink.MovedOut && !copied:
 		return res, fmt.Errorf("sink: move: shard %s records partition %d moved to shard %s (epoch %d), but shard %s does not record it moved in from %s at that epoch (%s): inspect both with mandatectl shards moves",
 			srcMeta.name, p, o.TargetName, stage.Epoch, o.TargetName, srcMeta.name, describeMove(in, hasIn))
-	case stage.State == MovedOut:
+	case stage.State == sink.MovedOut:
 		// 4. is the caller's: the map.
 		res.Resumed, res.Total = ResumedDone, in.Rows
 		res.Epoch, err = partitionEpoch(ctx, dst, p)
@@ -264,7 +193,7 @@ func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 		return res, nil
 	case copied:
 		res.Resumed = ResumedRecord
-	case stage.State == MoveOut:
+	case stage.State == sink.MoveOut:
 		res.Resumed = ResumedCopy
 	}
 	if !copied {
@@ -284,7 +213,7 @@ func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 			if err != nil {
 				return err
 			}
-			moves, err := readMoves(ctx, tx)
+			moves, err := sink.ReadMoves(ctx, tx)
 			if err != nil {
 				return err
 			}
@@ -297,12 +226,12 @@ func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 				err = nil // never claimed: nothing to fence, no rows to copy
 			}
 			if err != nil {
-				return fmt.Errorf("sink: move: fence partition %d: %w", p, interpretError(err))
+				return fmt.Errorf("sink: move: fence partition %d: %w", p, pgerr.Interpret(err))
 			}
 			if _, err = tx.Exec(ctx, `INSERT INTO mandated_moves (partition, state, peer, epoch) VALUES ($1, $2, $3, $4)
 				ON CONFLICT (partition) DO UPDATE SET state = EXCLUDED.state, peer = EXCLUDED.peer, epoch = EXCLUDED.epoch,
-				  rows = 0, started_at = now(), updated_at = now()`, p, MoveOut, o.TargetName, epoch); err != nil {
-				return interpretError(err)
+				  rows = 0, started_at = now(), updated_at = now()`, p, sink.MoveOut, o.TargetName, epoch); err != nil {
+				return pgerr.Interpret(err)
 			}
 			return setOwned(ctx, tx, m, p, false)
 		})
@@ -335,9 +264,9 @@ func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 
 	// 3. The source's copy is read-only from now on, until dropped.
 	if _, err := src.Exec(ctx, `UPDATE mandated_moves SET state = $2, rows = $3, updated_at = now() WHERE partition = $1 AND state = $4`,
-		p, MovedOut, res.Total, MoveOut); err != nil {
+		p, sink.MovedOut, res.Total, sink.MoveOut); err != nil {
 		return res, fmt.Errorf("sink: move: partition %d is on shard %s now, but recording it moved out on shard %s failed (run the same move again to finish it): %w",
-			p, o.TargetName, srcMeta.name, interpretError(err))
+			p, o.TargetName, srcMeta.name, pgerr.Interpret(err))
 	}
 	if err := failpoint.Inject(ctx, failpoint.MoveAfterRecord); err != nil {
 		return res, err
@@ -361,12 +290,11 @@ func lockMover(ctx context.Context, src *pgx.Conn, p int32) error {
 	if _, rerr := src.Exec(ctx, `RESET lock_timeout`); err == nil {
 		err = rerr
 	}
-	var pgErr *pgconn.PgError
 	if err == nil {
 		return nil
 	}
-	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" { // lock_not_available
-		return fmt.Errorf("sink: move: lock partition %d's mover on the source: %w", p, interpretError(err))
+	if !pgerr.Is(err, pgerr.LockNotAvailable) {
+		return fmt.Errorf("sink: move: lock partition %d's mover on the source: %w", p, pgerr.Interpret(err))
 	}
 	holder := "another session"
 	var pid int32
@@ -385,10 +313,10 @@ func lockMover(ctx context.Context, src *pgx.Conn, p int32) error {
 func partitionEpoch(ctx context.Context, conn *pgx.Conn, p int32) (int64, error) {
 	var e int64
 	err := conn.QueryRow(ctx, `SELECT coalesce((SELECT epoch FROM mandated_partitions WHERE partition = $1), 0)`, p).Scan(&e)
-	return e, interpretError(err)
+	return e, pgerr.Interpret(err)
 }
 
-func describeMove(mv Move, ok bool) string {
+func describeMove(mv sink.Move, ok bool) string {
 	if !ok {
 		return "no record"
 	}
@@ -402,14 +330,14 @@ func copyPartition(ctx context.Context, src, dst *pgx.Conn, srcMeta, dstMeta *me
 	p := o.Partition
 	snap, err := src.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return fmt.Errorf("sink: move: snapshot the source: %w", interpretError(err))
+		return fmt.Errorf("sink: move: snapshot the source: %w", pgerr.Interpret(err))
 	}
 	defer snap.Rollback(context.WithoutCancel(ctx))
 	err = pgx.BeginFunc(ctx, dst, func(tx pgx.Tx) error {
 		if dstMeta == nil {
 			if _, err := tx.Exec(ctx, `INSERT INTO mandated_meta (partition_count, shard, first_partition, control, partitions)
 				VALUES ($1, $2, 0, false, '{}') ON CONFLICT (singleton) DO NOTHING`, srcMeta.count, o.TargetName); err != nil {
-				return fmt.Errorf("record the target's layout: %w", interpretError(err))
+				return fmt.Errorf("record the target's layout: %w", pgerr.Interpret(err))
 			}
 		}
 		m, err := readMetaTx(ctx, tx, true)
@@ -421,14 +349,14 @@ func copyPartition(ctx context.Context, src, dst *pgx.Conn, srcMeta, dstMeta *me
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO mandated_moves (partition, state, peer, epoch) VALUES ($1, $2, $3, $4)
 			ON CONFLICT (partition) DO UPDATE SET state = EXCLUDED.state, peer = EXCLUDED.peer, epoch = EXCLUDED.epoch,
-			  rows = 0, started_at = now(), updated_at = now()`, p, MoveIn, srcMeta.name, epoch); err != nil {
-			return interpretError(err)
+			  rows = 0, started_at = now(), updated_at = now()`, p, sink.MoveIn, srcMeta.name, epoch); err != nil {
+			return pgerr.Interpret(err)
 		}
 		if err := setOwned(ctx, tx, m, p, true); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, `SELECT set_config('mandated.partition', $1, true)`, fmt.Sprint(p)); err != nil {
-			return interpretError(err)
+			return pgerr.Interpret(err)
 		}
 		var total int64
 		for _, table := range movedTables {
@@ -445,10 +373,10 @@ func copyPartition(ctx context.Context, src, dst *pgx.Conn, srcMeta, dstMeta *me
 			err = nil
 		}
 		if err != nil {
-			return interpretError(err)
+			return pgerr.Interpret(err)
 		}
 		_, err = tx.Exec(ctx, `UPDATE mandated_moves SET rows = $2 WHERE partition = $1`, p, total)
-		return interpretError(err)
+		return pgerr.Interpret(err)
 	})
 	if err != nil {
 		return err
@@ -462,24 +390,24 @@ func copyPartition(ctx context.Context, src, dst *pgx.Conn, srcMeta, dstMeta *me
 // the partition), fenced (MoveOut) or recorded (MovedOut), with the epoch
 // it fenced. A partition the source does not own, or that moves or moved
 // to another shard, is refused.
-func moveStage(m *meta, moves map[int32]Move, o MoveOptions) (Move, error) {
+func moveStage(m *meta, moves map[int32]sink.Move, o MoveOptions) (sink.Move, error) {
 	p := o.Partition
 	mv, moved := moves[p]
 	switch {
-	case moved && (mv.State == MoveOut || mv.State == MovedOut) && mv.Peer == o.TargetName:
+	case moved && (mv.State == sink.MoveOut || mv.State == sink.MovedOut) && mv.Peer == o.TargetName:
 		return mv, nil
-	case moved && mv.State == MoveOut:
-		return Move{}, fmt.Errorf("sink: move: partition %d is moving to shard %s (since %s, interrupted or running): finish that move first (shards move %d --to %s)",
+	case moved && mv.State == sink.MoveOut:
+		return sink.Move{}, fmt.Errorf("sink: move: partition %d is moving to shard %s (since %s, interrupted or running): finish that move first (shards move %d --to %s)",
 			p, mv.Peer, mv.StartedAt.UTC().Format(time.RFC3339), p, mv.Peer)
-	case moved && mv.State == MovedOut:
-		return Move{}, fmt.Errorf("sink: move: partition %d is not on shard %s: it moved to shard %s (%s); if the shard map still gives it to %s, finish that move's map edit first (shards move %d --to %s)",
+	case moved && mv.State == sink.MovedOut:
+		return sink.Move{}, fmt.Errorf("sink: move: partition %d is not on shard %s: it moved to shard %s (%s); if the shard map still gives it to %s, finish that move's map edit first (shards move %d --to %s)",
 			p, m.name, mv.Peer, mv.State, m.name, p, mv.Peer)
-	case moved && mv.State != MoveIn:
-		return Move{}, fmt.Errorf("sink: move: partition %d is not on shard %s: it moved to shard %s (%s)", p, m.name, mv.Peer, mv.State)
+	case moved && mv.State != sink.MoveIn:
+		return sink.Move{}, fmt.Errorf("sink: move: partition %d is not on shard %s: it moved to shard %s (%s)", p, m.name, mv.Peer, mv.State)
 	case !moved && !m.owns(p):
-		return Move{}, fmt.Errorf("sink: move: partition %d is not on shard %s (partitions %s)", p, m.name, m.describe())
+		return sink.Move{}, fmt.Errorf("sink: move: partition %d is not on shard %s (partitions %s)", p, m.name, m.describe())
 	}
-	return Move{}, nil
+	return sink.Move{}, nil
 }
 
 // undoFence gives the partition back to the source after a copy that
@@ -496,7 +424,7 @@ func undoFence(ctx context.Context, o MoveOptions, source string, cause error) e
 	}
 	defer dst.Close(ctx)
 	var owned bool
-	if err := dst.QueryRow(ctx, `SELECT EXISTS (SELECT FROM mandated_moves WHERE partition = $1 AND state = $2)`, o.Partition, MoveIn).Scan(&owned); err != nil || owned {
+	if err := dst.QueryRow(ctx, `SELECT EXISTS (SELECT FROM mandated_moves WHERE partition = $1 AND state = $2)`, o.Partition, sink.MoveIn).Scan(&owned); err != nil || owned {
 		return stuck
 	}
 	src, err := pgx.Connect(ctx, o.Source)
@@ -509,9 +437,9 @@ func undoFence(ctx context.Context, o MoveOptions, source string, cause error) e
 		if err != nil {
 			return err
 		}
-		tag, err := tx.Exec(ctx, `DELETE FROM mandated_moves WHERE partition = $1 AND state = $2 AND peer = $3`, o.Partition, MoveOut, o.TargetName)
+		tag, err := tx.Exec(ctx, `DELETE FROM mandated_moves WHERE partition = $1 AND state = $2 AND peer = $3`, o.Partition, sink.MoveOut, o.TargetName)
 		if err != nil {
-			return interpretError(err)
+			return pgerr.Interpret(err)
 		}
 		if tag.RowsAffected() != 1 {
 			return errors.New("the move's record changed")
@@ -549,7 +477,7 @@ func setOwned(ctx context.Context, tx pgx.Tx, m *meta, p int32, own bool) error 
 	}
 	_, err := tx.Exec(ctx, `UPDATE mandated_meta SET partitions = $1, first_partition = $2, last_partition = $3`, set, first, last)
 	if err != nil {
-		return fmt.Errorf("record the shard's partitions: %w", interpretError(err))
+		return fmt.Errorf("record the shard's partitions: %w", pgerr.Interpret(err))
 	}
 	return nil
 }
@@ -575,7 +503,7 @@ func copyTable(ctx context.Context, from, to *pgconn.PgConn, table string, p int
 		err = rerr
 	}
 	if err != nil {
-		return 0, interpretError(err)
+		return 0, pgerr.Interpret(err)
 	}
 	return tag.RowsAffected(), nil
 }
@@ -590,7 +518,7 @@ func copyColumns(ctx context.Context, conn *pgconn.PgConn, table string) ([]stri
 		cols = append(cols, string(rr.Values()[0]))
 	}
 	if _, err := rr.Close(); err != nil {
-		return nil, interpretError(err)
+		return nil, pgerr.Interpret(err)
 	}
 	if len(cols) == 0 {
 		return nil, fmt.Errorf("table %s has no columns", table)
@@ -604,7 +532,7 @@ func copyColumns(ctx context.Context, conn *pgconn.PgConn, table string) ([]stri
 func DropMoved(ctx context.Context, url string, p int32) (map[string]int64, error) {
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
-		return nil, fmt.Errorf("sink: drop-moved: the shard does not answer: %w", interpretError(err))
+		return nil, fmt.Errorf("sink: drop-moved: the shard does not answer: %w", pgerr.Interpret(err))
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	out := map[string]int64{}
@@ -613,31 +541,31 @@ func DropMoved(ctx context.Context, url string, p int32) (map[string]int64, erro
 		if err != nil {
 			return err
 		}
-		moves, err := readMoves(ctx, tx)
+		moves, err := sink.ReadMoves(ctx, tx)
 		if err != nil {
 			return err
 		}
 		mv, ok := moves[p]
 		switch {
-		case !ok || mv.State == MoveIn:
+		case !ok || mv.State == sink.MoveIn:
 			return fmt.Errorf("sink: drop-moved: partition %d did not move away from shard %s: its rows are live", p, m.name)
-		case mv.State == MoveOut:
+		case mv.State == sink.MoveOut:
 			return fmt.Errorf("sink: drop-moved: partition %d is still moving to shard %s: finish the move first (run it again: shards move %d --to %s)", p, mv.Peer, p, mv.Peer)
-		case mv.State == MoveDropped:
+		case mv.State == sink.MoveDropped:
 			return nil
 		}
 		if _, err := tx.Exec(ctx, `SELECT set_config('mandated.drop_moved', $1, true)`, fmt.Sprint(p)); err != nil {
-			return interpretError(err)
+			return pgerr.Interpret(err)
 		}
 		for _, table := range slices.Backward(movedTables) {
 			tag, err := tx.Exec(ctx, fmt.Sprintf(`DELETE FROM %s WHERE partition = $1`, table), p)
 			if err != nil {
-				return fmt.Errorf("delete %s: %w", table, interpretError(err))
+				return fmt.Errorf("delete %s: %w", table, pgerr.Interpret(err))
 			}
 			out[table] = tag.RowsAffected()
 		}
-		_, err = tx.Exec(ctx, `UPDATE mandated_moves SET state = $2, updated_at = now() WHERE partition = $1`, p, MoveDropped)
-		return interpretError(err)
+		_, err = tx.Exec(ctx, `UPDATE mandated_moves SET state = $2, updated_at = now() WHERE partition = $1`, p, sink.MoveDropped)
+		return pgerr.Interpret(err)
 	})
 	if err != nil {
 		return nil, err
@@ -646,21 +574,21 @@ func DropMoved(ctx context.Context, url string, p int32) (map[string]int64, erro
 }
 
 // Moves lists the partition moves the database at url records.
-func Moves(ctx context.Context, url string) ([]Move, error) {
+func Moves(ctx context.Context, url string) ([]sink.Move, error) {
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
-		return nil, interpretError(err)
+		return nil, pgerr.Interpret(err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	m, err := readMoves(ctx, conn)
+	m, err := sink.ReadMoves(ctx, conn)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]Move, 0, len(m))
+	out := make([]sink.Move, 0, len(m))
 	for _, mv := range m {
 		out = append(out, mv)
 	}
-	slices.SortFunc(out, func(a, b Move) int { return int(a.Partition - b.Partition) })
+	slices.SortFunc(out, func(a, b sink.Move) int { return int(a.Partition - b.Partition) })
 	return out, nil
 }
 
@@ -682,11 +610,11 @@ func (m *meta) owns(p int32) bool {
 // ownedSet is the partitions below the count the database owns, as
 // mandated_owns decides: a partition moved in is owned, one with any other
 // move record is not, the others as the recorded set or range says.
-func (m *meta) ownedSet(moves map[int32]Move) []int32 {
+func (m *meta) ownedSet(moves map[int32]sink.Move) []int32 {
 	out := []int32{}
 	for p := range m.count {
 		mv, moved := moves[p]
-		if moved && mv.State == MoveIn || !moved && m.owns(p) {
+		if moved && mv.State == sink.MoveIn || !moved && m.owns(p) {
 			out = append(out, p)
 		}
 	}
@@ -695,7 +623,7 @@ func (m *meta) ownedSet(moves map[int32]Move) []int32 {
 
 func (m *meta) describe() string {
 	if m.set != nil {
-		return FormatPartitions(m.set)
+		return shardmap.FormatPartitions(m.set)
 	}
 	return fmt.Sprintf("%d-%d", m.first, coalesce(m.last, m.count-1))
 }
@@ -705,7 +633,7 @@ func readMeta(ctx context.Context, conn *pgx.Conn) (*meta, error) {
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		var err error
 		m, err = readMetaTx(ctx, tx, false)
-		if errors.Is(err, ErrNotFound) {
+		if errors.Is(err, sink.ErrNotFound) {
 			m, err = nil, nil
 		}
 		return err
@@ -720,7 +648,7 @@ func readMetaTx(ctx context.Context, tx pgx.Tx, lock bool) (*meta, error) {
 	}
 	var m meta
 	if err := tx.QueryRow(ctx, q).Scan(&m.count, &m.name, &m.first, &m.last, &m.set); err != nil {
-		return nil, fmt.Errorf("read mandated_meta: %w", interpretError(err))
+		return nil, fmt.Errorf("read mandated_meta: %w", pgerr.Interpret(err))
 	}
 	return &m, nil
 }
@@ -730,11 +658,10 @@ func checkMigrated(ctx context.Context, src, dst *pgx.Conn, target string) error
 	version := func(c *pgx.Conn) (int, error) {
 		var v int
 		err := c.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM mandated_schema_migrations`).Scan(&v)
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+		if pgerr.Is(err, pgerr.UndefinedTable) {
 			return 0, nil
 		}
-		return v, interpretError(err)
+		return v, pgerr.Interpret(err)
 	}
 	sv, err := version(src)
 	if err != nil {
@@ -755,15 +682,15 @@ func checkMigrated(ctx context.Context, src, dst *pgx.Conn, target string) error
 func checkTargetFree(ctx context.Context, dst *pgx.Conn, p int32, target string) error {
 	var mv *string
 	if err := dst.QueryRow(ctx, `SELECT state FROM mandated_moves WHERE partition = $1`, p).Scan(&mv); err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("sink: move: target shard %s: %w", target, interpretError(err))
+		return fmt.Errorf("sink: move: target shard %s: %w", target, pgerr.Interpret(err))
 	}
-	if mv != nil && (*mv == MoveOut || *mv == MovedOut) {
+	if mv != nil && (*mv == sink.MoveOut || *mv == sink.MovedOut) {
 		return fmt.Errorf("sink: move: target shard %s still keeps an old copy of partition %d (%s): mandatectl shards drop-moved %d --shard %s first", target, p, *mv, p, target)
 	}
 	for _, table := range movedTables {
 		var has bool
 		if err := dst.QueryRow(ctx, fmt.Sprintf(`SELECT EXISTS (SELECT FROM %s WHERE partition = $1)`, table), p).Scan(&has); err != nil {
-			return fmt.Errorf("sink: move: target shard %s: %w", target, interpretError(err))
+			return fmt.Errorf("sink: move: target shard %s: %w", target, pgerr.Interpret(err))
 		}
 		if has {
 			return fmt.Errorf("sink: move: target shard %s already holds rows of partition %d (%s)", target, p, table)
@@ -776,6 +703,14 @@ func cmpOr[T comparable](v, d T) T {
 	var zero T
 	if v == zero {
 		return d
+	}
+	return v
+}
+
+// coalesce is SQL's coalesce for a nullable partition bound (as sink's).
+func coalesce(p *int32, v int32) int32 {
+	if p != nil {
+		return *p
 	}
 	return v
 }

@@ -1,4 +1,4 @@
-package sink
+package admin
 
 import (
 	"cmp"
@@ -12,52 +12,24 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/mandated/mandated/partitioner"
+	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/pgerr"
+	"github.com/mandated/mandated/sink/shardmap"
 )
 
-// Defaults for RepartitionConfig.
+// Defaults for RepartitionDatabaseConfig.
 const (
 	RepartitionOperatorDefault    = "mandatectl repartition"
 	RepartitionLockTimeoutDefault = 10 * time.Second
 )
-
-// ErrPartitionCountChanged says the database records another partition
-// count than the one this process started with: the count was changed
-// (mandatectl repartition) while it was away. It must not claim: it would
-// decide with the old count's homes. Restart it.
-var ErrPartitionCountChanged = errors.New("sink: the partition count changed")
-
-// checkPartitionCount, in a claim's transaction, refuses a claim by a
-// process that started with another count than the recorded one (0: not
-// recorded by this process, nothing to check). The share lock on
-// mandated_meta orders it against a repartition, which holds it FOR
-// UPDATE: a claim either precedes the repartition (whose epoch bump then
-// fences it) or sees the new count.
-func checkPartitionCount(ctx context.Context, tx pgx.Tx, count int32) error {
-	if count == 0 {
-		return nil
-	}
-	var stored int32
-	err := tx.QueryRow(ctx, `SELECT partition_count FROM mandated_meta FOR SHARE`).Scan(&stored)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if stored != count {
-		return fmt.Errorf("%w: this process started with %d partitions, the database now records %d (mandatectl repartition): restart it",
-			ErrPartitionCountChanged, count, stored)
-	}
-	return nil
-}
 
 // ErrRepartitionRefused says the partition count was not changed because a
 // precondition does not hold (a live processor, an undrained partition, a
 // count that does not grow, a shard map). Nothing was written.
 var ErrRepartitionRefused = errors.New("repartition refused")
 
-// RepartitionConfig configures Repartition.
-type RepartitionConfig struct {
+// RepartitionDatabaseConfig configures RepartitionDatabase.
+type RepartitionDatabaseConfig struct {
 	// To is the new partition count; it must exceed the recorded one.
 	// Required.
 	To int32
@@ -105,8 +77,8 @@ type RepartitionPosition struct {
 	Parked          []int64 // parked outbox sequences above PublishedSeq: published in the sense of the relay
 }
 
-// RepartitionResult is what Repartition did.
-type RepartitionResult struct {
+// RepartitionDatabaseResult is what RepartitionDatabase did.
+type RepartitionDatabaseResult struct {
 	From, To       int32
 	Mandates       int64 // rows moved to another partition
 	Authorizations int64
@@ -121,15 +93,7 @@ type RepartitionResult struct {
 	Took        time.Duration
 }
 
-// RecordedPartitionCount returns the partition count in mandated_meta and
-// whether the database is the single shard (0 when nothing is recorded).
-func RecordedPartitionCount(ctx context.Context, conn *pgx.Conn) (int32, error) {
-	var n int32
-	err := conn.QueryRow(ctx, partitionCountSQL).Scan(&n)
-	return n, interpretError(err)
-}
-
-// Repartition changes the partition count recorded in the database from
+// RepartitionDatabase changes the partition count recorded in the database from
 // the current one, N, to cfg.To, in one transaction: it locks
 // mandated_meta, refuses while a processor holds a session on the
 // database, bumps the epoch of partitions 0..N-1 (every previous owner is
@@ -149,24 +113,24 @@ func RecordedPartitionCount(ctx context.Context, conn *pgx.Conn) (int32, error) 
 // map (cfg.Shard) is repartitioned only when it owns every partition
 // (RepartitionShards composes the rest); otherwise it refuses (an error
 // wrapping ErrRepartitionRefused).
-func Repartition(ctx context.Context, conn *pgx.Conn, cfg RepartitionConfig) (RepartitionResult, error) {
+func RepartitionDatabase(ctx context.Context, conn *pgx.Conn, cfg RepartitionDatabaseConfig) (RepartitionDatabaseResult, error) {
 	cfg.Operator = cmp.Or(cfg.Operator, RepartitionOperatorDefault)
-	cfg.DaemonApplicationName = cmp.Or(cfg.DaemonApplicationName, ApplicationNameDefault)
+	cfg.DaemonApplicationName = cmp.Or(cfg.DaemonApplicationName, sink.ApplicationNameDefault)
 	cfg.LockTimeout = cmp.Or(cfg.LockTimeout, RepartitionLockTimeoutDefault)
 	if cfg.Drained == nil {
-		return RepartitionResult{}, errors.New("sink: RepartitionConfig.Drained is required")
+		return RepartitionDatabaseResult{}, errors.New("sink: RepartitionDatabaseConfig.Drained is required")
 	}
 	start := time.Now()
-	if _, err := Migrate(ctx, conn); err != nil {
-		return RepartitionResult{}, err
+	if _, err := sink.Migrate(ctx, conn); err != nil {
+		return RepartitionDatabaseResult{}, err
 	}
-	res := RepartitionResult{To: cfg.To}
+	res := RepartitionDatabaseResult{To: cfg.To}
 	err := pgx.BeginTxFunc(ctx, conn, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, cfg.LockTimeout.Milliseconds())); err != nil {
 			return err
 		}
 		meta, err := readMetaTx(ctx, tx, true)
-		if errors.Is(err, ErrNotFound) {
+		if errors.Is(err, sink.ErrNotFound) {
 			return fmt.Errorf("%w: no partition count is recorded (no processor ever started): create the topics with %d partitions instead",
 				ErrRepartitionRefused, cfg.To)
 		}
@@ -174,7 +138,7 @@ func Repartition(ctx context.Context, conn *pgx.Conn, cfg RepartitionConfig) (Re
 			return err
 		}
 		res.From = meta.count
-		sharded := meta.name != SingleShard || meta.first != 0 || meta.last != nil || meta.set != nil
+		sharded := meta.name != shardmap.SingleShard || meta.first != 0 || meta.last != nil || meta.set != nil
 		if sharded && cfg.Shard != meta.name {
 			return fmt.Errorf("%w: this database is shard %q of a shard map: run the repartition with the shard map (--shard-map), "+
 				"which changes the other shards and the map file with it (docs/operations.md, \"Changing the partition count\")",
@@ -249,7 +213,7 @@ func Repartition(ctx context.Context, conn *pgx.Conn, cfg RepartitionConfig) (Re
 		if errors.Is(err, ErrRepartitionRefused) {
 			return res, err
 		}
-		return res, fmt.Errorf("sink: repartition to %d: %w", cfg.To, interpretError(err))
+		return res, fmt.Errorf("sink: repartition to %d: %w", cfg.To, pgerr.Interpret(err))
 	}
 	return res, nil
 }
@@ -260,7 +224,7 @@ func Repartition(ctx context.Context, conn *pgx.Conn, cfg RepartitionConfig) (Re
 // refuses while it keeps a moving or moved-out copy of a partition (then
 // it does not own that one).
 func ownsEveryPartition(ctx context.Context, tx pgx.Tx, m *meta) error {
-	moves, err := readMoves(ctx, tx)
+	moves, err := sink.ReadMoves(ctx, tx)
 	if err != nil {
 		return err
 	}
@@ -276,7 +240,7 @@ func ownsEveryPartition(ctx context.Context, tx pgx.Tx, m *meta) error {
 	}
 	return fmt.Errorf("%w: shard %s owns partitions %s, not all of 0-%d (partitions %s are elsewhere): repartition runs on one database; "+
 		"move every partition to one shard first (docs/operations.md, \"Changing the partition count\")",
-		ErrRepartitionRefused, m.name, FormatPartitions(owned), m.count-1, FormatPartitions(missing))
+		ErrRepartitionRefused, m.name, shardmap.FormatPartitions(owned), m.count-1, shardmap.FormatPartitions(missing))
 }
 
 // liveSessions refuses while a session of mandated (a processor, its
@@ -333,7 +297,7 @@ func fenceOld(ctx context.Context, tx pgx.Tx, n int32, operator string) ([]Repar
 // n partitions, computed here with the partitioner (Kafka's Java
 // partitioner) and checked again by the database's guard for mandates and
 // authorizations (mandated_home_partition, migration 0015).
-func rehash(ctx context.Context, tx pgx.Tx, n int32, res *RepartitionResult) error {
+func rehash(ctx context.Context, tx pgx.Tx, n int32, res *RepartitionDatabaseResult) error {
 	rows, err := tx.Query(ctx, `SELECT org, mandate_id FROM mandates
 		UNION SELECT org, mandate_id FROM idempotency_keys
 		UNION SELECT org, mandate_id FROM intents

@@ -1,4 +1,4 @@
-package sink
+package admin
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/test/testenv"
 )
 
@@ -19,7 +20,7 @@ func TestTheMoveCopiesEveryTableWithAPartitionColumn(t *testing.T) {
 	conn, err := pgx.Connect(ctx, testenv.Database(t))
 	require.NoError(t, err)
 	defer conn.Close(ctx)
-	_, err = Migrate(ctx, conn)
+	_, err = sink.Migrate(ctx, conn)
 	require.NoError(t, err)
 	rows, err := conn.Query(ctx, `SELECT table_name::text FROM information_schema.columns
 		WHERE column_name = 'partition' AND table_schema = current_schema() ORDER BY 1`)

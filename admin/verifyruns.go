@@ -1,4 +1,4 @@
-package sink
+package admin
 
 import (
 	"context"
@@ -8,6 +8,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/pgerr"
 )
 
 // VerifyRun is one run of 'mandatectl verify --record' (verify_runs,
@@ -60,13 +63,13 @@ func RecordVerifyRun(ctx context.Context, db interface {
 		return err
 	})
 	if err != nil {
-		return 0, fmt.Errorf("sink: record the verify run: %w", interpretError(err))
+		return 0, fmt.Errorf("sink: record the verify run: %w", pgerr.Interpret(err))
 	}
 	return id, nil
 }
 
 // LastVerifyRun returns the newest recorded run, or ErrNotFound.
-func LastVerifyRun(ctx context.Context, db KeyQuerier) (*VerifyRun, error) {
+func LastVerifyRun(ctx context.Context, db sink.KeyQuerier) (*VerifyRun, error) {
 	var r VerifyRun
 	var report []byte
 	err := db.QueryRow(ctx, `SELECT run_id, started_at, finished_at, completed, ok, error, partitions, records, breaks, drifts,
@@ -74,10 +77,10 @@ func LastVerifyRun(ctx context.Context, db KeyQuerier) (*VerifyRun, error) {
 		Scan(&r.ID, &r.StartedAt, &r.FinishedAt, &r.Completed, &r.OK, &r.Error, &r.Partitions, &r.Records, &r.Breaks, &r.Drifts,
 			&r.Incomplete, &r.Host, &report, &r.Truncated)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, ErrNotFound
+		return nil, sink.ErrNotFound
 	}
 	if err != nil {
-		return nil, fmt.Errorf("sink: read the last verify run: %w", interpretError(err))
+		return nil, fmt.Errorf("sink: read the last verify run: %w", pgerr.Interpret(err))
 	}
 	if report != nil {
 		r.Report = report

@@ -1,4 +1,4 @@
-package sink_test
+package shardmap_test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/shardmap"
 )
 
 // TestTheShardMapLockExcludesASecondEditorUntilReleased: a second editor
@@ -26,23 +26,23 @@ func TestTheShardMapLockExcludesASecondEditorUntilReleased(t *testing.T) {
 	other := filepath.Join(dir, ".shards.yaml.bak.1") // another file's, not ours
 	require.NoError(t, os.WriteFile(other, nil, 0o600))
 
-	first, err := sink.LockShardMap(context.Background(), path, nil)
+	first, err := shardmap.Lock(context.Background(), path, nil)
 	require.NoError(t, err)
 	require.NoFileExists(t, stale, "a dead editor's temporary map is removed")
 	require.FileExists(t, other)
-	require.FileExists(t, sink.LockPath(path))
+	require.FileExists(t, shardmap.LockPath(path))
 
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	var holder string
-	_, err = sink.LockShardMap(ctx, path, func(h string) { holder = h })
+	_, err = shardmap.Lock(ctx, path, func(h string) { holder = h })
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.Contains(t, holder, "pid ", "the waiting editor is told who holds the lock")
 
 	waited := make(chan struct{})
 	got := make(chan error, 1)
 	go func() {
-		second, err := sink.LockShardMap(context.Background(), path, func(string) { close(waited) })
+		second, err := shardmap.Lock(context.Background(), path, func(string) { close(waited) })
 		if err == nil {
 			err = second.Unlock()
 		}
@@ -70,6 +70,6 @@ func TestRedactSecretsHidesEveryPasswordOfAConnectionString(t *testing.T) {
 		{"postgres://u@h/db and shard b", "postgres://u@h/db and shard b"},
 		{"partition 1 moved from shard a to shard b", "partition 1 moved from shard a to shard b"},
 	} {
-		require.Equal(t, c.want, sink.RedactSecrets(c.in), c.in)
+		require.Equal(t, c.want, shardmap.RedactSecrets(c.in), c.in)
 	}
 }

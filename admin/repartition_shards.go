@@ -1,4 +1,4 @@
-package sink
+package admin
 
 import (
 	"cmp"
@@ -9,6 +9,10 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/sink/pgerr"
+	"github.com/mandated/mandated/sink/shardmap"
 )
 
 // Changing the partition count of a shard map (docs/operating.md, "Scaling out
@@ -17,7 +21,7 @@ import (
 // that would change database cannot move atomically, so a shard map is
 // repartitioned by composition: every partition is first consolidated on
 // one shard (mandatectl shards move), the moved copies are dropped, the
-// owning shard is repartitioned as a single database (Repartition, with
+// owning shard is repartitioned as a single database (RepartitionDatabase, with
 // Shard set), the other shards record the new count, the map file gives
 // the owner every new partition, and the partitions are spread again with
 // shards move.
@@ -25,8 +29,8 @@ import (
 // ShardedRepartition is a shard map checked for a repartition: one shard
 // owns every partition, the others none.
 type ShardedRepartition struct {
-	Owner  Shard   // owns every partition
-	Others []Shard // own none
+	Owner  shardmap.Shard   // owns every partition
+	Others []shardmap.Shard // own none
 	// From is the owner's recorded count (To when a run already changed
 	// it).
 	From int32
@@ -41,14 +45,14 @@ type ShardedRepartition struct {
 // owner's count (or already `to`, a run again) and no daemon session is
 // connected to them. It refuses with an error wrapping
 // ErrRepartitionRefused; it writes nothing.
-func PlanShardedRepartition(ctx context.Context, m *ShardMap, to int32, app string) (ShardedRepartition, error) {
-	app = cmp.Or(app, ApplicationNameDefault)
+func PlanShardedRepartition(ctx context.Context, m *shardmap.Map, to int32, app string) (ShardedRepartition, error) {
+	app = cmp.Or(app, sink.ApplicationNameDefault)
 	var plan ShardedRepartition
 	if err := m.Validate(); err != nil {
 		return plan, err
 	}
 	type state struct {
-		shard Shard
+		shard shardmap.Shard
 		meta  *meta
 		owned []int32
 	}
@@ -58,28 +62,28 @@ func PlanShardedRepartition(ctx context.Context, m *ShardMap, to int32, app stri
 		st, err := func() (state, error) {
 			conn, err := pgx.Connect(ctx, s.URL)
 			if err != nil {
-				return state{}, fmt.Errorf("%w: shard %s does not answer: %w", ErrRepartitionRefused, s.Name, interpretError(err))
+				return state{}, fmt.Errorf("%w: shard %s does not answer: %w", ErrRepartitionRefused, s.Name, pgerr.Interpret(err))
 			}
 			defer conn.Close(context.WithoutCancel(ctx))
 			mt, err := readMeta(ctx, conn)
 			if err != nil || mt == nil {
 				return state{shard: s}, err
 			}
-			moves, err := readMoves(ctx, conn)
+			moves, err := sink.ReadMoves(ctx, conn)
 			if err != nil {
 				return state{}, err
 			}
 			var kept []int32
 			for p, mv := range moves {
-				if mv.State == MoveOut || mv.State == MovedOut {
+				if mv.State == sink.MoveOut || mv.State == sink.MovedOut {
 					kept = append(kept, p)
 				}
 			}
 			if len(kept) > 0 {
 				slices.Sort(kept)
-				copies = append(copies, fmt.Sprintf("shard %s keeps copies of partitions %s", s.Name, FormatPartitions(kept)))
+				copies = append(copies, fmt.Sprintf("shard %s keeps copies of partitions %s", s.Name, shardmap.FormatPartitions(kept)))
 			}
-			if mt.name != s.Name && mt.name != SingleShard {
+			if mt.name != s.Name && mt.name != shardmap.SingleShard {
 				return state{}, fmt.Errorf("%w: the shard map names this database %q but it is shard %q", ErrRepartitionRefused, s.Name, mt.name)
 			}
 			return state{shard: s, meta: mt, owned: mt.ownedSet(moves)}, nil
@@ -93,7 +97,7 @@ func PlanShardedRepartition(ctx context.Context, m *ShardMap, to int32, app stri
 	owner := -1
 	for i, st := range states {
 		if len(st.owned) > 0 {
-			owners = append(owners, fmt.Sprintf("%s owns %s", st.shard.Name, FormatPartitions(st.owned)))
+			owners = append(owners, fmt.Sprintf("%s owns %s", st.shard.Name, shardmap.FormatPartitions(st.owned)))
 			owner = i
 		}
 	}
@@ -115,7 +119,7 @@ func PlanShardedRepartition(ctx context.Context, m *ShardMap, to int32, app stri
 	plan.Owner, plan.From = own.shard, own.meta.count
 	if len(own.owned) != int(own.meta.count) {
 		return plan, fmt.Errorf("%w: shard %s owns partitions %s, not all of 0-%d: move the others to it first (mandatectl shards move)",
-			ErrRepartitionRefused, own.shard.Name, FormatPartitions(own.owned), own.meta.count-1)
+			ErrRepartitionRefused, own.shard.Name, shardmap.FormatPartitions(own.owned), own.meta.count-1)
 	}
 	for i, st := range states {
 		if i == owner {
@@ -135,13 +139,13 @@ func PlanShardedRepartition(ctx context.Context, m *ShardMap, to int32, app stri
 	}
 	mapped := own.shard.Range()
 	switch {
-	case mapped == FormatPartitions(own.owned):
-	case own.meta.count == to && own.shard.First() == 0 && own.shard.Last() < to && mapped == FormatPartitions(allPartitions(own.shard.Last()+1)):
+	case mapped == shardmap.FormatPartitions(own.owned):
+	case own.meta.count == to && own.shard.First() == 0 && own.shard.Last() < to && mapped == shardmap.FormatPartitions(shardmap.All(own.shard.Last()+1)):
 		// A run again after the owner's step: the map file still has the
 		// old count.
 	default:
 		return plan, fmt.Errorf("%w: the shard map gives shard %s partitions %s but its database owns %s: "+
-			"the map is older than a move; fix the map file first", ErrRepartitionRefused, own.shard.Name, mapped, FormatPartitions(own.owned))
+			"the map is older than a move; fix the map file first", ErrRepartitionRefused, own.shard.Name, mapped, shardmap.FormatPartitions(own.owned))
 	}
 	for _, s := range plan.Others {
 		if err := othersIdle(ctx, s, app); err != nil {
@@ -151,21 +155,13 @@ func PlanShardedRepartition(ctx context.Context, m *ShardMap, to int32, app stri
 	return plan, nil
 }
 
-func allPartitions(n int32) []int32 {
-	out := make([]int32, n)
-	for p := range n {
-		out[p] = p
-	}
-	return out
-}
-
-func ownsNone(s Shard) bool { return s.set != nil && len(s.set) == 0 }
+func ownsNone(s shardmap.Shard) bool { return s.None() }
 
 // othersIdle refuses while a daemon session is connected to shard s.
-func othersIdle(ctx context.Context, s Shard, app string) error {
+func othersIdle(ctx context.Context, s shardmap.Shard, app string) error {
 	conn, err := pgx.Connect(ctx, s.URL)
 	if err != nil {
-		return fmt.Errorf("%w: shard %s does not answer: %w", ErrRepartitionRefused, s.Name, interpretError(err))
+		return fmt.Errorf("%w: shard %s does not answer: %w", ErrRepartitionRefused, s.Name, pgerr.Interpret(err))
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
@@ -177,7 +173,7 @@ func othersIdle(ctx context.Context, s Shard, app string) error {
 }
 
 // FinishShardedRepartition records the new count on every shard of the
-// plan but the owner (after the owner's Repartition committed): each in a
+// plan but the owner (after the owner's RepartitionDatabase committed): each in a
 // transaction that locks its mandated_meta and checks again that it owns
 // no partition and no daemon is connected. A shard already at `to` is
 // left as it is; one that never recorded a layout records it at its first
@@ -185,17 +181,17 @@ func othersIdle(ctx context.Context, s Shard, app string) error {
 // counts differ): a run again finishes it.
 func FinishShardedRepartition(ctx context.Context, plan ShardedRepartition, to int32, operator, app string) error {
 	operator = cmp.Or(operator, RepartitionOperatorDefault)
-	app = cmp.Or(app, ApplicationNameDefault)
+	app = cmp.Or(app, sink.ApplicationNameDefault)
 	for _, s := range plan.Others {
 		err := func() error {
 			conn, err := pgx.Connect(ctx, s.URL)
 			if err != nil {
-				return interpretError(err)
+				return pgerr.Interpret(err)
 			}
 			defer conn.Close(context.WithoutCancel(ctx))
 			return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 				m, err := readMetaTx(ctx, tx, true)
-				if errors.Is(err, ErrNotFound) {
+				if errors.Is(err, sink.ErrNotFound) {
 					return nil
 				}
 				if err != nil {
@@ -204,22 +200,22 @@ func FinishShardedRepartition(ctx context.Context, plan ShardedRepartition, to i
 				if m.count == to {
 					return nil
 				}
-				moves, err := readMoves(ctx, tx)
+				moves, err := sink.ReadMoves(ctx, tx)
 				if err != nil {
 					return err
 				}
 				if owned := m.ownedSet(moves); len(owned) > 0 {
-					return fmt.Errorf("%w: it owns partitions %s now", ErrRepartitionRefused, FormatPartitions(owned))
+					return fmt.Errorf("%w: it owns partitions %s now", ErrRepartitionRefused, shardmap.FormatPartitions(owned))
 				}
 				if err := liveSessions(ctx, tx, app); err != nil {
 					return err
 				}
 				if _, err := tx.Exec(ctx, `UPDATE mandated_meta SET partition_count = $1`, to); err != nil {
-					return fmt.Errorf("record the partition count: %w", interpretError(err))
+					return fmt.Errorf("record the partition count: %w", pgerr.Interpret(err))
 				}
 				_, err = tx.Exec(ctx, `INSERT INTO mandated_repartitions (from_count, to_count, mandates, authorizations, keys, intents, operator)
 					VALUES ($1, $2, 0, 0, 0, 0, $3) ON CONFLICT (to_count) DO NOTHING`, m.count, to, operator+" (partitions on shard "+plan.Owner.Name+")")
-				return interpretError(err)
+				return pgerr.Interpret(err)
 			})
 		}()
 		if err != nil {
