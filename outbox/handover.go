@@ -91,7 +91,7 @@ type takeover struct {
 // for a DatabaseTimeout after a note that took longer: a processor handing
 // off the partitions of a shard it cannot reach revokes them one after the
 // other, and must not wait releasingWait for each.
-func (r *Relay) noteReleasing(ps *part) {
+func (r *Relay) noteReleasing(ps *relayPartition) {
 	r.mu.Lock()
 	if r.closing || !r.started || !r.gate.up(r.st.shard(ps.partition)) {
 		r.mu.Unlock()
@@ -125,7 +125,7 @@ func (r *Relay) noteReleasing(ps *part) {
 
 // release records ps released after its last published sequence and drops
 // it (the loop, between two transactions: step 2).
-func (r *Relay) release(ctx context.Context, ps *part, why string) {
+func (r *Relay) release(ctx context.Context, ps *relayPartition, why string) {
 	defer r.drop(ps, why)
 	if !r.gate.up(r.st.shard(ps.partition)) {
 		return

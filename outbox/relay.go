@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/mandated/mandated/internal/backoff"
 	"github.com/mandated/mandated/internal/failpoint"
 	"github.com/mandated/mandated/internal/tracing"
 )
@@ -108,7 +109,7 @@ type Relay struct {
 	clientID string
 
 	mu      sync.Mutex
-	parts   map[int32]*part
+	parts   map[int32]*relayPartition
 	closing bool
 
 	// committed is, per partition, the highest sequence a transaction of
@@ -167,7 +168,7 @@ func NewSharded(cfg Config, shards Shards, log zerolog.Logger, m *Metrics) (*Rel
 	r := &Relay{cfg: cfg, st: store{shards: shards, timeout: cfg.DatabaseTimeout}, metrics: m, txnID: txnID,
 		clientID: "mandated-relay-" + hex.EncodeToString(nonce[:]),
 		log:      log.With().Str("component", "relay").Str("transactional_id", txnID).Logger(),
-		parts:    map[int32]*part{}, committed: map[int32]int64{}, wake: make(chan struct{}, 1),
+		parts:    map[int32]*relayPartition{}, committed: map[int32]int64{}, wake: make(chan struct{}, 1),
 		foreignSeen: map[int32]map[foreignKey]bool{}, tails: map[int32]tailStatus{}, takeovers: map[int32]takeover{},
 		stats: make(chan struct{}), done: make(chan struct{})}
 	r.gate = newShardGate(cfg.DatabaseTimeout, r.log, m, r.poke)
@@ -202,8 +203,8 @@ func (r *Relay) Start(ctx context.Context) error {
 // TransactionalID is the id of the relay's producer (new at every New).
 func (r *Relay) TransactionalID() string { return r.txnID }
 
-// part is one owned partition.
-type part struct {
+// relayPartition is one owned partition.
+type relayPartition struct {
 	partition int32
 	epoch     int64
 	log       zerolog.Logger
@@ -215,9 +216,9 @@ type part struct {
 	published atomic.Int64 // highest sequence known published (for the backlog gauge)
 
 	// Owned by the relay's loop.
-	admitted  bool // resumed under the current session's producer
-	recorded  bool // this relay recorded itself as the publisher under epoch
-	retry     time.Duration
+	admitted  bool            // resumed under the current session's producer
+	recorded  bool            // this relay recorded itself as the publisher under epoch
+	retry     backoff.Backoff // admission failures
 	retryAt   time.Time
 	last      int64 // highest sequence known published
 	housekept int64 // rows up to here are deleted
@@ -237,7 +238,7 @@ func (r *Relay) Assigned(partition int32, epoch int64) {
 	if r.closing {
 		return
 	}
-	r.parts[partition] = &part{partition: partition, epoch: epoch,
+	r.parts[partition] = &relayPartition{partition: partition, epoch: epoch, retry: backoff.Backoff{Min: 50 * time.Millisecond, Max: 5 * time.Second},
 		log: r.log.With().Int32("partition", partition).Int64("epoch", epoch).Logger()}
 	delete(r.tails, partition) // what an earlier ownership found; read again on admission
 	r.stages.reset(partition)
@@ -405,7 +406,7 @@ var errRewound = errors.New("outbox: PostgreSQL went back in time")
 // run runs sessions until the relay is stopped and drained.
 func (r *Relay) run() {
 	defer close(r.done)
-	backoff := 50 * time.Millisecond
+	retry := backoff.New(50*time.Millisecond, 5*time.Second)
 	for {
 		if !r.waitForWork() {
 			return
@@ -418,17 +419,14 @@ func (r *Relay) run() {
 			r.metrics.Fenced.Inc()
 			r.log.Warn().Err(err).Msg("relay producer fenced (a partition moved to a new owner, or an older producer woke): re-checking every partition it holds")
 		default:
-			r.log.Warn().Err(err).Dur("backoff", backoff).Msg("relay session failed; resuming from the tails")
+			r.log.Warn().Err(err).Dur("backoff", retry.Current()).Msg("relay session failed; resuming from the tails")
 		}
 		if progressed {
-			backoff = 50 * time.Millisecond
+			retry.Reset()
 		}
-		select {
-		case <-r.ctx.Done():
+		if !retry.Wait(r.ctx) {
 			return
-		case <-time.After(backoff):
 		}
-		backoff = min(backoff*2, 5*time.Second)
 	}
 }
 
@@ -478,28 +476,13 @@ func (r *Relay) client(id, clientID string) (*kgo.Client, error) {
 // it holds, and publishes until the relay is stopped or an error ends it.
 // progressed says whether a transaction committed.
 func (r *Relay) session() (progressed bool, err error) {
-	cfg := r.cfg
 	ctx := r.ctx
-	cl, err := r.client(r.txnID, r.clientID)
+	cl, err := r.openSession(ctx)
 	if err != nil {
-		return false, fmt.Errorf("relay client: %w", err)
+		return false, err
 	}
 	defer cl.Close()
-	if _, _, err := cl.ProducerID(ctx); err != nil {
-		r.metrics.PublishErrors.WithLabelValues("resume").Inc()
-		return false, fmt.Errorf("init producer id: %w", classify(err))
-	}
-	// Initialization first, then the checks: a partition is re-read from
-	// PostgreSQL and from its tails under this producer before it goes in a
-	// transaction again.
-	r.mu.Lock()
-	for _, ps := range r.parts {
-		ps.admitted = false
-		ps.retryAt = time.Time{}
-	}
-	r.mu.Unlock()
-
-	idle := time.NewTimer(cfg.IdlePoll)
+	idle := time.NewTimer(r.cfg.IdlePoll)
 	defer idle.Stop()
 	var lastEnd time.Time // when the last Kafka transaction ended
 	rotate := 0
@@ -513,97 +496,156 @@ func (r *Relay) session() (progressed bool, err error) {
 		if closing && len(held) == 0 && pending == 0 {
 			return progressed, nil
 		}
-		batch := r.load(ctx, held, rotate)
-		rotate++
-		if len(batch.rows) > 0 && batch.total() < cfg.MaxRows && !batch.draining {
-			if wait := cfg.MinTxnInterval - time.Since(lastEnd); wait > 0 {
-				// Let more committed rows join this transaction, and the
-				// broker complete the previous one (a produce that starts a
-				// transaction before the previous one's markers are written
-				// is refused with CONCURRENT_TRANSACTIONS).
-				select {
-				case <-ctx.Done():
-					return progressed, nil
-				case <-time.After(wait):
-				}
-				batch = r.load(ctx, held, rotate)
-			}
+		batch, ok := r.gather(ctx, held, &rotate, lastEnd)
+		if !ok {
+			return progressed, nil
 		}
-		// A stopping partition with nothing left (or out of time) ends;
-		// so does one whose shard does not answer (its next owner
-		// publishes it).
-		for _, ps := range held {
-			if !r.stopping(ps) {
-				continue
-			}
-			// Between two transactions: every one that carried the
-			// partition has ended, so it can be released (handover.go).
-			switch {
-			case len(batch.rows[ps]) == 0 && !batch.skipped[ps]:
-				r.release(ctx, ps, "drained")
-			case r.drainedBy(ps):
-				r.release(ctx, ps, "out of drain time")
-			case batch.skipped[ps]:
-				r.drop(ps, "its shard does not answer")
-			default:
-				continue
-			}
-			delete(batch.rows, ps)
-		}
+		r.endStopping(ctx, held, batch)
 		if len(batch.rows) == 0 {
-			r.recordAll(ctx, held, nil, true)
-			wait := cfg.IdlePoll
-			if pending > 0 {
-				wait = min(wait, 50*time.Millisecond)
-			}
-			if next := r.gate.nextProbe(); next > 0 {
-				wait = min(wait, next)
-			}
-			idle.Reset(wait)
-			select {
-			case <-ctx.Done():
+			if !r.idle(ctx, idle, held, pending) {
 				return progressed, nil
-			case <-r.wake:
-			case <-idle.C:
 			}
 			continue
 		}
-		if err := failpoint.Inject(ctx, failpoint.RelayBeforeProduce); err != nil {
-			return progressed, err
-		}
-		order := batch.order()
-		if f := cfg.Test.BeforePublish; f != nil {
-			for _, ps := range order {
-				f(ps.partition, ps.epoch)
-			}
-		}
-		done, err := r.publish(ctx, cl, batch, order)
-		lastEnd = time.Now()
-		for _, s := range done {
-			r.committed[s.ps.partition] = max(r.committed[s.ps.partition], s.last)
-			r.stages.observe(r.metrics, s.ps.partition, batch.rows[s.ps], s.first, s.last, batch.loadedAt, lastEnd)
-		}
+		published, err := r.publishAndMark(ctx, cl, held, batch, &lastEnd)
+		progressed = progressed || published
 		if err != nil {
-			return progressed || len(done) > 0, err
-		}
-		if len(done) == 0 {
-			continue // a refused row is parked (or its shard skipped); read again
-		}
-		progressed = true
-		if err := failpoint.Inject(ctx, failpoint.RelayAfterProduceBeforeMark); err != nil {
 			return progressed, err
-		}
-		for _, s := range done {
-			s.ps.last = s.last
-			s.ps.published.Store(s.last)
-		}
-		r.recordAll(ctx, held, done, false)
-		if f := cfg.Test.OnPublished; f != nil {
-			for _, s := range done {
-				f(s.ps.partition, s.first, s.last)
-			}
 		}
 	}
+}
+
+// openSession starts a session's producer: initializing the relay's
+// transactional id fences its own earlier producers. Initialization first,
+// then the checks: every partition is admitted again (re-read from
+// PostgreSQL and from its tail under this producer) before it goes in a
+// transaction again.
+func (r *Relay) openSession(ctx context.Context) (*kgo.Client, error) {
+	cl, err := r.client(r.txnID, r.clientID)
+	if err != nil {
+		return nil, fmt.Errorf("relay client: %w", err)
+	}
+	if _, _, err := cl.ProducerID(ctx); err != nil {
+		cl.Close()
+		r.metrics.PublishErrors.WithLabelValues("resume").Inc()
+		return nil, fmt.Errorf("init producer id: %w", classify(err))
+	}
+	r.mu.Lock()
+	for _, ps := range r.parts {
+		ps.admitted = false
+		ps.retryAt = time.Time{}
+	}
+	r.mu.Unlock()
+	return cl, nil
+}
+
+// gather loads the next transaction's rows. A batch below MaxRows waits
+// until MinTxnInterval after the last transaction ended and is loaded
+// again: more committed rows join it, and the broker completes the
+// previous transaction (a produce that starts a transaction before the
+// previous one's markers are written is refused with
+// CONCURRENT_TRANSACTIONS). false when the relay stops meanwhile.
+func (r *Relay) gather(ctx context.Context, held []*relayPartition, rotate *int, lastEnd time.Time) (batch, bool) {
+	b := r.load(ctx, held, *rotate)
+	*rotate++
+	if len(b.rows) == 0 || b.total() >= r.cfg.MaxRows || b.draining {
+		return b, true
+	}
+	wait := r.cfg.MinTxnInterval - time.Since(lastEnd)
+	if wait <= 0 {
+		return b, true
+	}
+	if !backoff.Sleep(ctx, wait) {
+		return b, false
+	}
+	return r.load(ctx, held, *rotate), true
+}
+
+// endStopping ends every stopping partition with nothing left (or out of
+// time), and one whose shard does not answer (its next owner publishes
+// it), taking them out of b. Between two transactions: every one that
+// carried the partition has ended, so it can be released (handover.go).
+func (r *Relay) endStopping(ctx context.Context, held []*relayPartition, b batch) {
+	for _, ps := range held {
+		if !r.stopping(ps) {
+			continue
+		}
+		switch {
+		case len(b.rows[ps]) == 0 && !b.skipped[ps]:
+			r.release(ctx, ps, "drained")
+		case r.drainedBy(ps):
+			r.release(ctx, ps, "out of drain time")
+		case b.skipped[ps]:
+			r.drop(ps, "its shard does not answer")
+		default:
+			continue
+		}
+		delete(b.rows, ps)
+	}
+}
+
+// idle housekeeps the held partitions and waits for a commit's wake-up,
+// IdlePoll (50 ms while a partition waits for admission), the next shard
+// probe or the relay's end; false at the end.
+func (r *Relay) idle(ctx context.Context, idle *time.Timer, held []*relayPartition, pending int) bool {
+	r.recordAll(ctx, held, nil, true)
+	wait := r.cfg.IdlePoll
+	if pending > 0 {
+		wait = min(wait, 50*time.Millisecond)
+	}
+	if next := r.gate.nextProbe(); next > 0 {
+		wait = min(wait, next)
+	}
+	idle.Reset(wait)
+	select {
+	case <-ctx.Done():
+		return false
+	case <-r.wake:
+	case <-idle.C:
+	}
+	return true
+}
+
+// publishAndMark publishes b in one Kafka transaction, then records in
+// PostgreSQL what it published (the mark, and the housekeeping of rows
+// published before). published says a transaction committed rows; an
+// error ends the session.
+func (r *Relay) publishAndMark(ctx context.Context, cl *kgo.Client, held []*relayPartition, b batch, lastEnd *time.Time) (published bool, err error) {
+	if err := failpoint.Inject(ctx, failpoint.RelayBeforeProduce); err != nil {
+		return false, err
+	}
+	order := b.order()
+	if f := r.cfg.Test.BeforePublish; f != nil {
+		for _, ps := range order {
+			f(ps.partition, ps.epoch)
+		}
+	}
+	done, err := r.publish(ctx, cl, b, order)
+	*lastEnd = time.Now()
+	for _, s := range done {
+		r.committed[s.ps.partition] = max(r.committed[s.ps.partition], s.last)
+		r.stages.observe(r.metrics, s.ps.partition, b.rows[s.ps], s.first, s.last, b.loadedAt, *lastEnd)
+	}
+	if err != nil {
+		return len(done) > 0, err
+	}
+	if len(done) == 0 {
+		return false, nil // a refused row is parked (or its shard skipped); read again
+	}
+	if err := failpoint.Inject(ctx, failpoint.RelayAfterProduceBeforeMark); err != nil {
+		return true, err
+	}
+	for _, s := range done {
+		s.ps.last = s.last
+		s.ps.published.Store(s.last)
+	}
+	r.recordAll(ctx, held, done, false)
+	if f := r.cfg.Test.OnPublished; f != nil {
+		for _, s := range done {
+			f(s.ps.partition, s.first, s.last)
+		}
+	}
+	return true, nil
 }
 
 // admit (re)admits every held partition that is not admitted in this
@@ -613,7 +655,7 @@ func (r *Relay) session() (progressed bool, err error) {
 func (r *Relay) admit(ctx context.Context) {
 	now := time.Now()
 	r.mu.Lock()
-	var todo []*part
+	var todo []*relayPartition
 	for _, ps := range r.parts {
 		if ps.admitted || now.Before(ps.retryAt) {
 			continue
@@ -661,20 +703,20 @@ func (r *Relay) admit(ctx context.Context) {
 		case errors.Is(res.err, errReleasing):
 			ps.retryAt = time.Now().Add(releasePoll) // its predecessor drains it: the others go on meanwhile
 		case errors.Is(res.err, errRewound):
-			ps.retry = 0
+			ps.retry.Reset()
 			ps.retryAt = time.Now().Add(rewoundRecheck)
 		case res.err != nil:
 			if sh, ok := failedShard(res.err); ok {
 				r.gate.failed(sh, "admit", res.err)
 			}
-			ps.retry = min(max(2*ps.retry, 50*time.Millisecond), 5*time.Second)
-			ps.retryAt = time.Now().Add(ps.retry)
-			ps.log.Warn().Err(res.err).Dur("backoff", ps.retry).Msg("relay cannot resume the partition yet")
+			wait := ps.retry.Next()
+			ps.retryAt = time.Now().Add(wait)
+			ps.log.Warn().Err(res.err).Dur("backoff", wait).Msg("relay cannot resume the partition yet")
 		case !res.ok:
 			r.metrics.Fenced.Inc()
 			r.drop(ps, "the partition is published by its new owner")
 		default:
-			ps.retry = 0
+			ps.retry.Reset()
 			r.mu.Lock()
 			ps.admitted = r.parts[ps.partition] == ps
 			r.mu.Unlock()
@@ -696,7 +738,7 @@ func (r *Relay) admit(ctx context.Context) {
 // transaction to complete on the broker, and a tail read in the few
 // milliseconds before its markers are written misses it; what the
 // relay committed itself is published, so it resumes after it at least.
-func (r *Relay) admitOne(ctx context.Context, ps *part, floor int64) (bool, error) {
+func (r *Relay) admitOne(ctx context.Context, ps *relayPartition, floor int64) (bool, error) {
 	cur, err := r.st.publisher(ctx, ps.partition)
 	if err != nil {
 		r.metrics.PublishErrors.WithLabelValues("database").Inc()
@@ -777,7 +819,7 @@ func (r *Relay) admitOne(ctx context.Context, ps *part, floor int64) (bool, erro
 
 // held returns the admitted partitions (in partition order), how many wait
 // for admission, and whether the relay is closing.
-func (r *Relay) held() (held []*part, pending int, closing bool) {
+func (r *Relay) held() (held []*relayPartition, pending int, closing bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, ps := range r.parts {
@@ -787,24 +829,24 @@ func (r *Relay) held() (held []*part, pending int, closing bool) {
 			pending++
 		}
 	}
-	slices.SortFunc(held, func(a, b *part) int { return int(a.partition - b.partition) })
+	slices.SortFunc(held, func(a, b *relayPartition) int { return int(a.partition - b.partition) })
 	return held, pending, r.closing
 }
 
-func (r *Relay) stopping(ps *part) bool {
+func (r *Relay) stopping(ps *relayPartition) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return ps.stopping
 }
 
-func (r *Relay) drainedBy(ps *part) bool {
+func (r *Relay) drainedBy(ps *relayPartition) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return ps.stopping && time.Now().After(ps.drainBy)
 }
 
 // drop forgets a partition (unless it was assigned again meanwhile).
-func (r *Relay) drop(ps *part, why string) {
+func (r *Relay) drop(ps *relayPartition, why string) {
 	r.mu.Lock()
 	if r.parts[ps.partition] == ps {
 		delete(r.parts, ps.partition)
@@ -817,10 +859,10 @@ func (r *Relay) drop(ps *part, why string) {
 
 // batch is one transaction's rows, by partition.
 type batch struct {
-	rows     map[*part][]Row
-	skipped  map[*part]bool // held, but its shard does not answer: no rows this cycle
-	draining bool           // a stopping partition has rows: no waiting
-	loadedAt time.Time      // when the rows were in hand
+	rows     map[*relayPartition][]Row
+	skipped  map[*relayPartition]bool // held, but its shard does not answer: no rows this cycle
+	draining bool                     // a stopping partition has rows: no waiting
+	loadedAt time.Time                // when the rows were in hand
 }
 
 func (b batch) total() int {
@@ -832,12 +874,12 @@ func (b batch) total() int {
 }
 
 // order returns the batch's partitions in partition order.
-func (b batch) order() []*part {
-	out := make([]*part, 0, len(b.rows))
+func (b batch) order() []*relayPartition {
+	out := make([]*relayPartition, 0, len(b.rows))
 	for ps := range b.rows {
 		out = append(out, ps)
 	}
-	slices.SortFunc(out, func(a, b *part) int { return int(a.partition - b.partition) })
+	slices.SortFunc(out, func(a, b *relayPartition) int { return int(a.partition - b.partition) })
 	return out
 }
 
@@ -848,9 +890,9 @@ func (b batch) order() []*part {
 // shards concurrently, each under the deadline. A shard that is skipped,
 // or whose query (or parked-row check) fails or misses the deadline in this
 // cycle, contributes no row at all: its partitions are in skipped.
-func (r *Relay) load(ctx context.Context, held []*part, rotate int) batch {
-	b := batch{rows: map[*part][]Row{}, skipped: map[*part]bool{}}
-	var usable []*part
+func (r *Relay) load(ctx context.Context, held []*relayPartition, rotate int) batch {
+	b := batch{rows: map[*relayPartition][]Row{}, skipped: map[*relayPartition]bool{}}
+	var usable []*relayPartition
 	for _, ps := range held {
 		if r.gate.up(r.st.shard(ps.partition)) {
 			usable = append(usable, ps)
@@ -864,7 +906,7 @@ func (r *Relay) load(ctx context.Context, held []*part, rotate int) batch {
 	maxRows := r.cfg.MaxRows
 	k := min(len(usable), maxRows)
 	share, extra := maxRows/k, maxRows%k
-	limits := map[*part]int{}
+	limits := map[*relayPartition]int{}
 	for i := range k {
 		limit := share
 		if i < extra {
@@ -872,30 +914,30 @@ func (r *Relay) load(ctx context.Context, held []*part, rotate int) batch {
 		}
 		limits[usable[(rotate+i)%len(usable)]] = limit
 	}
-	after := func(ps *part) int64 { return ps.last }
+	after := func(ps *relayPartition) int64 { return ps.last }
 	r.loadPass(ctx, b, limits, after)
 	// Second pass: what the partitions with fewer rows than their share
 	// left goes to the ones that filled theirs.
 	if left := maxRows - b.total(); left > 0 {
-		var full []*part
+		var full []*relayPartition
 		for ps, limit := range limits {
 			if len(b.rows[ps]) == limit && !b.skipped[ps] {
 				full = append(full, ps)
 			}
 		}
 		if len(full) > 0 {
-			more := map[*part]int{}
+			more := map[*relayPartition]int{}
 			for _, ps := range full {
 				more[ps] = max(left/len(full), 1)
 			}
 			if left < len(full) {
-				slices.SortFunc(full, func(a, b *part) int { return int(a.partition - b.partition) })
+				slices.SortFunc(full, func(a, b *relayPartition) int { return int(a.partition - b.partition) })
 				clear(more)
 				for _, ps := range full[:left] {
 					more[ps] = 1
 				}
 			}
-			lastLoaded := func(ps *part) int64 { rows := b.rows[ps]; return rows[len(rows)-1].Seq }
+			lastLoaded := func(ps *relayPartition) int64 { rows := b.rows[ps]; return rows[len(rows)-1].Seq }
 			r.loadPass(ctx, b, more, lastLoaded)
 		}
 	}
@@ -952,7 +994,7 @@ func (r *Relay) skipShard(b batch, sh Shard, what string, err error) {
 // loadPass loads limits[ps] rows after after(ps) for each partition,
 // appending to b: one query per shard, concurrently, each under the
 // deadline. A shard that fails is skipped (skipShard).
-func (r *Relay) loadPass(ctx context.Context, b batch, limits map[*part]int, after func(*part) int64) {
+func (r *Relay) loadPass(ctx context.Context, b batch, limits map[*relayPartition]int, after func(*relayPartition) int64) {
 	type shardLoad struct {
 		sh   Shard
 		reqs []loadReq
@@ -960,7 +1002,7 @@ func (r *Relay) loadPass(ctx context.Context, b batch, limits map[*part]int, aft
 		err  error
 	}
 	byPool := map[*pgxpool.Pool]*shardLoad{}
-	parts := map[int32]*part{}
+	parts := map[int32]*relayPartition{}
 	for ps, limit := range limits {
 		sh := r.st.shard(ps.partition)
 		l := byPool[sh.Pool]
@@ -993,10 +1035,10 @@ func (r *Relay) loadPass(ctx context.Context, b batch, limits map[*part]int, aft
 	}
 }
 
-// span is what one transaction did for a partition: rows first..last are
+// publishedRange is what one transaction did for a partition: rows first..last are
 // published (or, row by row, parked).
-type span struct {
-	ps          *part
+type publishedRange struct {
+	ps          *relayPartition
 	first, last int64
 }
 
@@ -1012,8 +1054,8 @@ const housekeepChunk = 256
 // skipped; its partitions' marks are written once it answers again (the
 // published sequence is kept in memory, and housekept stays behind it, so
 // the next idle pass writes them).
-func (r *Relay) recordAll(ctx context.Context, held []*part, done []span, idle bool) {
-	var parts []*part
+func (r *Relay) recordAll(ctx context.Context, held []*relayPartition, done []publishedRange, idle bool) {
+	var parts []*relayPartition
 	if idle {
 		parts = held
 	} else {
@@ -1050,7 +1092,7 @@ func (r *Relay) recordAll(ctx context.Context, held []*part, done []span, idle b
 	if len(byPool) == 0 {
 		return
 	}
-	byPart := map[int32]*part{}
+	byPart := map[int32]*relayPartition{}
 	for _, ps := range parts {
 		byPart[ps.partition] = ps
 	}
@@ -1120,7 +1162,7 @@ func (r *Relay) readTail(ctx context.Context, partition int32) (*Tail, error) {
 
 // gap decides what to do when the next row is not last+1: skip it if every
 // missing sequence is parked, otherwise wait (and say so loudly).
-func (r *Relay) gap(ctx context.Context, ps *part, next int64) (bool, error) {
+func (r *Relay) gap(ctx context.Context, ps *relayPartition, next int64) (bool, error) {
 	n, err := r.st.parkedBetween(ctx, ps.partition, ps.last, next)
 	if err != nil {
 		return false, fmt.Errorf("check parked rows: %w", err)
@@ -1145,7 +1187,7 @@ func (r *Relay) gap(ctx context.Context, ps *part, next int64) (bool, error) {
 // skipped until it does). Any other failure aborts the transaction and
 // ends the session, which resumes from Kafka's tails; what was committed
 // before it (rows published one per transaction) is returned with it.
-func (r *Relay) publish(ctx context.Context, cl *kgo.Client, b batch, order []*part) ([]span, error) {
+func (r *Relay) publish(ctx context.Context, cl *kgo.Client, b batch, order []*relayPartition) ([]publishedRange, error) {
 	var rows []Row
 	for _, ps := range order {
 		rows = append(rows, b.rows[ps]...)
@@ -1155,14 +1197,14 @@ func (r *Relay) publish(ctx context.Context, cl *kgo.Client, b batch, order []*p
 		return nil, err
 	}
 	if len(refused) == 0 {
-		done := make([]span, 0, len(order))
+		done := make([]publishedRange, 0, len(order))
 		for _, ps := range order {
 			prow := b.rows[ps]
-			done = append(done, span{ps, prow[0].Seq, prow[len(prow)-1].Seq})
+			done = append(done, publishedRange{ps, prow[0].Seq, prow[len(prow)-1].Seq})
 		}
 		return done, nil
 	}
-	var done []span
+	var done []publishedRange
 	// skip handles a park that failed: a shard that does not answer is
 	// skipped (the refused row stays in its outbox, and is refused and
 	// parked again once the shard answers); anything else ends the session.
@@ -1198,7 +1240,7 @@ func (r *Relay) publish(ctx context.Context, cl *kgo.Client, b batch, order []*p
 				Msg("the broker refused a transaction's records; publishing this partition's rows one per transaction")
 			n, err := r.publishRowByRow(ctx, cl, ps, prow)
 			if n > 0 {
-				done = append(done, span{ps, prow[0].Seq, prow[n-1].Seq})
+				done = append(done, publishedRange{ps, prow[0].Seq, prow[n-1].Seq})
 			}
 			if err != nil {
 				if err := skip(err); err != nil {
@@ -1213,7 +1255,7 @@ func (r *Relay) publish(ctx context.Context, cl *kgo.Client, b batch, order []*p
 // publishRowByRow publishes rows one per transaction, in order, parking
 // each row the broker refuses alone. It returns how many rows it
 // published or parked, in order, before any error.
-func (r *Relay) publishRowByRow(ctx context.Context, cl *kgo.Client, ps *part, rows []Row) (int, error) {
+func (r *Relay) publishRowByRow(ctx context.Context, cl *kgo.Client, ps *relayPartition, rows []Row) (int, error) {
 	for i := range rows {
 		refused, err := r.produceTxn(ctx, cl, rows[i:i+1])
 		if err != nil {
@@ -1229,7 +1271,7 @@ func (r *Relay) publishRowByRow(ctx context.Context, cl *kgo.Client, ps *part, r
 }
 
 // park moves a row the broker refused alone to outbox_parked.
-func (r *Relay) park(ctx context.Context, ps *part, seq int64, why error) error {
+func (r *Relay) park(ctx context.Context, ps *relayPartition, seq int64, why error) error {
 	if err := r.st.park(ctx, ps.partition, ps.epoch, seq, why.Error()); err != nil {
 		r.metrics.PublishErrors.WithLabelValues("database").Inc()
 		return fmt.Errorf("park row %d/%d: %w", ps.partition, seq, err)

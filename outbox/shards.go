@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/mandated/mandated/internal/backoff"
 	"github.com/rs/zerolog"
 )
 
@@ -84,8 +85,8 @@ type shardGate struct {
 type shardState struct {
 	name    string
 	down    bool
-	since   time.Time     // when it stopped answering
-	backoff time.Duration // until the next probe
+	since   time.Time       // when it stopped answering
+	backoff backoff.Backoff // until the next probe
 	probeAt time.Time
 	probing bool
 	upAt    time.Time // when a probe last found it answering
@@ -99,7 +100,7 @@ func newShardGate(timeout time.Duration, log zerolog.Logger, m *Metrics, wake fu
 func (g *shardGate) state(s Shard) *shardState {
 	st := g.states[s.Pool]
 	if st == nil {
-		st = &shardState{name: s.Name}
+		st = &shardState{name: s.Name, backoff: backoff.Backoff{Min: shardBackoffMin, Max: shardBackoffMax}}
 		g.states[s.Pool] = st
 		g.metrics.ShardSkipped.WithLabelValues(s.Name).Set(0)
 	}
@@ -129,11 +130,9 @@ func (g *shardGate) failed(s Shard, what string, err error) {
 	// backing off from where it was, so that a slow shard cannot cost the
 	// others one deadline per short backoff.
 	if st.upAt.IsZero() || now.Sub(st.upAt) > 2*shardBackoffMax {
-		st.backoff = shardBackoffMin
-	} else {
-		st.backoff = min(2*st.backoff, shardBackoffMax)
+		st.backoff.Reset()
 	}
-	st.down, st.since, st.probeAt = true, now, now.Add(st.backoff)
+	st.down, st.since, st.probeAt = true, now, now.Add(st.backoff.Next())
 	g.metrics.ShardSkipped.WithLabelValues(s.Name).Set(1)
 	g.log.Warn().Err(err).Str("shard", s.Name).Str("call", what).Dur("deadline", g.timeout).
 		Msg("relay: shard does not answer in time; skipping it (its partitions' rows wait, the other shards' are published)")
@@ -170,8 +169,7 @@ func (g *shardGate) probe(ctx context.Context, s Shard, st *shardState) {
 			g.metrics.ShardErrors.WithLabelValues(s.Name).Inc()
 		}
 		st.cause = err
-		st.backoff = min(2*st.backoff, shardBackoffMax)
-		st.probeAt = time.Now().Add(st.backoff)
+		st.probeAt = time.Now().Add(st.backoff.Next())
 		return
 	}
 	// It answers: the loop uses it again; a call that fails again puts it

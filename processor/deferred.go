@@ -8,6 +8,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mandated/mandated/internal/backoff"
 	"github.com/mandated/mandated/sink"
 )
 
@@ -72,8 +73,8 @@ func (p *Processor) startDeferredClaims(nums []int32, why map[int32]error, held 
 // worker and resumes fetching it; it gives up when cancelled (revoked,
 // leaving, stopping).
 func (p *Processor) claimLater(ctx context.Context, n int32, pc *pendingClaim) {
-	backoff := 200 * time.Millisecond
-	movedWait := movedRetry
+	retry := backoff.New(200*time.Millisecond, 5*time.Second)
+	moved := backoff.New(movedRetry, movedRetryMax)
 	p.mu.Lock()
 	reported := pc.why // already reported by onAssigned
 	p.mu.Unlock()
@@ -150,22 +151,16 @@ func (p *Processor) claimLater(ctx context.Context, n int32, pc *pendingClaim) {
 			client.ResumeFetchPartitions(p.topicPartitions(n))
 			return
 		}
-		wait := backoff
+		wait := retry.Next()
 		if isMoved(err) {
 			p.followMove(ctx, n, err)
-			wait = movedWait
-			movedWait = min(movedWait*2, movedRetryMax)
+			wait = moved.Next()
 		} else {
-			p.log.Warn().Err(err).Int32("partition", n).Dur("backoff", backoff).Msg("cannot claim the partition yet: its shard does not answer")
+			p.log.Warn().Err(err).Int32("partition", n).Dur("backoff", wait).Msg("cannot claim the partition yet: its shard does not answer")
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !backoff.Sleep(ctx, wait) {
 			return
-		case <-t.C:
 		}
-		backoff = min(backoff*2, 5*time.Second)
 	}
 }
 
@@ -186,7 +181,7 @@ func (p *Processor) cancelPending(nums []int32) {
 // new one). It keeps pc's cause for Ready and logs a rewound partition
 // when what it found changes; false when ctx ends.
 func (p *Processor) waitInStep(ctx context.Context, n int32, pc *pendingClaim, err error, reported *error) bool {
-	backoff := 200 * time.Millisecond
+	retry := backoff.New(200*time.Millisecond, 5*time.Second)
 	for err != nil {
 		rewound := errors.Is(err, ErrRewound)
 		p.mu.Lock()
@@ -203,9 +198,8 @@ func (p *Processor) waitInStep(ctx context.Context, n int32, pc *pendingClaim, e
 				*reported = err
 			}
 		} else if ctx.Err() == nil {
-			p.log.Warn().Err(err).Int32("partition", n).Dur("backoff", backoff).Msg("cannot check the partition against the decisions topic yet; not deciding it until it is")
-			wait = backoff
-			backoff = min(backoff*2, 5*time.Second)
+			wait = retry.Next()
+			p.log.Warn().Err(err).Int32("partition", n).Dur("backoff", wait).Msg("cannot check the partition against the decisions topic yet; not deciding it until it is")
 		}
 		if !sleepCtx(ctx, wait) {
 			return false

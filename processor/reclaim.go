@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/mandated/mandated/internal/backoff"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -25,8 +26,8 @@ var errNotAssigned = errors.New("processor: the consumer group does not confirm 
 // Until then the worker stays, fenced, so /readyz says so; it gives up
 // (false) only when it is stopped (revoked, lost, shutting down).
 func (p *Processor) recoverFenced(w *worker) bool {
-	backoff := 100 * time.Millisecond
-	movedWait := movedRetry
+	retry := backoff.New(100*time.Millisecond, 5*time.Second)
+	moved := backoff.New(movedRetry, movedRetryMax)
 	for {
 		if w.isStopping() || w.ctx.Err() != nil {
 			return false
@@ -42,14 +43,12 @@ func (p *Processor) recoverFenced(w *worker) bool {
 		if isMoved(err) {
 			w.setFenceCause(err)
 			p.followMove(w.ctx, w.partition, err)
-			w.sleepUnlessStopped(movedWait)
-			movedWait = min(movedWait*2, movedRetryMax)
+			w.sleepUnlessStopped(moved.Next())
 			continue
 		}
 		w.setFenceCause(err)
-		w.log.Warn().Err(err).Dur("backoff", backoff).Msg("fenced partition not re-claimed; unready until it is or until it is revoked")
-		w.sleepUnlessStopped(backoff)
-		backoff = min(backoff*2, 5*time.Second)
+		w.log.Warn().Err(err).Dur("backoff", retry.Current()).Msg("fenced partition not re-claimed; unready until it is or until it is revoked")
+		w.sleepUnlessStopped(retry.Next())
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/mandated/mandated/internal/backoff"
 	"github.com/mandated/mandated/sink"
 )
 
@@ -77,7 +78,7 @@ func (p *Processor) takeBackShard(s *sink.Sink, probes int) {
 // and hands its records to a successor. It returns when the successor
 // runs, or when the worker is stopped (revoked, lost, leaving).
 func (p *Processor) awaitTakeBack(w *worker) {
-	backoff := 200 * time.Millisecond
+	retry := backoff.New(200*time.Millisecond, 5*time.Second)
 	for {
 		if w.isStopping() || w.ctx.Err() != nil {
 			return
@@ -100,9 +101,8 @@ func (p *Processor) awaitTakeBack(w *worker) {
 			return
 		}
 		w.setFenceCause(err)
-		w.log.Warn().Err(err).Dur("backoff", backoff).Msg("cannot take the partition back yet")
-		w.sleepUnlessStopped(backoff)
-		backoff = min(backoff*2, 5*time.Second)
+		w.log.Warn().Err(err).Dur("backoff", retry.Current()).Msg("cannot take the partition back yet")
+		w.sleepUnlessStopped(retry.Next())
 	}
 }
 

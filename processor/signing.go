@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/mandated/mandated/internal/backoff"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/wire"
 )
@@ -122,7 +123,7 @@ func (w *worker) verifySignatures(items []item, now time.Time) error {
 // until it succeeds or the worker stops: a grantor command is never
 // decided without knowing whether its org requires a signature.
 func (w *worker) keyring(force bool) (*sink.Keyring, error) {
-	backoff := 50 * time.Millisecond
+	retry := backoff.New(50*time.Millisecond, 5*time.Second)
 	for {
 		ring, err := w.p.keys.get(w.ctx, force)
 		if err == nil {
@@ -131,10 +132,9 @@ func (w *worker) keyring(force bool) (*sink.Keyring, error) {
 		if w.ctx.Err() != nil {
 			return nil, errStopped
 		}
-		w.log.Error().Err(err).Dur("backoff", backoff).Msg("cannot read the grantor keys; retrying")
-		if !sleepCtx(w.ctx, backoff) {
+		w.log.Error().Err(err).Dur("backoff", retry.Current()).Msg("cannot read the grantor keys; retrying")
+		if !retry.Wait(w.ctx) {
 			return nil, errStopped
 		}
-		backoff = min(backoff*2, 5*time.Second)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/mandated/mandated/internal/backoff"
 	"github.com/mandated/mandated/internal/clock"
 	"github.com/mandated/mandated/internal/failpoint"
 	"github.com/mandated/mandated/internal/tracing"
@@ -296,7 +297,7 @@ func (w *worker) stillInStep() bool {
 }
 
 func (w *worker) loadDeadlines() error {
-	backoff := 50 * time.Millisecond
+	retry := backoff.New(50*time.Millisecond, 5*time.Second)
 	for {
 		ds, err := w.store.Deadlines(w.ctx, w.partition)
 		if err == nil {
@@ -312,14 +313,13 @@ func (w *worker) loadDeadlines() error {
 		if w.isReleased() {
 			return errReleased
 		}
-		w.log.Error().Err(err).Msg("cannot load pending deadlines; retrying")
-		if !w.sleepUnlessReleased(backoff) {
+		w.log.Error().Err(err).Dur("backoff", retry.Current()).Msg("cannot load pending deadlines; retrying")
+		if !w.sleepUnlessReleased(retry.Next()) {
 			if w.isReleased() {
 				return errReleased
 			}
 			return w.ctx.Err()
 		}
-		backoff = min(backoff*2, 5*time.Second)
 	}
 }
 
@@ -416,95 +416,13 @@ func (w *worker) commitIsolating(items []item, due []lifecycle.AuthKey, now time
 // commit decides and commits one batch, retrying transient failures until
 // it succeeds, the worker is fenced, or the worker stops.
 func (w *worker) commit(items []item, due []lifecycle.AuthKey, now time.Time) error {
-	needs := sink.NewNeeds()
-	to := sink.Position{ProposalsOffset: w.pos.ProposalsOffset, GrantsOffset: w.pos.GrantsOffset}
-	for _, it := range items {
-		if it.rec.Topic == w.p.cfg.GrantsTopic {
-			to.GrantsOffset = max(to.GrantsOffset, it.rec.Offset+1)
-		} else {
-			to.ProposalsOffset = max(to.ProposalsOffset, it.rec.Offset+1)
-		}
-		if it.kind != itemCommand {
-			continue
-		}
-		c := it.cmd
-		needs.Mandates[c.Key] = struct{}{}
-		if scope, ok := lifecycle.ScopeOf(c); ok {
-			needs.Idem[scope] = struct{}{}
-		}
-		w.replayNeeds(&needs, c, now)
-		switch c.Type {
-		case wire.CmdPropose, wire.CmdGrant:
-		case wire.CmdRevoke:
-			needs.Reserved[c.Key] = struct{}{}
-		default:
-			needs.Auths[lifecycle.AuthKey{Mandate: c.Key, ID: c.AuthorizationID()}] = struct{}{}
-		}
-	}
-	for _, k := range due {
-		needs.Mandates[k.Mandate] = struct{}{}
-		needs.Auths[k] = struct{}{}
-	}
-
+	needs, to := w.needsOf(items, due, now)
 	var decisions []wire.Decision
 	b := &sink.Batch{
 		Partition: w.partition, Epoch: w.epoch, From: w.pos, To: to, Needs: needs,
 		Decide: func(st *lifecycle.State) ([]outbox.Row, error) {
 			decisions = decisions[:0]
-			var rows []outbox.Row
-			emit := func(ds ...wire.Decision) error {
-				for i := range ds {
-					payload, err := ds[i].Encode()
-					if err != nil {
-						return err
-					}
-					decisions = append(decisions, ds[i])
-					rows = append(rows, outbox.Row{Partition: w.partition, Seq: ds[i].Sequence, Epoch: w.epoch,
-						Kind: outbox.KindDecision, Key: []byte(ds[i].MandateKey), Payload: payload, CreatedAt: now})
-				}
-				return nil
-			}
-			for _, k := range due {
-				if err := emit(st.Tick(k, now)...); err != nil {
-					return nil, err
-				}
-			}
-			for _, it := range items {
-				var err error
-				first := len(rows)
-				switch it.kind {
-				case itemCommand:
-					ds := st.Decide(lifecycle.Input{Cmd: it.cmd, Source: it.src}, now)
-					if it.signedBy != "" {
-						for i := range ds {
-							ds[i].SignedBy = it.signedBy
-						}
-					}
-					err = emit(ds...)
-				case itemReject:
-					d := st.Reject(it.key, it.rej, it.src, it.sentAt, now)
-					if it.home >= 0 {
-						home := it.home
-						d.HomePartition = &home
-					}
-					err = emit(d)
-				case itemDeadLetter:
-					rows = append(rows, deadLetterRow(st, w.partition, w.epoch, it, now))
-				}
-				if err != nil {
-					return nil, err
-				}
-				if it.request != "" && it.kind != itemDeadLetter {
-					answer(rows[first:], decisions[len(decisions)-(len(rows)-first):], it, st.Retention, now)
-				}
-				if it.trace.IsValid() {
-					tp := tracing.Format(it.trace)
-					for i := first; i < len(rows); i++ {
-						rows[i].TraceParent = tp
-					}
-				}
-			}
-			return rows, nil
+			return w.decide(st, items, due, now, &decisions)
 		},
 	}
 	if failpoint.Armed(failpoint.BeforeCommit) {
@@ -514,7 +432,15 @@ func (w *worker) commit(items []item, due []lifecycle.AuthKey, now time.Time) er
 
 	span := w.batchSpan(items, len(due))
 	defer span.End()
-	backoff := 50 * time.Millisecond
+	// Two retry layers meet here. The sink retries a batch whose
+	// transaction conflicted (a serialization failure, a deadlock: up to
+	// sink.Config.MaxBatchAttempts, jittered from sink.RetryBackoffDefault
+	// to 1 s) and resolves a COMMIT whose answer was lost by reading the
+	// position back; what it gives up on comes here. This loop keeps the
+	// batch through what outlasts that (the database unreachable, conflicts
+	// that keep coming), with its own backoff, until the worker is fenced,
+	// stopped or released: a batch is never dropped, only decided again.
+	retry := backoff.New(50*time.Millisecond, 5*time.Second)
 	for {
 		start := time.Now()
 		actx, ok := w.beginAttempt()
@@ -559,15 +485,111 @@ func (w *worker) commit(items []item, due []lifecycle.AuthKey, now time.Time) er
 		// the batch and try again. The outcome of the last COMMIT may be
 		// unknown, which the sink resolves by reading the position back.
 		b.Retry = true
-		w.log.Error().Err(err).Dur("backoff", backoff).Msg("batch commit failed; retrying")
-		if !w.sleepUnlessReleased(backoff) {
+		w.log.Error().Err(err).Dur("backoff", retry.Current()).Msg("batch commit failed; retrying")
+		if !w.sleepUnlessReleased(retry.Next()) {
 			if w.isReleased() {
 				return errReleased
 			}
 			return errStopped
 		}
-		backoff = min(backoff*2, 5*time.Second)
 	}
+}
+
+// needsOf is what a batch of items and due deadlines must load, and the
+// position it advances to.
+func (w *worker) needsOf(items []item, due []lifecycle.AuthKey, now time.Time) (sink.Needs, sink.Position) {
+	needs := sink.NewNeeds()
+	to := sink.Position{ProposalsOffset: w.pos.ProposalsOffset, GrantsOffset: w.pos.GrantsOffset}
+	for _, it := range items {
+		if it.rec.Topic == w.p.cfg.GrantsTopic {
+			to.GrantsOffset = max(to.GrantsOffset, it.rec.Offset+1)
+		} else {
+			to.ProposalsOffset = max(to.ProposalsOffset, it.rec.Offset+1)
+		}
+		if it.kind != itemCommand {
+			continue
+		}
+		c := it.cmd
+		needs.Mandates[c.Key] = struct{}{}
+		if scope, ok := lifecycle.ScopeOf(c); ok {
+			needs.Idem[scope] = struct{}{}
+		}
+		w.replayNeeds(&needs, c, now)
+		switch c.Type {
+		case wire.CmdPropose, wire.CmdGrant:
+		case wire.CmdRevoke:
+			needs.Reserved[c.Key] = struct{}{}
+		default:
+			needs.Auths[lifecycle.AuthKey{Mandate: c.Key, ID: c.AuthorizationID()}] = struct{}{}
+		}
+	}
+	for _, k := range due {
+		needs.Mandates[k.Mandate] = struct{}{}
+		needs.Auths[k] = struct{}{}
+	}
+
+	return needs, to
+}
+
+// decide is a batch's decision step, run by the sink inside its
+// transaction on the loaded state (again when the batch is retried): the
+// due deadlines, then every item in order, as outbox rows; decisions
+// collects what the rows carry.
+func (w *worker) decide(st *lifecycle.State, items []item, due []lifecycle.AuthKey, now time.Time, decisions *[]wire.Decision) ([]outbox.Row, error) {
+	var rows []outbox.Row
+	emit := func(ds ...wire.Decision) error {
+		for i := range ds {
+			payload, err := ds[i].Encode()
+			if err != nil {
+				return err
+			}
+			*decisions = append(*decisions, ds[i])
+			rows = append(rows, outbox.Row{Partition: w.partition, Seq: ds[i].Sequence, Epoch: w.epoch,
+				Kind: outbox.KindDecision, Key: []byte(ds[i].MandateKey), Payload: payload, CreatedAt: now})
+		}
+		return nil
+	}
+	for _, k := range due {
+		if err := emit(st.Tick(k, now)...); err != nil {
+			return nil, err
+		}
+	}
+	for _, it := range items {
+		var err error
+		first := len(rows)
+		switch it.kind {
+		case itemCommand:
+			ds := st.Decide(lifecycle.Input{Cmd: it.cmd, Source: it.src}, now)
+			if it.signedBy != "" {
+				for i := range ds {
+					ds[i].SignedBy = it.signedBy
+				}
+			}
+			err = emit(ds...)
+		case itemReject:
+			d := st.Reject(it.key, it.rej, it.src, it.sentAt, now)
+			if it.home >= 0 {
+				home := it.home
+				d.HomePartition = &home
+			}
+			err = emit(d)
+		case itemDeadLetter:
+			rows = append(rows, deadLetterRow(st, w.partition, w.epoch, it, now))
+		}
+		if err != nil {
+			return nil, err
+		}
+		if it.request != "" && it.kind != itemDeadLetter {
+			answer(rows[first:], (*decisions)[len(*decisions)-(len(rows)-first):], it, st.Retention, now)
+		}
+		if it.trace.IsValid() {
+			tp := tracing.Format(it.trace)
+			for i := first; i < len(rows); i++ {
+				rows[i].TraceParent = tp
+			}
+		}
+	}
+	return rows, nil
 }
 
 func (w *worker) countRetries(causes []string) {

@@ -105,9 +105,9 @@ type written struct {
 	AlreadyStored bool
 }
 
-// part is one batch on its way through a transaction: the batch's own
-// transaction (write), or one part of a group commit (Group).
-type part struct {
+// batchPart is one batch on its way through a transaction: the batch's own
+// transaction (write), or one batchPart of a group commit (Group).
+type batchPart struct {
 	b       *Batch
 	retried bool
 
@@ -127,14 +127,14 @@ type part struct {
 }
 
 // queueLock queues the part's partition lock (the fence).
-func (p *part) queueLock(lb *pgx.Batch) { lb.Queue(lockPartitionSQL, p.b.Partition) }
+func (p *batchPart) queueLock(lb *pgx.Batch) { lb.Queue(lockPartitionSQL, p.b.Partition) }
 
 // queueLoads queues the part's loads: the mandates, the idempotency keys,
 // and when the batch needs them the intents, the authorizations
 // (loadAuthsSQL finds the ones the mandates, keys and intents point at
 // itself) and the recent authorizations of the possible-replay check.
 // With the locks, everything a transaction reads goes in one round trip.
-func (p *part) queueLoads(lb *pgx.Batch) {
+func (p *batchPart) queueLoads(lb *pgx.Batch) {
 	b := p.b
 	var orgs, ids []string
 	for k := range b.Needs.Mandates {
@@ -153,7 +153,7 @@ func (p *part) queueLoads(lb *pgx.Batch) {
 }
 
 // loads counts the results queueLoads queued.
-func (p *part) loads() int {
+func (p *batchPart) loads() int {
 	n := 2
 	for _, q := range []bool{p.intents, p.auths, p.recent} {
 		if q {
@@ -166,7 +166,7 @@ func (p *part) loads() int {
 // readLock reads the part's lock and checks the fence: p.fence (ErrFenced)
 // or p.already leave the transaction usable; an error returned is the
 // database's, after which the transaction is not.
-func (p *part) readLock(br pgx.BatchResults) error {
+func (p *batchPart) readLock(br pgx.BatchResults) error {
 	b := p.b
 	var epoch int64
 	var setting, planning string
@@ -181,7 +181,7 @@ func (p *part) readLock(br pgx.BatchResults) error {
 // readLoads reads what queueLoads queued into the part's state (or passes
 // over it for a fenced or already stored part). An error is the
 // database's, after which the transaction is not usable.
-func (s *Sink) readLoads(p *part, br pgx.BatchResults) error {
+func (s *Sink) readLoads(p *batchPart, br pgx.BatchResults) error {
 	b := p.b
 	if p.fence != nil || p.already {
 		for range p.loads() {
@@ -248,7 +248,7 @@ func (s *Sink) readLoads(p *part, br pgx.BatchResults) error {
 // decide decides the batch against the loaded state, for addTo.
 // ErrRecordFault: a mandate the decisions leave invalid. Nothing is
 // written yet either way.
-func (p *part) decide() error {
+func (p *batchPart) decide() error {
 	b, st := p.b, p.st
 	out, err := b.Decide(st)
 	if err != nil {
@@ -277,14 +277,14 @@ func (p *part) decide() error {
 
 // addTo adds what the part decided to w: its writes and the advance of
 // its position.
-func (p *part) addTo(w *writeSet) {
+func (p *batchPart) addTo(w *writeSet) {
 	w.add(p.st, p.tids, p.out, advance{partition: p.b.Partition, epoch: p.b.Epoch, from: p.stored, to: p.to, head: p.newHead})
 }
 
 // bindsTwice reports an idempotency key or intent scope the part binds
 // that bound (the scopes earlier parts of its group bind) already holds,
 // and adds the part's scopes to bound otherwise.
-func (p *part) bindsTwice(bound map[any]bool) (any, bool) {
+func (p *batchPart) bindsTwice(bound map[any]bool) (any, bool) {
 	var mine []any
 	for _, r := range p.st.Idem {
 		if r.New {
@@ -308,7 +308,7 @@ func (p *part) bindsTwice(bound map[any]bool) (any, bool) {
 }
 
 // written is what the part wrote, once committed.
-func (p *part) written() written {
+func (p *batchPart) written() written {
 	if p.already {
 		return written{Position: p.stored, AlreadyStored: true}
 	}

@@ -395,18 +395,18 @@ func (s *Sink) attemptParts(ctx context.Context, reqs []*groupReq, live []int, o
 	}
 	defer t.end(ctx)
 
-	parts := make([]*part, len(live))
+	parts := make([]*batchPart, len(live))
 	var lb pgx.Batch
 	lb.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	for j, i := range live {
-		parts[j] = &part{b: reqs[i].b, retried: reqs[i].retried}
+		parts[j] = &batchPart{b: reqs[i].b, retried: reqs[i].retried}
 		parts[j].queueLock(&lb)
 	}
 	for _, p := range parts {
 		p.queueLoads(&lb)
 	}
 	// active: the parts still going (not fenced, not already stored).
-	active := func(yield func(int, *part) bool) {
+	active := func(yield func(int, *batchPart) bool) {
 		for j, i := range live {
 			if errs[i] == nil && !parts[j].already && !yield(i, parts[j]) {
 				return
@@ -514,10 +514,10 @@ func (s *Sink) attemptMerged(ctx context.Context, reqs []*groupReq, live []int, 
 	}
 	defer t.end(ctx)
 
-	parts := make([]*part, len(live))
+	parts := make([]*batchPart, len(live))
 	partitions := make([]int32, len(live))
 	for j, i := range live {
-		parts[j] = &part{b: reqs[i].b, retried: reqs[i].retried}
+		parts[j] = &batchPart{b: reqs[i].b, retried: reqs[i].retried}
 		partitions[j] = reqs[i].b.Partition
 	}
 	var lb pgx.Batch

@@ -29,7 +29,7 @@ type mergedLoads struct {
 }
 
 // queueMergedLoads queues phase one's loads for every part at once.
-func queueMergedLoads(lb *pgx.Batch, parts []*part) mergedLoads {
+func queueMergedLoads(lb *pgx.Batch, parts []*batchPart) mergedLoads {
 	all := NewNeeds()
 	l := mergedLoads{mandates: map[partitioner.MandateKey]int{}, idem: map[lifecycle.IdemScope][]int{},
 		intent: map[lifecycle.IntentScope][]int{}}
@@ -78,7 +78,7 @@ func queueMergedLoads(lb *pgx.Batch, parts []*part) mergedLoads {
 
 // readLocks reads lockPartitionsSQL's rows and checks each part's fence
 // (see readLock).
-func readLocks(br pgx.BatchResults, parts []*part) error {
+func readLocks(br pgx.BatchResults, parts []*batchPart) error {
 	type lockRow struct {
 		epoch  int64
 		stored Position
@@ -113,7 +113,7 @@ func readLocks(br pgx.BatchResults, parts []*part) error {
 
 // readMergedLoads reads what queueMergedLoads queued into the state of
 // every part still going (not fenced, not already stored).
-func (s *Sink) readMergedLoads(br pgx.BatchResults, parts []*part, l mergedLoads) error {
+func (s *Sink) readMergedLoads(br pgx.BatchResults, parts []*batchPart, l mergedLoads) error {
 	live := func(j int) bool { return parts[j].fence == nil && !parts[j].already }
 	for j, p := range parts {
 		if live(j) {
@@ -247,7 +247,7 @@ func readAuthRows(br pgx.BatchResults, f func(*lifecycle.Authorization, pgtype.T
 // checkFence checks the part's fence against its partition row (found, at
 // epoch; p.stored read from it): p.fence, or p.already when an earlier
 // attempt's ambiguous COMMIT did commit.
-func (p *part) checkFence(found bool, epoch int64) {
+func (p *batchPart) checkFence(found bool, epoch int64) {
 	b := p.b
 	switch {
 	case !found:
