@@ -32,6 +32,7 @@ type Processor struct {
 	keys    *keyring
 	tracer  trace.Tracer               // nil: tracing off
 	groups  map[*sink.Sink]*sink.Group // one committer per shard; nil without GroupCommit
+	slots   map[*sink.Sink]chan struct{} // Config.CommitSlots per shard; nil without a cap
 
 	partitions int32 // the topics' partition count
 
@@ -92,6 +93,12 @@ func NewSharded(cfg Config, shards *sink.Shards, log zerolog.Logger, m *Metrics)
 		health: newShardHealth()}
 	if cfg.TracerProvider != nil {
 		p.tracer = cfg.TracerProvider.Tracer("github.com/mandated/mandated/processor")
+	}
+	if n := cfg.CommitSlots; n > 0 && !cfg.GroupCommit {
+		p.slots = map[*sink.Sink]chan struct{}{}
+		for _, s := range shards.All() {
+			p.slots[s] = make(chan struct{}, n)
+		}
 	}
 	if cfg.GroupCommit {
 		p.groups = map[*sink.Sink]*sink.Group{}
