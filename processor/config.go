@@ -135,14 +135,6 @@ type Config struct {
 	// across a process's partitions"). Defaults to false: each partition's
 	// batch commits in its own transaction.
 	GroupCommit bool
-	// CommitSlots caps the partition batches committing at once per shard
-	// in this process (0: no cap). A worker takes its batch only once it
-	// holds a slot, so the records that arrive while others commit join
-	// its batch: batches grow with the arrival rate instead of the
-	// database interleaving one small transaction per partition (each
-	// paying its fixed cost) on cores that cannot run them at once.
-	// Without GroupCommit only. Defaults to 0.
-	CommitSlots int
 	// GroupCommitsInFlight caps the group commits running at once per
 	// shard; batches handed over while that many are in flight wait and
 	// go together in the next. Defaults to sink.GroupMaxInFlightDefault.
@@ -213,10 +205,6 @@ type TestConfig struct {
 	OnCommitted func(BatchReport)
 	// OnFenced is called when a worker's commit is fenced.
 	OnFenced func(partition int32, epoch int64)
-	// InCommit is called when a partition batch's commit starts (its own
-	// transaction, or its hand-over to a group commit), from the worker;
-	// the function it returns when that commit ends.
-	InCommit func(partition int32) (done func())
 	// OnGroupCommit is called after every group commit, from the shard's
 	// committers (concurrently when more than one is in flight); it must
 	// not block.
@@ -290,8 +278,6 @@ func (c Config) Validate() error {
 		return errors.New("processor: MaxBatch must be between 1 and 10000")
 	case c.GroupCommitsInFlight < 1:
 		return errors.New("processor: GroupCommitsInFlight must be positive")
-	case c.CommitSlots < 0:
-		return errors.New("processor: CommitSlots must not be negative (0: no cap)")
 	case c.MaxRecordBytes < 1024:
 		return errors.New("processor: MaxRecordBytes must be at least 1024")
 	case c.SessionTimeout < time.Second:

@@ -11,9 +11,6 @@ import (
 // shard, in one transaction), or in its own transaction without GroupCommit.
 // Either way the result and its errors mean the same (sink.Group.Commit).
 func (p *Processor) commitBatch(ctx context.Context, store *sink.Sink, b *sink.Batch) (sink.Result, error) {
-	if f := p.cfg.Test.InCommit; f != nil {
-		defer f(b.Partition)()
-	}
 	if g := p.groups[store]; g != nil {
 		return g.Commit(ctx, b)
 	}

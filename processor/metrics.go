@@ -25,7 +25,6 @@ type Metrics struct {
 	AmbiguousCommits   prometheus.Counter
 	BatchSize          prometheus.Histogram
 	CommitSeconds      prometheus.Histogram
-	CommitSlotWait     prometheus.Histogram
 	GroupPartitions    prometheus.Histogram
 	DecisionLatency    prometheus.Histogram
 	ConsumerLag        *prometheus.GaugeVec
@@ -140,11 +139,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Time to commit one partition batch, retries included (with group commit: from handing it to its shard's committer to the group's COMMIT).",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
-		CommitSlotWait: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "mandated_commit_slot_wait_seconds",
-			Help:    "Time a partition's worker waited for one of its shard's commit slots (Config.CommitSlots) before taking its batch; not observed when a slot was free.",
-			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
-		}),
 		GroupPartitions: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "mandated_group_commit_partitions",
 			Help:    "Partition batches carried by one group commit (one PostgreSQL transaction per shard per cycle; see Config.GroupCommit).",
@@ -254,7 +248,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		reg.MustRegister(m.Rebalance.collectors()...)
 		reg.MustRegister(m.Decisions, m.Rejections, m.DeadLetters, m.Misrouted, m.GrantsOnProposals, m.DeadlineMoves,
 			m.Fenced, m.Reclaims, m.BatchRetries, m.VersionConflicts, m.RecordFaults, m.AmbiguousCommits, m.BatchSize,
-			m.CommitSeconds, m.CommitSlotWait, m.GroupPartitions, m.DecisionLatency, m.ConsumerLag, m.PartitionsOwned, m.PartitionEpoch,
+			m.CommitSeconds, m.GroupPartitions, m.DecisionLatency, m.ConsumerLag, m.PartitionsOwned, m.PartitionEpoch,
 			m.TakeoverSeconds, m.PredecessorsKilled, m.InDoubt, m.InDoubtOldest, m.KeysPurged, m.PendingDeadlines, m.Ready)
 		reg.MustRegister(m.Executions, m.StaleTokens)
 	}

@@ -32,7 +32,6 @@ type Processor struct {
 	keys    *keyring
 	tracer  trace.Tracer               // nil: tracing off
 	groups  map[*sink.Sink]*sink.Group // one committer per shard; nil without GroupCommit
-	slots   map[*sink.Sink]chan struct{} // Config.CommitSlots per shard; nil without a cap
 
 	partitions int32 // the topics' partition count
 
@@ -93,12 +92,6 @@ func NewSharded(cfg Config, shards *sink.Shards, log zerolog.Logger, m *Metrics)
 		health: newShardHealth()}
 	if cfg.TracerProvider != nil {
 		p.tracer = cfg.TracerProvider.Tracer("github.com/mandated/mandated/processor")
-	}
-	if n := cfg.CommitSlots; n > 0 && !cfg.GroupCommit {
-		p.slots = map[*sink.Sink]chan struct{}{}
-		for _, s := range shards.All() {
-			p.slots[s] = make(chan struct{}, n)
-		}
 	}
 	if cfg.GroupCommit {
 		p.groups = map[*sink.Sink]*sink.Group{}

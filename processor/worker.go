@@ -333,15 +333,6 @@ func (w *worker) step() (bool, error) {
 	// than one batch applies, the batch is deadlines only and the records
 	// wait for the batch that applies the last of them.
 	due := w.deadlines.due(now, maxDuePerBatch)
-	if slot := w.p.slots[w.store]; slot != nil {
-		if len(due) == 0 && w.inboxLen() == 0 {
-			return false, nil
-		}
-		if err := w.acquire(slot); err != nil {
-			return false, err
-		}
-		defer func() { <-slot }()
-	}
 	var recs []*kgo.Record
 	if !w.deadlines.anyDue(now) {
 		recs = w.take(w.p.cfg.MaxBatch)
@@ -370,33 +361,6 @@ func (w *worker) step() (bool, error) {
 		w.unshift(recs) // a successor re-claiming the partition decides them
 	}
 	return true, err
-}
-
-// inboxLen is how many fetched records wait for a batch.
-func (w *worker) inboxLen() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return len(w.inbox)
-}
-
-// acquire waits for one of the shard's commit slots (Config.CommitSlots):
-// errStopped or errReleased when the worker stops or is released first.
-func (w *worker) acquire(slot chan struct{}) error {
-	select {
-	case slot <- struct{}{}:
-		return nil
-	default:
-	}
-	start := time.Now()
-	defer func() { w.p.metrics.CommitSlotWait.Observe(time.Since(start).Seconds()) }()
-	select {
-	case slot <- struct{}{}:
-		return nil
-	case <-w.ctx.Done():
-		return errStopped
-	case <-w.releasedC:
-		return errReleased
-	}
 }
 
 // alreadyDecided drops a record below the stored position (a redelivery).

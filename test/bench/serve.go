@@ -63,9 +63,6 @@ type ServeConfig struct {
 	// the defaults, as cmd/mandated runs).
 	GroupCommit          bool `json:"group_commit"`
 	GroupCommitsInFlight int  `json:"group_commits_in_flight"`
-	// CommitSlots is processor.Config's (zero: no cap, as cmd/mandated
-	// runs by default).
-	CommitSlots int `json:"commit_slots"`
 	// Shards, when set, is the shard map the service runs over, as
 	// cmd/mandated --shard-map runs it (DatabaseURL is then ignored).
 	Shards []ServeShard `json:"shards,omitempty"`
@@ -223,7 +220,7 @@ func Serve(cfg ServeConfig) error {
 			Brokers: cfg.Brokers, ClientHooks: hooks, Group: cfg.Group, Owner: "bench",
 			ProposalsTopic: cfg.Proposals, GrantsTopic: cfg.Grants,
 			DecisionsTopic: cfg.Decisions, DeadLetterTopic: cfg.DeadLetter,
-			GroupCommit: cfg.GroupCommit, GroupCommitsInFlight: cfg.GroupCommitsInFlight, CommitSlots: cfg.CommitSlots,
+			GroupCommit: cfg.GroupCommit, GroupCommitsInFlight: cfg.GroupCommitsInFlight,
 		},
 		Relay:      relay,
 		Registerer: reg,
