@@ -63,26 +63,13 @@ func TestARevokedPartitionIsReleasedToItsNextOwnerWithoutFencingTheRelayThatKeep
 		own[p].epoch, own[p].relay = b.claim(p), x
 		x.Assigned(p, own[p].epoch)
 	}
-	ctx, stopLoad := context.WithCancel(context.Background())
-	loadDone := make(chan struct{})
-	go func() {
-		defer close(loadDone)
-		tick := time.NewTicker(3 * time.Millisecond)
-		defer tick.Stop()
-		for i := 0; ; i++ {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			o := &own[i%2]
-			o.mu.Lock()
-			_, o.last = b.insert(int32(i%2), o.epoch, 1, 100)
-			o.relay.Committed(int32(i%2), o.epoch, o.last+1)
-			o.mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() { stopLoad(); <-loadDone })
+	stopLoad := testenv.Tick(t, 3*time.Millisecond, func(i int) {
+		o := &own[i%2]
+		o.mu.Lock()
+		_, o.last = b.insert(int32(i%2), o.epoch, 1, 100)
+		o.relay.Committed(int32(i%2), o.epoch, o.last+1)
+		o.mu.Unlock()
+	})
 	lastOf := func(p int32) int64 { own[p].mu.Lock(); defer own[p].mu.Unlock(); return own[p].last }
 	testenv.WaitFor(t, time.Minute, func() bool { return b.received.count(0) >= 20 && b.received.count(1) >= 20 }, "X publishes both partitions")
 
@@ -98,7 +85,6 @@ func TestARevokedPartitionIsReleasedToItsNextOwnerWithoutFencingTheRelayThatKeep
 	testenv.WaitFor(t, time.Minute, func() bool { return int64(b.received.count(0)) > at0+20 }, "X goes on publishing partition 0")
 
 	stopLoad()
-	<-loadDone
 	for p := range int32(2) {
 		last := lastOf(p)
 		testenv.WaitFor(t, time.Minute, func() bool { return int64(b.received.count(p)) >= last }, "drained")

@@ -150,26 +150,14 @@ func TestTwoRelayProcessesRacingForPartitionsThatMoveUnderLoadWithAPausedFormerO
 	}
 	// Load: one row every 4 ms, round robin, each under its partition's
 	// current epoch, woken on its current owner.
-	ctx, stopLoad := context.WithCancel(context.Background())
-	loadDone := make(chan struct{})
-	go func() {
-		defer close(loadDone)
-		tick := time.NewTicker(4 * time.Millisecond)
-		defer tick.Stop()
-		for i := 0; ; i++ {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			p := int32(i % partitions)
-			o := &own[p]
-			o.mu.Lock()
-			_, o.last = b.insert(p, o.epoch, 1, 150)
-			relays[o.owner].Committed(p, o.epoch, o.last+1)
-			o.mu.Unlock()
-		}
-	}()
+	stopLoad := testenv.Tick(t, 4*time.Millisecond, func(i int) {
+		p := int32(i % partitions)
+		o := &own[p]
+		o.mu.Lock()
+		_, o.last = b.insert(p, o.epoch, 1, 150)
+		relays[o.owner].Committed(p, o.epoch, o.last+1)
+		o.mu.Unlock()
+	})
 	lastOf := func(p int32) int64 { own[p].mu.Lock(); defer own[p].mu.Unlock(); return own[p].last }
 
 	pauses := 0
@@ -204,7 +192,6 @@ func TestTwoRelayProcessesRacingForPartitionsThatMoveUnderLoadWithAPausedFormerO
 		}
 	}
 	stopLoad()
-	<-loadDone
 	for p := range int32(partitions) {
 		last := lastOf(p)
 		testenv.WaitFor(t, time.Minute, func() bool { return int64(b.received.count(p)) >= last }, "drained")
@@ -284,19 +271,14 @@ func TestAPartitionAssignedAgainToTheSameRelayUnderLoadResumesAfterItsOwnLastTra
 		own[p].epoch = b.claim(p)
 		r.Assigned(p, own[p].epoch)
 	}
-	ctx, stopLoad := context.WithCancel(context.Background())
-	loadDone := make(chan struct{})
-	go func() {
-		defer close(loadDone)
-		for i := 0; ctx.Err() == nil; i++ {
-			p := int32(i % partitions)
-			o := &own[p]
-			o.mu.Lock()
-			_, o.last = b.insert(p, o.epoch, 2, 100)
-			r.Committed(p, o.epoch, o.last+1)
-			o.mu.Unlock()
-		}
-	}()
+	stopLoad := testenv.Tick(t, 0, func(i int) {
+		p := int32(i % partitions)
+		o := &own[p]
+		o.mu.Lock()
+		_, o.last = b.insert(p, o.epoch, 2, 100)
+		r.Committed(p, o.epoch, o.last+1)
+		o.mu.Unlock()
+	})
 	for range reclaims {
 		o := &own[0]
 		o.mu.Lock()
@@ -307,7 +289,6 @@ func TestAPartitionAssignedAgainToTheSameRelayUnderLoadResumesAfterItsOwnLastTra
 		testenv.WaitFor(t, time.Minute, func() bool { return int64(b.received.count(0)) > atClaim }, "published after the re-claim")
 	}
 	stopLoad()
-	<-loadDone
 	for p := range int32(partitions) {
 		o := &own[p]
 		testenv.WaitFor(t, time.Minute, func() bool { return int64(b.received.count(p)) >= o.last }, "drained")

@@ -132,33 +132,20 @@ func TestAScaleUpKeepsPublishingThePartitionsThatDidNotMoveWithoutPause(t *testi
 	t.Cleanup(producer.Close)
 	var sentMu sync.Mutex
 	sent := map[int32]int{}
-	ctx, stopLoad := context.WithCancel(context.Background())
-	loadDone := make(chan struct{})
-	go func() {
-		defer close(loadDone)
-		tick := time.NewTicker(8 * time.Millisecond)
-		defer tick.Stop()
-		for i := 0; ; i++ {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			p := int32(i % partitions)
-			cmd := propose("acme", mandates[p], fmt.Sprintf("k%d", i), 1, nil)
-			cmd["v"] = wire.SchemaVersion
-			v, _ := json.Marshal(cmd)
-			producer.Produce(context.Background(), &kgo.Record{Topic: h.Spec.Proposals, Key: []byte("acme/" + mandates[p]), Value: v},
-				func(_ *kgo.Record, err error) {
-					if err == nil {
-						sentMu.Lock()
-						sent[p]++
-						sentMu.Unlock()
-					}
-				})
-		}
-	}()
-	t.Cleanup(func() { stopLoad(); <-loadDone })
+	stopLoad := testenv.Tick(t, 8*time.Millisecond, func(i int) {
+		p := int32(i % partitions)
+		cmd := propose("acme", mandates[p], fmt.Sprintf("k%d", i), 1, nil)
+		cmd["v"] = wire.SchemaVersion
+		v, _ := json.Marshal(cmd)
+		producer.Produce(context.Background(), &kgo.Record{Topic: h.Spec.Proposals, Key: []byte("acme/" + mandates[p]), Value: v},
+			func(_ *kgo.Record, err error) {
+				if err == nil {
+					sentMu.Lock()
+					sent[p]++
+					sentMu.Unlock()
+				}
+			})
+	})
 
 	// The steady state: 3 s once every partition is published.
 	testenv.WaitFor(t, time.Minute, func() bool {
@@ -188,7 +175,6 @@ func TestAScaleUpKeepsPublishingThePartitionsThatDidNotMoveWithoutPause(t *testi
 	testenv.WaitFor(t, time.Minute, func() bool { return time.Since(settled) >= 2*time.Second }, "2 s of load after the scale-up")
 	scaleTo := time.Now()
 	stopLoad()
-	<-loadDone
 	require.NoError(t, producer.Flush(context.Background()))
 	testenv.WaitFor(t, time.Minute, func() bool {
 		sentMu.Lock()
