@@ -24,7 +24,7 @@
 // It reads PostgreSQL (sink's operator queries) and produces only resolves,
 // through the client. It stands on gateway (tokens), client, sink, wire and
 // partitioner (test/layout); it never imports processor, lifecycle's
-// decisions aside from the rows sink returns, outbox or verify.
+// decisions aside from the rows sink returns, outbox, verify or admin.
 package console
 
 import (

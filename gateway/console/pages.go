@@ -12,7 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/mandated/mandated/admin"
 	"github.com/mandated/mandated/client"
 	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/partitioner"
@@ -374,7 +373,7 @@ func (p verifyPartition) headPart(i int) string {
 func (c *Console) verifyPage(w http.ResponseWriter, r *http.Request, s session) {
 	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.QueryTimeout)
 	defer cancel()
-	run, err := admin.LastVerifyRun(ctx, c.src.Control)
+	run, err := sink.LastVerifyRun(ctx, c.src.Control)
 	switch {
 	case errors.Is(err, sink.ErrNotFound):
 		c.render(w, r, http.StatusOK, "verify", &s, map[string]any{})
