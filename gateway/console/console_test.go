@@ -367,8 +367,8 @@ func TestAnOperatorReconcilesInTheConsoleInARealBrowser(t *testing.T) {
 	require.Contains(t, text(t, ctx, ".summary"), "1 in doubt")
 
 	// A mandate's page: terms, uses, authorizations with results, the fork lineage.
-	require.NoError(t, chromedp.Do(ctx, chromedp.SendKeys(chromedp.CSS(`input[name="key"]`), "acme/refund-case-1907")))
-	submit(t, ctx, chromedp.Submit(chromedp.CSS(`input[name="key"]`)), http.StatusOK)
+	require.NoError(t, chromedp.Do(ctx, chromedp.SendKeys(chromedp.CSS(`input[name="q"]`), "acme/refund-case-1907")))
+	submit(t, ctx, chromedp.Submit(chromedp.CSS(`input[name="q"]`)), http.StatusOK)
 	require.NoError(t, chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS("ul.lineage"))))
 	mandate := text(t, ctx, "main")
 	for _, want := range []string{"Fork lineage", "→", "re_3PqX9a", `"refund_id":"re_3PqX9a"`, "worker-19c2.attempt-1", "in_doubt", "committed", "cancelled", "payment.refund"} {
@@ -583,11 +583,17 @@ func TestTheConsoleReadsWithTheGatewaysDocumentedRole(t *testing.T) {
 	b.grant(t, "acme", "m-role", 2)
 	auth := b.inDoubt(t, "acme", "m-role", "worker-role")
 	recordVerify(t, b)
+	waitKept(t, b, "acme", "m-role", 4)
 	hc := &http.Client{Timeout: time.Minute}
 	for path, want := range map[string]string{
 		"/console/":                                            "<strong>1</strong> in doubt",
 		"/console/reconcile/acme/m-role/" + auth:               "worker-role",
 		"/console/mandates/acme/m-role":                        "worker-role",
+		"/console/mandates/acme/m-role/history":                "report_unknown",
+		"/console/authorizations/acme/m-role/" + auth:          "executor worker-role",
+		"/console/search?q=" + auth:                            "executor worker-role", // followed to the authorization
+		"/console/search?q=worker-role":                        "executor worker-role",
+		"/console/overview":                                    "In doubt now",
 		"/console/partitions":                                  "Outbox backlog",
 		"/console/verify":                                      "Verified",
 		"/v1/orgs/acme/mandates/m-role/authorizations/" + auth: "in_doubt",
