@@ -92,8 +92,8 @@ func actorOf(d *wire.Decision) string {
 	case (d.Command == string(wire.CmdCommit) || d.Command == string(wire.CmdCancel) || d.Command == string(wire.CmdReportUnknown)) &&
 		a != nil && a.Executor != "" && d.Reason != wire.ReasonStaleExecutionToken:
 		return "executor " + a.Executor
-	case d.Command == string(wire.CmdPropose):
-		return "agent"
+	case d.Command == string(wire.CmdPropose) || d.Command == string(wire.CmdCancel) || d.Command == string(wire.CmdCommit):
+		return "agent" // a proposal, or a command before any begin: its sender is named in its command only
 	}
 	return ""
 }
@@ -176,14 +176,22 @@ func summaryOf(d *wire.Decision) string {
 		return s
 	case d.Command == string(wire.CmdBegin) && d.Outcome == wire.OutcomeExecuting && a != nil:
 		return fmt.Sprintf("execution token %d", a.ExecutionToken)
+	case d.Command == string(wire.CmdResolve) && d.Outcome == wire.OutcomeCommitted && a != nil:
+		return "resolved committed, provider reference " + a.ExternalRef + evidence(a)
+	case d.Command == string(wire.CmdResolve) && d.Outcome == wire.OutcomeCancelled:
+		return "resolved cancelled: the provider did not execute it" + evidence(a)
 	case d.Outcome == wire.OutcomeCommitted && a != nil:
 		return "committed, provider reference " + a.ExternalRef
-	case d.Command == string(wire.CmdResolve) && d.Outcome == wire.OutcomeCancelled:
-		return "resolved cancelled: the provider did not execute it"
+	case d.Outcome == wire.OutcomeInDoubt && a != nil && a.Reported != "":
+		return "in doubt, reported: " + a.Reported
+	case d.Outcome == wire.OutcomeInDoubt && a != nil && a.Detail != "":
+		return "in doubt, reported: " + a.Detail
 	case d.Outcome == wire.OutcomeInDoubt:
 		return "in doubt: the use stays held until a resolve"
 	case d.Outcome == wire.OutcomeExpired:
 		return "expired: the reservation's deadline passed, the use is released"
+	case d.Outcome == wire.OutcomeCancelled && a != nil && a.Detail != "":
+		return "cancelled: " + a.Detail
 	case d.Outcome == wire.OutcomeCancelled:
 		return "cancelled"
 	case d.Outcome == wire.OutcomeRevoked && d.Command == string(wire.CmdRevoke) && a == nil:
@@ -194,6 +202,14 @@ func summaryOf(d *wire.Decision) string {
 		return string(d.Reason)
 	}
 	return string(d.Outcome)
+}
+
+// evidence is what a resolve recorded as the provider's answer.
+func evidence(a *wire.AuthorizationView) string {
+	if a == nil || a.Detail == "" {
+		return ""
+	}
+	return "; evidence: " + a.Detail
 }
 
 func plural(n int64) string {

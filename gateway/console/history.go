@@ -202,9 +202,6 @@ func (c *Console) authorizationPage(w http.ResponseWriter, r *http.Request, s se
 			step.Note = v.Summary
 		case "commit", "resolve", "report", "cancel", "deadline", "revoke":
 			step.Note = v.Summary
-			if v.Detail != "" && v.Stage != "commit" {
-				step.Note += ": " + v.Detail
-			}
 		}
 		flow = append(flow, step)
 	}
