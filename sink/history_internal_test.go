@@ -401,3 +401,77 @@ func TestEachHistoryReadUsesAnIndex(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkHousekeepingKeepsTheHistory measures what keeping the history
+// costs the relay's housekeeping: deleting 256 published decisions (the
+// relay's chunk) with the history on (the trigger copies, indexes and
+// counts them) and off (retention 0), per decision. Decisions as the
+// processor writes them: a reservation with its authorization, mandate and
+// binding views (about 1.4 KB).
+//
+//	go test -run XXX -bench HousekeepingKeepsTheHistory -benchtime 40x ./sink/
+func BenchmarkHousekeepingKeepsTheHistory(b *testing.B) {
+	for _, on := range []bool{true, false} {
+		b.Run(fmt.Sprintf("history=%v", on), func(b *testing.B) {
+			ctx := context.Background()
+			url := testenv.Database(b)
+			s, err := Open(ctx, Config{DatabaseURL: url}, zerolog.Nop())
+			require.NoError(b, err)
+			s.Close()
+			conn, err := pgx.Connect(ctx, url)
+			require.NoError(b, err)
+			defer conn.Close(ctx)
+			if !on {
+				_, err = conn.Exec(ctx, `UPDATE decision_history_settings SET retention = interval '0'`)
+				require.NoError(b, err)
+			}
+			const chunk = 256
+			seq := int64(0)
+			payloads := make([][]byte, chunk)
+			b.ResetTimer()
+			for range b.N {
+				b.StopTimer()
+				from := seq
+				for i := range chunk {
+					seq++
+					key := partitioner.MandateKey{Org: "acme", MandateID: fmt.Sprintf("refund-case-%d", seq%500)}
+					auth := fmt.Sprintf("au_%024d", seq)
+					d := decision(key, 0, seq, time.Now(), "propose", wire.OutcomeReserved, func(d *wire.Decision) {
+						d.IdempotencyKey, d.AuthorizationID = fmt.Sprintf("key-%d", seq), auth
+						d.Detail = "reserved: carry the authorization id on begin"
+						d.Authorization = &wire.AuthorizationView{ID: auth, State: wire.StateReserved, Version: 1, Operation: "payment.refund",
+							Target: "customer-77", Amount: wire.Money{MinorUnits: 15000, Currency: "EUR"}, IdempotencyKey: d.IdempotencyKey,
+							MandateVersion: 1, Deadline: time.Now().Add(5 * time.Minute), CreatedAt: time.Now(), UpdatedAt: time.Now()}
+						d.Mandate = &wire.MandateView{Version: 1, TermsVersion: 1, Status: wire.MandateActive, UsesAllowed: 1000, UsesHeld: 3,
+							UsesSpent: 40, Currency: "EUR", MaxAmount: 20000, AmountHeld: 45000, AmountSpent: 600000, ReleaseCancel: true,
+							Operations: []string{"payment.refund"}, HoldSeconds: 300, ExecutionTimeout: 300, Executions: 3, LastAuthID: auth}
+						d.Binds = &wire.Binding{
+							Idempotency: &wire.KeyBinding{Operation: "payment.refund", Fingerprint: strings.Repeat("ab", 32), ExpiresAt: time.Now()},
+							Intent:      &wire.IntentBinding{Operation: "payment.refund", RunID: fmt.Sprintf("run-%d", seq), Step: "3", Action: "refund", ExpiresAt: time.Now()}}
+						d.PrevHash, d.Hash = strings.Repeat("c", 64), strings.Repeat("d", 64)
+					})
+					payloads[i], err = d.Encode()
+					require.NoError(b, err)
+				}
+				_, err := conn.Exec(ctx, `INSERT INTO outbox (partition, seq, epoch, kind, record_key, payload, created_at)
+					SELECT 0, $1 + g, 1, 0, convert_to('acme/refund-case-' || (($1 + g) % 500), 'UTF8'), p, now()
+					FROM unnest($2::bytea[]) WITH ORDINALITY AS u(p, g)`, from, payloads)
+				require.NoError(b, err)
+				b.StartTimer()
+				tag, err := conn.Exec(ctx, `DELETE FROM outbox WHERE partition = 0 AND seq > $1 AND seq <= $2`, from, seq)
+				require.NoError(b, err)
+				require.EqualValues(b, chunk, tag.RowsAffected())
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*chunk), "µs/decision")
+			b.ReportMetric(float64(len(payloads[0])), "payload-bytes")
+			if on {
+				var bytes float64
+				_, err := conn.Exec(ctx, `VACUUM ANALYZE decision_history`)
+				require.NoError(b, err)
+				require.NoError(b, conn.QueryRow(ctx, `SELECT (pg_total_relation_size('decision_history') / count(*))::float8 FROM decision_history`).Scan(&bytes))
+				b.ReportMetric(bytes, "kept-bytes/decision")
+			}
+		})
+	}
+}
