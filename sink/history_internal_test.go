@@ -303,7 +303,7 @@ func TestTheHistoryKeepsItsRetention(t *testing.T) {
 }
 
 // Each history read goes through an index, on a realistic number of rows
-// (200 000 kept decisions of 2 000 mandates, an outbox backlog of 5 000),
+// (100 000 kept decisions of 2 000 mandates, 50 000 counts, an outbox backlog of 5 000),
 // with the values it would be given and with a generic plan (what a
 // connection's prepared statement may settle on): no sequential scan of
 // decision_history, decision_counts or the outbox, and the index of its
@@ -322,15 +322,15 @@ func TestEachHistoryReadUsesAnIndex(t *testing.T) {
 		// with a key, a winning begin and a commit per four.
 		`INSERT INTO decision_history (partition, seq, decided_at, org, mandate_id, command, outcome, reason, authorization_id,
 		  idempotency_key, intent_run_id, executor, external_ref, source_topic, source_partition, source_offset, payload)
-		 SELECT g % 8, g, now() - (200000 - g) * interval '10 ms', 'acme', 'm-' || (g % 2000),
+		 SELECT g % 8, g, now() - (100000 - g) * interval '20 ms', 'acme', 'm-' || (g % 2000),
 		  (ARRAY['propose','begin','commit','propose'])[g % 4 + 1], (ARRAY['reserved','executing','committed','denied'])[g % 4 + 1],
 		  CASE WHEN g % 4 = 3 THEN 'uses_exhausted' ELSE '' END, 'au_' || (g / 4),
 		  CASE WHEN g % 2 = 0 THEN 'key-' || g ELSE '' END, CASE WHEN g % 4 = 0 THEN 'run-' || (g / 40) ELSE '' END,
 		  CASE WHEN g % 4 = 1 THEN 'worker-' || g ELSE '' END, CASE WHEN g % 4 = 2 THEN 're_' || g ELSE '' END,
-		  'mandate.proposals', g % 8, g / 8, '\x7b7d' FROM generate_series(1, 200000) g`,
+		  'mandate.proposals', g % 8, g / 8, '\x7b7d' FROM generate_series(1, 100000) g`,
 		`INSERT INTO decision_counts (minute, partition, outcome, reason, n)
 		 SELECT date_trunc('minute', now()) - (g / 40) * interval '1 minute', g % 8, (ARRAY['reserved','denied','committed','executing'])[g % 4 + 1],
-		  '', 1 + g % 7 FROM generate_series(1, 200000) g`,
+		  '', 1 + g % 7 FROM generate_series(1, 50000) g`,
 		`INSERT INTO outbox (partition, seq, epoch, kind, record_key, payload, created_at)
 		 SELECT g % 8, 300000 + g, 1, 0, convert_to('acme/m-' || (g % 2000), 'UTF8'), '\x7b7d', now() FROM generate_series(1, 5000) g`,
 		`ANALYZE`,
