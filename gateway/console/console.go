@@ -4,8 +4,12 @@
 // where the org requires it, produced to the grants topic as mandatectl
 // reconcile does, with client.Record), a mandate's page (terms, uses held
 // and spent, authorizations with their states, executors, results and fork
-// lineage), the partitions (owner, epoch, lag, outbox backlog) and the last
-// verify result (verify_runs, written by mandatectl verify --record).
+// lineage, its latest decisions), the partitions (owner, epoch, lag, outbox
+// backlog) and the last verify result (verify_runs, written by mandatectl
+// verify --record). It finds any decision (search.go): one search box, a
+// mandate's history, an authorization's timeline, one decision, and an
+// overview of the last hour (history.go, overview.go), read from the
+// decision history PostgreSQL keeps (migration 0051, sink/history.go).
 //
 // Pages are rendered on the server (html/template, no script, no CDN: one
 // stylesheet it serves itself). Operators sign in with an operator token

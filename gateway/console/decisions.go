@@ -80,10 +80,11 @@ func actorOf(d *wire.Decision) string {
 		return "mandated (deadline)"
 	case d.Command == string(wire.CmdResolve) && a != nil && a.ResolvedBy != "" && (d.Outcome == wire.OutcomeCommitted || d.Outcome == wire.OutcomeCancelled):
 		return "reconciler " + a.ResolvedBy + signedBy(d)
-	case d.Command == string(wire.CmdGrant) || d.Command == string(wire.CmdRevoke) || d.Command == string(wire.CmdResolve):
-		if d.SignedBy != "" {
-			return "grantor key " + d.SignedBy
-		}
+	case d.SignedBy != "":
+		return "grantor key " + d.SignedBy
+	case d.Command == string(wire.CmdResolve):
+		return "a reconciler (named in its command)"
+	case d.Command == string(wire.CmdGrant) || d.Command == string(wire.CmdRevoke):
 		return "grantor (unsigned)"
 	case d.Command == string(wire.CmdBegin) && d.Reason == wire.ReasonAlreadyExecuting:
 		return "another executor (named in its command)"
