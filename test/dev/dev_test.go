@@ -107,6 +107,11 @@ func TestMakeDevRunsTheREADMEsFirstExamplesAndStopsOnCtrlC(t *testing.T) {
 	out := run(ctx, t, "bash", "-c", "set -e; source "+env+"\n"+curl)
 	require.Contains(t, out, `"outcome":"reserved"`, "the curl reserves the sample mandate's one use")
 
+	// mandatectl, which the banner, the console and a 401 tell the newcomer to
+	// run, is on PATH once the env file is sourced.
+	out = run(ctx, t, "bash", "-c", "source "+env+"\nmandatectl inspect acme/refund-case-1842")
+	require.Contains(t, out, "refund-case-1842", "mandatectl inspect ORG/MANDATE after sourcing the env file")
+
 	venv := installPackage(ctx, t, py)
 	out = run(ctx, t, "bash", "-c", "source "+env+"\nexec "+venv+" "+filepath.Join(repo, "examples", "quickstart.py"))
 	lines := strings.Split(strings.TrimSpace(out), "\n")
@@ -122,9 +127,7 @@ func TestMakeDevRunsTheREADMEsFirstExamplesAndStopsOnCtrlC(t *testing.T) {
 	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
 	select {
 	case err := <-exited:
-		var ee *exec.ExitError
-		require.ErrorAs(t, err, &ee, "make dev exits non-zero on Ctrl-C")
-		require.Equal(t, 130, ee.ExitCode(), "make dev exits 130 on Ctrl-C:\n%s", stderr.String())
+		require.NoError(t, err, "a stop that was asked for is not an error (make would say Error 130):\n%s", stderr.String())
 	case <-ctx.Done():
 		t.Fatal("make dev did not stop after Ctrl-C")
 	}
