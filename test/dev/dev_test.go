@@ -67,6 +67,7 @@ func TestMakeDevRunsTheREADMEsFirstExamplesAndStopsOnCtrlC(t *testing.T) {
 	cmd.Stderr = &stderr
 	require.NoError(t, cmd.Start())
 	exited := make(chan error, 1)
+	stopped := make(chan struct{}) // closed once make dev has exited
 	printed := make(chan string, 1)
 	go func() {
 		var all strings.Builder
@@ -79,7 +80,24 @@ func TestMakeDevRunsTheREADMEsFirstExamplesAndStopsOnCtrlC(t *testing.T) {
 		}
 		_, _ = io.Copy(io.Discard, stdout)
 		exited <- cmd.Wait()
+		close(stopped)
 	}()
+	// A failing test still stops the stack, and waits for dev.sh to have done
+	// so before t.TempDir's cleanup deletes the PID files it stops by (this
+	// cleanup runs first: cleanups run last-registered first).
+	t.Cleanup(func() {
+		select {
+		case <-stopped:
+			return
+		default:
+		}
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-stopped:
+		case <-time.After(2 * time.Minute):
+			t.Errorf("make dev did not stop within 2 minutes of SIGTERM")
+		}
+	})
 	var banner string
 	select {
 	case banner = <-printed:
