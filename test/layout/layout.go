@@ -72,7 +72,7 @@ var Plan = []Floor{
 		Imports: []string{"partitioner", "wire", "lifecycle", "internal", "outbox", "pgerr", "shardmap", "sink", "verify"},
 		Owns:    "the consumer-group member that wires the floors below"},
 	{Name: "admin", Packages: []string{"admin"},
-		Imports: []string{"partitioner", "wire", "lifecycle", "internal", "outbox", "pgerr", "shardmap", "sink", "processor"},
+		Imports: []string{"partitioner", "wire", "lifecycle", "internal", "outbox", "pgerr", "shardmap", "sink"},
 		Owns:    "the operator layer (kadm to the runtime's kgo): moves, repartition, org settings, grantor-key writes, verify-run records"},
 	{Name: "client", Packages: []string{"client"}, Imports: []string{"partitioner", "wire"},
 		Owns: "the Go client callers import: the contract alone, nothing that decides or stores"},
