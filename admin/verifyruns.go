@@ -39,7 +39,7 @@ func RecordVerifyRun(ctx context.Context, db interface {
 		return err
 	})
 	if err != nil {
-		return 0, fmt.Errorf("sink: record the verify run: %w", pgerr.Interpret(err))
+		return 0, fmt.Errorf("admin: record the verify run: %w", pgerr.Interpret(err))
 	}
 	return id, nil
 }
