@@ -47,7 +47,7 @@ import (
 // mandated_moves itself (TestTheMoveCopiesEveryTableWithAPartitionColumn).
 var movedTables = []string{
 	"chain_anchors", "mandated_partitions", "mandates", "authorizations", "idempotency_keys",
-	"intents", "outbox", "outbox_parked", "relay_progress", "request_answers",
+	"intents", "outbox", "outbox_parked", "relay_progress", "request_answers", "decision_history", "decision_counts",
 }
 
 // MoveOptions says which partition moves where.
