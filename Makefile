@@ -13,9 +13,12 @@ help: ## Show this list of targets
 
 ##@ Tests
 
-.PHONY: test
+.PHONY: test test-short
 test: ## Run every test under -race, starting (and afterwards stopping) the test servers not already running
 	@$(INFRA)/run-tests.sh
+
+test-short: ## The everyday loop: the same under -short, without the fault suite, e2e, deploy and the cluster (a few minutes)
+	@MANDATED_TEST_CLUSTER=0 GO_TEST_FLAGS="-short $${GO_TEST_FLAGS:-}" $(INFRA)/run-tests.sh
 
 ##@ Test servers (ports, dirs and env vars: test/infra/README.md)
 

@@ -39,6 +39,7 @@ import (
 // again, and the run ends with every proposal answered exactly once,
 // epochs that never go down on any partition, and verify clean.
 func TestS13cTwoShardsAPromotedStandbyAndAMemberStillOnTheDeadPrimary(t *testing.T) {
+	t.Parallel() // its own topics, group and database (or private servers)
 	ctx := context.Background()
 	const n = 8
 	h := harness.New(t, harness.Options{Partitions: n, Timeout: 3 * time.Minute})
