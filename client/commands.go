@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -37,11 +38,19 @@ type AuthorizationRef struct {
 	Org             string
 	MandateID       string
 	AuthorizationID string
+	// Differs is what the decision the ref was taken from (RefOf) said
+	// differs between the request and the recorded authorization it
+	// replayed (wire.Decision.Differs): Execute refuses such a ref with a
+	// *ReplayDiffersError unless the caller accepts those fields
+	// (AcceptDiffers). It is not part of any command.
+	Differs []string
 }
 
-// RefOf returns the authorization a decision is about.
+// RefOf returns the authorization a decision is about, with what the
+// decision said differs (a replay of an intent whose terms were not this
+// request's).
 func RefOf(d *Decision) AuthorizationRef {
-	return AuthorizationRef{Org: d.Org, MandateID: d.MandateID, AuthorizationID: d.AuthorizationID}
+	return AuthorizationRef{Org: d.Org, MandateID: d.MandateID, AuthorizationID: d.AuthorizationID, Differs: slices.Clone(d.Differs)}
 }
 
 func (a AuthorizationRef) put(m map[string]any, typ wire.CommandType) map[string]any {
@@ -103,6 +112,13 @@ type Propose struct {
 	Target         string     `wire:"target"`
 	BasedOnVersion int64      `wire:"based_on_version,omitempty"` // optional
 	Deadline       time.Time  `wire:"deadline,omitempty"`         // optional
+	// Intent names the workflow step this proposal acts for (optional):
+	// the same intent again is answered by its recorded authorization,
+	// whatever the key (docs/design.md, "Restored agents").
+	Intent *wire.Intent `wire:"intent,omitempty"`
+	// ForkOf names the terminal authorization of Intent this proposal
+	// knowingly supersedes (optional; needs Intent).
+	ForkOf string `wire:"fork_of,omitempty"`
 }
 
 func (p Propose) fields() (map[string]any, error) {

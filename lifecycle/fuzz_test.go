@@ -444,6 +444,9 @@ func (w *fuzzWorld) checkIntent(cmd *wire.Command, before snapshot, answer *wire
 	t := w.t
 	p := cmd.Propose
 	scope, hasIntent := lifecycle.IntentScopeOf(cmd)
+	if answer.Reason != wire.ReasonIntentReplayed {
+		holds(t, answer.Differs == nil, "differs on a %s %s answer", answer.Outcome, answer.Reason)
+	}
 	if !hasIntent {
 		holds(t, answer.Reason != wire.ReasonIntentReplayed && answer.ForkOf == "", "no intent, no lineage")
 		return
@@ -455,6 +458,19 @@ func (w *fuzzWorld) checkIntent(cmd *wire.Command, before snapshot, answer *wire
 		eq(t, wire.OutcomeReplayed, answer.Outcome)
 		eq(t, head.ID, answer.AuthorizationID, "an intent replay names the intent's latest authorization")
 		holds(t, p.ForkOf == "" || p.ForkOf == w.st.Auths[head].ForkOf, "a fork of the latest authorization is not a replay")
+		// Differs names exactly the terms that are not the recorded ones.
+		a := w.st.Auths[head]
+		var differs []string
+		for _, f := range []struct {
+			name string
+			same bool
+		}{{"amount", a.Amount == p.Amount.MinorUnits}, {"currency", a.Currency == p.Amount.Currency},
+			{"operation", a.Operation == p.Operation}, {"target", a.Target == p.Target}} {
+			if !f.same {
+				differs = append(differs, f.name)
+			}
+		}
+		holds(t, slices.Equal(differs, answer.Differs), "differs of a replay of %s: %v, want %v", head.ID, answer.Differs, differs)
 	case answer.Outcome == wire.OutcomeReserved:
 		a := w.st.Auths[lifecycle.AuthKey{Mandate: cmd.Key, ID: answer.AuthorizationID}]
 		if p.ForkOf == "" {

@@ -96,6 +96,11 @@ type Decision struct {
 	DecidedAt       time.Time          `json:"decided_at"`
 	SentAt          *time.Time         `json:"sent_at,omitempty"`   // the command's sent_at, echoed for latency
 	SignedBy        string             `json:"signed_by,omitempty"` // the grantor key whose signature was verified
+	// Differs, on a replay of an intent, names the terms of this request
+	// that differ from the recorded authorization's (sorted: "amount",
+	// "currency", "operation", "target"); nil when they are the same.
+	// The answer is the recorded authorization's, not this request's.
+	Differs []string `json:"differs,omitempty"`
 	// Binds is what the decision bound for later commands: an idempotency
 	// key, an intent (recovery rebuilds their records from it).
 	Binds *Binding `json:"binds,omitempty"`

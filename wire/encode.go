@@ -97,6 +97,7 @@ func (d *Decision) Encode() ([]byte, error) {
 		b = appendTimeField(b, "sent_at", *d.SentAt)
 	}
 	b = appendStrField(b, "signed_by", d.SignedBy, true)
+	b = appendStrings(b, "differs", d.Differs)
 	if bd := d.Binds; bd != nil {
 		b = append(b, `,"binds":{`...)
 		if k := bd.Idempotency; k != nil {

@@ -543,6 +543,10 @@ func TestReplayOrForkDecisionsPassTheSchema(t *testing.T) {
 	r.decide("commit", "mandate.proposals", 1844, "2026-11-30T08:06:00Z")
 	replayed := decide(variant("refund-1842-restored-2", "", true), 1845, "2026-11-30T08:07:00Z")
 	require.Equal(t, wire.ReasonIntentReplayed, replayed.Reason)
+	other := variant("refund-1842-restored-3", "", true)
+	other.Propose.Amount.MinorUnits, other.Propose.Target = 9000, "customer-78"
+	differs := decide(other, 1849, "2026-11-30T08:07:30Z")
+	require.Equal(t, []string{"amount", "target"}, differs.Differs)
 	fork := decide(variant("refund-1842-second-refund", first.AuthorizationID, true), 1846, "2026-11-30T08:08:00Z")
 	require.Equal(t, wire.OutcomeDenied, fork.Outcome, "a single-use mandate: the fork is decided, and denied")
 	require.Equal(t, first.AuthorizationID, fork.ForkOf)
