@@ -44,6 +44,8 @@ func (st *State) Decide(in Input, now time.Time) []wire.Decision {
 		d.reportUnknown()
 	case wire.CmdResolve:
 		d.resolve()
+	case wire.CmdRecord:
+		d.record()
 	default:
 		d.answer(wire.OutcomeRejected, wire.ReasonUnknownCommand, fmt.Sprintf("command type %q", in.Cmd.Type))
 	}
@@ -492,6 +494,9 @@ func (d *decider) differs(dec *wire.Decision, a *Authorization, operation, targe
 	}
 	dec.Differs = fields
 	recorded := fmt.Sprintf("%s of %s to %q", a.Operation, wire.FormatAmount(a.Amount, a.Currency), a.Target)
+	if a.State == wire.StateRecorded {
+		recorded = fmt.Sprintf("a read %s of %q", a.Operation, a.Target)
+	}
 	dec.Detail += fmt.Sprintf("; this request differs from authorization %s in %s (recorded: %s): its answer is not this request's",
 		a.Key.ID, strings.Join(fields, ", "), recorded)
 }
