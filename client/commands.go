@@ -197,6 +197,30 @@ func (r Resolve) fields() (map[string]any, error) {
 	return members(r.put(map[string]any{}, wire.CmdResolve), r), nil
 }
 
+// RecordRead records what a read-only tool returned for one intent (a
+// recorded read: docs/wire.md, "Recorded reads"), or, without Result, looks
+// up what was recorded. The first result recorded for the intent is the
+// answer to every later RecordRead of it. Client.Read runs the look-up,
+// the read and the record in one call. (The package function Record is
+// something else: it builds any command's record for SubmitExact.)
+type RecordRead struct {
+	Ref
+	Operation string      `wire:"operation"` // the read (operation grammar): price.lookup
+	Intent    wire.Intent `wire:"intent"`    // the workflow step, as a proposal's; required
+	// Target names what was read, as an id (a digest of the read's
+	// arguments): a later record of the intent with another target is
+	// answered with the first result and differs ["target"]. Optional.
+	Target string `wire:"target,omitempty"`
+	// Result is the read's answer, a JSON object of at most 8 KiB; nil: a
+	// look-up.
+	Result         json.RawMessage `wire:"result,omitempty"`
+	IdempotencyKey string          `wire:"idempotency_key,omitempty"` // optional, echoed, never bound
+}
+
+func (r RecordRead) fields() (map[string]any, error) {
+	return members(r.put(map[string]any{}, wire.CmdRecord), r), nil
+}
+
 // Grant creates a mandate or replaces its terms (the grantor's command).
 type Grant struct {
 	Ref

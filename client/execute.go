@@ -40,11 +40,11 @@ var (
 // its result is not this request's, and fn was not run.
 var ErrReplayDiffers = errors.New("client: the replayed authorization differs from this request")
 
-// ReplayDiffersError is Execute's refusal of a replay that differs
-// (issue 39 item 2): the decision answered this request with the intent's
-// recorded authorization, whose Fields (sorted: "amount", "currency",
-// "operation", "target") are not this request's. Execute sent nothing (no
-// begin) and did not run fn. Presenting the recorded result as this
+// ReplayDiffersError is Execute's (and Read's) refusal of a replay that
+// differs (issue 39 item 2): the decision answered this request with the
+// intent's recorded authorization, whose Fields (sorted: "amount",
+// "currency", "operation", "target") are not this request's. Execute sent
+// nothing (no begin) and did not run fn. Presenting the recorded result as this
 // request's would report done an effect that was not asked for; accept the
 // fields with AcceptDiffers when the caller knows they were regenerated
 // for the same action, or fork the intent to act on the new terms.
@@ -56,7 +56,7 @@ type ReplayDiffersError struct {
 }
 
 func (e *ReplayDiffersError) Error() string {
-	return fmt.Sprintf("client: this request differs from the recorded authorization %s of its intent in %s: its result is not this request's (nothing was sent, fn was not run)",
+	return fmt.Sprintf("client: this request differs from the recorded authorization %s of its intent in %s: its result is not this request's",
 		e.AuthorizationID, strings.Join(e.Fields, ", "))
 }
 
@@ -94,20 +94,30 @@ func (e *InProgressError) Unwrap() []error {
 	return []error{ErrInProgress, ErrInDoubt, e.Cause}
 }
 
-// ExecuteOption changes one Execute call.
-type ExecuteOption func(*executeOptions)
+// CallOption changes one Execute or Read call.
+type CallOption func(*callOptions)
 
-type executeOptions struct {
+type callOptions struct {
 	acceptDiffers []string
+}
+
+func optionsOf(opts []CallOption) callOptions {
+	var o callOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
 }
 
 // AcceptDiffers lets Execute go on with a replay whose recorded
 // authorization differs from the request in (only) these fields: the
 // caller knows they are regenerated for the same action (a LangGraph fork
 // that recomputes an amount), and takes the recorded outcome and result as
-// the answer. Any other differing field is still refused.
-func AcceptDiffers(fields ...string) ExecuteOption {
-	return func(o *executeOptions) { o.acceptDiffers = append(o.acceptDiffers, fields...) }
+// the answer. Any other differing field is still refused. For Read, the
+// field is "target": the caller takes the recorded answer to an earlier
+// form of its question (a restored model that rephrased its query).
+func AcceptDiffers(fields ...string) CallOption {
+	return func(o *callOptions) { o.acceptDiffers = append(o.acceptDiffers, fields...) }
 }
 
 // Effect is what the side effect reports: the provider's reference, and a
@@ -167,11 +177,8 @@ type Execution struct {
 // result. Against a server without tokens, the begin's compare-and-set still
 // elects one winner, but a stale winner's commit is not fenced by a token
 // and the result is not recorded: losers get the external reference only.
-func (c *Client) Execute(ctx context.Context, auth AuthorizationRef, fn ExecuteFunc, opts ...ExecuteOption) (*Execution, error) {
-	var o executeOptions
-	for _, opt := range opts {
-		opt(&o)
-	}
+func (c *Client) Execute(ctx context.Context, auth AuthorizationRef, fn ExecuteFunc, opts ...CallOption) (*Execution, error) {
+	o := optionsOf(opts)
 	if differs := unaccepted(auth.Differs, o.acceptDiffers); len(differs) > 0 {
 		return nil, &ReplayDiffersError{Org: auth.Org, MandateID: auth.MandateID, AuthorizationID: auth.AuthorizationID, Fields: differs}
 	}
