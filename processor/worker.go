@@ -514,6 +514,9 @@ func (w *worker) needsOf(items []item, due []lifecycle.AuthKey, now time.Time) (
 		if scope, ok := lifecycle.ScopeOf(c); ok {
 			needs.Idem[scope] = struct{}{}
 		}
+		if recordNeeds(&needs, c) {
+			continue
+		}
 		w.replayNeeds(&needs, c, now)
 		switch c.Type {
 		case wire.CmdPropose, wire.CmdGrant:
