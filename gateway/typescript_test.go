@@ -8,12 +8,14 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/mandated/mandated/test/nodepkg"
+	"github.com/mandated/mandated/test/testenv"
 )
 
 // The TypeScript package (clients/typescript, npm @mandated/client) against a
@@ -52,10 +54,18 @@ func TestTypeScriptPackage(t *testing.T) {
 	env := []string{"MANDATED_REQUIRE_GATEWAY=1", "MANDATED_REQUIRE_INSTALLED=1",
 		"MANDATED_GATEWAY_URL=" + proxy.url, "MANDATED_GATEWAY_TOKEN=" + b.tokens["acme"], "MANDATED_GATEWAY_ORG=acme",
 		"MANDATED_OTHER_TOKEN=" + b.tokens["globex"], "MANDATED_TEST_CONTROL_URL=" + control,
-		"MANDATED_INTENT_VECTORS=" + filepath.Join(root, "wire", "testdata", "intent_keys.json")}
+		"MANDATED_INTENT_VECTORS=" + filepath.Join(root, "wire", "testdata", "intent_keys.json"),
+		"LANGGRAPH_TEST_DSN=" + testenv.Database(t)} // the guard's tests: the checkpointer and their ledger
 
-	nodepkg.Test(ctx, t, projects["langgraph-1.7"], env, testFiles(t, pkgDir, "test/*.test.mjs", "test/langgraph/*.test.mjs")...)
-	nodepkg.Test(ctx, t, projects["langgraph-1.5"], env, testFiles(t, pkgDir, "test/langgraph/*.test.mjs")...)
+	current, previous := []string{"test/*.test.mjs", "test/langgraph/*.test.mjs"}, []string{"test/langgraph/*.test.mjs"}
+	if only := os.Getenv("MANDATED_TEST_NODE_ONLY"); only != "" { // a developer's shortcut: these files alone
+		current, previous = strings.Fields(only), strings.Fields(only)
+	}
+	nodepkg.Test(ctx, t, projects["langgraph-1.7"], env, testFiles(t, pkgDir, current...)...)
+	nodepkg.Test(ctx, t, projects["langgraph-1.5"], env, testFiles(t, pkgDir, previous...)...)
+	if os.Getenv("MANDATED_TEST_NODE_ONLY") != "" {
+		return
+	}
 	require.Empty(t, proxy.violations(), "exchanges of the TypeScript package that do not match the OpenAPI document")
 	require.Greater(t, proxy.count(), 40, "the suite talked to the gateway")
 

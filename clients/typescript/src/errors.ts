@@ -219,6 +219,26 @@ export class ReplayDiffersError extends MandatedError {
 }
 
 /**
+ * A guard cannot tell this effect from another one with the facts it has
+ * (two guarded calls of one action in one task, a subgraph run by one of
+ * several `Send` branches, a checkpoint that was not saved): rather than
+ * replay the other one's result it refuses, before proposing anything
+ * (Python `mandated.AmbiguousStep`). `what` names what is ambiguous,
+ * `intent` the intent both would share. Name the effect yourself (`action`,
+ * e.g. with the order id) to tell them apart.
+ */
+export class AmbiguousStepError extends MandatedError {
+  readonly what: string;
+  readonly intent: { runId?: string; step?: string; action?: string };
+
+  constructor(message: string, what = "", intent: { runId?: string; step?: string; action?: string } = {}) {
+    super(message);
+    this.what = what;
+    this.intent = { ...intent };
+  }
+}
+
+/**
  * Throw it (or a subclass) from the function given to `execute` when the
  * provider definitely did not perform the effect (it refused the request):
  * `execute` then cancels with the message as proof.

@@ -38,6 +38,7 @@ export {
 } from "./decision.js";
 export {
   AlreadyExecutingError,
+  AmbiguousStepError,
   DeniedError,
   ForbiddenError,
   IdempotencyConflictError,

@@ -1,7 +1,7 @@
 /**
  * LangGraph.js's interrupt/resume made exactly-once: a guard for the node or
  * tool that performs an irreversible effect (`@mandated/client/langgraph`;
- * `@langchain/langgraph` is a peer dependency).
+ * `@langchain/langgraph` ≥ 1.5 is an optional peer dependency).
  *
  *     import { interrupt } from "@langchain/langgraph";
  *     import { Guard } from "@mandated/client/langgraph";
@@ -12,28 +12,82 @@
  *       if (interrupt({ approve: state.orderId }) !== "approve") return { status: "rejected" };
  *       const ex = await guard.execute((providerKey) => provider.refund(state.orderId, providerKey),
  *         { amount: state.amount, currency: "EUR", target: state.customer, config });
- *       return { status: "refunded", refund: ex.result }; // the winner's recorded result
+ *       return { status: "refunded", result: ex.result }; // the winner's recorded result
  *     }
  *
+ * However many callers resume the thread at once, and whether the step runs
+ * again after a retry, a time-travel replay or an `updateState` fork, the
+ * effect runs once and every caller returns its recorded result; a new step
+ * (a later turn, a loop iteration, another `Send` branch, a second tool call
+ * in one message) is a new intent with an effect of its own.
+ *
  * The intent model is the Python guard's (clients/python/README.md, "What an
- * intent is made of"), fact for fact: the same graph gives the same intents
- * and keys in both languages.
+ * intent is made of"), fact for fact, read from LangGraph.js's config:
+ *
+ * - the **intent** `{runId: thread id, step, action}`. `step` names the node
+ *   path and, per level, the step's *logical* number — LangGraph's superstep
+ *   counted without the checkpoints a time-travel replay or an `updateState`
+ *   adds — plus the `Send` index and, for a tool, the tool call's position
+ *   in its AIMessage. `action` is `operation:target` unless named. A step run
+ *   again keeps them all: its proposal is answered `replayed` with the
+ *   recorded authorization and result;
+ * - the **idempotency key** `intentKey(threadId, checkpoint_ns [# tool call
+ *   id], action)`: one per task; concurrent resumers of one paused task send
+ *   one key.
+ *
+ * Where LangGraph's facts cannot tell two effects apart — two guarded calls of
+ * one action in one task, a subgraph run by one of several `Send` branches, a
+ * checkpoint the step runs from that was not saved (`durability: "exit"`) —
+ * the guard throws `AmbiguousStepError` before proposing: it never presents
+ * one effect's result as another's. Name the effect (`action`, e.g. with the
+ * order id) to tell them apart.
  */
 import { createHash } from "node:crypto";
 
 import type { Client, EffectFn } from "./client.js";
-import type { Decision, Execution, TermField } from "./decision.js";
-import { newExecution } from "./decision.js";
+import type { Execution, TermField } from "./decision.js";
+import { Decision, newExecution } from "./decision.js";
+import { AmbiguousStepError } from "./errors.js";
 import { intentKey, type Intent } from "./intent.js";
 
+export { AmbiguousStepError } from "./errors.js";
+
 const ID = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/;
-const TASK_ID_KEY = "__pregel_task_id"; // @langchain/langgraph's CONFIG_KEY_TASK_ID (1.x)
+// @langchain/langgraph's config keys and channels (1.x constants.js): read, never written.
+const TASK_ID = "__pregel_task_id";
+const CHECKPOINTER = "__pregel_checkpointer";
+const SEND = "__pregel_send";
+const DURABILITY = "__pregel_durability";
+const CHECKPOINT_MAP = "checkpoint_map";
+const TASKS_CHANNEL = "__pregel_tasks";
+const PUSH = "__pregel_push";
+const NS_SEP = "|";
+const NS_END = ":";
+const FORKING = ["update", "fork"];
+
+/** How long a step waits for the checkpoint it runs from to be saved (ms; durability "async" saves it beside the step's first tasks). */
+export const SAVED_WAIT = 10_000;
 
 /** A runnable config as LangGraph.js passes it to a node or tool (the members the guard reads). */
 export interface GraphConfig {
   configurable?: Record<string, unknown>;
   metadata?: Record<string, unknown>;
+  executionInfo?: { nodeAttempt?: number };
+  toolCall?: { id?: string; name?: string };
   [key: string]: unknown;
+}
+
+/** The checkpointer's calls the guard makes (BaseCheckpointSaver's). */
+interface Saver {
+  getTuple(config: GraphConfig): Promise<CheckpointTuple | undefined>;
+  list(config: GraphConfig, options?: { filter?: Record<string, unknown>; limit?: number }): AsyncIterable<CheckpointTuple>;
+}
+
+interface CheckpointTuple {
+  config: GraphConfig;
+  checkpoint?: { channel_values?: Record<string, unknown> };
+  metadata?: { step?: number; source?: string };
+  parentConfig?: GraphConfig;
 }
 
 /** The workflow facts of one guarded step, as LangGraph gives them. */
@@ -44,22 +98,36 @@ export class StepFacts {
   readonly taskId: string;
   /** Without task ids: "refund" or "outer.inner". */
   readonly nodePath: string;
+  /** The intent's step: "refund:2", "refund:2:p1", "outer:3.inner:1", "tools:4.refund:t1". */
+  readonly step: string;
   readonly toolCallId: string;
   readonly toolName: string;
+  /** What the facts cannot tell apart, when the action is not named ("" when nothing). */
+  readonly ambiguous: string;
 
-  constructor(f: { threadId: string; checkpointNs: string; taskId: string; nodePath: string; toolCallId?: string; toolName?: string }) {
+  constructor(f: {
+    threadId: string;
+    checkpointNs: string;
+    taskId: string;
+    nodePath: string;
+    step?: string;
+    toolCallId?: string;
+    toolName?: string;
+    ambiguous?: string;
+  }) {
     this.threadId = f.threadId;
     this.checkpointNs = f.checkpointNs;
     this.taskId = f.taskId;
     this.nodePath = f.nodePath;
+    this.step = f.step ?? "";
     this.toolCallId = f.toolCallId ?? "";
     this.toolName = f.toolName ?? "";
+    this.ambiguous = f.ambiguous ?? "";
   }
 
   /** The intent a proposal carries: the same for a resume, a retry and a time-travel replay of this step. */
   intent(action: string): Intent {
-    const step = this.nodePath + (this.toolName ? "." + this.toolName : "");
-    return { runId: id(this.threadId), step: id(step || "graph"), action: id(action) };
+    return { runId: id(this.threadId), step: id(this.step || this.nodePath || "graph"), action: id(action) };
   }
 
   /** The idempotency key: every resumer of one paused task sends the same. */
@@ -70,33 +138,290 @@ export class StepFacts {
   }
 }
 
+export interface FactsOptions {
+  /** The tool call this is (a tool's `config.toolCall.id` when absent). */
+  toolCallId?: string;
+  /** The tool's name: part of the step for a tool. */
+  toolName?: string;
+  /** The messages the tool call is in (the ToolNode's input when absent: LangGraph's `getCurrentTaskInput()`). */
+  messages?: readonly unknown[];
+}
+
 /**
- * The facts of the running step: from `config` (the node's second argument,
- * or a tool's), or LangGraph's `getConfig()` inside a node or tool.
+ * The facts of the running step, from `config` (the node's or tool's second
+ * argument) or LangGraph's `getConfig()`, reading the checkpoints it runs
+ * from (one per namespace level) through the graph's own checkpointer.
  */
-export async function stepFacts(config?: GraphConfig, opts: { toolCallId?: string; toolName?: string } = {}): Promise<StepFacts> {
+export async function stepFacts(config?: GraphConfig, opts: FactsOptions = {}): Promise<StepFacts> {
   const cfg = config ?? (await langgraph()).getConfig() ?? {};
   const configurable = cfg.configurable ?? {};
+  const metadata = cfg.metadata ?? {};
   const threadId = configurable.thread_id;
-  if (threadId === undefined || threadId === null || threadId === "") {
+  const saver = configurable[CHECKPOINTER] as Saver | undefined;
+  if (threadId === undefined || threadId === null || threadId === "" || !saver) {
     throw new TypeError(
-      "a guarded step needs a thread: compile the graph with a checkpointer and invoke it with " +
-        "{ configurable: { thread_id: ... } }",
+      "a guarded step needs a thread: compile the graph with a checkpointer and invoke it with { configurable: { thread_id: ... } }",
     );
   }
   const ns = String(configurable.checkpoint_ns ?? "");
-  const taskId = String(configurable[TASK_ID_KEY] ?? "");
-  if (!ns && !taskId) {
+  const taskId = String(configurable[TASK_ID] ?? "");
+  if (!ns || !taskId) {
     throw new TypeError("no checkpoint namespace or task id in the config: call the guard inside a node or tool of a running graph (or pass its config)");
   }
-  let path = ns
-    .split("|")
-    .filter((p) => p)
-    .map((p) => p.split(":", 1)[0])
-    .join(".");
-  if (!path) path = String(cfg.metadata?.langgraph_node ?? "");
-  const toolCallId = opts.toolCallId ?? (typeof cfg.toolCall === "object" && cfg.toolCall !== null ? String((cfg.toolCall as { id?: unknown }).id ?? "") : "");
-  return new StepFacts({ threadId: String(threadId), checkpointNs: ns, taskId, nodePath: path, toolCallId, toolName: opts.toolName });
+  const thread = String(threadId);
+  const what = `thread ${thread}, ${ns}`;
+  if (configurable[DURABILITY] === "exit") {
+    throw new AmbiguousStepError(
+      'durability "exit" saves no checkpoint per step, so the guard cannot tell a replay of this step from a new one: ' +
+        'run the graph with durability "sync" or "async" (the default), or name the step yourself with action',
+      "durability exit",
+    );
+  }
+  const checkpointMap = (configurable[CHECKPOINT_MAP] ?? {}) as Record<string, string>;
+  const levels = ns.split(NS_SEP);
+  const names: string[] = [];
+  const parts: string[] = [];
+  let ambiguous = "";
+  for (let i = 0; i < levels.length; i++) {
+    const level = levels[i] ?? "";
+    const cut = level.indexOf(NS_END);
+    const name = cut < 0 ? level : level.slice(0, cut);
+    if (cut < 0 && /^\d+$/.test(name) && parts.length > 0) {
+      parts[parts.length - 1] += `:n${name}`; // a subgraph called again within one task: its call counter
+      continue;
+    }
+    const parentNs = levels.slice(0, i).join(NS_SEP);
+    const checkpointId = checkpointMap[parentNs];
+    if (!checkpointId) {
+      throw new AmbiguousStepError(
+        `no checkpoint for namespace ${JSON.stringify(parentNs)} in the step's config (${what}): the guard cannot tell which step this is`,
+        "checkpoint unknown",
+      );
+    }
+    const { saved, logical } = await logicalStep(saver, thread, parentNs, checkpointId, what);
+    let part = `${name}:${logical}`;
+    if (i === levels.length - 1) {
+      const running = Number(metadata.langgraph_step ?? saved + 1);
+      if (running !== saved + 1) {
+        throw new AmbiguousStepError(
+          `the step runs at superstep ${String(metadata.langgraph_step)} but its checkpoint was saved at ${saved} (${what})`,
+          "checkpoint mismatch",
+        );
+      }
+      const path = metadata.langgraph_path;
+      if (Array.isArray(path) && path.length > 0 && path[0] === PUSH) part += ":p" + render(path.slice(1));
+    } else {
+      const sends = await sendsTo(saver, thread, parentNs, checkpointId, name);
+      if (sends > 1) {
+        ambiguous = `the subgraph ${JSON.stringify(name)} runs in one of ${sends} Send branches of one step, and LangGraph tells a subgraph's steps nothing of which`;
+      }
+    }
+    names.push(name);
+    parts.push(part);
+  }
+  let step = parts.join(".");
+  const toolCallId = opts.toolCallId ?? cfg.toolCall?.id ?? "";
+  const toolName = opts.toolName ?? "";
+  if (toolName) {
+    step += "." + toolName;
+    const index = toolCallIndex(opts.messages ?? (await taskMessages(cfg)), toolCallId);
+    if (index !== undefined) step += `:t${index}`;
+  }
+  return new StepFacts({ threadId: thread, checkpointNs: ns, taskId, nodePath: names.join("."), step, toolCallId, toolName, ambiguous });
+}
+
+/** A Send's index (or a functional call's path) as id characters. */
+function render(parts: unknown): string {
+  const out: string[] = [];
+  for (const p of Array.isArray(parts) ? parts : [parts]) {
+    if (typeof p === "boolean") continue; // the path's "is a call" flag
+    out.push(Array.isArray(p) ? render(p) : String(p).replace(/[^A-Za-z0-9_-]/g, "_"));
+  }
+  return out.filter((x) => x).join("-");
+}
+
+/** How many fork and update checkpoints each checkpoint descends from (itself included), by thread, namespace and id: immutable facts, kept for the last 8192 asked about. */
+class ForkCounts {
+  readonly #m = new Map<string, number>();
+  readonly #size: number;
+
+  constructor(size = 8192) {
+    this.#size = size;
+  }
+
+  get(k: string): number | undefined {
+    const v = this.#m.get(k);
+    if (v !== undefined) {
+      this.#m.delete(k);
+      this.#m.set(k, v);
+    }
+    return v;
+  }
+
+  put(k: string, v: number): void {
+    this.#m.delete(k);
+    this.#m.set(k, v);
+    while (this.#m.size > this.#size) {
+      const oldest = this.#m.keys().next().value as string;
+      this.#m.delete(oldest);
+    }
+  }
+}
+
+const FORKS = new ForkCounts();
+const forkKey = (thread: string, ns: string, checkpointId: string) => JSON.stringify([thread, ns, checkpointId]);
+
+function checkpointConfig(thread: string, ns: string, checkpointId?: string): GraphConfig {
+  const c: Record<string, unknown> = { thread_id: thread, checkpoint_ns: ns };
+  if (checkpointId) c.checkpoint_id = checkpointId;
+  return { configurable: c };
+}
+
+/** The saved checkpoint, waiting (bounded) for durability "async" to save it: once it is saved, so is every checkpoint before it. */
+async function saved(saver: Saver, thread: string, ns: string, checkpointId: string, what: string): Promise<CheckpointTuple> {
+  const deadline = Date.now() + SAVED_WAIT;
+  let delay = 5;
+  for (;;) {
+    const t = await saver.getTuple(checkpointConfig(thread, ns, checkpointId));
+    if (t) return t;
+    if (Date.now() > deadline) {
+      throw new AmbiguousStepError(
+        `the checkpoint ${checkpointId} this step runs from was not saved within ${SAVED_WAIT / 1000}s (${what}): ` +
+          'the guard cannot tell a replay of this step from a new one (durability "exit"?)',
+        "checkpoint not saved",
+      );
+    }
+    await new Promise((r) => setTimeout(r, delay));
+    delay = Math.min(delay * 2, 200);
+  }
+}
+
+/**
+ * The superstep a task runs at from this checkpoint (its saved step + 1) and
+ * its logical number: that, less the fork and update checkpoints it descends
+ * from (each adds one superstep that is not a step of the thread's own: a
+ * time-travel replay or `updateState` of step s runs the step again as s).
+ */
+async function logicalStep(saver: Saver, thread: string, ns: string, checkpointId: string, what: string): Promise<{ saved: number; logical: number }> {
+  const t = await saved(saver, thread, ns, checkpointId, what);
+  const step = Number(t.metadata?.step ?? -1);
+  const forks = FORKS.get(forkKey(thread, ns, checkpointId)) ?? (await forkCount(saver, thread, ns, t, what));
+  return { saved: step, logical: step + 1 - forks };
+}
+
+async function forkCount(saver: Saver, thread: string, ns: string, t: CheckpointTuple, what: string): Promise<number> {
+  // A thread never forked (the common case) needs no walk: one look for any
+  // fork or update checkpoint in its namespace.
+  let anyForks = false;
+  for (const source of FORKING) {
+    for await (const _ of saver.list(checkpointConfig(thread, ns), { filter: { source }, limit: 1 })) {
+      anyForks = true;
+      break;
+    }
+  }
+  const idOf = (c: CheckpointTuple) => String(c.config.configurable?.checkpoint_id ?? "");
+  if (!anyForks) {
+    FORKS.put(forkKey(thread, ns, idOf(t)), 0);
+    return 0;
+  }
+  const chain = [t];
+  let base = 0;
+  for (;;) {
+    const cur = chain[chain.length - 1] as CheckpointTuple;
+    const pid = cur.parentConfig?.configurable?.checkpoint_id;
+    if (!pid) break;
+    const cached = FORKS.get(forkKey(thread, ns, String(pid)));
+    if (cached !== undefined) {
+      base = cached;
+      break;
+    }
+    const p = await saver.getTuple(checkpointConfig(thread, ns, String(pid)));
+    if (!p) {
+      throw new AmbiguousStepError(`the checkpoint ${String(pid)} an ancestor of this step names as its parent is not saved (${what})`, "checkpoint not saved");
+    }
+    const gap = Number(cur.metadata?.step ?? 0) - Number(p.metadata?.step ?? 0);
+    // A copy (updateState(..., "__copy__")) sits beside its original, one
+    // superstep above it: two above its parent.
+    if (gap !== 1 && !(gap === 2 && cur.metadata?.source === "fork")) {
+      throw new AmbiguousStepError(
+        `checkpoints of this thread were not saved (superstep ${String(p.metadata?.step)} then ${String(cur.metadata?.step)}; ` +
+          `durability "exit"?): the guard cannot tell a replay of this step from a new one (${what})`,
+        "checkpoint not saved",
+      );
+    }
+    chain.push(p);
+  }
+  for (const c of chain.reverse()) {
+    base += FORKING.includes(String(c.metadata?.source)) ? 1 : 0;
+    FORKS.put(forkKey(thread, ns, idOf(c)), base);
+  }
+  return base;
+}
+
+/** How many Send packets of the checkpoint's step go to `node`. */
+async function sendsTo(saver: Saver, thread: string, ns: string, checkpointId: string, node: string): Promise<number> {
+  const t = await saver.getTuple(checkpointConfig(thread, ns, checkpointId));
+  const packets = t?.checkpoint?.channel_values?.[TASKS_CHANNEL];
+  if (!Array.isArray(packets)) return 0;
+  return packets.filter((p) => p !== null && typeof p === "object" && (p as { node?: unknown }).node === node).length;
+}
+
+/** The messages of the running task's input (a ToolNode's state), or none. */
+async function taskMessages(cfg: GraphConfig): Promise<readonly unknown[]> {
+  try {
+    const input = (await langgraph()).getCurrentTaskInput?.(cfg) as { messages?: unknown } | unknown[] | undefined;
+    const messages = Array.isArray(input) ? input : (input as { messages?: unknown } | undefined)?.messages;
+    return Array.isArray(messages) ? messages : [];
+  } catch {
+    return [];
+  }
+}
+
+/** The position of the tool call in the AIMessage that asked for it (stable when a replayed model asks again with new tool call ids). */
+function toolCallIndex(messages: readonly unknown[], toolCallId: string): number | undefined {
+  if (!toolCallId) return undefined;
+  for (let i = messages.length - 1; i >= 0; i--) {
+    const calls = (messages[i] as { tool_calls?: unknown } | null)?.tool_calls;
+    if (!Array.isArray(calls)) continue;
+    const index = calls.findIndex((c) => (c as { id?: unknown } | null)?.id === toolCallId);
+    if (index >= 0) return index;
+  }
+  return undefined;
+}
+
+/**
+ * The actions each running task attempt has guarded: a second guarded call
+ * of one action in one attempt is ambiguous. An attempt is the task's write
+ * function (one per task, in each resumer) and LangGraph's attempt number (a
+ * retry runs the node again from its first line).
+ */
+const ATTEMPTS = new WeakMap<object, Map<number, Set<string>>>();
+
+function claim(cfg: GraphConfig, facts: StepFacts, action: string): void {
+  const task = cfg.configurable?.[SEND];
+  if (typeof task !== "function") return;
+  const attempt = Number(cfg.executionInfo?.nodeAttempt ?? 0);
+  let byAttempt = ATTEMPTS.get(task);
+  if (!byAttempt) {
+    byAttempt = new Map();
+    ATTEMPTS.set(task, byAttempt);
+  }
+  let seen = byAttempt.get(attempt);
+  if (!seen) {
+    seen = new Set();
+    byAttempt.set(attempt, seen);
+  }
+  const k = JSON.stringify([facts.step, action]);
+  if (seen.has(k)) {
+    throw new AmbiguousStepError(
+      `a second guarded call of ${JSON.stringify(action)} in one task (${facts.step} of thread ${facts.threadId}): ` +
+        "nothing LangGraph knows tells the two apart, so the second would be answered with the first one's result. " +
+        "Name each effect with action (e.g. with its order id).",
+      "one action twice in one task",
+      facts.intent(action),
+    );
+  }
+  seen.add(k);
 }
 
 /** What a guarded call proposes: `amount` in minor units. */
@@ -108,15 +433,11 @@ export interface Terms {
   action?: string;
 }
 
-export interface GuardCallOptions extends Terms {
+export interface GuardCallOptions extends Terms, FactsOptions {
   /** A deliberate new use of the same intent: the authorization it supersedes. */
   forkOf?: string;
   /** The node's or tool's config; LangGraph's `getConfig()` when absent. */
   config?: GraphConfig;
-  /** The tool call this is (a tool's `config.toolCall.id` when absent). */
-  toolCallId?: string;
-  /** The tool's name, part of the step for a tool. */
-  toolName?: string;
   /** Terms a replay may differ in (see `Client.execute`). */
   acceptDiffers?: readonly TermField[];
   signal?: AbortSignal;
@@ -136,9 +457,9 @@ export interface GuardOptions {
  * through `Client.execute` and returns the recorded `Execution` (`ran` is
  * true in the one resumer that ran `fn`). Its errors are the client's
  * (`DeniedError`, `ReplayDiffersError`, `IdempotencyConflictError`,
- * `RefusedError`, `InDoubtError`, `InProgressError`, `NotCommittedError`):
- * thrown from the node, so LangGraph never records a denied or unknown step
- * as done.
+ * `RefusedError`, `InDoubtError`, `InProgressError`, `NotCommittedError`) and
+ * `AmbiguousStepError`: thrown from the node, so LangGraph never records a
+ * denied or unknown step as done.
  */
 export class Guard {
   readonly client: Client;
@@ -157,8 +478,18 @@ export class Guard {
 
   /** The proposal alone: the decision (`reserved`, `replayed`, a denial) and the facts it was derived from. */
   async propose(opts: GuardCallOptions): Promise<{ decision: Decision; facts: StepFacts }> {
-    const facts = await stepFacts(opts.config, { toolCallId: opts.toolCallId, toolName: opts.toolName });
+    const cfg = opts.config ?? (await langgraph()).getConfig() ?? {};
+    const facts = await stepFacts(cfg, opts);
     const action = opts.action ?? `${this.operation}:${opts.target}`;
+    if (facts.ambiguous && !opts.action) {
+      throw new AmbiguousStepError(
+        `${facts.ambiguous}: two branches would share the intent ${JSON.stringify(facts.intent(action))} and the second ` +
+          "would be answered with the first one's result. Name each effect with action (e.g. with its order id).",
+        "Send branch of a subgraph",
+        facts.intent(action),
+      );
+    }
+    claim(cfg, facts, action);
     let key = facts.key(action);
     if (opts.forkOf) {
       // A deliberate new use of the same intent: its own key, derived from
@@ -198,15 +529,17 @@ export class Guard {
   }
 }
 
-let loaded: Promise<{ getConfig(): GraphConfig | undefined }> | undefined;
+interface LangGraphModule {
+  getConfig(): GraphConfig | undefined;
+  getCurrentTaskInput?(config?: GraphConfig): unknown;
+}
 
-/**
- * @langchain/langgraph, the peer dependency, loaded on first use: the
- * package builds without it and its main entry never loads it.
- */
-function langgraph(): Promise<{ getConfig(): GraphConfig | undefined }> {
+let loaded: Promise<LangGraphModule> | undefined;
+
+/** @langchain/langgraph, the peer dependency, loaded on first use: the package builds without it and its main entry never loads it. */
+function langgraph(): Promise<LangGraphModule> {
   const name: string = "@langchain/langgraph";
-  loaded ??= import(name) as Promise<{ getConfig(): GraphConfig | undefined }>;
+  loaded ??= import(name) as Promise<LangGraphModule>;
   return loaded;
 }
 
