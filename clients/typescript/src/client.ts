@@ -3,7 +3,7 @@
  * reference for every exchange). It mirrors the Python package
  * (clients/python) call for call; times are in milliseconds.
  */
-import { randomBytes } from "node:crypto";
+import { createHash, randomBytes } from "node:crypto";
 
 import {
   Decision,
@@ -116,6 +116,33 @@ export interface ExecuteOptions extends CallOptions {
 }
 
 export type Approval = Decision | AuthorizationRef;
+
+export interface RecordInput extends CallOptions {
+  /** Names the read (operation grammar: `search.web`, `price.lookup`). */
+  operation: string;
+  /** The facts of the step that reads: a restored agent repeats them. */
+  intent: Intent;
+  /** What was read (an id: a digest of the read's arguments, see `readTarget`). */
+  target?: string;
+  /** The read's answer to record (a JSON object ≤ 8 KiB); absent: a look-up. */
+  result?: JSONObject;
+  /** Echoed on the decision, never bound. */
+  idempotencyKey?: string;
+}
+
+export interface ReadOptions extends Omit<RecordInput, "result"> {
+  /** Terms a replay may differ in (`["target"]`: a restored agent's reformulated query reuses the recorded answer). */
+  acceptDiffers?: readonly TermField[];
+}
+
+/** What `read` returns: the recorded answer, the same for every caller of one intent. */
+export interface Reading {
+  /** True when this call's function gave the recorded answer. */
+  ran: boolean;
+  result: JSONObject;
+  decision: Decision;
+  authorizationId: string;
+}
 
 /** One org's caller of the gateway. Every call is its own HTTP exchange: share one client across a process. */
 export class Client {
@@ -351,6 +378,55 @@ export class Client {
     const body: JSONObject = { execution_token: opts.executionToken };
     if (opts.detail) body.detail = opts.detail;
     return this.#command(`${this.#authPath(ref)}/report-unknown`, body, {}, opts);
+  }
+
+  // ---- recorded reads (seed 003)
+
+  /**
+   * Records a read-only tool's answer under its intent (`result`), or looks
+   * it up (no `result`): `recorded` the first time, `replayed` with the first
+   * answer after; a look-up of an intent never recorded throws
+   * `NotFoundError` with reason `not_recorded`. No mandate authority is
+   * consumed: a record works on an exhausted, expired or revoked mandate.
+   */
+  async record(mandateId: string, r: RecordInput): Promise<Decision> {
+    const body: JSONObject = {
+      operation: r.operation,
+      intent: { run_id: r.intent.runId, step: r.intent.step, action: r.intent.action },
+    };
+    if (r.target !== undefined) body.target = r.target;
+    if (r.result !== undefined) body.result = r.result;
+    const headers: Record<string, string> = r.idempotencyKey ? { "Idempotency-Key": r.idempotencyKey } : {};
+    // A replay's `differs` comes from the gateway (a record has no amount to compare here).
+    return this.#command(`${this.#mandatePath(mandateId)}/records`, body, headers, r);
+  }
+
+  /**
+   * A read-only tool whose answer a restored or resumed agent must see
+   * again, not fetched anew: looks its intent up, and only when nothing is
+   * recorded calls `fn` once and records its answer (concurrent first
+   * callers each read; all get the one recorded answer). A replay whose
+   * `target` differs throws `ReplayDiffersError` unless `acceptDiffers`
+   * names it.
+   */
+  async read(mandateId: string, r: ReadOptions, fn: (context: { signal: AbortSignal }) => JSONObject | Promise<JSONObject>): Promise<Reading> {
+    const { acceptDiffers = [], ...look } = r;
+    try {
+      return this.#reading(await this.record(mandateId, look), false, acceptDiffers);
+    } catch (err) {
+      if (!(err instanceof NotFoundError && err.reason === "not_recorded")) throw err;
+    }
+    const result = await fn({ signal: r.signal ?? new AbortController().signal });
+    if (result === null || typeof result !== "object" || Array.isArray(result)) {
+      throw new TypeError(`the read function returned ${Array.isArray(result) ? "an array" : String(result)}, not a JSON object: nothing was recorded`);
+    }
+    const d = await this.record(mandateId, { ...look, result });
+    return this.#reading(d, d.outcome === "recorded", acceptDiffers);
+  }
+
+  #reading(d: Decision, ran: boolean, accept: readonly TermField[]): Reading {
+    checkDiffers(d, accept);
+    return { ran, result: d.result ?? {}, decision: d, authorizationId: d.authorizationId };
   }
 
   // ---- status
@@ -592,6 +668,22 @@ export class Client {
 }
 
 /** The authorization a decision is about (Go's `client.RefOf`); `DeniedError` for a decision that authorizes nothing. */
+/**
+ * A read's target from its arguments, as the guards derive it: `q:` + the
+ * hex SHA-256 of the arguments' canonical JSON (keys sorted), 60 characters
+ * in all. The same arguments give the same target in every process.
+ */
+export function readTarget(args: unknown): string {
+  return ("q:" + createHash("sha256").update(canonicalJSON(args), "utf8").digest("hex")).slice(0, 60);
+}
+
+function canonicalJSON(v: unknown): string {
+  if (v === null || typeof v !== "object") return JSON.stringify(v) ?? "null";
+  if (Array.isArray(v)) return "[" + v.map(canonicalJSON).join(",") + "]";
+  const o = v as Record<string, unknown>;
+  return "{" + Object.keys(o).sort().filter((k) => o[k] !== undefined).map((k) => JSON.stringify(k) + ":" + canonicalJSON(o[k])).join(",") + "}";
+}
+
 export function refOf(approval: Approval): AuthorizationRef {
   if (approval instanceof Decision) {
     if (!approval.authorizationId) {

@@ -18,6 +18,7 @@ export {
   POLL_INTERVAL_DEFAULT,
   SETTLE_TIMEOUT_DEFAULT,
   TIMEOUT_DEFAULT,
+  readTarget,
   refOf,
   type Approval,
   type CallOptions,
@@ -25,6 +26,9 @@ export {
   type EffectFn,
   type ExecuteOptions,
   type ProposeInput,
+  type ReadOptions,
+  type Reading,
+  type RecordInput,
 } from "./client.js";
 export {
   Decision,

@@ -161,3 +161,57 @@ test("a loser whose winner does not finish within loserWait gets InProgressError
   assert.ok(Date.now() - start >= 300, "it waited loserWait");
   assert.equal(ran, false);
 });
+
+// ---- recorded reads (SPEC "Recorded reads": POST .../records; a look-up without result, then one with it)
+
+const notRecorded = json(404, {
+  type: "urn:mandated:reason:not_recorded", title: "x", status: 404, reason: "not_recorded",
+  decision: decision({ outcome: "refused", reason: "not_recorded", authorization_id: undefined, authorization: undefined }),
+});
+const recordedAs = (outcome, result, extra = {}) => json(200, decision({
+  outcome, reason: outcome === "replayed" ? "intent_replayed" : "", original_outcome: outcome === "replayed" ? "recorded" : undefined,
+  authorization_id: "au_r", authorization: { id: "au_r", state: "recorded", result }, ...extra,
+}));
+const readIntent = { runId: "thread-1", step: "agent:3.search:t0", action: "search.web" };
+
+test("read looks the intent up, calls fn once when nothing is recorded, and records its answer", async () => {
+  reset(notRecorded, recordedAs("recorded", { hits: 3 }));
+  let calls = 0;
+  const r = await gw().read("m-1", { operation: "search.web", intent: readIntent, target: m.readTarget({ q: "refund policy" }) }, () => {
+    calls++;
+    return { hits: 3 };
+  });
+  assert.equal(calls, 1);
+  assert.deepEqual([r.ran, r.result, r.authorizationId], [true, { hits: 3 }, "au_r"]);
+  assert.deepEqual(seen.map((x) => x.method + " " + x.url), ["POST /v1/orgs/acme/mandates/m-1/records", "POST /v1/orgs/acme/mandates/m-1/records"]);
+  const lookUp = JSON.parse(seen[0].body);
+  assert.deepEqual(lookUp, { operation: "search.web", intent: { run_id: "thread-1", step: "agent:3.search:t0", action: "search.web" }, target: m.readTarget({ q: "refund policy" }) });
+  assert.deepEqual(JSON.parse(seen[1].body), { ...lookUp, result: { hits: 3 } });
+});
+
+test("read of a recorded intent returns the recorded answer without calling fn", async () => {
+  reset(recordedAs("replayed", { price: 1299 }));
+  const r = await gw().read("m-1", { operation: "price.lookup", intent: readIntent }, () => assert.fail("fn must not run"));
+  assert.deepEqual([r.ran, r.result], [false, { price: 1299 }]);
+  assert.equal(seen.length, 1);
+});
+
+test("a concurrent first reader gets the answer recorded first, not its own", async () => {
+  reset(notRecorded, recordedAs("replayed", { price: 1 }));
+  const r = await gw().read("m-1", { operation: "price.lookup", intent: readIntent }, () => ({ price: 2 }));
+  assert.deepEqual([r.ran, r.result], [false, { price: 1 }]);
+});
+
+test("a replayed read whose target differs is ReplayDiffersError unless target is accepted", async () => {
+  reset(recordedAs("replayed", { hits: 3 }, { differs: ["target"] }), recordedAs("replayed", { hits: 3 }, { differs: ["target"] }));
+  const opts = { operation: "search.web", intent: readIntent, target: m.readTarget({ q: "refund policy, again" }) };
+  await assert.rejects(gw().read("m-1", opts, () => ({ hits: 9 })), (err) => err instanceof m.ReplayDiffersError && err.fields[0] === "target");
+  const r = await gw().read("m-1", { ...opts, acceptDiffers: ["target"] }, () => ({ hits: 9 }));
+  assert.deepEqual(r.result, { hits: 3 });
+});
+
+test("readTarget is a digest of the canonical arguments", () => {
+  assert.equal(m.readTarget({ b: 1, a: [1, "x"] }), m.readTarget({ a: [1, "x"], b: 1 }));
+  assert.notEqual(m.readTarget({ q: "a" }), m.readTarget({ q: "b" }));
+  assert.match(m.readTarget({ q: "a" }), /^q:[0-9a-f]{58}$/);
+});
