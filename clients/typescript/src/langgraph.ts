@@ -44,8 +44,8 @@
  */
 import { createHash } from "node:crypto";
 
-import type { Client, EffectFn } from "./client.js";
-import type { Execution, TermField } from "./decision.js";
+import { readTarget, type Client, type EffectFn, type Reading } from "./client.js";
+import type { Execution, JSONObject, TermField } from "./decision.js";
 import { Decision, newExecution } from "./decision.js";
 import { AmbiguousStepError } from "./errors.js";
 import { intentKey, type Intent } from "./intent.js";
@@ -443,6 +443,21 @@ export interface GuardCallOptions extends Terms, FactsOptions {
   signal?: AbortSignal;
 }
 
+export interface ReadCallOptions extends FactsOptions {
+  /** Names the read (operation grammar: `search.web`, `price.lookup`). */
+  operation: string;
+  /** The read's arguments: the target is their digest (`readTarget`), so a reformulated query differs. */
+  args?: unknown;
+  /** What was read, when not derived from `args`. */
+  target?: string;
+  /** Names the read within the step; defaults to `operation`. */
+  action?: string;
+  config?: GraphConfig;
+  /** `["target"]`: a restored agent's reformulated query reuses the recorded answer. */
+  acceptDiffers?: readonly TermField[];
+  signal?: AbortSignal;
+}
+
 export interface GuardOptions {
   operation: string;
   /** Bounds each proposal and execution (ms); the client's when absent. */
@@ -526,6 +541,36 @@ export class Guard {
       signal: opts.signal,
     });
     return ex.authorizationId ? ex : newExecution({ ...ex, authorizationId: decision.authorizationId });
+  }
+
+  /**
+   * A read-only tool whose answer a restored or resumed agent sees again
+   * (seed 003; SPEC "Recorded reads"): its intent is the running step's
+   * (the same facts as an effect's, `action` the read's operation), and the
+   * first answer recorded under it is every later caller's — a resume, a
+   * retry, a time-travel replay; a new step (a later turn, a loop
+   * iteration, another Send branch or tool call) reads anew. It consumes no
+   * mandate authority and never blocks an effect.
+   */
+  async read(fn: (context: { signal: AbortSignal }) => JSONObject | Promise<JSONObject>, opts: ReadCallOptions): Promise<Reading> {
+    const cfg = opts.config ?? (await langgraph()).getConfig() ?? {};
+    const facts = await stepFacts(cfg, opts);
+    const action = opts.action ?? opts.operation;
+    if (facts.ambiguous && !opts.action) {
+      throw new AmbiguousStepError(
+        `${facts.ambiguous}: two branches would share the read's intent ${JSON.stringify(facts.intent(action))} and the second ` +
+          "would be answered with the first one's result. Name each read with action.",
+        "Send branch of a subgraph",
+        facts.intent(action),
+      );
+    }
+    claim(cfg, facts, "record:" + action);
+    const target = opts.target ?? (opts.args === undefined ? undefined : readTarget(opts.args));
+    return this.client.read(
+      this.mandateId,
+      { operation: opts.operation, intent: facts.intent(action), target, acceptDiffers: opts.acceptDiffers, timeout: this.timeout, signal: opts.signal },
+      fn,
+    );
   }
 }
 

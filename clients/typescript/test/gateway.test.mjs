@@ -251,4 +251,49 @@ describe("against a real gateway", { skip }, () => {
     assert.equal((await winner).externalRef, "re_w");
     await eventually("committed", async () => (await gw.status(approval)).state === "committed");
   });
+
+  // ---- recorded reads (issue 42 item 4, SPEC "Recorded reads")
+
+  test("a read is recorded under its intent on first use and replayed on repeat, consuming no authority", async () => {
+    const gw = client();
+    const mandate = await grant({ uses: 1 });
+    assert.equal((await propose(gw, mandate)).outcome, "reserved"); // the one use is held: an exhausted mandate
+    let calls = 0;
+    const lookup = () => ({ price: 1000 + ++calls }); // a tool whose answer changes on every call
+    const intent = { runId: "run-" + uid(), step: "quote", action: "price.lookup" };
+    const args = { sku: "sku-42" };
+    const first = await gw.read(mandate, { operation: "price.lookup", intent, target: m.readTarget(args) }, lookup);
+    assert.deepEqual([first.ran, first.result, first.decision.outcome, first.decision.state], [true, { price: 1001 }, "recorded", "recorded"]);
+    const again = await gw.read(mandate, { operation: "price.lookup", intent, target: m.readTarget(args) }, lookup);
+    assert.deepEqual([again.ran, again.result, again.decision.outcome, again.decision.originalOutcome], [false, { price: 1001 }, "replayed", "recorded"]);
+    assert.equal(again.authorizationId, first.authorizationId);
+    assert.equal(calls, 1, "the restored caller saw the first answer, not a new one");
+    const next = await gw.read(mandate, { operation: "price.lookup", intent: { ...intent, step: "quote-2" }, target: m.readTarget(args) }, lookup);
+    assert.deepEqual([next.ran, next.result], [true, { price: 1002 }], "a new step reads anew");
+    // A reformulated query under the same intent: not presented as this query's answer unless accepted.
+    const other = { operation: "price.lookup", intent, target: m.readTarget({ sku: "sku-43" }) };
+    await assert.rejects(gw.read(mandate, other, lookup), (err) => err instanceof m.ReplayDiffersError && err.fields.includes("target"));
+    assert.deepEqual((await gw.read(mandate, { ...other, acceptDiffers: ["target"] }, lookup)).result, { price: 1001 });
+    assert.equal(calls, 2);
+    // A look-up of nothing recorded changes nothing.
+    await assert.rejects(gw.record(mandate, { operation: "price.lookup", intent: { ...intent, step: "never" } }),
+      (err) => err instanceof m.NotFoundError && err.reason === "not_recorded");
+    // The effect's authority is untouched: the held use is still executable.
+  });
+
+  test("8 concurrent first reads of one intent (Promise.allSettled) all get the one recorded answer", async () => {
+    const gw = client();
+    const mandate = await grant({ uses: 1 });
+    let calls = 0;
+    const intent = { runId: "run-" + uid(), step: "search", action: "search.web" };
+    const callers = Array.from({ length: 8 }, () => client());
+    const settled = await Promise.allSettled(callers.map((c) =>
+      c.read(mandate, { operation: "search.web", intent }, async () => ({ hits: ++calls }))));
+    assert.deepEqual(settled.filter((x) => x.status === "rejected").map((x) => x.reason), []);
+    const answers = new Set(settled.map((x) => JSON.stringify(x.value.result)));
+    assert.equal(answers.size, 1, `every caller the one recorded answer (${calls} read(s) ran)`);
+    assert.equal(settled.filter((x) => x.value.ran).length, 1, "one caller's answer was recorded");
+    assert.equal(new Set(settled.map((x) => x.value.authorizationId)).size, 1);
+    void gw;
+  });
 });
