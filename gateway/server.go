@@ -261,7 +261,12 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (Token, bo
 	case errors.Is(err, ErrTokenInvalid):
 		s.metrics.authFailures.WithLabelValues("invalid").Inc()
 		w.Header().Set("WWW-Authenticate", `Bearer realm="mandated", error="invalid_token"`)
-		writeProblem(w, r, http.StatusUnauthorized, ReasonUnauthenticated, "the bearer token is unknown or revoked", nil)
+		detail := "the bearer token is unknown or revoked"
+		if strings.HasPrefix(strings.TrimSpace(token), operatorTokenPrefix) {
+			// As the console says of an API token, the other way round.
+			detail = "that is an operator token: it signs in to the console only; the API takes an org's API token (mandatectl tokens create ORG)"
+		}
+		writeProblem(w, r, http.StatusUnauthorized, ReasonUnauthenticated, detail, nil)
 		return Token{}, false
 	case err != nil:
 		w.Header().Set("Retry-After", "1")

@@ -577,7 +577,7 @@ func (r *reader) money(field string, required bool) Money {
 	}
 	m, isObj := v.(object)
 	if !isObj {
-		r.failField(field, ReasonAmountInvalid, "amount_invalid:%s must be an object {\"minor_units\": <integer>, \"currency\": \"<ISO 4217>\"}", field)
+		r.failField(field, ReasonAmountInvalid, "%s must be an object {\"minor_units\": <integer>, \"currency\": \"<ISO 4217>\"}", field)
 		return Money{}
 	}
 	if unknown := unknownKeys(m, moneyFields); len(unknown) > 0 {
@@ -594,7 +594,7 @@ func (r *reader) money(field string, required bool) Money {
 		problem = fmt.Sprintf("%d is outside (0, %d]", i, MaxMinorUnits)
 	}
 	if problem != "" {
-		r.failField(field, ReasonAmountInvalid, "amount_invalid:%s.minor_units %s", field, problem)
+		r.failField(field, ReasonAmountInvalid, "%s.minor_units %s", field, problem)
 		return Money{}
 	}
 	cur, isStr := m["currency"].(string)
