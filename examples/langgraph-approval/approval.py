@@ -43,6 +43,16 @@ CREATE TABLE IF NOT EXISTS barrier (
 """
 
 
+def env(name: str) -> str:
+    """A variable the Go test sets (see conftest.py); the suites fail without it."""
+    v = os.environ.get(name)
+    if not v:
+        import pytest
+
+        pytest.fail(f"{name} is not set: run through `go test ./examples/langgraph-approval/`")
+    return v
+
+
 class RefundState(TypedDict, total=False):
     order_id: str
     customer: str

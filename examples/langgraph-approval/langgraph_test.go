@@ -58,7 +58,11 @@ func TestLangGraphApprovalResumedConcurrentlyRefundsOnceOnlyWhenGuarded(t *testi
 	venv := installWithLangGraph(ctx, t, py, pkgDir)
 
 	st := startStack(t)
-	cmd := exec.CommandContext(ctx, venv, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-s", "-rfEs", here)
+	args := []string{"-m", "pytest", "-p", "no:cacheprovider", "-q", "-s", "-rfEs", here}
+	if k := os.Getenv("MANDATED_TEST_PYTEST_K"); k != "" {
+		args = append(args, "-k", k) // a developer's subset: `MANDATED_TEST_PYTEST_K=intent go test ...`
+	}
+	cmd := exec.CommandContext(ctx, venv, args...)
 	cmd.Dir = here
 	cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1",
 		"MANDATED_GATEWAY_URL="+st.base, "MANDATED_GATEWAY_TOKEN="+st.token, "MANDATED_GATEWAY_ORG=acme",
@@ -66,7 +70,7 @@ func TestLangGraphApprovalResumedConcurrentlyRefundsOnceOnlyWhenGuarded(t *testi
 		"MANDATED_OPERATOR_TOKEN="+st.operatorToken, "LANGGRAPH_TEST_DSN="+st.langgraphDSN)
 	out, err := cmd.CombinedOutput()
 	t.Logf("pytest:\n%s", out)
-	for _, line := range regexp.MustCompile(`(?m)^(EXPERIMENT|LATENCY) .*$`).FindAllString(string(out), -1) {
+	for _, line := range regexp.MustCompile(`(?m)^(EXPERIMENT|LATENCY|INTENT) .*$`).FindAllString(string(out), -1) {
 		t.Log(line)
 	}
 	require.NoError(t, err, "pytest failed")

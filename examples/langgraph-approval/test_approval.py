@@ -1,13 +1,6 @@
 """The seed's experiment, both ways, against a real gateway, processor,
-Kafka and PostgreSQL (run by `go test ./examples/langgraph-approval/`,
-which sets):
-
-  MANDATED_GATEWAY_URL, MANDATED_GATEWAY_TOKEN, MANDATED_GATEWAY_ORG
-  MANDATED_TEST_CONTROL_URL  POST {"mandate_id", "uses", "execution_timeout_seconds"} grants
-                             (operation payment.refund, at most 200.00 EUR)
-  LANGGRAPH_TEST_DSN         a PostgreSQL database of its own: the checkpointer and the ledger
-  MANDATED_OPERATOR_TOKEN    an operator token of the console (/console on the gateway)
-"""
+Kafka and PostgreSQL (run by `go test ./examples/langgraph-approval/`; the
+variables it sets are in conftest.py)."""
 
 import json
 import os
@@ -26,60 +19,11 @@ from langgraph.types import Command
 import mandated
 from mandated.langgraph import Guard
 
-from approval import Barrier, Provider, build_graph
+from approval import Barrier, Provider, build_graph, env
+from conftest import RecordingGuard
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 N = 8
-
-
-def _env(name):
-    v = os.environ.get(name)
-    if not v:
-        pytest.fail(f"{name} is not set: run through `go test ./examples/langgraph-approval/`")
-    return v
-
-
-@pytest.fixture(scope="session")
-def dsn():
-    d = _env("LANGGRAPH_TEST_DSN")
-    with PostgresSaver.from_conn_string(d) as saver:
-        saver.setup()
-    Provider(d).setup()
-    return d
-
-
-@pytest.fixture(scope="session")
-def gw():
-    return mandated.Client(_env("MANDATED_GATEWAY_URL"), _env("MANDATED_GATEWAY_TOKEN"), _env("MANDATED_GATEWAY_ORG"),
-                           timeout=60)
-
-
-@pytest.fixture
-def grant():
-    def make(uses=1, mandate_id=None, **terms):
-        mandate_id = mandate_id or "lg-" + uuid.uuid4().hex[:12]
-        body = json.dumps(dict(terms, mandate_id=mandate_id, uses=uses)).encode()
-        req = urllib.request.Request(_env("MANDATED_TEST_CONTROL_URL"), data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            assert json.loads(resp.read())["outcome"] == "granted"
-        return mandate_id
-
-    return make
-
-
-class RecordingGuard(Guard):
-    """The guard, keeping every proposal's decision it received."""
-
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.decisions, self._lock = [], threading.Lock()
-
-    def propose(self, **kw):
-        d, facts = super().propose(**kw)
-        with self._lock:
-            self.decisions.append(d)
-        return d, facts
 
 
 def paused_thread(dsn, amount=15000):
@@ -264,9 +208,9 @@ def test_a_resumer_killed_between_begin_and_commit_leaves_it_in_doubt_and_a_late
         dsn, gw, grant):
     m = grant(uses=1, execution_timeout_seconds=2)
     thread, _ = paused_thread(dsn)
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    penv = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
     p = subprocess.Popen([sys.executable, os.path.join(HERE, "resume.py"), "--dsn", dsn, "--thread", thread,
-                          "--guarded", "--mandate", m, "--hang"], cwd=HERE, env=env,
+                          "--guarded", "--mandate", m, "--hang"], cwd=HERE, env=penv,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = p.stdout.readline()
@@ -292,8 +236,8 @@ def test_a_resumer_killed_between_begin_and_commit_leaves_it_in_doubt_and_a_late
     assert Provider(dsn).effects("hang-" + thread) == 1, "the killed resumer's effect, once"
     assert gw.status(approval)["state"] == "in_doubt"
     # The operators' console lists it in its in-doubt queue, for a person to reconcile.
-    req = urllib.request.Request(_env("MANDATED_GATEWAY_URL") + "/console/?org=" + gw.org,
-                                 headers={"Authorization": "Bearer " + _env("MANDATED_OPERATOR_TOKEN")})
+    req = urllib.request.Request(env("MANDATED_GATEWAY_URL") + "/console/?org=" + gw.org,
+                                 headers={"Authorization": "Bearer " + env("MANDATED_OPERATOR_TOKEN")})
     with urllib.request.urlopen(req, timeout=30) as resp:
         page = resp.read().decode("utf-8")
     assert au in page and m in page, "the in-doubt authorization is in the console's queue"

@@ -1,0 +1,164 @@
+"""mandated.aio: the async client, for asyncio code (LangGraph's
+``ainvoke``/``astream``, async tools, web handlers). The same core as the
+sync ``mandated.Client`` (every request built and every answer read by
+``mandated._core``), over asyncio streams: waiting for a decision or for
+the winner of an execution never blocks the event loop, and concurrent
+callers wait concurrently.
+
+    import mandated.aio
+
+    gw = mandated.aio.Client("http://localhost:8090", token, "acme")
+    d = await gw.propose("refund-case-1842", idempotency_key=mandated.intent_key(run_id, "3", "payment.refund"),
+                         operation="payment.refund", amount=15000, currency="EUR", target="customer-77")
+    ex = await gw.execute(d, refund)  # async def refund(provider_key) -> mandated.Effect: runs once
+
+The errors, ``Decision``, ``Effect`` and ``Execution`` are the package's
+own (``mandated.InDoubt``, ...). The async LangGraph guard is
+``mandated.aio.langgraph.Guard``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import ssl
+from typing import Any, AsyncIterator, Awaitable, Callable, List, Mapping, Optional, Union
+
+from .. import _core
+from .._core import Approval, Intent, Op
+from ..decision import Decision, Effect, Execution, JSONObject
+from . import _http
+
+AsyncEffectFn = Callable[[str], Union[Awaitable[Union[Effect, str]], Effect, str]]
+
+__all__ = ["AsyncEffectFn", "Client", "run"]
+
+
+class Client:
+    """One org's async caller of the gateway: the arguments and answers of
+    ``mandated.Client``, each method a coroutine. Safe to share between
+    tasks: every call is its own HTTP exchange. ``ssl_context`` is used for
+    an https gateway (default: the system's trust store)."""
+
+    def __init__(self, base_url: str, token: str, org: str, *, timeout: float = 30.0,
+                 headers: Optional[Callable[[], Mapping[str, str]]] = None,
+                 poll_interval: float = 0.05, settle_timeout: float = 30.0, max_wait: int = 30,
+                 ssl_context: Optional[ssl.SSLContext] = None):
+        self._cfg = _core.Config(base_url, token, org, timeout=timeout, headers=headers, poll_interval=poll_interval,
+                                 settle_timeout=settle_timeout, max_wait=max_wait)
+        self._ssl = ssl_context
+
+    @property
+    def base_url(self) -> str:
+        return self._cfg.base_url
+
+    @property
+    def org(self) -> str:
+        return self._cfg.org
+
+    @property
+    def timeout(self) -> float:
+        return self._cfg.timeout
+
+    async def _run(self, flow: _core.Flow[_core.T]) -> _core.T:
+        return await run(flow, self._perform)
+
+    async def _perform(self, op: Op) -> Any:
+        if isinstance(op, _core.Request):
+            return await _http.exchange(op, self._ssl)
+        return await perform(op)
+
+    async def propose(self, mandate_id: str, *, idempotency_key: str, operation: str, amount: int, currency: str,
+                      target: str, intent: Optional[Intent] = None, fork_of: Optional[str] = None,
+                      based_on_version: Optional[int] = None, deadline: Optional[str] = None,
+                      timeout: Optional[float] = None) -> Decision:
+        """``mandated.Client.propose``, awaited."""
+        return await self._run(_core.propose(self._cfg, mandate_id, idempotency_key=idempotency_key,
+                                             operation=operation, amount=amount, currency=currency, target=target,
+                                             intent=intent, fork_of=fork_of, based_on_version=based_on_version,
+                                             deadline=deadline, timeout=timeout))
+
+    async def begin(self, approval: Approval, *, executor: Optional[str] = None,
+                    timeout: Optional[float] = None) -> Decision:
+        """``mandated.Client.begin``, awaited."""
+        return await self._run(_core.begin(self._cfg, approval, executor=executor, timeout=timeout))
+
+    async def commit(self, approval: Approval, *, external_ref: str, execution_token: int = 0,
+                     result: Optional[JSONObject] = None, timeout: Optional[float] = None) -> Decision:
+        """``mandated.Client.commit``, awaited."""
+        return await self._run(_core.commit(self._cfg, approval, external_ref=external_ref,
+                                            execution_token=execution_token, result=result, timeout=timeout))
+
+    async def cancel(self, approval: Approval, *, reason: Optional[str] = None,
+                     not_executed_proof: Optional[str] = None, execution_token: int = 0,
+                     timeout: Optional[float] = None) -> Decision:
+        """``mandated.Client.cancel``, awaited."""
+        return await self._run(_core.cancel(self._cfg, approval, reason=reason, not_executed_proof=not_executed_proof,
+                                            execution_token=execution_token, timeout=timeout))
+
+    async def report_unknown(self, approval: Approval, *, execution_token: int, detail: Optional[str] = None,
+                             timeout: Optional[float] = None) -> Decision:
+        """``mandated.Client.report_unknown``, awaited."""
+        return await self._run(_core.report_unknown(self._cfg, approval, execution_token=execution_token,
+                                                    detail=detail, timeout=timeout))
+
+    async def status(self, approval: Approval) -> JSONObject:
+        """``mandated.Client.status``, awaited."""
+        return await self._run(_core.status(self._cfg, approval))
+
+    async def request_status(self, mandate_id: str, request_id: str) -> JSONObject:
+        """``mandated.Client.request_status``, awaited."""
+        return await self._run(_core.request_status(self._cfg, mandate_id, request_id))
+
+    async def proposal_status(self, mandate_id: str, idempotency_key: str,
+                              operation: Optional[str] = None) -> JSONObject:
+        """``mandated.Client.proposal_status``, awaited."""
+        return await self._run(_core.proposal_status(self._cfg, mandate_id, idempotency_key, operation))
+
+    async def execute(self, approval: Approval, fn: AsyncEffectFn, *, timeout: Optional[float] = None) -> Execution:
+        """``mandated.Client.execute``, awaited: one winner runs
+        ``fn(provider_key)`` — awaited when it returns an awaitable (an
+        ``async def``); a plain function runs on the event loop, so give it
+        nothing that blocks — and every loser returns the winner's recorded
+        result. Cancelling the winner while ``fn`` runs leaves the
+        authorization executing until its execution timeout moves it to
+        in_doubt, for a reconciler: never released, never run twice."""
+        return await self._run(_core.execute(self._cfg, approval, fn, timeout=timeout))
+
+
+async def run(flow: _core.Flow[_core.T], perform_op: Callable[[Op], Awaitable[Any]]) -> _core.T:
+    """The async driver of a core flow: awaits each op and hands back its
+    answer, or throws its failure into the flow at the yield."""
+    try:
+        op = next(flow)
+        while True:
+            try:
+                answer = await perform_op(op)
+            except BaseException as err:  # noqa: BLE001 - the flow decides (and re-raises what it does not handle)
+                op = flow.throw(err)
+                continue
+            op = flow.send(answer)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+async def perform(op: Op) -> Any:
+    """Performs an op that is not HTTP: a pause, the caller's function, a
+    checkpointer read."""
+    if isinstance(op, _core.Sleep):
+        await asyncio.sleep(op.seconds)
+        return None
+    if isinstance(op, _core.Call):
+        out = op.fn(*op.args)
+        if inspect.isawaitable(out):
+            out = await out
+        return out
+    if isinstance(op, _core.Read):
+        if op.method == "list":
+            got: List[Any] = []
+            it: AsyncIterator[Any] = op.saver.alist(*op.args, **op.kwargs)
+            async for item in it:
+                got.append(item)
+            return got
+        return await getattr(op.saver, "a" + op.method)(*op.args, **op.kwargs)
+    raise TypeError(f"unknown op {op!r}")
