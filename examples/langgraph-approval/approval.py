@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from typing import Any, Dict, Optional, TypedDict
+from typing import Any, TypedDict
 
 import psycopg
 from langgraph.graph import END, START, StateGraph
@@ -59,7 +59,7 @@ class RefundState(TypedDict, total=False):
     amount: int          # minor units
     provider_ref: str    # the "model's" reference for the refund: regenerated on every plan
     status: str
-    refund: Dict[str, Any]
+    refund: dict[str, Any]
     authorization_id: str  # the guarded run's authorization
     fork_of: str           # set by a person to refund again, deliberately (a fork of the intent)
 
@@ -97,7 +97,8 @@ class Barrier:
     def wait(self) -> None:
         deadline = time.monotonic() + self.timeout
         with psycopg.connect(self.dsn, autocommit=True) as conn:
-            conn.execute("INSERT INTO barrier (name, who) VALUES (%s, %s)", (self.name, f"{os.getpid()}-{uuid.uuid4().hex[:6]}"))
+            who = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
+            conn.execute("INSERT INTO barrier (name, who) VALUES (%s, %s)", (self.name, who))
             while True:
                 n = conn.execute("SELECT count(*) FROM barrier WHERE name = %s", (self.name,)).fetchone()[0]
                 if n >= self.n:
@@ -107,8 +108,8 @@ class Barrier:
                 time.sleep(0.01)
 
 
-def build_graph(checkpointer: Any, provider: Provider, guard: Optional[Guard] = None,
-                barrier: Optional[Barrier] = None, on_effect: Any = None):
+def build_graph(checkpointer: Any, provider: Provider, guard: Guard | None = None,
+                barrier: Barrier | None = None, on_effect: Any = None):
     """plan -> refund (interrupt() for approval, then the provider)."""
 
     def plan(state: RefundState) -> RefundState:

@@ -13,10 +13,10 @@ import urllib.request
 import uuid
 
 import pytest
+from approval import Provider, env
 from langgraph.checkpoint.postgres import PostgresSaver
 
 import mandated
-from approval import Provider, env
 from mandated.langgraph import Guard
 
 

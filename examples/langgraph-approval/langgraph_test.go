@@ -3,6 +3,7 @@ package langgraphapproval_test
 import (
 	"context"
 	"encoding/json"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -85,10 +86,29 @@ func installWithLangGraph(ctx context.Context, t *testing.T, py, pkgDir string) 
 	t.Helper()
 	dir := t.TempDir()
 	src := filepath.Join(dir, "src")
-	require.NoError(t, os.CopyFS(src, os.DirFS(pkgDir)))
-	for _, junk := range []string{"build", ".pytest_cache"} {
-		require.NoError(t, os.RemoveAll(filepath.Join(src, junk)))
-	}
+	// A copy of the package without a developer's venvs, caches and builds.
+	require.NoError(t, filepath.WalkDir(pkgDir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(pkgDir, path)
+		base := d.Name()
+		if rel != "." && (base == "build" || base == "__pycache__" || strings.HasPrefix(base, ".venv") ||
+			strings.HasSuffix(base, "_cache") || strings.HasSuffix(base, ".egg-info")) {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if d.IsDir() {
+			return os.MkdirAll(filepath.Join(src, rel), 0o755)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(src, rel), b, 0o644)
+	}))
 	cache, err := os.UserCacheDir()
 	if err != nil {
 		cache = os.TempDir()

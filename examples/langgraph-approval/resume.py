@@ -14,13 +14,12 @@ import os
 import sys
 import threading
 
+from approval import Barrier, Provider, build_graph
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.types import Command
 
 import mandated
 from mandated.langgraph import Guard
-
-from approval import Barrier, Provider, build_graph
 
 
 def main() -> int:

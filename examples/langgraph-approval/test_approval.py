@@ -13,14 +13,13 @@ import urllib.request
 import uuid
 
 import pytest
+from approval import Barrier, Provider, build_graph, env
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.types import Command
 
 import mandated
-from mandated.langgraph import Guard
-
-from approval import Barrier, Provider, build_graph, env
 from conftest import RecordingGuard
+from mandated.langgraph import Guard
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 N = 8
@@ -251,7 +250,7 @@ def test_the_latency_one_guard_adds_to_a_resume(dsn, gw, grant):
     guard = Guard(gw, m, operation="payment.refund")
     took = {"unguarded": [], "guarded": []}
     with PostgresSaver.from_conn_string(dsn) as saver:
-        for i in range(n):
+        for _i in range(n):
             for kind, g in (("unguarded", None), ("guarded", guard)):
                 thread, _ = paused_thread(dsn)
                 graph = build_graph(saver, Provider(dsn), g)
@@ -297,9 +296,9 @@ def test_the_readme_langgraph_snippet_runs_as_written_and_refunds_once(dsn, gw, 
 
 
 def test_the_decorator_guards_a_function_the_same_way(dsn, gw, grant):
+    from approval import RefundState
     from langgraph.graph import START, StateGraph
 
-    from approval import RefundState
     from mandated.langgraph import Terms
 
     guard, provider = Guard(gw, grant(uses=2), operation="payment.refund"), Provider(dsn)

@@ -9,7 +9,7 @@ test_approval.py. Runs on the pinned langgraph and the previous minor
 import asyncio
 import operator
 import uuid
-from typing import Annotated, Any, Dict, List, TypedDict
+from typing import Annotated, Any, TypedDict
 
 import pytest
 from langgraph.checkpoint.postgres import PostgresSaver
@@ -23,7 +23,7 @@ class S(TypedDict, total=False):
     order: str
     status: str
     n: int
-    seen: Annotated[List[str], operator.add]
+    seen: Annotated[list[str], operator.add]
 
 
 def cfg():
@@ -98,7 +98,7 @@ def test_loop_iterations_send_branches_and_tool_calls_are_new_intents(dsn):
     from langgraph.prebuilt import ToolNode
     from langgraph.prebuilt.tool_node import ToolRuntime
 
-    steps: Dict[str, List[str]] = {"loop": [], "send": [], "tool": []}
+    steps: dict[str, list[str]] = {"loop": [], "send": [], "tool": []}
 
     def loop(s):
         steps["loop"].append(step_facts().intent("a")["step"])
@@ -202,9 +202,8 @@ def test_durability_exit_is_refused_as_ambiguous(dsn):
     g = StateGraph(S)
     g.add_node("node", node)
     g.add_edge(START, "node")
-    with PostgresSaver.from_conn_string(dsn) as saver:
-        with pytest.raises(AmbiguousStep, match="durability"):
-            g.compile(checkpointer=saver).invoke({}, cfg(), durability="exit")
+    with PostgresSaver.from_conn_string(dsn) as saver, pytest.raises(AmbiguousStep, match="durability"):
+        g.compile(checkpointer=saver).invoke({}, cfg(), durability="exit")
 
 
 def test_async_nodes_see_the_same_facts_through_the_async_checkpointer(dsn):
@@ -212,7 +211,7 @@ def test_async_nodes_see_the_same_facts_through_the_async_checkpointer(dsn):
 
     from mandated.aio.langgraph import step_facts as astep_facts
 
-    seen: List[Any] = []
+    seen: list[Any] = []
 
     async def refund(s, config):
         interrupt("approve?")

@@ -10,17 +10,18 @@ and below.
 
 import operator
 import uuid
-from typing import Annotated, Any, Dict, List, TypedDict
+from typing import Annotated, Any, TypedDict
 
 import pytest
+from approval import Provider
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, RetryPolicy, Send, interrupt
 
 import mandated
-from approval import Provider
 from conftest import RecordingGuard
 from mandated.langgraph import Guard
+
 try:
     from mandated.langgraph import AmbiguousStep
 except ImportError:  # before the fix
@@ -44,7 +45,7 @@ class Turn(TypedDict, total=False):
     customer: str
     amount: int
     status: str
-    refund: Dict[str, Any]
+    refund: dict[str, Any]
 
 
 def test_a_second_order_in_a_later_turn_of_one_thread_is_refunded_too(dsn, gw, grant):
@@ -74,8 +75,8 @@ def test_a_second_order_in_a_later_turn_of_one_thread_is_refunded_too(dsn, gw, g
 
 class FanOut(TypedDict, total=False):
     customer: str
-    orders: List[str]
-    refunds: Annotated[List[Dict[str, Any]], operator.add]
+    orders: list[str]
+    refunds: Annotated[list[dict[str, Any]], operator.add]
 
 
 def test_two_send_branches_refunding_two_orders_of_one_customer_refund_both(dsn, gw, grant):
@@ -88,7 +89,7 @@ def test_two_send_branches_refunding_two_orders_of_one_customer_refund_both(dsn,
     def fan_out(state: FanOut):
         return [Send("refund", {"order_id": o, "customer": state["customer"]}) for o in state["orders"]]
 
-    def refund(branch: Dict[str, Any]) -> FanOut:
+    def refund(branch: dict[str, Any]) -> FanOut:
         ex = guard.execute(lambda key: provider.refund(branch["order_id"], 800, key),
                            amount=800, currency="EUR", target=branch["customer"])
         return {"refunds": [ex.result]}
@@ -159,8 +160,8 @@ def test_two_tool_calls_in_one_ai_message_through_a_tool_node_refund_both(dsn, g
 
 class Loop(TypedDict, total=False):
     customer: str
-    orders: List[str]
-    done: Annotated[List[Dict[str, Any]], operator.add]
+    orders: list[str]
+    done: Annotated[list[dict[str, Any]], operator.add]
 
 
 def test_a_node_revisited_in_a_loop_refunds_each_iteration(dsn, gw, grant):
@@ -226,10 +227,9 @@ def test_two_guarded_calls_of_one_action_in_one_task_are_refused_as_ambiguous(ds
     g = StateGraph(Loop)
     g.add_node("refund_both", refund_both)
     g.add_edge(START, "refund_both")
-    with PostgresSaver.from_conn_string(dsn) as saver:
-        with pytest.raises(AmbiguousStep) as err:
-            g.compile(checkpointer=saver).invoke({"customer": "customer-77", "orders": orders, "done": []},
-                                                 thread_config())
+    with PostgresSaver.from_conn_string(dsn) as saver, pytest.raises(AmbiguousStep) as err:
+        g.compile(checkpointer=saver).invoke({"customer": "customer-77", "orders": orders, "done": []},
+                                             thread_config())
     assert "payment.refund:customer-77" in str(err.value) and "action=" in str(err.value)
     assert [provider.effects(o) for o in orders] == [1, 0], "the first ran; the second was refused, not replayed"
     assert isinstance(err.value, mandated.MandatedError)

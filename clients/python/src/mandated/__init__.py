@@ -22,8 +22,8 @@ from .errors import (
     Forbidden,
     IdempotencyConflict,
     InDoubt,
-    InvalidEffect,
     InvalidCommand,
+    InvalidEffect,
     MandatedError,
     MethodNotAllowed,
     NoDecision,
@@ -41,8 +41,9 @@ from .errors import (
 __version__ = "0.2.0"
 
 __all__ = [
-    "AlreadyExecuting", "AmbiguousStep", "AuthorizationRef", "Client", "Decision", "Denied", "Effect", "Execution", "Forbidden",
-    "IdempotencyConflict", "InDoubt", "InvalidCommand", "InvalidEffect", "JSONObject", "MandatedError", "MethodNotAllowed", "NoDecision",
-    "NotCommitted", "NotExecuted", "NotFound", "OutcomeUnknown", "ProblemError", "Refused", "TERMINAL_STATES",
-    "TooManyInFlight", "Unauthenticated", "Unavailable", "intent_key", "ref",
+    "AlreadyExecuting", "AmbiguousStep", "AuthorizationRef", "Client", "Decision", "Denied", "Effect",
+    "Execution", "Forbidden", "IdempotencyConflict", "InDoubt", "InvalidCommand", "InvalidEffect",
+    "JSONObject", "MandatedError", "MethodNotAllowed", "NoDecision", "NotCommitted", "NotExecuted",
+    "NotFound", "OutcomeUnknown", "ProblemError", "Refused", "TERMINAL_STATES", "TooManyInFlight",
+    "Unauthenticated", "Unavailable", "intent_key", "ref",
 ]

@@ -18,8 +18,9 @@ import json
 import secrets
 import time
 import urllib.parse
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Generator, Mapping, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, TypeVar
 
 from .decision import TERMINAL_STATES, AuthorizationRef, Decision, Effect, Execution, JSONObject
 from .errors import (
@@ -42,8 +43,8 @@ from .errors import (
 
 USER_AGENT = "mandated-python/0.2.0"
 
-Intent = Union[Tuple[str, str, str], Sequence[str], Mapping[str, str]]
-Approval = Union[AuthorizationRef, Decision, Mapping[str, Any]]
+Intent = tuple[str, str, str] | Sequence[str] | Mapping[str, str]
+Approval = AuthorizationRef | Decision | Mapping[str, Any]
 
 
 # ---- what a flow asks its driver to do
@@ -56,15 +57,15 @@ class Request:
 
     method: str
     url: str
-    headers: Dict[str, str]
-    body: Optional[bytes]
+    headers: dict[str, str]
+    body: bytes | None
     timeout: float
 
 
 @dataclass(frozen=True)
 class Response:
     status: int
-    headers: Dict[str, str]  # names in lower case
+    headers: dict[str, str]  # names in lower case
     body: bytes
 
 
@@ -79,7 +80,7 @@ class Call:
     what it returns when that is awaitable."""
 
     fn: Callable[..., Any]
-    args: Tuple[Any, ...] = ()
+    args: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -90,11 +91,11 @@ class Read:
 
     saver: Any  # a langgraph BaseCheckpointSaver: LangGraph is not imported here
     method: str
-    args: Tuple[Any, ...] = ()
-    kwargs: Dict[str, Any] = field(default_factory=dict)
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-Op = Union[Request, Sleep, Call, Read]
+Op = Request | Sleep | Call | Read
 T = TypeVar("T")
 Flow = Generator[Op, Any, T]
 
@@ -108,7 +109,7 @@ class Config:
     token: str
     org: str
     timeout: float = 30.0
-    headers: Optional[Callable[[], Mapping[str, str]]] = None
+    headers: Callable[[], Mapping[str, str]] | None = None
     poll_interval: float = 0.05
     settle_timeout: float = 30.0
     max_wait: int = 30
@@ -152,15 +153,16 @@ def ref(approval: Approval) -> AuthorizationRef:
         if not approval.get("authorization_id"):
             raise ValueError("the approval names no authorization (no authorization_id)")
         return AuthorizationRef(str(approval["org"]), str(approval["mandate_id"]), str(approval["authorization_id"]))
-    raise TypeError("an approval is an AuthorizationRef, a Decision or a dict with org, mandate_id and authorization_id")
+    raise TypeError("an approval is an AuthorizationRef, a Decision or a dict with org, mandate_id and "
+                    "authorization_id")
 
 
 # ---- one exchange
 
 
-def exchange(cfg: Config, method: str, path: str, body: Optional[JSONObject] = None,
-             headers: Optional[Mapping[str, str]] = None,
-             timeout: float = 30.0) -> Flow[Tuple[int, Dict[str, str], Any]]:
+def exchange(cfg: Config, method: str, path: str, body: JSONObject | None = None,
+             headers: Mapping[str, str] | None = None,
+             timeout: float = 30.0) -> Flow[tuple[int, dict[str, str], Any]]:
     """One request: its status, headers and decoded JSON answer. A problem
     answer raises its typed error; no answer raises ``Unavailable``."""
     url = path if path.startswith("http") else cfg.base_url + path
@@ -185,8 +187,8 @@ def exchange(cfg: Config, method: str, path: str, body: Optional[JSONObject] = N
     return resp.status, resp.headers, payload
 
 
-def command(cfg: Config, mandate_id: str, path: str, body: Optional[JSONObject], headers: Mapping[str, str],
-            timeout: Optional[float]) -> Flow[Decision]:
+def command(cfg: Config, mandate_id: str, path: str, body: JSONObject | None, headers: Mapping[str, str],
+            timeout: float | None) -> Flow[Decision]:
     """Sends one command and returns its decision: 200 at once, or after a
     202 from the request's status URL, polled until the deadline."""
     deadline = time.monotonic() + (cfg.timeout if timeout is None else timeout)
@@ -212,8 +214,9 @@ def await_request(cfg: Config, status_url: str, request_id: str, deadline: float
             d = Decision(st["decision"])
             code = int(st.get("http_status") or 200)
             if code != 200:
-                raise problem_error(code, {"type": "urn:mandated:reason:" + d.reason, "status": code, "reason": d.reason,
-                                           "detail": d.detail or d.outcome, "decision": st["decision"]})
+                raise problem_error(code, {"type": "urn:mandated:reason:" + d.reason, "status": code,
+                                           "reason": d.reason, "detail": d.detail or d.outcome,
+                                           "decision": st["decision"]})
             return d
         left = deadline - time.monotonic()
         if left <= 0:
@@ -227,9 +230,9 @@ def await_request(cfg: Config, status_url: str, request_id: str, deadline: float
 
 
 def propose(cfg: Config, mandate_id: str, *, idempotency_key: str, operation: str, amount: int, currency: str,
-            target: str, intent: Optional[Intent] = None, fork_of: Optional[str] = None,
-            based_on_version: Optional[int] = None, deadline: Optional[str] = None,
-            timeout: Optional[float] = None) -> Flow[Decision]:
+            target: str, intent: Intent | None = None, fork_of: str | None = None,
+            based_on_version: int | None = None, deadline: str | None = None,
+            timeout: float | None = None) -> Flow[Decision]:
     body: JSONObject = {"operation": operation, "amount": {"minor_units": amount, "currency": currency},
                         "target": target}
     if intent is not None:
@@ -244,15 +247,15 @@ def propose(cfg: Config, mandate_id: str, *, idempotency_key: str, operation: st
                                {"Idempotency-Key": idempotency_key}, timeout))
 
 
-def begin(cfg: Config, approval: Approval, *, executor: Optional[str] = None,
-          timeout: Optional[float] = None) -> Flow[Decision]:
+def begin(cfg: Config, approval: Approval, *, executor: str | None = None,
+          timeout: float | None = None) -> Flow[Decision]:
     r = ref(approval)
     headers = {"Executor": executor} if executor else {}
     return (yield from command(cfg, r.mandate_id, cfg.auth_path(r) + "/begin", None, headers, timeout))
 
 
 def commit(cfg: Config, approval: Approval, *, external_ref: str, execution_token: int = 0,
-           result: Optional[JSONObject] = None, timeout: Optional[float] = None) -> Flow[Decision]:
+           result: JSONObject | None = None, timeout: float | None = None) -> Flow[Decision]:
     r = ref(approval)
     body: JSONObject = {"external_ref": external_ref}
     if execution_token:
@@ -262,8 +265,8 @@ def commit(cfg: Config, approval: Approval, *, external_ref: str, execution_toke
     return (yield from command(cfg, r.mandate_id, cfg.auth_path(r) + "/commit", body, {}, timeout))
 
 
-def cancel(cfg: Config, approval: Approval, *, reason: Optional[str] = None, not_executed_proof: Optional[str] = None,
-           execution_token: int = 0, timeout: Optional[float] = None) -> Flow[Decision]:
+def cancel(cfg: Config, approval: Approval, *, reason: str | None = None, not_executed_proof: str | None = None,
+           execution_token: int = 0, timeout: float | None = None) -> Flow[Decision]:
     r = ref(approval)
     body: JSONObject = {}
     if reason:
@@ -275,8 +278,8 @@ def cancel(cfg: Config, approval: Approval, *, reason: Optional[str] = None, not
     return (yield from command(cfg, r.mandate_id, cfg.auth_path(r) + "/cancel", body or None, {}, timeout))
 
 
-def report_unknown(cfg: Config, approval: Approval, *, execution_token: int, detail: Optional[str] = None,
-                   timeout: Optional[float] = None) -> Flow[Decision]:
+def report_unknown(cfg: Config, approval: Approval, *, execution_token: int, detail: str | None = None,
+                   timeout: float | None = None) -> Flow[Decision]:
     r = ref(approval)
     body: JSONObject = {"execution_token": execution_token}
     if detail:
@@ -297,7 +300,7 @@ def request_status(cfg: Config, mandate_id: str, request_id: str) -> Flow[JSONOb
 
 
 def proposal_status(cfg: Config, mandate_id: str, idempotency_key: str,
-                    operation: Optional[str] = None) -> Flow[JSONObject]:
+                    operation: str | None = None) -> Flow[JSONObject]:
     path = cfg.mandate_path(mandate_id) + "/proposals/" + _q(idempotency_key)
     if operation:
         path += "?operation=" + _q(operation)
@@ -309,7 +312,7 @@ def proposal_status(cfg: Config, mandate_id: str, idempotency_key: str,
 
 
 def execute(cfg: Config, approval: Approval, fn: Callable[[str], Any], *,
-            timeout: Optional[float] = None) -> Flow[Execution]:
+            timeout: float | None = None) -> Flow[Execution]:
     """Go's ``client.Execute``: one winner runs ``fn``, every loser returns
     its recorded outcome, never a second run (the clients' ``execute``
     documents it)."""
@@ -319,7 +322,7 @@ def execute(cfg: Config, approval: Approval, fn: Callable[[str], Any], *,
     return ex
 
 
-def _execute(cfg: Config, r: AuthorizationRef, fn: Callable[[str], Any], timeout: Optional[float]) -> Flow[Execution]:
+def _execute(cfg: Config, r: AuthorizationRef, fn: Callable[[str], Any], timeout: float | None) -> Flow[Execution]:
     deadline = time.monotonic() + (cfg.timeout if timeout is None else timeout)
     executor = "py-" + secrets.token_hex(12)
     try:
@@ -360,8 +363,8 @@ def _retrying(cfg: Config, deadline: float, call: Callable[[float], Flow[Decisio
 
 def _run_winner(cfg: Config, r: AuthorizationRef, begun: Decision, fn: Callable[[str], Any]) -> Flow[Execution]:
     token = begun.execution_token
-    effect: Optional[Effect] = None
-    fn_error: Optional[Exception] = None
+    effect: Effect | None = None
+    fn_error: Exception | None = None
     try:
         effect = effect_of((yield Call(fn, (r.authorization_id,))))
     except Exception as err:  # noqa: BLE001 - fail closed: any error is an unknown outcome
@@ -415,7 +418,7 @@ def _recorded(cfg: Config, settle: float, call: Callable[[float], Flow[Decision]
         return err.decision
 
 
-def _await_winner(cfg: Config, r: AuthorizationRef, last: Optional[Decision], deadline: float) -> Flow[Execution]:
+def _await_winner(cfg: Config, r: AuthorizationRef, last: Decision | None, deadline: float) -> Flow[Execution]:
     """A loser waits for the authorization to settle, reading its row (the
     source of truth) until it is terminal or the deadline."""
     if last is not None and last.terminal:
@@ -427,7 +430,7 @@ def _await_winner(cfg: Config, r: AuthorizationRef, last: Optional[Decision], de
         raise InDoubt("the authorization is in_doubt: a reconciler resolves it; fn was not run",
                       Execution(decision=last, authorization=last.authorization if last else {}))
     delay = cfg.poll_interval
-    row: Optional[JSONObject] = None
+    row: JSONObject | None = None
     while True:
         try:
             row = yield from status(cfg, r)
@@ -469,7 +472,7 @@ def effect_of(out: Any) -> Effect:
                        "(external_ref=<non-empty str>, result=<dict or None>) or a non-empty str")
 
 
-def _error_name(err: Optional[BaseException]) -> str:
+def _error_name(err: BaseException | None) -> str:
     return "InvalidEffect" if isinstance(err, _NotAnEffect) else type(err).__name__
 
 
@@ -489,7 +492,7 @@ def settled(d: Decision, ran: bool = False) -> Execution:
     raise NotCommitted(f"the authorization is {d.state or 'unknown'} ({d.outcome} {d.reason})", ex)
 
 
-def settled_row(row: JSONObject, last: Optional[Decision]) -> Execution:
+def settled_row(row: JSONObject, last: Decision | None) -> Execution:
     ex = Execution(decision=last, authorization=row)
     if row.get("state") == "committed":
         ex.external_ref = str(row.get("external_ref") or "")
@@ -499,7 +502,7 @@ def settled_row(row: JSONObject, last: Optional[Decision]) -> Execution:
     raise NotCommitted(f"the authorization is {row.get('state')}", ex)
 
 
-def intent_body(intent: Intent) -> Dict[str, str]:
+def intent_body(intent: Intent) -> dict[str, str]:
     if isinstance(intent, Mapping):
         return {"run_id": intent["run_id"], "step": intent["step"], "action": intent["action"]}
     run_id, step, action = intent
@@ -532,7 +535,7 @@ def _object(v: Any) -> JSONObject:
     return v if isinstance(v, dict) else {}
 
 
-def _retry_after(headers: Mapping[str, str]) -> Optional[float]:
+def _retry_after(headers: Mapping[str, str]) -> float | None:
     v = headers.get("retry-after")
     if v is None:
         return None

@@ -9,14 +9,15 @@ import inspect
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Callable, Mapping, Optional, Union
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from . import _core
 from ._core import Approval, Intent, Op
 from .decision import Decision, Effect, Execution, JSONObject
 from .errors import NotExecuted
 
-EffectFn = Callable[[str], Union[Effect, str]]
+EffectFn = Callable[[str], Effect | str]
 
 
 class Client:
@@ -34,7 +35,7 @@ class Client:
     """
 
     def __init__(self, base_url: str, token: str, org: str, *, timeout: float = 30.0,
-                 headers: Optional[Callable[[], Mapping[str, str]]] = None,
+                 headers: Callable[[], Mapping[str, str]] | None = None,
                  poll_interval: float = 0.05, settle_timeout: float = 30.0, max_wait: int = 30):
         self._cfg = _core.Config(base_url, token, org, timeout=timeout, headers=headers, poll_interval=poll_interval,
                                  settle_timeout=settle_timeout, max_wait=max_wait)
@@ -57,9 +58,9 @@ class Client:
     # ---- the commands
 
     def propose(self, mandate_id: str, *, idempotency_key: str, operation: str, amount: int, currency: str,
-                target: str, intent: Optional[Intent] = None, fork_of: Optional[str] = None,
-                based_on_version: Optional[int] = None, deadline: Optional[str] = None,
-                timeout: Optional[float] = None) -> Decision:
+                target: str, intent: Intent | None = None, fork_of: str | None = None,
+                based_on_version: int | None = None, deadline: str | None = None,
+                timeout: float | None = None) -> Decision:
         """Proposes an action under a mandate. ``idempotency_key`` names the
         business intent (``intent_key(run_id, step, action)``), the same on
         every retry; ``amount`` is in minor units. Returns the decision
@@ -71,7 +72,7 @@ class Client:
                                        fork_of=fork_of, based_on_version=based_on_version, deadline=deadline,
                                        timeout=timeout))
 
-    def begin(self, approval: Approval, *, executor: Optional[str] = None, timeout: Optional[float] = None) -> Decision:
+    def begin(self, approval: Approval, *, executor: str | None = None, timeout: float | None = None) -> Decision:
         """Claims the execution for one attempt. ``executor`` names this
         attempt (a new one is minted when None; reuse it only to retry this
         same attempt). The winner gets ``executing`` with the execution
@@ -80,21 +81,21 @@ class Client:
         return self._run(_core.begin(self._cfg, approval, executor=executor, timeout=timeout))
 
     def commit(self, approval: Approval, *, external_ref: str, execution_token: int = 0,
-               result: Optional[JSONObject] = None, timeout: Optional[float] = None) -> Decision:
+               result: JSONObject | None = None, timeout: float | None = None) -> Decision:
         """Records the effect: the provider's reference and an optional
         result (a JSON object) every later caller is shown."""
         return self._run(_core.commit(self._cfg, approval, external_ref=external_ref, execution_token=execution_token,
                                       result=result, timeout=timeout))
 
-    def cancel(self, approval: Approval, *, reason: Optional[str] = None, not_executed_proof: Optional[str] = None,
-               execution_token: int = 0, timeout: Optional[float] = None) -> Decision:
+    def cancel(self, approval: Approval, *, reason: str | None = None, not_executed_proof: str | None = None,
+               execution_token: int = 0, timeout: float | None = None) -> Decision:
         """Cancels a reservation; an execution only with
         ``not_executed_proof`` and its token."""
         return self._run(_core.cancel(self._cfg, approval, reason=reason, not_executed_proof=not_executed_proof,
                                       execution_token=execution_token, timeout=timeout))
 
-    def report_unknown(self, approval: Approval, *, execution_token: int, detail: Optional[str] = None,
-                       timeout: Optional[float] = None) -> Decision:
+    def report_unknown(self, approval: Approval, *, execution_token: int, detail: str | None = None,
+                       timeout: float | None = None) -> Decision:
         """Says the effect's outcome is unknown: the use stays held until a
         reconciler resolves it."""
         return self._run(_core.report_unknown(self._cfg, approval, execution_token=execution_token, detail=detail,
@@ -113,14 +114,14 @@ class Client:
         decision and ``http_status``."""
         return self._run(_core.request_status(self._cfg, mandate_id, request_id))
 
-    def proposal_status(self, mandate_id: str, idempotency_key: str, operation: Optional[str] = None) -> JSONObject:
+    def proposal_status(self, mandate_id: str, idempotency_key: str, operation: str | None = None) -> JSONObject:
         """The decision a proposal's key is bound to, with its authorization's
         current row."""
         return self._run(_core.proposal_status(self._cfg, mandate_id, idempotency_key, operation))
 
     # ---- execute (seed 002)
 
-    def execute(self, approval: Approval, fn: EffectFn, *, timeout: Optional[float] = None) -> Execution:
+    def execute(self, approval: Approval, fn: EffectFn, *, timeout: float | None = None) -> Execution:
         """Runs the effect of one approval at most once, however many
         workers resume it (Go's ``client.Execute``):
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 import base64
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 #: A JSON object as decoded by ``json.loads``: the wire's decisions, rows and
 #: results. Their members are documented in docs/wire.md and
 #: gateway/openapi.yaml; the common ones are typed attributes of ``Decision``.
-JSONObject = Dict[str, Any]
+JSONObject = dict[str, Any]
 
 TERMINAL_STATES = frozenset({"committed", "cancelled", "expired", "revoked"})
 
@@ -89,7 +89,7 @@ class Decision:
         return _str(self.raw.get("original_outcome"))
 
     @property
-    def differs(self) -> List[str]:
+    def differs(self) -> list[str]:
         """The terms of this proposal that differ from the recorded
         authorization it was answered with (a ``replayed`` intent):
         ``amount``, ``currency``, ``operation``, ``target``; empty when equal."""
@@ -116,7 +116,7 @@ class Decision:
         return _str(self.authorization.get("external_ref"))
 
     @property
-    def result(self) -> Optional[JSONObject]:
+    def result(self) -> JSONObject | None:
         v = self.authorization.get("result")
         return v if isinstance(v, dict) else None
 
@@ -146,7 +146,7 @@ class Effect:
     shown to every later caller."""
 
     external_ref: str
-    result: Optional[JSONObject] = None
+    result: JSONObject | None = None
 
 
 @dataclass
@@ -157,7 +157,7 @@ class Execution:
 
     ran: bool = False
     external_ref: str = ""
-    result: Optional[JSONObject] = None
-    decision: Optional[Decision] = None
+    result: JSONObject | None = None
+    decision: Decision | None = None
     authorization: JSONObject = field(default_factory=dict)
     authorization_id: str = ""  # the authorization executed (set by execute)

@@ -9,7 +9,7 @@ decision), ``InDoubt`` when the outcome of an effect cannot be known.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Type
+from typing import Any
 
 from .decision import Decision, Execution, JSONObject
 
@@ -27,7 +27,7 @@ class ProblemError(MandatedError):
     conflict), else None.
     """
 
-    def __init__(self, status: int, problem: JSONObject, retry_after: Optional[float] = None):
+    def __init__(self, status: int, problem: JSONObject, retry_after: float | None = None):
         self.status = status
         self.problem = problem
         self.reason: str = _str(problem.get("reason"))
@@ -37,7 +37,7 @@ class ProblemError(MandatedError):
         self.instance: str = _str(problem.get("instance"))
         self.retry_after = retry_after
         raw = problem.get("decision")
-        self.decision: Optional[Decision] = Decision(raw) if isinstance(raw, dict) else None
+        self.decision: Decision | None = Decision(raw) if isinstance(raw, dict) else None
         super().__init__(f"{status} {self.reason}: {self.detail}" if self.detail else f"{status} {self.reason}")
 
 
@@ -109,7 +109,7 @@ class InDoubt(MandatedError):
     unless ``execution.ran`` says so. Never run the effect yourself: a
     reconciler resolves it."""
 
-    def __init__(self, message: str, execution: Optional[Execution] = None):
+    def __init__(self, message: str, execution: Execution | None = None):
         super().__init__(message)
         self.execution: Execution = execution if execution is not None else Execution()
 
@@ -118,7 +118,7 @@ class NotCommitted(MandatedError):
     """``execute``: the authorization ended without an effect (cancelled,
     expired, revoked) or could not be begun."""
 
-    def __init__(self, message: str, execution: Optional[Execution] = None):
+    def __init__(self, message: str, execution: Execution | None = None):
         super().__init__(message)
         self.execution: Execution = execution if execution is not None else Execution()
 
@@ -129,7 +129,7 @@ class Denied(MandatedError):
     without an authorization. Raised before any request; ``decision`` is
     the decision, ``reason`` its reason code. Nothing ran and nothing will."""
 
-    def __init__(self, message: str, decision: Optional[Decision] = None):
+    def __init__(self, message: str, decision: Decision | None = None):
         super().__init__(message)
         self.decision = decision
         self.reason: str = decision.reason if decision is not None else ""
@@ -158,7 +158,7 @@ class OutcomeUnknown(Exception):
     same way (failing closed)."""
 
 
-_BY_STATUS: Dict[int, Type[ProblemError]] = {
+_BY_STATUS: dict[int, type[ProblemError]] = {
     400: InvalidCommand,
     401: Unauthenticated,
     403: Forbidden,
@@ -173,7 +173,7 @@ _BY_STATUS: Dict[int, Type[ProblemError]] = {
 }
 
 
-def problem_error(status: int, problem: JSONObject, retry_after: Optional[float] = None) -> ProblemError:
+def problem_error(status: int, problem: JSONObject, retry_after: float | None = None) -> ProblemError:
     """The typed error for a problem answer."""
     if status == 409 and problem.get("reason") == "already_executing":
         return AlreadyExecuting(status, problem, retry_after)
@@ -195,7 +195,7 @@ class AmbiguousStep(MandatedError, ValueError):
     order id) to tell them apart. A ``ValueError`` too: running the step
     again tells nothing more (LangGraph's default retry policy skips it)."""
 
-    def __init__(self, message: str, what: str = "", intent: Optional[Dict[str, str]] = None):
+    def __init__(self, message: str, what: str = "", intent: dict[str, str] | None = None):
         super().__init__(message)
         self.what = what
-        self.intent: Dict[str, str] = dict(intent or {})
+        self.intent: dict[str, str] = dict(intent or {})

@@ -64,8 +64,9 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
+from typing import Any
 
 from . import _core
 from ._core import Flow, Read, Sleep
@@ -103,7 +104,7 @@ class StepFacts:
     tool_name: str = ""
     ambiguous: str = ""  # what the facts cannot tell apart, when the action is not named
 
-    def intent(self, action: str) -> Dict[str, str]:
+    def intent(self, action: str) -> dict[str, str]:
         return {"run_id": _id(self.thread_id), "step": _id(self.step or self.node_path or "graph"),
                 "action": _id(action)}
 
@@ -121,14 +122,14 @@ class Terms:
     amount: int
     currency: str
     target: str
-    action: Optional[str] = None
+    action: str | None = None
 
 
 # ---- the facts (no I/O: checkpointer reads are yielded to a driver)
 
 
-def facts_flow(config: Mapping[str, Any], runtime: Any = None, tool_call_id: Optional[str] = None,
-               tool_name: Optional[str] = None) -> Flow[StepFacts]:
+def facts_flow(config: Mapping[str, Any], runtime: Any = None, tool_call_id: str | None = None,
+               tool_name: str | None = None) -> Flow[StepFacts]:
     """The facts of the running step, reading the checkpoints it runs from
     (one per namespace level) through the graph's own checkpointer."""
     if runtime is not None:
@@ -153,8 +154,8 @@ def facts_flow(config: Mapping[str, Any], runtime: Any = None, tool_call_id: Opt
                             "default), or name the step yourself with action=", "durability exit")
     checkpoint_map: Mapping[str, str] = configurable.get("checkpoint_map") or {}
     levels = ns.split(_NS_SEP)
-    names: List[str] = []
-    parts: List[str] = []
+    names: list[str] = []
+    parts: list[str] = []
     ambiguous = ""
     for i, level in enumerate(levels):
         name, sep, _ = level.partition(_NS_END)
@@ -212,17 +213,17 @@ class _ForkCounts:
 
     def __init__(self, size: int = 8192):
         self._lock = threading.Lock()
-        self._d: "OrderedDict[Tuple[str, str, str], int]" = OrderedDict()
+        self._d: OrderedDict[tuple[str, str, str], int] = OrderedDict()
         self._size = size
 
-    def get(self, k: Tuple[str, str, str]) -> Optional[int]:
+    def get(self, k: tuple[str, str, str]) -> int | None:
         with self._lock:
             v = self._d.get(k)
             if v is not None:
                 self._d.move_to_end(k)
             return v
 
-    def put(self, k: Tuple[str, str, str], v: int) -> None:
+    def put(self, k: tuple[str, str, str], v: int) -> None:
         with self._lock:
             self._d[k] = v
             self._d.move_to_end(k)
@@ -234,8 +235,8 @@ _FORKS = _ForkCounts()
 _FORKING = ("update", "fork")
 
 
-def _checkpoint_config(thread: str, ns: str, checkpoint_id: Optional[str] = None) -> Dict[str, Any]:
-    c: Dict[str, Any] = {"thread_id": thread, "checkpoint_ns": ns}
+def _checkpoint_config(thread: str, ns: str, checkpoint_id: str | None = None) -> dict[str, Any]:
+    c: dict[str, Any] = {"thread_id": thread, "checkpoint_ns": ns}
     if checkpoint_id:
         c["checkpoint_id"] = checkpoint_id
     return {"configurable": c}
@@ -258,7 +259,7 @@ def _saved(saver: Any, thread: str, ns: str, checkpoint_id: str, what: str) -> F
         delay = min(delay * 2, 0.2)
 
 
-def _logical_step(saver: Any, thread: str, ns: str, checkpoint_id: str, what: str) -> Flow[Tuple[int, int]]:
+def _logical_step(saver: Any, thread: str, ns: str, checkpoint_id: str, what: str) -> Flow[tuple[int, int]]:
     """The superstep a task runs at from this checkpoint (its saved step + 1)
     and its logical number: that, less the fork and update checkpoints it
     descends from (each adds one superstep that is not a step of the
@@ -319,7 +320,7 @@ def _sends_to(saver: Any, thread: str, ns: str, checkpoint_id: str, node: str) -
     return sum(1 for p in packets or () if getattr(p, "node", None) == node)
 
 
-def _tool_call_index(runtime: Any, tool_call_id: Optional[str]) -> Optional[int]:
+def _tool_call_index(runtime: Any, tool_call_id: str | None) -> int | None:
     """The position of the tool call in the AIMessage that asked for it
     (stable when a replayed model asks again with new tool call ids)."""
     if not tool_call_id or runtime is None:
@@ -346,7 +347,7 @@ class _Attempts:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._d: Dict[int, Dict[int, Set[Tuple[str, str]]]] = {}
+        self._d: dict[int, dict[int, set[tuple[str, str]]]] = {}
 
     def claim(self, config: Mapping[str, Any], facts: StepFacts, action: str) -> None:
         configurable: Mapping[str, Any] = config.get("configurable") or {}
@@ -380,10 +381,10 @@ class _Attempts:
 _ATTEMPTS = _Attempts()
 
 
-def propose_flow(cfg: _core.Config, mandate_id: str, operation: str, timeout: Optional[float], *,
-                 config: Mapping[str, Any], runtime: Any, tool_call_id: Optional[str], tool_name: Optional[str],
-                 amount: int, currency: str, target: str, action: Optional[str],
-                 fork_of: Optional[str]) -> Flow[Tuple[Decision, StepFacts]]:
+def propose_flow(cfg: _core.Config, mandate_id: str, operation: str, timeout: float | None, *,
+                 config: Mapping[str, Any], runtime: Any, tool_call_id: str | None, tool_name: str | None,
+                 amount: int, currency: str, target: str, action: str | None,
+                 fork_of: str | None) -> Flow[tuple[Decision, StepFacts]]:
     """The guard's proposal, shared by the sync and the async guard."""
     facts = yield from facts_flow(config, runtime, tool_call_id, tool_name)
     act = action or f"{operation}:{target}"
@@ -403,7 +404,7 @@ def propose_flow(cfg: _core.Config, mandate_id: str, operation: str, timeout: Op
     return d, facts
 
 
-def recorded(d: Decision) -> Optional[Execution]:
+def recorded(d: Decision) -> Execution | None:
     """A replayed authorization already committed: its recorded result,
     without a further request."""
     if d.authorization_id and d.state == "committed":
@@ -412,7 +413,7 @@ def recorded(d: Decision) -> Optional[Execution]:
     return None
 
 
-def running_config(config: Optional[Mapping[str, Any]], runtime: Any) -> Mapping[str, Any]:
+def running_config(config: Mapping[str, Any] | None, runtime: Any) -> Mapping[str, Any]:
     """The config of the running step: given, a ToolRuntime's, or
     LangGraph's ``get_config()`` inside a node or tool."""
     if config is None and runtime is not None:
@@ -424,8 +425,8 @@ def running_config(config: Optional[Mapping[str, Any]], runtime: Any) -> Mapping
     return config
 
 
-def step_facts(config: Optional[Mapping[str, Any]] = None, runtime: Any = None,
-               tool_call_id: Optional[str] = None, tool_name: Optional[str] = None) -> StepFacts:
+def step_facts(config: Mapping[str, Any] | None = None, runtime: Any = None,
+               tool_call_id: str | None = None, tool_name: str | None = None) -> StepFacts:
     """The facts of the running step: from ``runtime`` (a ToolRuntime: its
     config, state and tool call id), ``config``, or LangGraph's
     ``get_config()`` inside a node or tool. Reads the checkpoints the step
@@ -442,15 +443,15 @@ class Guard:
     ``Execution`` (``ran`` is True in the one resumer that ran ``fn``).
     For async nodes and tools: ``mandated.aio.langgraph.Guard``."""
 
-    def __init__(self, client: Client, mandate_id: str, *, operation: str, timeout: Optional[float] = None):
+    def __init__(self, client: Client, mandate_id: str, *, operation: str, timeout: float | None = None):
         self.client = client
         self.mandate_id = mandate_id
         self.operation = operation
         self.timeout = timeout
 
-    def propose(self, *, amount: int, currency: str, target: str, action: Optional[str] = None,
-                fork_of: Optional[str] = None, config: Optional[Mapping[str, Any]] = None, runtime: Any = None,
-                tool_call_id: Optional[str] = None, tool_name: Optional[str] = None) -> Tuple[Decision, StepFacts]:
+    def propose(self, *, amount: int, currency: str, target: str, action: str | None = None,
+                fork_of: str | None = None, config: Mapping[str, Any] | None = None, runtime: Any = None,
+                tool_call_id: str | None = None, tool_name: str | None = None) -> tuple[Decision, StepFacts]:
         """The proposal alone: the decision (``reserved``, ``replayed``,
         a denial) and the facts it was derived from."""
         return self.client._run(propose_flow(
@@ -458,9 +459,9 @@ class Guard:
             runtime=runtime, tool_call_id=tool_call_id, tool_name=tool_name, amount=amount, currency=currency,
             target=target, action=action, fork_of=fork_of))
 
-    def execute(self, fn: EffectFn, *, amount: int, currency: str, target: str, action: Optional[str] = None,
-                fork_of: Optional[str] = None, config: Optional[Mapping[str, Any]] = None, runtime: Any = None,
-                tool_call_id: Optional[str] = None, tool_name: Optional[str] = None) -> Execution:
+    def execute(self, fn: EffectFn, *, amount: int, currency: str, target: str, action: str | None = None,
+                fork_of: str | None = None, config: Mapping[str, Any] | None = None, runtime: Any = None,
+                tool_call_id: str | None = None, tool_name: str | None = None) -> Execution:
         """Proposes, then runs ``fn(provider_key)`` at most once for the
         intent (``provider_key`` is the authorization id: pass it to the
         provider as its idempotency key) and returns the recorded effect;
@@ -475,16 +476,16 @@ class Guard:
             return done
         return self.client.execute(d, fn, timeout=self.timeout)  # Denied for a denial, before any request
 
-    def guarded(self, terms: Callable[..., Terms]) -> Callable[[Callable[..., Any]], Callable[..., Dict[str, Any]]]:
+    def guarded(self, terms: Callable[..., Terms]) -> Callable[[Callable[..., Any]], Callable[..., dict[str, Any]]]:
         """A decorator: ``@guard.guarded(lambda order: Terms(order["amount"],
         "EUR", order["customer"]))`` over ``def refund(order, *,
         provider_key) -> Effect``; calling ``refund(order)`` inside a node
         returns the recorded result (a dict, ``{}`` when none) of the one
         execution."""
 
-        def wrap(fn: Callable[..., Any]) -> Callable[..., Dict[str, Any]]:
+        def wrap(fn: Callable[..., Any]) -> Callable[..., dict[str, Any]]:
             @functools.wraps(fn)
-            def call(*args: Any, **kwargs: Any) -> Dict[str, Any]:
+            def call(*args: Any, **kwargs: Any) -> dict[str, Any]:
                 t = terms(*args, **kwargs)
                 ex = self.execute(lambda provider_key: fn(*args, provider_key=provider_key, **kwargs),
                                   amount=t.amount, currency=t.currency, target=t.target, action=t.action)

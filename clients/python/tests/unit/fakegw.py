@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any
 
-Answer = Tuple[int, Dict[str, str], Any]  # status, headers, JSON (or bytes)
+Answer = tuple[int, dict[str, str], Any]  # status, headers, JSON (or bytes)
 Route = Callable[["Seen"], Answer]
 
 
 class Seen:
-    def __init__(self, method: str, path: str, headers: Dict[str, str], body: Optional[Any]):
+    def __init__(self, method: str, path: str, headers: dict[str, str], body: Any | None):
         self.method, self.path, self.headers, self.body = method, path, headers, body
 
 
@@ -24,7 +25,7 @@ class FakeGateway:
 
     def __init__(self, route: Route, chunked: bool = False):
         self.route, self.chunked = route, chunked
-        self.seen: List[Seen] = []
+        self.seen: list[Seen] = []
         self.lock = threading.Lock()
         gw = self
 
@@ -78,16 +79,16 @@ class FakeGateway:
             return sum(1 for s in self.seen if s.method == method and s.path.split("?")[0].endswith(suffix))
 
 
-def decision(outcome: str, state: str = "", **kw: Any) -> Dict[str, Any]:
-    d: Dict[str, Any] = {"outcome": outcome, "org": "acme", "mandate_id": "m-1", "authorization_id": "au_1"}
+def decision(outcome: str, state: str = "", **kw: Any) -> dict[str, Any]:
+    d: dict[str, Any] = {"outcome": outcome, "org": "acme", "mandate_id": "m-1", "authorization_id": "au_1"}
     if state:
         d["authorization"] = {"state": state, **kw.pop("authorization", {})}
     d.update(kw)
     return d
 
 
-def problem(status: int, reason: str, d: Optional[Dict[str, Any]] = None) -> Answer:
-    body: Dict[str, Any] = {"type": "urn:mandated:reason:" + reason, "status": status, "reason": reason,
+def problem(status: int, reason: str, d: dict[str, Any] | None = None) -> Answer:
+    body: dict[str, Any] = {"type": "urn:mandated:reason:" + reason, "status": status, "reason": reason,
                             "detail": reason.replace("_", " ")}
     if d is not None:
         body["decision"] = d

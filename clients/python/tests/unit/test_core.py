@@ -7,10 +7,10 @@ import asyncio
 import threading
 
 import pytest
+from fakegw import FakeGateway, decision, problem
 
 import mandated
 import mandated.aio
-from fakegw import FakeGateway, decision, problem
 
 
 @pytest.fixture(params=["sync", "async"])

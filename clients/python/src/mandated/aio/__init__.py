@@ -22,14 +22,15 @@ from __future__ import annotations
 import asyncio
 import inspect
 import ssl
-from typing import Any, AsyncIterator, Awaitable, Callable, List, Mapping, Optional, Union
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
 
 from .. import _core
 from .._core import Approval, Intent, Op
 from ..decision import Decision, Effect, Execution, JSONObject
 from . import _http
 
-AsyncEffectFn = Callable[[str], Union[Awaitable[Union[Effect, str]], Effect, str]]
+AsyncEffectFn = Callable[[str], Awaitable[Effect | str] | Effect | str]
 
 __all__ = ["AsyncEffectFn", "Client", "run"]
 
@@ -41,9 +42,9 @@ class Client:
     an https gateway (default: the system's trust store)."""
 
     def __init__(self, base_url: str, token: str, org: str, *, timeout: float = 30.0,
-                 headers: Optional[Callable[[], Mapping[str, str]]] = None,
+                 headers: Callable[[], Mapping[str, str]] | None = None,
                  poll_interval: float = 0.05, settle_timeout: float = 30.0, max_wait: int = 30,
-                 ssl_context: Optional[ssl.SSLContext] = None):
+                 ssl_context: ssl.SSLContext | None = None):
         self._cfg = _core.Config(base_url, token, org, timeout=timeout, headers=headers, poll_interval=poll_interval,
                                  settle_timeout=settle_timeout, max_wait=max_wait)
         self._ssl = ssl_context
@@ -69,35 +70,35 @@ class Client:
         return await perform(op)
 
     async def propose(self, mandate_id: str, *, idempotency_key: str, operation: str, amount: int, currency: str,
-                      target: str, intent: Optional[Intent] = None, fork_of: Optional[str] = None,
-                      based_on_version: Optional[int] = None, deadline: Optional[str] = None,
-                      timeout: Optional[float] = None) -> Decision:
+                      target: str, intent: Intent | None = None, fork_of: str | None = None,
+                      based_on_version: int | None = None, deadline: str | None = None,
+                      timeout: float | None = None) -> Decision:
         """``mandated.Client.propose``, awaited."""
         return await self._run(_core.propose(self._cfg, mandate_id, idempotency_key=idempotency_key,
                                              operation=operation, amount=amount, currency=currency, target=target,
                                              intent=intent, fork_of=fork_of, based_on_version=based_on_version,
                                              deadline=deadline, timeout=timeout))
 
-    async def begin(self, approval: Approval, *, executor: Optional[str] = None,
-                    timeout: Optional[float] = None) -> Decision:
+    async def begin(self, approval: Approval, *, executor: str | None = None,
+                    timeout: float | None = None) -> Decision:
         """``mandated.Client.begin``, awaited."""
         return await self._run(_core.begin(self._cfg, approval, executor=executor, timeout=timeout))
 
     async def commit(self, approval: Approval, *, external_ref: str, execution_token: int = 0,
-                     result: Optional[JSONObject] = None, timeout: Optional[float] = None) -> Decision:
+                     result: JSONObject | None = None, timeout: float | None = None) -> Decision:
         """``mandated.Client.commit``, awaited."""
         return await self._run(_core.commit(self._cfg, approval, external_ref=external_ref,
                                             execution_token=execution_token, result=result, timeout=timeout))
 
-    async def cancel(self, approval: Approval, *, reason: Optional[str] = None,
-                     not_executed_proof: Optional[str] = None, execution_token: int = 0,
-                     timeout: Optional[float] = None) -> Decision:
+    async def cancel(self, approval: Approval, *, reason: str | None = None,
+                     not_executed_proof: str | None = None, execution_token: int = 0,
+                     timeout: float | None = None) -> Decision:
         """``mandated.Client.cancel``, awaited."""
         return await self._run(_core.cancel(self._cfg, approval, reason=reason, not_executed_proof=not_executed_proof,
                                             execution_token=execution_token, timeout=timeout))
 
-    async def report_unknown(self, approval: Approval, *, execution_token: int, detail: Optional[str] = None,
-                             timeout: Optional[float] = None) -> Decision:
+    async def report_unknown(self, approval: Approval, *, execution_token: int, detail: str | None = None,
+                             timeout: float | None = None) -> Decision:
         """``mandated.Client.report_unknown``, awaited."""
         return await self._run(_core.report_unknown(self._cfg, approval, execution_token=execution_token,
                                                     detail=detail, timeout=timeout))
@@ -111,11 +112,11 @@ class Client:
         return await self._run(_core.request_status(self._cfg, mandate_id, request_id))
 
     async def proposal_status(self, mandate_id: str, idempotency_key: str,
-                              operation: Optional[str] = None) -> JSONObject:
+                              operation: str | None = None) -> JSONObject:
         """``mandated.Client.proposal_status``, awaited."""
         return await self._run(_core.proposal_status(self._cfg, mandate_id, idempotency_key, operation))
 
-    async def execute(self, approval: Approval, fn: AsyncEffectFn, *, timeout: Optional[float] = None) -> Execution:
+    async def execute(self, approval: Approval, fn: AsyncEffectFn, *, timeout: float | None = None) -> Execution:
         """``mandated.Client.execute``, awaited: one winner runs
         ``fn(provider_key)`` — awaited when it returns an awaitable (an
         ``async def``); a plain function runs on the event loop, so give it
@@ -155,7 +156,7 @@ async def perform(op: Op) -> Any:
         return out
     if isinstance(op, _core.Read):
         if op.method == "list":
-            got: List[Any] = []
+            got: list[Any] = []
             it: AsyncIterator[Any] = op.saver.alist(*op.args, **op.kwargs)
             async for item in it:
                 got.append(item)

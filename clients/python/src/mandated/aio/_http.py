@@ -15,9 +15,9 @@ short hop, and a command's cost is its decision, not its TCP handshake.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 import urllib.parse
-from typing import Dict, Optional, Tuple
 
 from .._core import Request, Response
 
@@ -25,7 +25,7 @@ MAX_HEAD = 64 * 1024
 MAX_BODY = 16 * 1024 * 1024
 
 
-async def exchange(req: Request, ssl_context: Optional[ssl.SSLContext] = None) -> Response:
+async def exchange(req: Request, ssl_context: ssl.SSLContext | None = None) -> Response:
     """Sends one request and reads its whole answer within ``req.timeout``.
     Raises ``OSError`` (``TimeoutError``, ``ConnectionError``) when nothing
     usable was answered."""
@@ -37,7 +37,7 @@ async def exchange(req: Request, ssl_context: Optional[ssl.SSLContext] = None) -
         raise ConnectionError(f"malformed answer from {req.url}: {err}") from None
 
 
-async def _exchange(req: Request, ssl_context: Optional[ssl.SSLContext]) -> Response:
+async def _exchange(req: Request, ssl_context: ssl.SSLContext | None) -> Response:
     u = urllib.parse.urlsplit(req.url)
     if u.scheme not in ("http", "https") or not u.hostname:
         raise ValueError(f"not an http(s) URL: {req.url!r}")
@@ -53,10 +53,8 @@ async def _exchange(req: Request, ssl_context: Optional[ssl.SSLContext]) -> Resp
         return Response(status, headers, await _body(reader, headers))
     finally:
         writer.close()
-        try:
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             await writer.wait_closed()
-        except (OSError, asyncio.IncompleteReadError):
-            pass
 
 
 def _head(req: Request, u: urllib.parse.SplitResult, port: int, tls: bool) -> bytes:
@@ -75,12 +73,12 @@ def _head(req: Request, u: urllib.parse.SplitResult, port: int, tls: bool) -> by
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
-def _parse_head(head: bytes) -> Tuple[int, Dict[str, str]]:
+def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
     lines = head.decode("latin-1").split("\r\n")
     parts = lines[0].split(" ", 2)
     if len(parts) < 2 or not parts[0].startswith("HTTP/1."):
         raise ValueError(f"bad status line {lines[0]!r}")
-    headers: Dict[str, str] = {}
+    headers: dict[str, str] = {}
     for line in lines[1:]:
         if not line:
             continue
@@ -91,7 +89,7 @@ def _parse_head(head: bytes) -> Tuple[int, Dict[str, str]]:
     return int(parts[1]), headers
 
 
-async def _body(reader: asyncio.StreamReader, headers: Dict[str, str]) -> bytes:
+async def _body(reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
     if "chunked" in headers.get("transfer-encoding", "").lower():
         out = bytearray()
         while True:

@@ -24,7 +24,8 @@ is not available in async code.
 from __future__ import annotations
 
 import functools
-from typing import Any, Awaitable, Callable, Dict, Mapping, Optional, Tuple
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from ..decision import Decision, Execution
 from ..langgraph import AmbiguousStep, StepFacts, Terms, facts_flow, propose_flow, recorded, running_config
@@ -33,8 +34,8 @@ from . import AsyncEffectFn, Client, perform, run
 __all__ = ["AmbiguousStep", "Guard", "StepFacts", "Terms", "step_facts"]
 
 
-async def step_facts(config: Optional[Mapping[str, Any]] = None, runtime: Any = None,
-                     tool_call_id: Optional[str] = None, tool_name: Optional[str] = None) -> StepFacts:
+async def step_facts(config: Mapping[str, Any] | None = None, runtime: Any = None,
+                     tool_call_id: str | None = None, tool_name: str | None = None) -> StepFacts:
     """``mandated.langgraph.step_facts``, reading the checkpointer with its
     async methods."""
     return await run(facts_flow(running_config(config, runtime), runtime, tool_call_id, tool_name), perform)
@@ -44,16 +45,16 @@ class Guard:
     """``mandated.langgraph.Guard`` for async nodes and tools, over a
     ``mandated.aio.Client``."""
 
-    def __init__(self, client: Client, mandate_id: str, *, operation: str, timeout: Optional[float] = None):
+    def __init__(self, client: Client, mandate_id: str, *, operation: str, timeout: float | None = None):
         self.client = client
         self.mandate_id = mandate_id
         self.operation = operation
         self.timeout = timeout
 
-    async def propose(self, *, amount: int, currency: str, target: str, action: Optional[str] = None,
-                      fork_of: Optional[str] = None, config: Optional[Mapping[str, Any]] = None, runtime: Any = None,
-                      tool_call_id: Optional[str] = None,
-                      tool_name: Optional[str] = None) -> Tuple[Decision, StepFacts]:
+    async def propose(self, *, amount: int, currency: str, target: str, action: str | None = None,
+                      fork_of: str | None = None, config: Mapping[str, Any] | None = None, runtime: Any = None,
+                      tool_call_id: str | None = None,
+                      tool_name: str | None = None) -> tuple[Decision, StepFacts]:
         """The proposal alone: the decision and the facts it came from."""
         return await self.client._run(propose_flow(
             self.client._cfg, self.mandate_id, self.operation, self.timeout, config=running_config(config, runtime),
@@ -61,9 +62,9 @@ class Guard:
             target=target, action=action, fork_of=fork_of))
 
     async def execute(self, fn: AsyncEffectFn, *, amount: int, currency: str, target: str,
-                      action: Optional[str] = None, fork_of: Optional[str] = None,
-                      config: Optional[Mapping[str, Any]] = None, runtime: Any = None,
-                      tool_call_id: Optional[str] = None, tool_name: Optional[str] = None) -> Execution:
+                      action: str | None = None, fork_of: str | None = None,
+                      config: Mapping[str, Any] | None = None, runtime: Any = None,
+                      tool_call_id: str | None = None, tool_name: str | None = None) -> Execution:
         """Proposes, then runs ``fn(provider_key)`` (awaited when it returns
         an awaitable) at most once for the intent and returns the recorded
         effect; the errors of ``mandated.langgraph.Guard.execute``."""
@@ -75,13 +76,13 @@ class Guard:
         return await self.client.execute(d, fn, timeout=self.timeout)
 
     def guarded(self, terms: Callable[..., Terms]
-                ) -> Callable[[Callable[..., Any]], Callable[..., Awaitable[Dict[str, Any]]]]:
+                ) -> Callable[[Callable[..., Any]], Callable[..., Awaitable[dict[str, Any]]]]:
         """``mandated.langgraph.Guard.guarded`` for an async function:
         ``await refund(order)`` returns the recorded result."""
 
-        def wrap(fn: Callable[..., Any]) -> Callable[..., Awaitable[Dict[str, Any]]]:
+        def wrap(fn: Callable[..., Any]) -> Callable[..., Awaitable[dict[str, Any]]]:
             @functools.wraps(fn)
-            async def call(*args: Any, **kwargs: Any) -> Dict[str, Any]:
+            async def call(*args: Any, **kwargs: Any) -> dict[str, Any]:
                 t = terms(*args, **kwargs)
                 ex = await self.execute(lambda provider_key: fn(*args, provider_key=provider_key, **kwargs),
                                         amount=t.amount, currency=t.currency, target=t.target, action=t.action)
