@@ -57,6 +57,7 @@ the ``mandated`` package itself stays standard-library only.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import re
@@ -454,6 +455,7 @@ class Guard:
                 tool_call_id: str | None = None, tool_name: str | None = None) -> tuple[Decision, StepFacts]:
         """The proposal alone: the decision (``reserved``, ``replayed``,
         a denial) and the facts it was derived from."""
+        _not_on_a_loop()
         return self.client._run(propose_flow(
             self.client._cfg, self.mandate_id, self.operation, self.timeout, config=running_config(config, runtime),
             runtime=runtime, tool_call_id=tool_call_id, tool_name=tool_name, amount=amount, currency=currency,
@@ -494,6 +496,18 @@ class Guard:
             return call
 
         return wrap
+
+
+def _not_on_a_loop() -> None:
+    """The sync guard waits for answers by blocking its thread: on an event
+    loop's thread (an async node under ``ainvoke``) that stalls every other
+    task and serializes the resumers. Refused, before anything is proposed."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise TypeError("mandated.langgraph.Guard blocks its thread, and this is an event loop's (an async node or "
+                    "tool): use mandated.aio.langgraph.Guard with a mandated.aio.Client (await guard.execute(...))")
 
 
 def _id(s: str) -> str:
