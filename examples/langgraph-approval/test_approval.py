@@ -242,6 +242,41 @@ def test_a_resumer_killed_between_begin_and_commit_leaves_it_in_doubt_and_a_late
     assert au in page and m in page, "the in-doubt authorization is in the console's queue"
 
 
+def test_a_resume_while_a_killed_winner_is_still_executing_answers_in_progress_within_the_loser_wait(dsn, gw, grant):
+    """Issue 39 item 8: a resumer killed between begin and commit, and a
+    resume at once, long before the execution timeout (120 s): within the
+    loser wait (5 s by default), not the client's timeout (60 s), it is told
+    the execution is in progress elsewhere — who, since when, reconcilable
+    when — and never runs the refund."""
+    m = grant(uses=1, execution_timeout_seconds=120)
+    thread, _ = paused_thread(dsn)
+    penv = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    p = subprocess.Popen([sys.executable, os.path.join(HERE, "resume.py"), "--dsn", dsn, "--thread", thread,
+                          "--guarded", "--mandate", m, "--hang"], cwd=HERE, env=penv,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = p.stdout.readline()
+        assert line, p.stderr.read()
+        au = json.loads(line)["executing"]
+    finally:
+        p.send_signal(signal.SIGKILL)  # kill -9 between begin and commit
+        p.wait(30)
+    row = gw.status(mandated.AuthorizationRef(gw.org, m, au))
+    assert row["state"] == "executing"
+    ran = []
+    start = time.monotonic()
+    with pytest.raises(mandated.InDoubt) as err:
+        resume(dsn, thread, Guard(gw, m, operation="payment.refund"), on_effect=ran.append)
+    took = time.monotonic() - start
+    print(f"\nINPROGRESS a resume after kill -9 of the winner answered {type(err.value).__name__} in {took:.1f}s",
+          flush=True)
+    assert not ran, "never run again"
+    assert isinstance(err.value, mandated.InProgress), err.value
+    assert took < 30, f"answered after {took:.1f}s: it waited for the client's timeout, not the loser wait"
+    assert err.value.executor == row["executor"] and err.value.since is not None
+    assert err.value.reconcilable_at is not None and err.value.reconcilable_at > err.value.since
+
+
 # ---- the latency a guard adds to one resume
 
 def test_the_latency_one_guard_adds_to_a_resume(dsn, gw, grant):

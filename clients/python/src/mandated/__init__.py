@@ -22,6 +22,7 @@ from .errors import (
     Forbidden,
     IdempotencyConflict,
     InDoubt,
+    InProgress,
     InvalidCommand,
     InvalidEffect,
     MandatedError,
@@ -33,6 +34,7 @@ from .errors import (
     OutcomeUnknown,
     ProblemError,
     Refused,
+    ReplayDiffers,
     TooManyInFlight,
     Unauthenticated,
     Unavailable,
@@ -42,8 +44,8 @@ __version__ = "0.2.0"
 
 __all__ = [
     "AlreadyExecuting", "AmbiguousStep", "AuthorizationRef", "Client", "Decision", "Denied", "Effect",
-    "Execution", "Forbidden", "IdempotencyConflict", "InDoubt", "InvalidCommand", "InvalidEffect",
+    "Execution", "Forbidden", "IdempotencyConflict", "InDoubt", "InProgress", "InvalidCommand", "InvalidEffect",
     "JSONObject", "MandatedError", "MethodNotAllowed", "NoDecision", "NotCommitted", "NotExecuted",
-    "NotFound", "OutcomeUnknown", "ProblemError", "Refused", "TERMINAL_STATES", "TooManyInFlight",
+    "NotFound", "OutcomeUnknown", "ProblemError", "Refused", "ReplayDiffers", "TERMINAL_STATES", "TooManyInFlight",
     "Unauthenticated", "Unavailable", "intent_key", "ref",
 ]

@@ -15,11 +15,13 @@ their base and aio savers).
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import time
 import urllib.parse
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, TypeVar
 
 from .decision import TERMINAL_STATES, AuthorizationRef, Decision, Effect, Execution, JSONObject
@@ -28,6 +30,7 @@ from .errors import (
     Denied,
     Forbidden,
     InDoubt,
+    InProgress,
     InvalidEffect,
     NoDecision,
     NotCommitted,
@@ -35,6 +38,7 @@ from .errors import (
     NotFound,
     ProblemError,
     Refused,
+    ReplayDiffers,
     TooManyInFlight,
     Unauthenticated,
     Unavailable,
@@ -113,6 +117,7 @@ class Config:
     poll_interval: float = 0.05
     settle_timeout: float = 30.0
     max_wait: int = 30
+    loser_wait: float = 5.0
 
     def __post_init__(self) -> None:
         if not self.base_url:
@@ -311,12 +316,26 @@ def proposal_status(cfg: Config, mandate_id: str, idempotency_key: str,
 # ---- execute (seed 002)
 
 
+def check_differs(approval: Approval, accept_differs: Sequence[str] = ()) -> None:
+    """Refuses a replayed decision whose recorded terms differ from this
+    request's in a field the caller did not accept (``ReplayDiffers``)."""
+    if not isinstance(approval, Decision):
+        return
+    fields = tuple(f for f in approval.differs if f not in accept_differs)
+    if fields:
+        raise ReplayDiffers(
+            f"this request was answered with authorization {approval.authorization_id}, recorded for the same intent "
+            f"with another {', '.join(fields)}: its result is not this request's (name the fields you expect to "
+            f"differ with accept_differs=)", approval, fields)
+
+
 def execute(cfg: Config, approval: Approval, fn: Callable[[str], Any], *,
-            timeout: float | None = None) -> Flow[Execution]:
+            timeout: float | None = None, accept_differs: Sequence[str] = ()) -> Flow[Execution]:
     """Go's ``client.Execute``: one winner runs ``fn``, every loser returns
     its recorded outcome, never a second run (the clients' ``execute``
     documents it)."""
     r = ref(approval)  # Denied for a decision without an authorization, before any request
+    check_differs(approval, accept_differs)
     ex = yield from _execute(cfg, r, fn, timeout)
     ex.authorization_id = r.authorization_id
     return ex
@@ -328,7 +347,7 @@ def _execute(cfg: Config, r: AuthorizationRef, fn: Callable[[str], Any], timeout
     try:
         begun = yield from _retrying(cfg, deadline, lambda left: begin(cfg, r, executor=executor, timeout=left))
     except AlreadyExecuting as err:
-        return (yield from _await_winner(cfg, r, err.decision, deadline))
+        return (yield from _await_winner(cfg, r, err.decision, min(deadline, time.monotonic() + cfg.loser_wait)))
     except Refused as err:
         if err.decision is not None and (err.decision.terminal or err.decision.state == "in_doubt"):
             return settled(err.decision)
@@ -450,10 +469,41 @@ def _await_winner(cfg: Config, r: AuthorizationRef, last: Decision | None, deadl
                               Execution(decision=last, authorization=row))
         left = deadline - time.monotonic()
         if left <= 0:
+            view = row or (last.authorization if last is not None else {})
+            ex = Execution(decision=last, authorization=view, authorization_id=r.authorization_id)
+            if state == "executing":
+                raise in_progress(view, ex)
             raise InDoubt(f"the winner's outcome was not seen before the deadline (last state {state}); "
-                          "fn was not run", Execution(decision=last, authorization=row or {}))
+                          "fn was not run", ex)
         yield Sleep(min(delay, left))
         delay = min(delay * 2, 0.5)
+
+
+def in_progress(view: JSONObject, ex: Execution) -> InProgress:
+    """The answer of a loser whose winner has not finished: who, since when
+    (an executing authorization's ``updated_at`` is its begin's time),
+    reconcilable when (its execution deadline)."""
+    executor = str(view.get("executor") or "")
+    since, until = parse_time(view.get("updated_at")), parse_time(view.get("execution_deadline"))
+    when = f"reconcilable at {until.isoformat()}" if until else "reconcilable after its execution timeout"
+    return InProgress(f"authorization {ex.authorization_id} is executing by {executor or 'another executor'}"
+                      f"{' since ' + since.isoformat() if since else ''}, not finished; {when}; fn was not run",
+                      ex, executor, since, until)
+
+
+def parse_time(v: Any) -> datetime | None:
+    """An RFC 3339 time of the wire (``Z`` or an offset, up to nanoseconds)."""
+    if not isinstance(v, str) or not v:
+        return None
+    m = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$", v)
+    if m is None:
+        return None
+    frac = (m.group(2) or "")[:6].ljust(6, "0")
+    zone = "+00:00" if m.group(3) == "Z" else m.group(3)
+    try:
+        return datetime.fromisoformat(f"{m.group(1)}.{frac}{zone}")
+    except ValueError:
+        return None
 
 
 class _NotAnEffect(Exception):

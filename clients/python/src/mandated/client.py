@@ -9,7 +9,7 @@ import inspect
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import _core
@@ -32,13 +32,16 @@ class Client:
     bounds it too); past it the request's status URL is polled.
     ``headers`` returns extra headers for every request, e.g. W3C trace
     context: ``headers=lambda: opentelemetry.propagate.inject({})``.
+    ``loser_wait`` bounds how long ``execute`` waits for another executor's
+    outcome before ``InProgress``.
     """
 
     def __init__(self, base_url: str, token: str, org: str, *, timeout: float = 30.0,
                  headers: Callable[[], Mapping[str, str]] | None = None,
-                 poll_interval: float = 0.05, settle_timeout: float = 30.0, max_wait: int = 30):
+                 poll_interval: float = 0.05, settle_timeout: float = 30.0, max_wait: int = 30,
+                 loser_wait: float = 5.0):
         self._cfg = _core.Config(base_url, token, org, timeout=timeout, headers=headers, poll_interval=poll_interval,
-                                 settle_timeout=settle_timeout, max_wait=max_wait)
+                                 settle_timeout=settle_timeout, max_wait=max_wait, loser_wait=loser_wait)
 
     @property
     def base_url(self) -> str:
@@ -121,7 +124,8 @@ class Client:
 
     # ---- execute (seed 002)
 
-    def execute(self, approval: Approval, fn: EffectFn, *, timeout: float | None = None) -> Execution:
+    def execute(self, approval: Approval, fn: EffectFn, *, timeout: float | None = None,
+                accept_differs: Sequence[str] = ()) -> Execution:
         """Runs the effect of one approval at most once, however many
         workers resume it (Go's ``client.Execute``):
 
@@ -133,8 +137,16 @@ class Client:
           ``InDoubt``);
         * a loser never runs ``fn``: it waits for the winner's outcome and
           returns it, the same external reference and result;
-        * when the deadline passes before the outcome is known it raises
-          ``InDoubt`` without having run ``fn``: never "run it yourself".
+        * a loser whose winner has not finished within ``loser_wait``
+          (5 s) raises ``InProgress`` (an ``InDoubt``) naming the winner,
+          since when it executes and when it becomes reconcilable; when the
+          deadline passes before the outcome is known it raises ``InDoubt``;
+          neither runs ``fn``: never "run it yourself".
+
+        A ``replayed`` decision whose recorded terms differ from this
+        request's (``decision.differs``) raises ``ReplayDiffers`` before
+        any request, unless every differing field is in
+        ``accept_differs``.
 
         Raises ``Denied`` before any request when ``approval`` is a decision
         that authorizes nothing (a denial); ``InDoubt`` at once when the
@@ -144,7 +156,7 @@ class Client:
         authorization ended without an effect (cancelled, expired, revoked)
         or could not be begun.
         """
-        return self._run(_core.execute(self._cfg, approval, fn, timeout=timeout))
+        return self._run(_core.execute(self._cfg, approval, fn, timeout=timeout, accept_differs=accept_differs))
 
 
 def perform(op: Op) -> Any:

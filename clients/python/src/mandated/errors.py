@@ -9,6 +9,7 @@ decision), ``InDoubt`` when the outcome of an effect cannot be known.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from .decision import Decision, Execution, JSONObject
@@ -112,6 +113,41 @@ class InDoubt(MandatedError):
     def __init__(self, message: str, execution: Execution | None = None):
         super().__init__(message)
         self.execution: Execution = execution if execution is not None else Execution()
+
+
+class InProgress(InDoubt):
+    """``execute``: another executor began this authorization and has not
+    finished within ``loser_wait`` (5 s by default): it may still commit,
+    or it died mid-effect. ``executor`` names it, ``since`` is when it
+    began, ``reconcilable_at`` when its execution deadline passes and the
+    authorization goes in doubt, for a reconciler. The function was not
+    run. An ``InDoubt``: never run the effect yourself; ask again later
+    (the same answer until it is settled)."""
+
+    def __init__(self, message: str, execution: Execution | None = None, executor: str = "",
+                 since: datetime | None = None, reconcilable_at: datetime | None = None):
+        super().__init__(message, execution)
+        self.executor = executor
+        self.since = since
+        self.reconcilable_at = reconcilable_at
+        self.authorization_id = self.execution.authorization_id
+
+
+class ReplayDiffers(MandatedError):
+    """A proposal was answered with an intent's recorded authorization
+    whose terms differ from this request's (``fields``: ``amount``,
+    ``currency``, ``operation``, ``target``): its result is not this
+    request's, so ``execute`` refuses to present it as such, before any
+    request and without running the function. ``authorization_id`` is the
+    recorded authorization, ``decision`` the proposal's answer. A caller
+    that expects some fields to be regenerated (a restored agent's new
+    reference) names them: ``execute(..., accept_differs=("target",))``."""
+
+    def __init__(self, message: str, decision: Decision | None = None, fields: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.decision = decision
+        self.fields = fields
+        self.authorization_id = decision.authorization_id if decision is not None else ""
 
 
 class NotCommitted(MandatedError):

@@ -65,7 +65,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -405,9 +405,11 @@ def propose_flow(cfg: _core.Config, mandate_id: str, operation: str, timeout: fl
     return d, facts
 
 
-def recorded(d: Decision) -> Execution | None:
+def recorded(d: Decision, accept_differs: Sequence[str] = ()) -> Execution | None:
     """A replayed authorization already committed: its recorded result,
-    without a further request."""
+    without a further request — unless it was recorded for other terms
+    (``ReplayDiffers``)."""
+    _core.check_differs(d, accept_differs)
     if d.authorization_id and d.state == "committed":
         return Execution(ran=False, external_ref=d.external_ref, result=d.result, decision=d,
                          authorization=d.authorization, authorization_id=d.authorization_id)
@@ -463,20 +465,26 @@ class Guard:
 
     def execute(self, fn: EffectFn, *, amount: int, currency: str, target: str, action: str | None = None,
                 fork_of: str | None = None, config: Mapping[str, Any] | None = None, runtime: Any = None,
-                tool_call_id: str | None = None, tool_name: str | None = None) -> Execution:
+                tool_call_id: str | None = None, tool_name: str | None = None,
+                accept_differs: Sequence[str] = ()) -> Execution:
         """Proposes, then runs ``fn(provider_key)`` at most once for the
         intent (``provider_key`` is the authorization id: pass it to the
         provider as its idempotency key) and returns the recorded effect;
         a replayed, already committed authorization returns its recorded
         result without a further request. Raises ``mandated.Denied``,
-        ``IdempotencyConflict``, ``Refused``, ``InDoubt``, ``NotCommitted``
-        or ``AmbiguousStep`` (never returns for them)."""
+        ``IdempotencyConflict``, ``Refused``, ``InDoubt`` (``InProgress``
+        while another resumer's execution is unfinished), ``NotCommitted``,
+        ``ReplayDiffers`` (an ``update_state`` fork that changed the amount:
+        the recorded refund is not this request's; ``accept_differs=``
+        names the fields expected to differ) or ``AmbiguousStep`` (never
+        returns for them)."""
         d, _ = self.propose(amount=amount, currency=currency, target=target, action=action, fork_of=fork_of,
                             config=config, runtime=runtime, tool_call_id=tool_call_id, tool_name=tool_name)
-        done = recorded(d)
+        done = recorded(d, accept_differs)
         if done is not None:
             return done
-        return self.client.execute(d, fn, timeout=self.timeout)  # Denied for a denial, before any request
+        # Denied for a denial, ReplayDiffers for another request's record: before any request
+        return self.client.execute(d, fn, timeout=self.timeout, accept_differs=accept_differs)
 
     def guarded(self, terms: Callable[..., Terms]) -> Callable[[Callable[..., Any]], Callable[..., dict[str, Any]]]:
         """A decorator: ``@guard.guarded(lambda order: Terms(order["amount"],

@@ -283,3 +283,40 @@ def test_eight_async_callers_wait_concurrently_on_one_loop_that_never_blocks(gat
     assert sum(o.ran for o in outs) == 1 and {o.external_ref for o in outs} == {"re_once"}
     assert all(o.result == {"n": 1} for o in outs)
     assert ticks > 0, "the loop kept running while everyone waited"
+
+
+def test_a_loser_whose_winner_does_not_finish_within_the_loser_wait_is_told_it_is_in_progress(mode, gateway):
+    st, route = script()
+    st["begins"], st["state"] = 1, "executing"  # a winner that never finishes (killed mid-effect)
+
+    def executing(seen):
+        if seen.method == "GET":
+            return 200, {}, {"state": "executing", "executor": "py-winner",
+                             "updated_at": "2026-12-04T10:00:00.123456789Z",
+                             "execution_deadline": "2026-12-04T10:02:00Z"}
+        return route(seen)
+
+    g = gateway(executing)
+    with pytest.raises(mandated.InProgress) as err:
+        call(mode, client(mode, g.url, poll_interval=0.01, loser_wait=0.2, timeout=30), "execute",
+             mandated.AuthorizationRef("acme", "m-1", "au_1"), lambda key: pytest.fail("a loser ran fn"))
+    e = err.value
+    assert isinstance(e, mandated.InDoubt) and not e.execution.ran
+    assert e.executor == "py-winner" and e.authorization_id == "au_1"
+    assert e.since.isoformat() == "2026-12-04T10:00:00.123456+00:00"
+    assert e.reconcilable_at.isoformat() == "2026-12-04T10:02:00+00:00"
+    assert "py-winner" in str(e) and "reconcilable at 2026-12-04T10:02:00" in str(e)
+
+
+def test_a_replay_recorded_for_other_terms_is_refused_unless_the_fields_are_accepted(mode, gateway):
+    st, route = script()
+    g = gateway(route)
+    replay = mandated.Decision({"outcome": "replayed", "reason": "intent_replayed", "org": "acme", "mandate_id": "m-1",
+                                "authorization_id": "au_1", "differs": ["amount", "target"],
+                                "authorization": {"state": "reserved"}})
+    with pytest.raises(mandated.ReplayDiffers) as err:
+        call(mode, client(mode, g.url), "execute", replay, lambda key: pytest.fail("ran"), accept_differs=("target",))
+    assert err.value.fields == ("amount",) and err.value.authorization_id == "au_1" and not g.seen
+    assert "au_1" in str(err.value) and "amount" in str(err.value)
+    ex = call(mode, client(mode, g.url), "execute", replay, lambda key: "re_1", accept_differs=("amount", "target"))
+    assert ex.ran and ex.external_ref == "re_1"

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from .. import _core
@@ -44,9 +44,10 @@ class Client:
     def __init__(self, base_url: str, token: str, org: str, *, timeout: float = 30.0,
                  headers: Callable[[], Mapping[str, str]] | None = None,
                  poll_interval: float = 0.05, settle_timeout: float = 30.0, max_wait: int = 30,
+                 loser_wait: float = 5.0,
                  ssl_context: ssl.SSLContext | None = None):
         self._cfg = _core.Config(base_url, token, org, timeout=timeout, headers=headers, poll_interval=poll_interval,
-                                 settle_timeout=settle_timeout, max_wait=max_wait)
+                                 settle_timeout=settle_timeout, max_wait=max_wait, loser_wait=loser_wait)
         self._ssl = ssl_context
 
     @property
@@ -116,7 +117,8 @@ class Client:
         """``mandated.Client.proposal_status``, awaited."""
         return await self._run(_core.proposal_status(self._cfg, mandate_id, idempotency_key, operation))
 
-    async def execute(self, approval: Approval, fn: AsyncEffectFn, *, timeout: float | None = None) -> Execution:
+    async def execute(self, approval: Approval, fn: AsyncEffectFn, *, timeout: float | None = None,
+                      accept_differs: Sequence[str] = ()) -> Execution:
         """``mandated.Client.execute``, awaited: one winner runs
         ``fn(provider_key)`` — awaited when it returns an awaitable (an
         ``async def``); a plain function runs on the event loop, so give it
@@ -124,7 +126,8 @@ class Client:
         result. Cancelling the winner while ``fn`` runs leaves the
         authorization executing until its execution timeout moves it to
         in_doubt, for a reconciler: never released, never run twice."""
-        return await self._run(_core.execute(self._cfg, approval, fn, timeout=timeout))
+        return await self._run(_core.execute(self._cfg, approval, fn, timeout=timeout,
+                                             accept_differs=accept_differs))
 
 
 async def run(flow: _core.Flow[_core.T], perform_op: Callable[[Op], Awaitable[Any]]) -> _core.T:

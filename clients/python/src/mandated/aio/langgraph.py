@@ -24,7 +24,7 @@ is not available in async code.
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from ..decision import Decision, Execution
@@ -64,16 +64,17 @@ class Guard:
     async def execute(self, fn: AsyncEffectFn, *, amount: int, currency: str, target: str,
                       action: str | None = None, fork_of: str | None = None,
                       config: Mapping[str, Any] | None = None, runtime: Any = None,
-                      tool_call_id: str | None = None, tool_name: str | None = None) -> Execution:
+                      tool_call_id: str | None = None, tool_name: str | None = None,
+                      accept_differs: Sequence[str] = ()) -> Execution:
         """Proposes, then runs ``fn(provider_key)`` (awaited when it returns
         an awaitable) at most once for the intent and returns the recorded
         effect; the errors of ``mandated.langgraph.Guard.execute``."""
         d, _ = await self.propose(amount=amount, currency=currency, target=target, action=action, fork_of=fork_of,
                                   config=config, runtime=runtime, tool_call_id=tool_call_id, tool_name=tool_name)
-        done = recorded(d)
+        done = recorded(d, accept_differs)
         if done is not None:
             return done
-        return await self.client.execute(d, fn, timeout=self.timeout)
+        return await self.client.execute(d, fn, timeout=self.timeout, accept_differs=accept_differs)
 
     def guarded(self, terms: Callable[..., Terms]
                 ) -> Callable[[Callable[..., Any]], Callable[..., Awaitable[dict[str, Any]]]]:
