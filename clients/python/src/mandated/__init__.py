@@ -12,7 +12,7 @@ mandated's HTTP gateway (standard library only).
 ``mandated.aio.langgraph`` guard LangGraph nodes and tools.
 """
 
-from ._core import ref
+from ._core import read_target, ref
 from .client import Client
 from .decision import TERMINAL_STATES, AuthorizationRef, Decision, Effect, Execution, JSONObject, intent_key
 from .errors import (
@@ -47,5 +47,5 @@ __all__ = [
     "Execution", "Forbidden", "IdempotencyConflict", "InDoubt", "InProgress", "InvalidCommand", "InvalidEffect",
     "JSONObject", "MandatedError", "MethodNotAllowed", "NoDecision", "NotCommitted", "NotExecuted",
     "NotFound", "OutcomeUnknown", "ProblemError", "Refused", "ReplayDiffers", "TERMINAL_STATES", "TooManyInFlight",
-    "Unauthenticated", "Unavailable", "intent_key", "ref",
+    "Unauthenticated", "Unavailable", "intent_key", "read_target", "ref",
 ]

@@ -14,6 +14,7 @@ their base and aio savers).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import secrets
@@ -311,6 +312,57 @@ def proposal_status(cfg: Config, mandate_id: str, idempotency_key: str,
         path += "?operation=" + _q(operation)
     _, _, st = yield from exchange(cfg, "GET", path, timeout=cfg.timeout)
     return _object(st)
+
+
+# ---- recorded reads (seed 003: a restored agent sees what it read before)
+
+
+def record(cfg: Config, mandate_id: str, *, operation: str, intent: Intent, target: str | None = None,
+           result: JSONObject | None = None, idempotency_key: str | None = None,
+           timeout: float | None = None) -> Flow[Decision]:
+    body: JSONObject = {"operation": operation, "intent": intent_body(intent)}
+    if target is not None:
+        body["target"] = target
+    if result is not None:
+        body["result"] = result
+    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+    return (yield from command(cfg, mandate_id, cfg.mandate_path(mandate_id) + "/records", body, headers, timeout))
+
+
+def read(cfg: Config, mandate_id: str, fn: Callable[[], Any], *, operation: str, intent: Intent,
+         target: str | None = None, accept_differs: Sequence[str] = (),
+         timeout: float | None = None) -> Flow[Execution]:
+    """A read recorded under its intent: the recorded answer when there is
+    one (``fn`` not called), else ``fn()``'s answer recorded — the first
+    one recorded, when callers race. ``ran`` says whether this caller's
+    answer is the recorded one."""
+    try:
+        found = yield from record(cfg, mandate_id, operation=operation, intent=intent, target=target, timeout=timeout)
+    except NotFound as err:
+        if err.reason != "not_recorded":
+            raise
+    else:
+        check_differs(found, accept_differs)
+        return _read_result(found, ran=False)
+    answer = yield Call(fn, ())
+    if not isinstance(answer, dict):
+        raise TypeError(f"a recorded read's function returns a JSON object (a dict), not {type(answer).__name__}")
+    d = yield from record(cfg, mandate_id, operation=operation, intent=intent, target=target, result=answer,
+                          timeout=timeout)
+    check_differs(d, accept_differs)
+    return _read_result(d, ran=d.outcome == "recorded")
+
+
+def _read_result(d: Decision, ran: bool) -> Execution:
+    return Execution(ran=ran, result=d.result, decision=d, authorization=d.authorization,
+                     authorization_id=d.authorization_id)
+
+
+def read_target(args: Any) -> str:
+    """A read's target from its arguments: ``q:`` + the first 60 hex digits
+    of the SHA-256 of their canonical JSON (sorted keys, no spaces, UTF-8)."""
+    canonical = json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "q:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:60]
 
 
 # ---- execute (seed 002)

@@ -122,6 +122,31 @@ class Client:
         current row."""
         return self._run(_core.proposal_status(self._cfg, mandate_id, idempotency_key, operation))
 
+    # ---- recorded reads (seed 003)
+
+    def record(self, mandate_id: str, *, operation: str, intent: Intent, target: str | None = None,
+               result: JSONObject | None = None, idempotency_key: str | None = None,
+               timeout: float | None = None) -> Decision:
+        """The record command (docs/wire.md): without ``result`` it looks
+        the intent's record up (``replayed`` with ``authorization.result``,
+        or ``NotFound`` with reason ``not_recorded``); with one it records
+        it — the first answer for an intent is kept, a repeat is
+        ``replayed`` with it. No mandate authority is spent."""
+        return self._run(_core.record(self._cfg, mandate_id, operation=operation, intent=intent, target=target,
+                                      result=result, idempotency_key=idempotency_key, timeout=timeout))
+
+    def read(self, mandate_id: str, fn: Callable[[], JSONObject], *, operation: str, intent: Intent,
+             target: str | None = None, accept_differs: Sequence[str] = (), timeout: float | None = None) -> Execution:
+        """A read-only call (a search, a price) recorded under its intent:
+        a restored or resumed agent gets the first answer again, ``fn`` not
+        called; the first caller calls ``fn()`` (a JSON object, at most
+        8 KiB) and records it. ``Execution.result`` is the recorded answer;
+        ``ran`` whether it is this caller's. ``target`` names what was read
+        (``mandated.read_target(args)``): a look-up with another target is
+        ``ReplayDiffers`` unless ``accept_differs=("target",)``."""
+        return self._run(_core.read(self._cfg, mandate_id, fn, operation=operation, intent=intent, target=target,
+                                    accept_differs=accept_differs, timeout=timeout))
+
     # ---- execute (seed 002)
 
     def execute(self, approval: Approval, fn: EffectFn, *, timeout: float | None = None,

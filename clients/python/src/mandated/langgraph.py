@@ -405,6 +405,24 @@ def propose_flow(cfg: _core.Config, mandate_id: str, operation: str, timeout: fl
     return d, facts
 
 
+def read_flow(cfg: _core.Config, mandate_id: str, operation: str, timeout: float | None, fn: Callable[[], Any], *,
+              config: Mapping[str, Any], runtime: Any, tool_call_id: str | None, tool_name: str | None,
+              args: Any, target: str | None, action: str | None,
+              accept_differs: Sequence[str]) -> Flow[Execution]:
+    """The guards' recorded read: intent from the step's facts with the
+    read's operation as its action; target from the read's arguments."""
+    facts = yield from facts_flow(config, runtime, tool_call_id, tool_name)
+    act = action or operation
+    if facts.ambiguous and not action:
+        raise AmbiguousStep(f"{facts.ambiguous}: two branches would share the read {facts.intent(act)}. Name each "
+                            "read with action=.", "Send branch of a subgraph", facts.intent(act))
+    _ATTEMPTS.claim(config, facts, "read " + act)
+    if target is None and args is not None:
+        target = _core.read_target(args)
+    return (yield from _core.read(cfg, mandate_id, fn, operation=operation, intent=facts.intent(act), target=target,
+                                  accept_differs=accept_differs, timeout=timeout))
+
+
 def recorded(d: Decision, accept_differs: Sequence[str] = ()) -> Execution | None:
     """A replayed authorization already committed: its recorded result,
     without a further request — unless it was recorded for other terms
@@ -485,6 +503,27 @@ class Guard:
             return done
         # Denied for a denial, ReplayDiffers for another request's record: before any request
         return self.client.execute(d, fn, timeout=self.timeout, accept_differs=accept_differs)
+
+    def read(self, fn: Callable[[], dict[str, Any]], *, args: Any = None, target: str | None = None,
+             operation: str | None = None, action: str | None = None, config: Mapping[str, Any] | None = None,
+             runtime: Any = None, tool_call_id: str | None = None, tool_name: str | None = None,
+             accept_differs: Sequence[str] = ()) -> Execution:
+        """A read-only call (a search, a price lookup) recorded under the
+        step's intent (issue 42 item 4): the step run again — a resume, a
+        time-travel replay, a fork — gets the first answer, ``fn`` not
+        called; a new step (a later turn, a loop iteration) calls ``fn()``
+        anew. ``fn`` returns a JSON object (≤ 8 KiB); ``args`` (JSON) name
+        what was read (``target`` = ``mandated.read_target(args)``): a step
+        run again with other arguments raises ``ReplayDiffers`` unless
+        ``accept_differs=("target",)`` (a restored model's reformulated
+        query, answered with the recorded evidence). ``operation`` defaults
+        to the guard's. Spends no mandate authority, never blocks an effect.
+        Returns the ``Execution`` (``result``: the recorded answer)."""
+        _not_on_a_loop()
+        return self.client._run(read_flow(
+            self.client._cfg, self.mandate_id, operation or self.operation, self.timeout, fn,
+            config=running_config(config, runtime), runtime=runtime, tool_call_id=tool_call_id,
+            tool_name=tool_name, args=args, target=target, action=action, accept_differs=accept_differs))
 
     def guarded(self, terms: Callable[..., Terms]) -> Callable[[Callable[..., Any]], Callable[..., dict[str, Any]]]:
         """A decorator: ``@guard.guarded(lambda order: Terms(order["amount"],

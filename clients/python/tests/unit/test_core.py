@@ -320,3 +320,76 @@ def test_a_replay_recorded_for_other_terms_is_refused_unless_the_fields_are_acce
     assert "au_1" in str(err.value) and "amount" in str(err.value)
     ex = call(mode, client(mode, g.url), "execute", replay, lambda key: "re_1", accept_differs=("amount", "target"))
     assert ex.ran and ex.external_ref == "re_1"
+
+
+def records(first_answer=None):
+    """The records route as docs/wire.md shapes it: a look-up (no result)
+    is 404 not_recorded until something is recorded; the first result is
+    kept, every later record is replayed with it."""
+    st = {"result": first_answer, "target": "q:1", "bodies": []}
+
+    def route(seen):
+        assert seen.path == "/v1/orgs/acme/mandates/m-1/records", seen.path
+        st["bodies"].append(seen.body)
+        differs = ["target"] if seen.body.get("target") not in (None, st["target"]) else []
+        if st["result"] is None and "result" not in seen.body:
+            return problem(404, "not_recorded", decision("refused", reason="not_recorded"))
+        auth = {"state": "recorded", "result": st["result"]}
+        if st["result"] is None:
+            st["result"] = auth["result"] = seen.body["result"]
+            return 200, {}, decision("recorded", authorization=auth, state="recorded")
+        d = decision("replayed", state="recorded", authorization=auth, reason="intent_replayed",
+                     original_outcome="recorded")
+        if differs:
+            d["differs"] = differs
+        return 200, {}, d
+
+    return st, route
+
+
+def test_a_recorded_read_calls_fn_once_and_then_answers_what_was_recorded(mode, gateway):
+    st, route = records()
+    g = gateway(route)
+    c = client(mode, g.url)
+    calls = []
+
+    def search():
+        calls.append(1)
+        return {"price": 100 + len(calls)}
+
+    first = call(mode, c, "read", "m-1", search, operation="price.lookup", intent=("t", "s:1", "price.lookup"),
+                 target="q:1")
+    again = call(mode, c, "read", "m-1", search, operation="price.lookup", intent=("t", "s:1", "price.lookup"),
+                 target="q:1")
+    assert first.ran and first.result == {"price": 101} and not again.ran and again.result == {"price": 101}
+    assert calls == [1], "the read function ran once"
+    assert st["bodies"][0] == {"operation": "price.lookup", "intent": {"run_id": "t", "step": "s:1",
+                                                                       "action": "price.lookup"}, "target": "q:1"}
+    assert st["bodies"][1]["result"] == {"price": 101}
+
+
+def test_a_read_recorded_by_a_racing_caller_is_the_answer_and_another_target_differs(mode, gateway):
+    st, route = records()
+    g = gateway(route)
+
+    def racing(seen):
+        if "result" in seen.body and st["result"] is None:
+            st["result"] = {"price": 7}  # another caller recorded first
+        return route(seen)
+
+    g.route = racing
+    c = client(mode, g.url)
+    out = call(mode, c, "read", "m-1", lambda: {"price": 8}, operation="p", intent=("t", "s", "p"), target="q:1")
+    assert not out.ran and out.result == {"price": 7}, "the first recorded answer, not this caller's"
+    with pytest.raises(mandated.ReplayDiffers) as err:
+        call(mode, c, "read", "m-1", lambda: {"price": 9}, operation="p", intent=("t", "s", "p"), target="q:2")
+    assert err.value.fields == ("target",)
+    out = call(mode, c, "read", "m-1", lambda: {"price": 9}, operation="p", intent=("t", "s", "p"), target="q:2",
+               accept_differs=("target",))
+    assert out.result == {"price": 7}
+
+
+def test_read_target_is_a_digest_of_the_canonical_arguments():
+    a = mandated.read_target({"q": "refund policy", "n": 3})
+    assert a == mandated.read_target({"n": 3, "q": "refund policy"}) and a.startswith("q:") and len(a) == 62
+    assert a != mandated.read_target({"q": "refund policy", "n": 4})

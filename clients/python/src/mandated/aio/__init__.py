@@ -117,6 +117,21 @@ class Client:
         """``mandated.Client.proposal_status``, awaited."""
         return await self._run(_core.proposal_status(self._cfg, mandate_id, idempotency_key, operation))
 
+    async def record(self, mandate_id: str, *, operation: str, intent: Intent, target: str | None = None,
+                     result: JSONObject | None = None, idempotency_key: str | None = None,
+                     timeout: float | None = None) -> Decision:
+        """``mandated.Client.record``, awaited."""
+        return await self._run(_core.record(self._cfg, mandate_id, operation=operation, intent=intent,
+                                            target=target, result=result, idempotency_key=idempotency_key,
+                                            timeout=timeout))
+
+    async def read(self, mandate_id: str, fn: Callable[[], Any], *, operation: str, intent: Intent,
+                   target: str | None = None, accept_differs: Sequence[str] = (),
+                   timeout: float | None = None) -> Execution:
+        """``mandated.Client.read``, awaited; ``fn`` may be ``async def``."""
+        return await self._run(_core.read(self._cfg, mandate_id, fn, operation=operation, intent=intent,
+                                          target=target, accept_differs=accept_differs, timeout=timeout))
+
     async def execute(self, approval: Approval, fn: AsyncEffectFn, *, timeout: float | None = None,
                       accept_differs: Sequence[str] = ()) -> Execution:
         """``mandated.Client.execute``, awaited: one winner runs

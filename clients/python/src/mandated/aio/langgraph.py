@@ -28,7 +28,16 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from ..decision import Decision, Execution
-from ..langgraph import AmbiguousStep, StepFacts, Terms, facts_flow, propose_flow, recorded, running_config
+from ..langgraph import (
+    AmbiguousStep,
+    StepFacts,
+    Terms,
+    facts_flow,
+    propose_flow,
+    read_flow,
+    recorded,
+    running_config,
+)
 from . import AsyncEffectFn, Client, perform, run
 
 __all__ = ["AmbiguousStep", "Guard", "StepFacts", "Terms", "step_facts"]
@@ -75,6 +84,17 @@ class Guard:
         if done is not None:
             return done
         return await self.client.execute(d, fn, timeout=self.timeout, accept_differs=accept_differs)
+
+    async def read(self, fn: Callable[[], Any], *, args: Any = None, target: str | None = None,
+                   operation: str | None = None, action: str | None = None,
+                   config: Mapping[str, Any] | None = None, runtime: Any = None, tool_call_id: str | None = None,
+                   tool_name: str | None = None, accept_differs: Sequence[str] = ()) -> Execution:
+        """``mandated.langgraph.Guard.read``, awaited; ``fn`` may be
+        ``async def``."""
+        return await self.client._run(read_flow(
+            self.client._cfg, self.mandate_id, operation or self.operation, self.timeout, fn,
+            config=running_config(config, runtime), runtime=runtime, tool_call_id=tool_call_id,
+            tool_name=tool_name, args=args, target=target, action=action, accept_differs=accept_differs))
 
     def guarded(self, terms: Callable[..., Terms]
                 ) -> Callable[[Callable[..., Any]], Callable[..., Awaitable[dict[str, Any]]]]:
