@@ -92,8 +92,9 @@ func lintPythonPackage(ctx context.Context, t *testing.T, venv, pkgDir string) {
 		require.NoError(t, err, "%s %s:\n%s", name, strings.Join(args, " "), out)
 	}
 	run(pkgDir, venv, "-m", "pip", "install", "--quiet", "ruff=="+ruffVersion, "mypy=="+mypyVersion)
-	example := filepath.Join(pkgDir, "..", "..", "examples", "langgraph-approval")
-	run(pkgDir, venv, "-m", "ruff", "check", "--no-cache", "--config", "pyproject.toml", "src", "tests", example)
+	examples := filepath.Join(pkgDir, "..", "..", "examples")
+	run(pkgDir, venv, "-m", "ruff", "check", "--no-cache", "--config", "pyproject.toml", "src", "tests",
+		filepath.Join(examples, "langgraph-approval"), filepath.Join(examples, "langgraph_quickstart.py"))
 	run(pkgDir, venv, "-m", "mypy", "--strict")
 }
 

@@ -429,3 +429,23 @@ def interrupt_for_approval(order_id):
     from langgraph.types import interrupt
 
     return interrupt({"approve": "refund", "order_id": order_id})
+
+
+def test_the_langgraph_quickstart_runs_twice_with_one_refund_and_the_same_answer(dsn, grant):
+    """examples/langgraph_quickstart.py as the README's newcomer runs it:
+    on PostgreSQL (MANDATED_DATABASE_URL) twice, then in memory: one
+    authorization, and every run prints the same recorded refund."""
+    grant(uses=1, mandate_id="refund-case-1843")
+    program = os.path.join(HERE, "..", "langgraph_quickstart.py")
+    base = {k: v for k, v in os.environ.items() if k != "MANDATED_DATABASE_URL"}
+
+    def run(**extra):
+        out = subprocess.run([sys.executable, program], env=dict(base, **extra), capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip().splitlines()[-1]
+
+    first = run(MANDATED_DATABASE_URL=dsn)
+    assert first.startswith("refunded {") and "order-1843" in first, first
+    assert run(MANDATED_DATABASE_URL=dsn) == first, "the thread, restored: the same recorded refund"
+    assert run() == first, "a new in-memory thread of the same id: the same intent, replayed"
