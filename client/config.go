@@ -13,9 +13,9 @@ import (
 
 // Defaults of Config.
 const (
-	ProposalsTopicDefault  = "mandate.proposals"
-	GrantsTopicDefault     = "mandate.grants"
-	DecisionsTopicDefault  = "mandate.decisions"
+	ProposalsTopicDefault  = wire.ProposalsTopic
+	GrantsTopicDefault     = wire.GrantsTopic
+	DecisionsTopicDefault  = wire.DecisionsTopic
 	RecentDecisionsDefault = 4096
 	SettleTimeoutDefault   = 30 * time.Second
 	FetchMaxWaitDefault    = 100 * time.Millisecond
