@@ -102,7 +102,7 @@ func runPytest(ctx context.Context, t *testing.T, venv, here string, env []strin
 	cmd.Env = env
 	out, err := cmd.CombinedOutput()
 	t.Logf("pytest:\n%s", out)
-	for _, line := range regexp.MustCompile(`(?m)^(EXPERIMENT|LATENCY|INTENT|ASYNC|INPROGRESS) .*$`).FindAllString(string(out), -1) {
+	for _, line := range regexp.MustCompile(`(?m)^(EXPERIMENT|LATENCY|INTENT|ASYNC|INPROGRESS|RECORDED) .*$`).FindAllString(string(out), -1) {
 		t.Log(line)
 	}
 	require.NoError(t, err, "pytest failed")

@@ -14,7 +14,7 @@ from typing import Any
 #: gateway/openapi.yaml; the common ones are typed attributes of ``Decision``.
 JSONObject = dict[str, Any]
 
-TERMINAL_STATES = frozenset({"committed", "cancelled", "expired", "revoked"})
+TERMINAL_STATES = frozenset({"committed", "cancelled", "expired", "revoked", "recorded"})
 
 
 def intent_key(run_id: str, step: str, action: str) -> str:
