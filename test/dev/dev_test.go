@@ -141,6 +141,25 @@ func TestMakeDevRunsTheREADMEsFirstExamplesAndStopsOnCtrlC(t *testing.T) {
 	again := run(ctx, t, "bash", "-c", "source "+env+"\nexec "+venv+" "+filepath.Join(repo, "examples", "quickstart.py"))
 	require.Equal(t, out, again, "a second run of the block gets the winner's recorded result")
 
+	// The Go snippet is examples/go-quickstart's, run with go run as the
+	// README says: the same intent, so a replay with the recorded effect.
+	require.Equal(t, goSnippet(t), firstBlock(t, readme, "go", ""), "the README's Go block is examples/go-quickstart's, between its markers")
+	out = run(ctx, t, "bash", "-c", "source "+env+"\ncd "+repo+" && go run ./examples/go-quickstart")
+	require.Equal(t, "replayed\n"+strings.Replace(lines[1], "{'status': 'succeeded'}", `{"status":"succeeded"}`, 1)+"\n", out,
+		"Go gets the recorded effect the Python block made")
+
+	// The TypeScript snippet: its two commands as the README gives them, in a
+	// copy of the package and the example (npm writes node_modules where it runs).
+	tsDir := t.TempDir()
+	require.NoError(t, copyTree(filepath.Join(repo, "clients", "typescript"), filepath.Join(tsDir, "clients", "typescript")))
+	require.NoError(t, os.MkdirAll(filepath.Join(tsDir, "examples"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(tsDir, "examples", "quickstart.mjs"), []byte(readFile(t, filepath.Join(repo, "examples", "quickstart.mjs"))), 0o644))
+	tsRun := "source " + env + "\ncd " + tsDir + "\nset -e\n" + firstBlock(t, readme, "sh", "npm ci")
+	out = run(ctx, t, "bash", "-c", tsRun)
+	require.Regexp(t, `(?m)^reserved\nre_\S{12} \{"status":"succeeded"\}\n$`, out, "the TypeScript block spends refund-case-1844")
+	again = run(ctx, t, "bash", "-c", "source "+env+"\ncd "+tsDir+"\nnode examples/quickstart.mjs")
+	require.True(t, strings.HasSuffix(out, again), "a second run prints the same recorded result:\n%s\nthen\n%s", out, again)
+
 	// Ctrl-C.
 	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
 	select {
@@ -154,6 +173,46 @@ func TestMakeDevRunsTheREADMEsFirstExamplesAndStopsOnCtrlC(t *testing.T) {
 	}
 	_, err = os.Stat(dir)
 	require.ErrorIs(t, err, os.ErrNotExist, "make dev removed its state directory")
+}
+
+// goSnippet is examples/go-quickstart's code between its README markers,
+// one tab of indentation less and each further tab written as four spaces.
+func goSnippet(t *testing.T) string {
+	t.Helper()
+	src := readFile(t, filepath.Join(repo, "examples", "go-quickstart", "main.go"))
+	_, body, ok := strings.Cut(src, "\t// README begin\n")
+	require.True(t, ok, "examples/go-quickstart has its README markers")
+	body, _, ok = strings.Cut(body, "\t// README end\n")
+	require.True(t, ok)
+	var b strings.Builder
+	for _, line := range strings.SplitAfter(body, "\n") {
+		line = strings.TrimPrefix(line, "\t")
+		tabs := len(line) - len(strings.TrimLeft(line, "\t"))
+		b.WriteString(strings.Repeat("    ", tabs) + line[tabs:])
+	}
+	return b.String()
+}
+
+// copyTree copies the files under from to to, leaving out what a build or an
+// install made there (node_modules, dist).
+func copyTree(from, to string) error {
+	return filepath.WalkDir(from, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(from, path)
+		if d.IsDir() && (d.Name() == "node_modules" || d.Name() == "dist") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() {
+			return os.MkdirAll(filepath.Join(to, rel), 0o755)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(to, rel), b, 0o644)
+	})
 }
 
 // firstBlock is the body of the README's first fenced block of lang that
