@@ -18,6 +18,7 @@ import (
 	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/test/harness"
 	"github.com/mandated/mandated/test/procs"
+	"github.com/mandated/mandated/test/testdb"
 	"github.com/mandated/mandated/test/testenv"
 	"github.com/mandated/mandated/verify"
 	"github.com/mandated/mandated/wire"
@@ -43,7 +44,7 @@ func TestS13cTwoShardsAPromotedStandbyAndAMemberStillOnTheDeadPrimary(t *testing
 	ctx := context.Background()
 	const n = 8
 	h := harness.New(t, harness.Options{Partitions: n, Timeout: 3 * time.Minute})
-	urlA := testenv.Database(t)
+	urlA := testdb.Migrated(t)
 	primary := PrivatePostgres(t)
 	urlB, err := primary.Database(ctx, "mandated")
 	require.NoError(t, err)
