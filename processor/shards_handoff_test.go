@@ -35,6 +35,7 @@ import (
 // and every proposal is answered exactly once.
 func TestAMemberCutFromOneShardHandsOffThatShardsPartitionsOnlyAndTakesThemBack(t *testing.T) {
 	t.Parallel()
+	testenv.SkipInShortTier(t, "waits out three hand-off bounds, a hand-off and a take-back")
 	ctx := context.Background()
 	const n = 8
 	const after, interval = 2 * time.Second, 200 * time.Millisecond

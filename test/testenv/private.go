@@ -96,6 +96,7 @@ type Kafka struct {
 // of this test's own, on free ports, and removes it at cleanup.
 func PrivateKafka(t testing.TB, nodes int) *Kafka {
 	t.Helper()
+	SkipInShortTier(t, "starts a private Kafka of its own")
 	dir, err := os.MkdirTemp("", "mandated-kafka-")
 	if err != nil {
 		t.Fatal(err)
@@ -154,6 +155,7 @@ type Postgres struct {
 // PrivatePostgres starts a PostgreSQL of this test's own.
 func PrivatePostgres(t testing.TB) *Postgres {
 	t.Helper()
+	SkipInShortTier(t, "starts a private PostgreSQL of its own")
 	return privatePostgres(t)
 }
 

@@ -25,3 +25,15 @@ func SkipPackageInShortTier(why string) {
 		os.Exit(0)
 	}
 }
+
+// SkipInShortTier skips t under -short, saying why: a test that costs what
+// the everyday loop cannot afford (a private server started and stopped,
+// another language's packages installed, a browser driven, a long
+// multi-process run). Tests the short tier keeps are the Go code against the
+// shared test servers.
+func SkipInShortTier(t testing.TB, why string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skipf("skipped in the short tier (-short): %s; make test runs it", why)
+	}
+}
