@@ -177,7 +177,9 @@ export GORACE=${GORACE:-atexit_sleep_ms=0}
 # go test runs the packages in the order given, as many at once as there are cores
 # (-p): the longest first, so that none of them starts last and runs alone at the end.
 # A package named here that no longer exists is left out; every other one follows.
-LONGEST_FIRST="test/fault processor gateway test/e2e outbox verify cmd/mandatectl sink mcpguard"
+# Measured (docs/tests.md): the full tier's longest, then the short tier's.
+LONGEST_FIRST="test/fault processor examples/langgraph-approval test/e2e gateway outbox
+	examples/langgraphjs-approval verify cmd/mandatectl test/deploy client test/dev mcpguard sink"
 if [ -z "${TEST_PKGS:-}" ]; then
 	module=$(go list -m)
 	all=$(go list ./...) || die "go list ./... failed"
