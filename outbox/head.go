@@ -3,6 +3,7 @@ package outbox
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -115,12 +116,16 @@ type Tail struct {
 	Foreign      []ForeignRecord
 	Unverified   int
 	Read         int // records read
-	// Epoch is the highest epoch on the records read that are on the
-	// partition's chain (Ours and Ahead; 0 when none): the epochs that
-	// decided what the outside world has seen. A claim or a recovery takes
-	// an epoch above it (epochs only go up: the epoch is the fencing
-	// token), whatever a restored database's counter says. A foreign
-	// record's epoch is never believed.
+	// Epoch is the highest epoch believed: of the records read that are
+	// PostgreSQL's own chain (Ours: the epoch their hashed content carries,
+	// never a header alone), and of the epoch claims mandated signed on the
+	// partition since PostgreSQL's published mark (ReadTail, with
+	// TailConfig.Keys). A claim or a recovery takes an epoch above it
+	// (epochs only go up, and are never handed out twice: the epoch is the
+	// fencing token), whatever a restored database's counter says. A record
+	// past PostgreSQL's head (Ahead) counts only once recovery believed it
+	// (a claim refuses the partition meanwhile); a foreign record's epoch
+	// never counts.
 	Epoch int64
 }
 
@@ -277,9 +282,7 @@ func Classify(head PostgresHead, rows map[int64]Row, entries []Entry, accept fun
 		switch verdicts[i] {
 		case Ours:
 			t.Published = max(t.Published, e.Seq)
-			t.Epoch = max(t.Epoch, e.Epoch)
-		case Ahead:
-			t.Epoch = max(t.Epoch, e.Epoch)
+			t.Epoch = max(t.Epoch, chainEpoch(e))
 		case Unverified:
 			t.Unverified++
 		case Foreign:
@@ -291,6 +294,22 @@ func Classify(head PostgresHead, rows map[int64]Row, entries []Entry, accept fun
 		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Offset, b.Offset))
 	})
 	return t, verdicts
+}
+
+// chainEpoch is the epoch of a record on PostgreSQL's chain: a decision's
+// as its JSON (which its hash covers) says, a dead letter's as its epoch
+// header (which its hash covers) says.
+func chainEpoch(e *Entry) int64 {
+	if e.DeadLetter {
+		return e.Epoch
+	}
+	var d struct {
+		Epoch *int64 `json:"epoch"`
+	}
+	if json.Unmarshal(e.Value, &d) == nil && d.Epoch != nil {
+		return *d.Epoch
+	}
+	return e.Epoch
 }
 
 // AsRelayWrites says why a record is not one the relay could have written,

@@ -1305,6 +1305,7 @@ func (r *Relay) produceTxn(ctx context.Context, cl *kgo.Client, rows []Row) (map
 	for i := range rows {
 		row := &rows[i]
 		rec := row.Record(cfg.DecisionsTopic, cfg.DeadLetterTopic)
+		r.sign(rec, row)
 		if row.TraceParent != "" {
 			// The decision carries the trace of the command it answers: with
 			// tracing on, the producer's hooks (tracing.KafkaHooks) make a

@@ -92,6 +92,10 @@ func StartService(ctx context.Context, cfg ServiceConfig, log zerolog.Logger) (s
 		s.Close()
 		return nil, err
 	}
+	if err := s.Control().RegisterSigner(ctx, relay.Signer(), pcfg.Owner); err != nil {
+		s.Close()
+		return nil, err
+	}
 	if err := relay.Start(ctx); err != nil {
 		s.Close()
 		return nil, err
