@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mandated/mandated/admin"
+	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/test/harness"
 	"github.com/mandated/mandated/verify"
@@ -262,5 +263,34 @@ func TestRecoverRederivesEveryKindOfDecisionAndWritesWhatTheLiveDatabaseHolds(t 
 	recovered := rowsOf(t, backup)
 	for _, table := range []string{"mandates", "authorizations", "keys", "intents"} {
 		require.Equal(t, live[table], recovered[table], table)
+	}
+}
+
+// A decision continuing the chain exactly as mandated would have made it —
+// it answers a real input, and re-deciding that input gives it — but
+// unsigned: someone holding mandated's Kafka credential decided in its
+// place (here, a relay publishing without the key). recover refuses it;
+// PostgreSQL is unchanged.
+func TestRecoverRefusesAnUnsignedRecordWithAValidChain(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	a := b.h.Start("a")
+	require.Equal(t, wire.OutcomeGranted, b.h.SendAwait(grant("acme", "m", 3, nil)).Outcome)
+	b.h.Stop(a)
+	backup := copyDatabase(t, b.h.DatabaseURL)
+	a = b.h.Start("b", func(c *processor.ServiceConfig) { c.Relay.Test.Unsigned = true })
+	require.Equal(t, wire.OutcomeReserved, b.h.SendAwait(propose("acme", "m", "k1", 100)).Outcome)
+	b.h.Stop(a)
+	var before string
+	require.NoError(t, backup.QueryRow(context.Background(), `SELECT concat_ws(' ', next_seq, proposals_offset, grants_offset) FROM mandated_partitions`).Scan(&before))
+
+	for _, dry := range []bool{false, true} {
+		res, err := b.recover(t, func(c *verify.RecoverConfig) { c.Pool = backup; c.DryRun = dry })
+		var after string
+		require.NoError(t, backup.QueryRow(context.Background(), `SELECT concat_ws(' ', next_seq, proposals_offset, grants_offset) FROM mandated_partitions`).Scan(&after))
+		require.Equal(t, before, after, "dry run %v: %+v", dry, res[0])
+		require.ErrorIs(t, err, verify.ErrRecordsRefused, "dry run %v", dry)
+		require.Equal(t, verify.RecoveryRefused, res[0].State)
+		require.Contains(t, res[0].Foreign[0].Why, "no mandated-signature header")
 	}
 }
