@@ -125,6 +125,12 @@ type Config struct {
 	// what it signed, so production gives mandated a key file
 	// (--decision-signing-key-file).
 	Signer *wire.RecordSigner
+	// DecisionKeys are the deployment's registered decision keys: the relay's
+	// tail reads check what they read back with them (a record past
+	// PostgreSQL's head signed by a registered key whose signature does not
+	// verify is foreign; signed epoch claims count in the tail's epoch).
+	// Defaults to none: nothing is checked.
+	DecisionKeys wire.DecisionKeyring
 
 	// Test holds knobs for tests only.
 	Test TestConfig

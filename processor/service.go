@@ -83,6 +83,9 @@ func StartService(ctx context.Context, cfg ServiceConfig, log zerolog.Logger) (s
 		rcfg.DeadLetterTopic = pcfg.DeadLetterTopic
 	}
 	rcfg.ProposalsTopic, rcfg.GrantsTopic = pcfg.ProposalsTopic, pcfg.GrantsTopic
+	if rcfg.DecisionKeys == nil {
+		rcfg.DecisionKeys = sink.NewDecisionKeyCache(s.Control().Pool())
+	}
 	if rcfg.DecisionsTopic != pcfg.DecisionsTopic || rcfg.DeadLetterTopic != pcfg.DeadLetterTopic {
 		s.Close()
 		return nil, errors.New("service: the relay and the processor must name the same decisions and dead-letter topics")

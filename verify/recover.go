@@ -239,9 +239,13 @@ func (cfg *RecoverConfig) keysPool() *pgxpool.Pool {
 func recoverPartition(ctx context.Context, cfg RecoverConfig, pool *pgxpool.Pool, p int32) (PartitionRecovery, error) {
 	start := time.Now()
 	rec := PartitionRecovery{Partition: p, Foreign: []outbox.ForeignRecord{}}
+	keys, err := sink.LoadDecisionKeys(ctx, cfg.keysPool())
+	if err != nil {
+		return rec, err
+	}
 	tail, err := outbox.ReadTail(ctx, outbox.TailConfig{KafkaOpts: cfg.KafkaOpts, DecisionsTopic: cfg.DecisionsTopic,
 		DeadLetterTopic: cfg.DeadLetterTopic, Accept: outbox.AnswersUndecided(cfg.ProposalsTopic, cfg.GrantsTopic),
-		SettleTimeout: cfg.SettleTimeout, MaxRead: cmp.Or(cfg.MaxRead, MaxReadDefault)}, p,
+		SettleTimeout: cfg.SettleTimeout, MaxRead: cmp.Or(cfg.MaxRead, MaxReadDefault), Keys: keys}, p,
 		func(ctx context.Context, partition int32, seqs []int64) (outbox.PostgresHead, map[int64]outbox.Row, error) {
 			return outbox.LoadHead(ctx, pool, partition, seqs)
 		})

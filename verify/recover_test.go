@@ -294,7 +294,7 @@ func TestRecoverRebuildsTheLostDecisionsUpToTheFirstRefusedRecord(t *testing.T) 
 	require.Equal(t, wire.OutcomeReserved, b.h.SendAwait(propose("acme", "m", "k2", 100)).Outcome)
 	b.h.Stop(a)
 	genuine := lastOn(b.h, 0)
-	forged := continueChain(t, forger(t, b.h), b.h.Spec.Decisions, genuine, func(d *wire.Decision) {
+	forged := continueChainSigned(t, forger(t, b.h), b.h.Spec.Decisions, genuine, b.h.Signer, func(d *wire.Decision) {
 		d.Source = &wire.Source{Topic: b.h.Spec.Proposals, Partition: 0, Offset: 1 << 62}
 	})
 

@@ -37,61 +37,113 @@ func (b *testBundle) mandateRow(t *testing.T, key string) string {
 	return fmt.Sprintf("mandate %s version %d uses_allowed %d status %s", key, version, allowed, status)
 }
 
+// attackers are who forges: someone holding mandated's Kafka credential
+// alone (the forgery is unsigned), and someone who stole mandated's decision
+// key as well (it is signed: only re-deciding the inputs refuses it).
+var attackers = []struct {
+	name   string
+	signed bool
+	why    string // why the forgery is not applied
+}{
+	{"the Kafka credential alone", false, "not mandated's: no mandated-signature header"},
+	{"the decision key as well", true, ""},
+}
+
+// forgedKey is the key an attacker signs with (nil: none).
+func forgedKey(h *harness.Harness, signed bool) *wire.RecordSigner {
+	if signed {
+		return h.Signer
+	}
+	return nil
+}
+
+// notApplied checks that recover applied nothing of a forgery: the
+// partition is refused (a record past the head it could not believe) or in
+// step (a record that cannot be mandated's is foreign), and the forgery is
+// listed with why.
+func notApplied(t *testing.T, r verify.PartitionRecovery, err error, why string, msg ...any) {
+	t.Helper()
+	require.Contains(t, []string{verify.RecoveryRefused, verify.RecoveryInStep}, r.State, msg...)
+	if r.State == verify.RecoveryRefused {
+		require.ErrorIs(t, err, verify.ErrRecordsRefused, msg...)
+	}
+	require.NotEmpty(t, r.Foreign, msg...)
+	require.Contains(t, r.Foreign[0].Why, why, msg...)
+}
+
 // A forged record at N+1 that continues the chain, with no source (shaped
 // like a deadline's decision) and a widened mandate view: version 99,
-// 1 000 000 uses. recover, dry run or not, refuses it and PostgreSQL is
-// unchanged.
+// 1 000 000 uses. recover, dry run or not, applies none of it: PostgreSQL
+// is unchanged.
 func TestRecoverRefusesASourcelessRecordThatWidensTheMandate(t *testing.T) {
 	t.Parallel()
-	b := setup(t, 1)
-	a := b.h.Start("a")
-	require.Equal(t, wire.OutcomeGranted, b.h.SendAwait(grant("acme", "m", 1, nil)).Outcome)
-	b.h.Stop(a)
-	before, row := b.mandateRow(t, "acme/m"), b.partitionRow(t, 0)
+	for _, att := range attackers {
+		t.Run(att.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, 1)
+			a := b.h.Start("a")
+			require.Equal(t, wire.OutcomeGranted, b.h.SendAwait(grant("acme", "m", 1, nil)).Outcome)
+			b.h.Stop(a)
+			before, row := b.mandateRow(t, "acme/m"), b.partitionRow(t, 0)
 
-	continueChain(t, forger(t, b.h), b.h.Spec.Decisions, lastOn(b.h, 0), func(d *wire.Decision) {
-		d.Source, d.SentAt = nil, nil
-		d.Command, d.Outcome, d.Reason = wire.CommandTimer, wire.OutcomeExpired, wire.ReasonReservationExpired
-		m := *d.Mandate
-		m.Version, m.UsesAllowed = 99, 1_000_000
-		d.Mandate = &m
-	})
-	for _, dry := range []bool{false, true} {
-		res, err := b.recover(t, func(c *verify.RecoverConfig) { c.DryRun = dry })
-		require.Equal(t, before, b.mandateRow(t, "acme/m"), "dry run %v", dry)
-		require.Equal(t, row, b.partitionRow(t, 0), "dry run %v", dry)
-		require.Error(t, err, "dry run %v: %+v", dry, res[0])
-		require.Equal(t, verify.RecoveryRefused, res[0].State, "dry run %v: %+v", dry, res[0])
+			continueChainSigned(t, forger(t, b.h), b.h.Spec.Decisions, lastOn(b.h, 0), forgedKey(b.h, att.signed), func(d *wire.Decision) {
+				d.Source, d.SentAt = nil, nil
+				d.Command, d.Outcome, d.Reason = wire.CommandTimer, wire.OutcomeExpired, wire.ReasonReservationExpired
+				m := *d.Mandate
+				m.Version, m.UsesAllowed = 99, 1_000_000
+				d.Mandate = &m
+			})
+			why := cmpOr(att.why, "no deadline of authorization")
+			for _, dry := range []bool{false, true} {
+				res, err := b.recover(t, func(c *verify.RecoverConfig) { c.DryRun = dry })
+				require.Equal(t, before, b.mandateRow(t, "acme/m"), "dry run %v", dry)
+				require.Equal(t, row, b.partitionRow(t, 0), "dry run %v", dry)
+				notApplied(t, res[0], err, why, "dry run %v: %+v", dry, res[0])
+			}
+		})
 	}
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
 }
 
 // A grantor key signs a revoke, sent and not decided yet. A forged
 // `rejected` decision answering the revoke's offset would move the grants
-// offset past it: the revoke would never be decided. recover refuses it.
+// offset past it: the revoke would never be decided. recover applies none
+// of it.
 func TestRecoverRefusesARejectionThatSkipsASignedRevoke(t *testing.T) {
 	t.Parallel()
-	b := setup(t, 1)
-	ctx := context.Background()
-	pub, priv, err := ed25519.GenerateKey(nil)
-	require.NoError(t, err)
-	a := b.h.Start("a")
-	require.NoError(t, admin.AddGrantorKey(ctx, b.pool, sink.GrantorKey{Org: "acme", KeyID: "g1", PublicKey: pub, ValidFrom: time.Now().Add(-time.Hour)}))
-	require.Equal(t, wire.OutcomeGranted, b.h.SendAwait(grant("acme", "m", 1, nil)).Outcome)
-	b.h.Stop(a)
-	revoke := sendSignedGrant(t, b.h, map[string]any{"type": "revoke", "org": "acme", "mandate_id": "m", "reason": "fraud"}, "g1", priv)
-	before, row := b.mandateRow(t, "acme/m"), b.partitionRow(t, 0)
+	for _, att := range attackers {
+		t.Run(att.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, 1)
+			ctx := context.Background()
+			pub, priv, err := ed25519.GenerateKey(nil)
+			require.NoError(t, err)
+			a := b.h.Start("a")
+			require.NoError(t, admin.AddGrantorKey(ctx, b.pool, sink.GrantorKey{Org: "acme", KeyID: "g1", PublicKey: pub, ValidFrom: time.Now().Add(-time.Hour)}))
+			require.Equal(t, wire.OutcomeGranted, b.h.SendAwait(grant("acme", "m", 1, nil)).Outcome)
+			b.h.Stop(a)
+			revoke := sendSignedGrant(t, b.h, map[string]any{"type": "revoke", "org": "acme", "mandate_id": "m", "reason": "fraud"}, "g1", priv)
+			before, row := b.mandateRow(t, "acme/m"), b.partitionRow(t, 0)
 
-	continueChain(t, forger(t, b.h), b.h.Spec.Decisions, lastOn(b.h, 0), func(d *wire.Decision) {
-		d.Source = &wire.Source{Topic: b.h.Spec.Grants, Partition: 0, Offset: revoke.Offset}
-		d.Command, d.Outcome, d.Reason, d.Detail = "revoke", wire.OutcomeRejected, wire.ReasonFieldInvalid, "forged"
-		d.Mandate, d.Authorization, d.SignedBy = nil, nil, ""
-	})
-	for _, dry := range []bool{false, true} {
-		res, err := b.recover(t, func(c *verify.RecoverConfig) { c.DryRun = dry })
-		require.Equal(t, row, b.partitionRow(t, 0), "dry run %v: the grants offset stays below the revoke", dry)
-		require.Equal(t, before, b.mandateRow(t, "acme/m"), "dry run %v", dry)
-		require.Error(t, err, "dry run %v: %+v", dry, res[0])
-		require.Equal(t, verify.RecoveryRefused, res[0].State, "dry run %v: %+v", dry, res[0])
+			continueChainSigned(t, forger(t, b.h), b.h.Spec.Decisions, lastOn(b.h, 0), forgedKey(b.h, att.signed), func(d *wire.Decision) {
+				d.Source = &wire.Source{Topic: b.h.Spec.Grants, Partition: 0, Offset: revoke.Offset}
+				d.Command, d.Outcome, d.Reason, d.Detail = "revoke", wire.OutcomeRejected, wire.ReasonFieldInvalid, "forged"
+				d.Mandate, d.Authorization, d.SignedBy = nil, nil, ""
+			})
+			why := cmpOr(att.why, "gives another decision: revoked (no reason), the record says rejected field_invalid")
+			for _, dry := range []bool{false, true} {
+				res, err := b.recover(t, func(c *verify.RecoverConfig) { c.DryRun = dry })
+				require.Equal(t, row, b.partitionRow(t, 0), "dry run %v: the grants offset stays below the revoke", dry)
+				require.Equal(t, before, b.mandateRow(t, "acme/m"), "dry run %v", dry)
+				notApplied(t, res[0], err, why, "dry run %v: %+v", dry, res[0])
+			}
+		})
 	}
 }
 
@@ -109,41 +161,50 @@ func sendSignedGrant(t *testing.T, h *harness.Harness, cmd map[string]any, keyID
 
 // A database restored from a backup lost two decisions, and a record that
 // continues the chain after them carries epoch 2^62 (or the largest
-// int64). recover rebuilds the two, refuses the forgery, and its epoch is
-// never taken: the recovery takes one above the believed records' only,
-// and a second run finds the partition in step.
+// int64). recover rebuilds the two, applies none of the forgery, and its
+// epoch is never taken: the recovery takes one above the believed records'
+// only, and a second run neither fails nor applies it.
 func TestARefusedRecordsEpochIsNeverTaken(t *testing.T) {
 	t.Parallel()
-	for _, forged := range []int64{1 << 62, math.MaxInt64} {
-		t.Run(fmt.Sprint(forged), func(t *testing.T) {
-			t.Parallel()
-			b := setup(t, 1)
-			a := b.h.Start("a")
-			require.Equal(t, wire.OutcomeGranted, b.h.SendAwait(grant("acme", "m", 3, nil)).Outcome)
-			b.h.Stop(a)
-			backup := copyDatabase(t, b.h.DatabaseURL)
-			a = b.h.Start("b")
-			require.Equal(t, wire.OutcomeReserved, b.h.SendAwait(propose("acme", "m", "k1", 100)).Outcome)
-			require.Equal(t, wire.OutcomeReserved, b.h.SendAwait(propose("acme", "m", "k2", 100)).Outcome)
-			b.h.Stop(a)
-			genuine := lastOn(b.h, 0)
-			continueChain(t, forger(t, b.h), b.h.Spec.Decisions, genuine, func(d *wire.Decision) {
-				d.Source = &wire.Source{Topic: b.h.Spec.Proposals, Partition: 0, Offset: 1 << 40}
-				d.Epoch = forged
-			})
-			for run := range 2 {
-				res, err := b.recover(t, func(c *verify.RecoverConfig) { c.Pool = backup })
-				require.ErrorIs(t, err, verify.ErrRecordsRefused, "run %d: %+v", run, res[0])
-				t.Logf("run %d: %v", run, err)
-				if run == 0 {
-					require.Equal(t, verify.RecoveryRecovered, res[0].State, "%+v", res[0])
-					require.Equal(t, genuine.Seq, res[0].To)
-					require.Less(t, res[0].Epoch, int64(1<<40), "the recovery's epoch: %d", res[0].Epoch)
-				} else {
-					require.Equal(t, verify.RecoveryRefused, res[0].State, "run %d: %+v", run, res[0])
+	for _, att := range attackers {
+		for _, forged := range []int64{1 << 62, math.MaxInt64} {
+			t.Run(fmt.Sprint(att.name, "/", forged), func(t *testing.T) {
+				t.Parallel()
+				b := setup(t, 1)
+				a := b.h.Start("a")
+				require.Equal(t, wire.OutcomeGranted, b.h.SendAwait(grant("acme", "m", 3, nil)).Outcome)
+				b.h.Stop(a)
+				backup := copyDatabase(t, b.h.DatabaseURL)
+				a = b.h.Start("b")
+				require.Equal(t, wire.OutcomeReserved, b.h.SendAwait(propose("acme", "m", "k1", 100)).Outcome)
+				require.Equal(t, wire.OutcomeReserved, b.h.SendAwait(propose("acme", "m", "k2", 100)).Outcome)
+				b.h.Stop(a)
+				genuine := lastOn(b.h, 0)
+				continueChainSigned(t, forger(t, b.h), b.h.Spec.Decisions, genuine, forgedKey(b.h, att.signed), func(d *wire.Decision) {
+					d.Source = &wire.Source{Topic: b.h.Spec.Proposals, Partition: 0, Offset: 1 << 40}
+					d.Epoch = forged
+				})
+				why := cmpOr(att.why, "at or past the last stable offset")
+				for run := range 2 {
+					res, err := b.recover(t, func(c *verify.RecoverConfig) { c.Pool = backup })
+					t.Logf("run %d: %+v: %v", run, res[0], err)
+					require.NotEmpty(t, res[0].Foreign, "run %d", run)
+					require.Contains(t, res[0].Foreign[0].Why, why, "run %d", run)
+					if att.signed {
+						require.ErrorIs(t, err, verify.ErrRecordsRefused, "run %d", run)
+					} else {
+						require.NoError(t, err, "run %d", run)
+					}
+					if run == 0 {
+						require.Equal(t, verify.RecoveryRecovered, res[0].State, "%+v", res[0])
+						require.Equal(t, genuine.Seq, res[0].To)
+						require.Less(t, res[0].Epoch, int64(1<<40), "the recovery's epoch: %d", res[0].Epoch)
+					} else {
+						notApplied(t, res[0], err, why, "run %d: %+v", run, res[0])
+					}
 				}
-			}
-		})
+			})
+		}
 	}
 }
 
@@ -289,8 +350,6 @@ func TestRecoverRefusesAnUnsignedRecordWithAValidChain(t *testing.T) {
 		var after string
 		require.NoError(t, backup.QueryRow(context.Background(), `SELECT concat_ws(' ', next_seq, proposals_offset, grants_offset) FROM mandated_partitions`).Scan(&after))
 		require.Equal(t, before, after, "dry run %v: %+v", dry, res[0])
-		require.ErrorIs(t, err, verify.ErrRecordsRefused, "dry run %v", dry)
-		require.Equal(t, verify.RecoveryRefused, res[0].State)
-		require.Contains(t, res[0].Foreign[0].Why, "no mandated-signature header")
+		notApplied(t, res[0], err, "no mandated-signature header", "dry run %v: %+v", dry, res[0])
 	}
 }

@@ -176,14 +176,28 @@ func (ks DecisionKeys) DecisionKey(keyID string) (DecisionKey, bool) {
 var ErrUnverified = errors.New("wire: not signed by a key of the deployment")
 
 // UnverifiedError is ErrUnverified with why.
-type UnverifiedError struct{ Why string }
+type UnverifiedError struct {
+	Kind Unverified
+	Why  string
+}
+
+// Unverified says what kind of check a signature failed.
+type Unverified int8
+
+const (
+	UnverifiedMalformed    Unverified = iota // no chain hash to check, or a header that does not parse
+	UnverifiedNoHeader                       // no mandated-signature header
+	UnverifiedUnknownKey                     // a key id no registered key has (a key a restored database lost, or none)
+	UnverifiedBadSignature                   // a registered key's id, a signature that key did not make
+	UnverifiedKeyNotValid                    // a registered key, revoked or outside its window at the record's time
+)
 
 func (e *UnverifiedError) Error() string { return ErrUnverified.Error() + ": " + e.Why }
 
 func (e *UnverifiedError) Unwrap() error { return ErrUnverified }
 
-func unverified(format string, args ...any) error {
-	return &UnverifiedError{Why: fmt.Sprintf(format, args...)}
+func unverified(kind Unverified, format string, args ...any) error {
+	return &UnverifiedError{Kind: kind, Why: fmt.Sprintf(format, args...)}
 }
 
 // VerifyRecordSignature checks a record's mandated-signature header (nil
@@ -202,24 +216,24 @@ func VerifyEpochClaim(ring DecisionKeyring, header []byte, topic string, partiti
 
 func verifyHeader(ring DecisionKeyring, header, msg []byte, at time.Time) (string, error) {
 	if header == nil {
-		return "", unverified("no %s header", HeaderSignature)
+		return "", unverified(UnverifiedNoHeader, "no %s header", HeaderSignature)
 	}
 	if ring == nil {
-		return "", unverified("no decision keys to check it with")
+		return "", unverified(UnverifiedUnknownKey, "no decision keys to check it with")
 	}
 	rs, err := ParseRecordSignature(header)
 	if err != nil {
-		return "", unverified("%v", err)
+		return "", unverified(UnverifiedMalformed, "%v", err)
 	}
 	k, ok := ring.DecisionKey(rs.KeyID)
 	if !ok {
-		return rs.KeyID, unverified("decision key %s is not registered (mandatectl decision-keys list)", rs.KeyID)
+		return rs.KeyID, unverified(UnverifiedUnknownKey, "decision key %s is not registered (mandatectl decision-keys list)", rs.KeyID)
 	}
 	if len(k.PublicKey) != ed25519.PublicKeySize || !ed25519.Verify(k.PublicKey, msg, rs.Sig) {
-		return rs.KeyID, unverified("the signature by decision key %s does not verify", rs.KeyID)
+		return rs.KeyID, unverified(UnverifiedBadSignature, "the signature by decision key %s does not verify", rs.KeyID)
 	}
 	if why := k.validAt(at); why != "" {
-		return rs.KeyID, unverified("%s", why)
+		return rs.KeyID, unverified(UnverifiedKeyNotValid, "%s", why)
 	}
 	return rs.KeyID, nil
 }
