@@ -49,6 +49,10 @@ type RecoverConfig struct {
 	// Pool holds every partition.
 	ShardMap   *shardmap.Map
 	ShardPools []*pgxpool.Pool
+	// KeysPool reaches the control shard's database, where the decision
+	// keys, the grantor keys and the org settings live. Defaults to Pool,
+	// or with ShardMap to its control shard's pool.
+	KeysPool *pgxpool.Pool
 	// The four topics. Required.
 	DecisionsTopic, DeadLetterTopic, ProposalsTopic, GrantsTopic string
 	// Partitions to recover. Defaults to every partition of the decisions
@@ -230,6 +234,9 @@ func (rec *PartitionRecovery) foreign(fs ...outbox.ForeignRecord) {
 
 // keysPool is where the grantor keys live: the control shard's database.
 func (cfg *RecoverConfig) keysPool() *pgxpool.Pool {
+	if cfg.KeysPool != nil {
+		return cfg.KeysPool
+	}
 	if cfg.ShardMap != nil {
 		return cfg.ShardPools[cfg.ShardMap.Control()]
 	}
