@@ -64,8 +64,10 @@ func (r *Relay) RecordEpoch(ctx context.Context, partition int32, epoch int64) e
 		context.AfterFunc(runCtx, func() {
 			w.mu.Lock()
 			defer w.mu.Unlock()
-			w.cl.Close()
-			w.cl = nil
+			cl.Close()
+			if w.cl == cl {
+				w.cl = nil
+			}
 		})
 	}
 	rec := EpochClaimRecord(r.cfg.DecisionsTopic, partition, epoch, r.cfg.Signer, time.Now())
