@@ -186,8 +186,8 @@ type PartitionReport struct {
 	// the partition's first signed one (published before decision
 	// signatures); one after a signed one is a break.
 	Unsigned int64 `json:"unsigned"`
-	Complete    bool       `json:"complete"`  // the history read starts at sequence 1
-	Mandates    int        `json:"mandates"`
+	Complete bool  `json:"complete"` // the history read starts at sequence 1
+	Mandates int   `json:"mandates"`
 }
 
 // Report is a run's result.
