@@ -484,7 +484,14 @@ func TestGatewayTokensActForTheirOrgOnlyAndNeverForTheControlPlane(t *testing.T)
 		problem(t, http.StatusForbidden, gateway.ReasonControlPlane)
 	// Without a token, with a made-up one, or with a revoked one: 401.
 	b.do(t, req{method: "GET", path: authPath, invalid: true}).problem(t, http.StatusUnauthorized, gateway.ReasonUnauthenticated)
-	b.do(t, req{method: "GET", path: authPath, token: "mgw_aaaaaaaaaaaaaaaa_bbbb"}).problem(t, http.StatusUnauthorized, gateway.ReasonUnauthenticated)
+	p := b.do(t, req{method: "GET", path: authPath, token: "mgw_aaaaaaaaaaaaaaaa_bbbb"}).problem(t, http.StatusUnauthorized, gateway.ReasonUnauthenticated)
+	require.Equal(t, "the bearer token is unknown or revoked", p["detail"])
+	// An operator token is the console's: the API says so, as the console
+	// says of an API token.
+	_, operator, err := gateway.CreateOperatorToken(context.Background(), b.rw, "ops")
+	require.NoError(t, err)
+	p = b.do(t, req{method: "GET", path: authPath, token: operator}).problem(t, http.StatusUnauthorized, gateway.ReasonUnauthenticated)
+	require.Contains(t, p["detail"], "that is an operator token: it signs in to the console only")
 	ts, err := gateway.ListTokens(context.Background(), b.rw, "globex")
 	require.NoError(t, err)
 	require.Len(t, ts, 1)

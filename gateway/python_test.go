@@ -49,6 +49,7 @@ func TestPythonPackage(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	venv := installPythonPackage(ctx, t, py, pkgDir)
+	lintPythonPackage(ctx, t, venv, pkgDir)
 
 	b := setup(t, options{startProcessor: true})
 	other := b.tokens["globex"]
@@ -69,6 +70,42 @@ func TestPythonPackage(t *testing.T) {
 	require.Greater(t, proxy.count(), 40, "the suite talked to the gateway")
 }
 
+// The linters' versions, pinned: a new release's new rules are a change of
+// their own.
+const (
+	ruffVersion = "0.17.6"
+	mypyVersion = "2.4.1"
+)
+
+// lintPythonPackage installs ruff and mypy from PyPI into the test's virtual
+// environment (through pip's cache) and runs them as clients/python's
+// pyproject.toml configures them: `ruff check` over the package, its tests
+// and the LangGraph example; `mypy --strict` over the package.
+func lintPythonPackage(ctx context.Context, t *testing.T, venv, pkgDir string) {
+	t.Helper()
+	run := func(dir, name string, args ...string) {
+		cmd := exec.CommandContext(ctx, name, args...)
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), "PIP_DISABLE_PIP_VERSION_CHECK=1", "PYTHONDONTWRITEBYTECODE=1",
+			"PIP_CACHE_DIR="+pipCache(), "RUFF_NO_CACHE=true", "MYPY_CACHE_DIR="+t.TempDir())
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s %s:\n%s", name, strings.Join(args, " "), out)
+	}
+	run(pkgDir, venv, "-m", "pip", "install", "--quiet", "ruff=="+ruffVersion, "mypy=="+mypyVersion)
+	examples := filepath.Join(pkgDir, "..", "..", "examples")
+	run(pkgDir, venv, "-m", "ruff", "check", "--no-cache", "--config", "pyproject.toml", "src", "tests",
+		filepath.Join(examples, "langgraph-approval"), filepath.Join(examples, "langgraph_quickstart.py"))
+	run(pkgDir, venv, "-m", "mypy", "--strict")
+}
+
+func pipCache() string {
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		cache = os.TempDir()
+	}
+	return filepath.Join(cache, "mandated-pip")
+}
+
 // installPythonPackage makes a virtual environment (seeing the system's
 // site-packages, for pytest) and pip-installs a copy of the package into it;
 // it returns the environment's python.
@@ -78,7 +115,8 @@ func installPythonPackage(ctx context.Context, t *testing.T, py, pkgDir string) 
 	src := filepath.Join(dir, "src")
 	require.NoError(t, copyTree(pkgDir, src, func(rel string) bool {
 		base := filepath.Base(rel)
-		return base == "__pycache__" || base == "build" || strings.HasSuffix(base, ".egg-info") || base == ".pytest_cache"
+		return base == "__pycache__" || base == "build" || strings.HasSuffix(base, ".egg-info") ||
+			strings.HasPrefix(base, ".venv") || strings.HasSuffix(base, "_cache") // a developer's venvs and caches
 	}))
 	run := func(name string, args ...string) {
 		cmd := exec.CommandContext(ctx, name, args...)

@@ -74,6 +74,7 @@ func New(cfg Config, cl *client.Client, db *pgxpool.Pool, reg prometheus.Registe
 		metrics: newMetrics(reg), mux: http.NewServeMux(), inFlight: map[string]int{}}
 	const base = "/v1/orgs/{org}/mandates/{mandate}"
 	s.route("POST "+base+"/proposals", "propose", s.command(wire.CmdPropose))
+	s.route("POST "+base+"/records", "record", s.command(wire.CmdRecord))
 	s.route("GET "+base+"/proposals/{key}", "proposal_status", s.proposalStatus)
 	s.route("GET "+base+"/requests/{request}", "request_status", s.requestStatus)
 	s.route("GET "+base+"/authorizations/{authorization}", "authorization_status", s.authorizationStatus)
@@ -260,7 +261,12 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (Token, bo
 	case errors.Is(err, ErrTokenInvalid):
 		s.metrics.authFailures.WithLabelValues("invalid").Inc()
 		w.Header().Set("WWW-Authenticate", `Bearer realm="mandated", error="invalid_token"`)
-		writeProblem(w, r, http.StatusUnauthorized, ReasonUnauthenticated, "the bearer token is unknown or revoked", nil)
+		detail := "the bearer token is unknown or revoked"
+		if strings.HasPrefix(strings.TrimSpace(token), operatorTokenPrefix) {
+			// As the console says of an API token, the other way round.
+			detail = "that is an operator token: it signs in to the console only; the API takes an org's API token (mandatectl tokens create ORG)"
+		}
+		writeProblem(w, r, http.StatusUnauthorized, ReasonUnauthenticated, detail, nil)
 		return Token{}, false
 	case err != nil:
 		w.Header().Set("Retry-After", "1")

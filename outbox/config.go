@@ -13,8 +13,8 @@ import (
 
 // Defaults for Config.
 const (
-	DecisionsTopicDefault     = "mandate.decisions"
-	DeadLetterTopicDefault    = "mandate.deadletter"
+	DecisionsTopicDefault     = wire.DecisionsTopic
+	DeadLetterTopicDefault    = wire.DeadLetterTopic
 	TransactionalIDDefault    = "mandated-relay"
 	MaxRowsDefault            = 2000
 	IdlePollDefault           = time.Second

@@ -20,14 +20,23 @@ import (
 // never replaces what it holds).
 
 // AddCommand adds what deciding c at now needs, as a batch loads it: its
-// mandate, its idempotency key and intent, the authorization it names (or
-// every reserved and in-doubt one of a mandate it revokes), and, for a
-// proposal without an intent of an org with a possible-replay window
-// (replay), the mandate's recent committed and executing authorizations.
+// mandate, its idempotency key and intent (a record's intent alone), the
+// authorization it names (or every reserved and in-doubt one of a mandate
+// it revokes), and, for a proposal without an intent of an org with a
+// possible-replay window (replay), the mandate's recent committed and
+// executing authorizations.
 func (n *Needs) AddCommand(c *wire.Command, replay lifecycle.ReplaySetting, now time.Time) {
 	n.Mandates[c.Key] = struct{}{}
 	if scope, ok := lifecycle.ScopeOf(c); ok {
 		n.Idem[scope] = struct{}{}
+	}
+	if c.Type == wire.CmdRecord {
+		// A recorded read (issue 42 item 4): its intent, whose recorded
+		// authorization the load joins in; it names no authorization.
+		if scope, ok := lifecycle.IntentScopeOf(c); ok {
+			n.Intents[scope] = struct{}{}
+		}
+		return
 	}
 	if c.Type == wire.CmdPropose {
 		if scope, ok := lifecycle.IntentScopeOf(c); ok {

@@ -3,6 +3,7 @@ package langgraphapproval_test
 import (
 	"context"
 	"encoding/json"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -54,37 +55,96 @@ func TestLangGraphApprovalResumedConcurrentlyRefundsOnceOnlyWhenGuarded(t *testi
 	pkgDir := filepath.Join(here, "..", "..", "clients", "python")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
-	defer cancel()
-	venv := installWithLangGraph(ctx, t, py, pkgDir)
-
+	t.Cleanup(cancel) // after the parallel subtests, not when this function returns
 	st := startStack(t)
-	cmd := exec.CommandContext(ctx, venv, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-s", "-rfEs", here)
-	cmd.Dir = here
-	cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1",
+	env := append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1",
 		"MANDATED_GATEWAY_URL="+st.base, "MANDATED_GATEWAY_TOKEN="+st.token, "MANDATED_GATEWAY_ORG=acme",
 		"MANDATED_TEST_CONTROL_URL="+st.control,
 		"MANDATED_OPERATOR_TOKEN="+st.operatorToken, "LANGGRAPH_TEST_DSN="+st.langgraphDSN)
+	k := os.Getenv("MANDATED_TEST_PYTEST_K") // a developer's subset: `MANDATED_TEST_PYTEST_K=intent go test ...`
+
+	// The pinned langgraph (the [langgraph] extra) runs the whole suite; the
+	// previous minor runs the intent model's tests (test_facts.py: the facts
+	// against LangGraph alone; test_intents.py: through the gateway), side by
+	// side on the same stack.
+	t.Run("pinned", func(t *testing.T) {
+		t.Parallel()
+		venv := installWithLangGraph(ctx, t, py, pkgDir, nil)
+		runPytest(ctx, t, venv, here, env, k, here)
+	})
+	t.Run("langgraph "+previousLangGraph, func(t *testing.T) {
+		t.Parallel()
+		if k != "" {
+			t.Skip("MANDATED_TEST_PYTEST_K: the pinned langgraph only")
+		}
+		venv := installWithLangGraph(ctx, t, py, pkgDir, previousLangGraphPackages)
+		runPytest(ctx, t, venv, here, env, "", filepath.Join(here, "test_facts.py"), filepath.Join(here, "test_intents.py"))
+	})
+}
+
+// The previous minor of langgraph, whose intent-model tests run beside the
+// pinned one's (clients/python/pyproject.toml pins the current one).
+const previousLangGraph = "1.1.10"
+
+var previousLangGraphPackages = []string{"langgraph==" + previousLangGraph, "langgraph-checkpoint-postgres==3.2.0",
+	"psycopg[binary]>=3.3,<3.4", "psycopg-pool>=3.2,<4"}
+
+// runPytest runs pytest on paths in the example's directory and requires every
+// test to pass (none skipped); it logs the figures the suite prints.
+func runPytest(ctx context.Context, t *testing.T, venv, here string, env []string, k string, paths ...string) {
+	t.Helper()
+	args := append([]string{"-m", "pytest", "-p", "no:cacheprovider", "-q", "-s", "-rfEs"}, paths...)
+	if k != "" {
+		args = append(args, "-k", k)
+	}
+	cmd := exec.CommandContext(ctx, venv, args...)
+	cmd.Dir = here
+	cmd.Env = env
 	out, err := cmd.CombinedOutput()
 	t.Logf("pytest:\n%s", out)
-	for _, line := range regexp.MustCompile(`(?m)^(EXPERIMENT|LATENCY) .*$`).FindAllString(string(out), -1) {
+	for _, line := range regexp.MustCompile(`(?m)^(EXPERIMENT|LATENCY|INTENT|ASYNC|INPROGRESS|RECORDED) .*$`).FindAllString(string(out), -1) {
 		t.Log(line)
 	}
 	require.NoError(t, err, "pytest failed")
-	require.Regexp(t, `(?m)^\d+ passed in `, lastLine(string(out)), "every test passed and none was skipped")
+	summary := `(?m)^\d+ passed in `
+	if k != "" {
+		summary = `(?m)^\d+ passed(, \d+ deselected)? in `
+	}
+	require.Regexp(t, summary, lastLine(string(out)), "every test passed and none was skipped")
 }
 
 // installWithLangGraph makes a virtual environment (seeing the system's
 // site-packages, for pytest) and pip-installs a copy of clients/python with
 // its [langgraph] extra (the pinned packages from PyPI, through pip's cache
-// so a second run downloads nothing); it returns the environment's python.
-func installWithLangGraph(ctx context.Context, t *testing.T, py, pkgDir string) string {
+// so a second run downloads nothing) or, when packages are given, without
+// the extra and with those; it returns the environment's python.
+func installWithLangGraph(ctx context.Context, t *testing.T, py, pkgDir string, packages []string) string {
 	t.Helper()
 	dir := t.TempDir()
 	src := filepath.Join(dir, "src")
-	require.NoError(t, os.CopyFS(src, os.DirFS(pkgDir)))
-	for _, junk := range []string{"build", ".pytest_cache"} {
-		require.NoError(t, os.RemoveAll(filepath.Join(src, junk)))
-	}
+	// A copy of the package without a developer's venvs, caches and builds.
+	require.NoError(t, filepath.WalkDir(pkgDir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(pkgDir, path)
+		base := d.Name()
+		if rel != "." && (base == "build" || base == "__pycache__" || strings.HasPrefix(base, ".venv") ||
+			strings.HasSuffix(base, "_cache") || strings.HasSuffix(base, ".egg-info")) {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if d.IsDir() {
+			return os.MkdirAll(filepath.Join(src, rel), 0o755)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(src, rel), b, 0o644)
+	}))
 	cache, err := os.UserCacheDir()
 	if err != nil {
 		cache = os.TempDir()
@@ -100,8 +160,12 @@ func installWithLangGraph(ctx context.Context, t *testing.T, py, pkgDir string) 
 	venv := filepath.Join(dir, "venv", "bin", "python")
 	run(venv, "-c", "import pytest") // pytest comes from the system (run-tests.sh installs it when missing)
 	start := time.Now()
-	run(venv, "-m", "pip", "install", "--quiet", src+"[langgraph]")
-	t.Logf("pip install clients/python[langgraph]: %s", time.Since(start).Round(time.Millisecond))
+	if packages == nil {
+		run(venv, "-m", "pip", "install", "--quiet", src+"[langgraph]")
+	} else {
+		run(venv, append([]string{"-m", "pip", "install", "--quiet", src}, packages...)...)
+	}
+	t.Logf("pip install clients/python %v: %s", packages, time.Since(start).Round(time.Millisecond))
 	return venv
 }
 

@@ -1,7 +1,7 @@
 """One resumer as a process: resumes a paused refund thread with
 Command(resume="approve") and prints one JSON line with what it saw.
 
-    python resume.py --dsn DSN --thread T --mandate M [--guarded] [--barrier NAME:N] [--hang]
+    python resume.py --dsn DSN --thread T --mandate M [--guarded] [--barrier NAME:N] [--hang] [--aio]
 
 --guarded takes the gateway from MANDATED_GATEWAY_URL, MANDATED_GATEWAY_TOKEN
 and MANDATED_GATEWAY_ORG. --hang blocks forever inside the effect, after the
@@ -9,18 +9,21 @@ provider wrote its ledger row and before the commit (for kill -9).
 """
 
 import argparse
+import asyncio
 import json
 import os
 import sys
 import threading
 
+from approval import Barrier, Provider, build_async_graph, build_graph
 from langgraph.checkpoint.postgres import PostgresSaver
+from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.types import Command
 
 import mandated
+import mandated.aio
+from mandated.aio.langgraph import Guard as AsyncGuard
 from mandated.langgraph import Guard
-
-from approval import Barrier, Provider, build_graph
 
 
 def main() -> int:
@@ -31,7 +34,10 @@ def main() -> int:
     p.add_argument("--guarded", action="store_true")
     p.add_argument("--barrier", default="")
     p.add_argument("--hang", action="store_true")
+    p.add_argument("--aio", action="store_true", help="ainvoke with the async guard and AsyncPostgresSaver")
     a = p.parse_args()
+    if a.aio:
+        return asyncio.run(resume_async(a))
     guard = None
     if a.guarded:
         gw = mandated.Client(os.environ["MANDATED_GATEWAY_URL"], os.environ["MANDATED_GATEWAY_TOKEN"],
@@ -52,6 +58,21 @@ def main() -> int:
         graph = build_graph(saver, provider, guard, barrier, on_effect)
         try:
             out = graph.invoke(Command(resume="approve"), {"configurable": {"thread_id": a.thread}})
+        except mandated.MandatedError as err:
+            print(json.dumps({"error": type(err).__name__, "message": str(err)}), flush=True)
+            return 3
+    print(json.dumps({"status": out.get("status"), "refund": out.get("refund")}), flush=True)
+    return 0
+
+
+async def resume_async(a: argparse.Namespace) -> int:
+    gw = mandated.aio.Client(os.environ["MANDATED_GATEWAY_URL"], os.environ["MANDATED_GATEWAY_TOKEN"],
+                             os.environ["MANDATED_GATEWAY_ORG"], timeout=60)
+    guard = AsyncGuard(gw, a.mandate, operation="payment.refund")
+    async with AsyncPostgresSaver.from_conn_string(a.dsn) as saver:
+        graph = build_async_graph(saver, Provider(a.dsn), guard)
+        try:
+            out = await graph.ainvoke(Command(resume="approve"), {"configurable": {"thread_id": a.thread}})
         except mandated.MandatedError as err:
             print(json.dumps({"error": type(err).__name__, "message": str(err)}), flush=True)
             return 3

@@ -1,13 +1,6 @@
 """The seed's experiment, both ways, against a real gateway, processor,
-Kafka and PostgreSQL (run by `go test ./examples/langgraph-approval/`,
-which sets):
-
-  MANDATED_GATEWAY_URL, MANDATED_GATEWAY_TOKEN, MANDATED_GATEWAY_ORG
-  MANDATED_TEST_CONTROL_URL  POST {"mandate_id", "uses", "execution_timeout_seconds"} grants
-                             (operation payment.refund, at most 200.00 EUR)
-  LANGGRAPH_TEST_DSN         a PostgreSQL database of its own: the checkpointer and the ledger
-  MANDATED_OPERATOR_TOKEN    an operator token of the console (/console on the gateway)
-"""
+Kafka and PostgreSQL (run by `go test ./examples/langgraph-approval/`; the
+variables it sets are in conftest.py)."""
 
 import json
 import os
@@ -20,66 +13,16 @@ import urllib.request
 import uuid
 
 import pytest
+from approval import Barrier, Provider, build_graph, env
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.types import Command
 
 import mandated
+from conftest import RecordingGuard
 from mandated.langgraph import Guard
-
-from approval import Barrier, Provider, build_graph
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 N = 8
-
-
-def _env(name):
-    v = os.environ.get(name)
-    if not v:
-        pytest.fail(f"{name} is not set: run through `go test ./examples/langgraph-approval/`")
-    return v
-
-
-@pytest.fixture(scope="session")
-def dsn():
-    d = _env("LANGGRAPH_TEST_DSN")
-    with PostgresSaver.from_conn_string(d) as saver:
-        saver.setup()
-    Provider(d).setup()
-    return d
-
-
-@pytest.fixture(scope="session")
-def gw():
-    return mandated.Client(_env("MANDATED_GATEWAY_URL"), _env("MANDATED_GATEWAY_TOKEN"), _env("MANDATED_GATEWAY_ORG"),
-                           timeout=60)
-
-
-@pytest.fixture
-def grant():
-    def make(uses=1, mandate_id=None, **terms):
-        mandate_id = mandate_id or "lg-" + uuid.uuid4().hex[:12]
-        body = json.dumps(dict(terms, mandate_id=mandate_id, uses=uses)).encode()
-        req = urllib.request.Request(_env("MANDATED_TEST_CONTROL_URL"), data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            assert json.loads(resp.read())["outcome"] == "granted"
-        return mandate_id
-
-    return make
-
-
-class RecordingGuard(Guard):
-    """The guard, keeping every proposal's decision it received."""
-
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.decisions, self._lock = [], threading.Lock()
-
-    def propose(self, **kw):
-        d, facts = super().propose(**kw)
-        with self._lock:
-            self.decisions.append(d)
-        return d, facts
 
 
 def paused_thread(dsn, amount=15000):
@@ -264,9 +207,9 @@ def test_a_resumer_killed_between_begin_and_commit_leaves_it_in_doubt_and_a_late
         dsn, gw, grant):
     m = grant(uses=1, execution_timeout_seconds=2)
     thread, _ = paused_thread(dsn)
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    penv = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
     p = subprocess.Popen([sys.executable, os.path.join(HERE, "resume.py"), "--dsn", dsn, "--thread", thread,
-                          "--guarded", "--mandate", m, "--hang"], cwd=HERE, env=env,
+                          "--guarded", "--mandate", m, "--hang"], cwd=HERE, env=penv,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = p.stdout.readline()
@@ -292,11 +235,46 @@ def test_a_resumer_killed_between_begin_and_commit_leaves_it_in_doubt_and_a_late
     assert Provider(dsn).effects("hang-" + thread) == 1, "the killed resumer's effect, once"
     assert gw.status(approval)["state"] == "in_doubt"
     # The operators' console lists it in its in-doubt queue, for a person to reconcile.
-    req = urllib.request.Request(_env("MANDATED_GATEWAY_URL") + "/console/?org=" + gw.org,
-                                 headers={"Authorization": "Bearer " + _env("MANDATED_OPERATOR_TOKEN")})
+    req = urllib.request.Request(env("MANDATED_GATEWAY_URL") + "/console/?org=" + gw.org,
+                                 headers={"Authorization": "Bearer " + env("MANDATED_OPERATOR_TOKEN")})
     with urllib.request.urlopen(req, timeout=30) as resp:
         page = resp.read().decode("utf-8")
     assert au in page and m in page, "the in-doubt authorization is in the console's queue"
+
+
+def test_a_resume_while_a_killed_winner_is_still_executing_answers_in_progress_within_the_loser_wait(dsn, gw, grant):
+    """Issue 39 item 8: a resumer killed between begin and commit, and a
+    resume at once, long before the execution timeout (120 s): within the
+    loser wait (5 s by default), not the client's timeout (60 s), it is told
+    the execution is in progress elsewhere — who, since when, reconcilable
+    when — and never runs the refund."""
+    m = grant(uses=1, execution_timeout_seconds=120)
+    thread, _ = paused_thread(dsn)
+    penv = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    p = subprocess.Popen([sys.executable, os.path.join(HERE, "resume.py"), "--dsn", dsn, "--thread", thread,
+                          "--guarded", "--mandate", m, "--hang"], cwd=HERE, env=penv,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = p.stdout.readline()
+        assert line, p.stderr.read()
+        au = json.loads(line)["executing"]
+    finally:
+        p.send_signal(signal.SIGKILL)  # kill -9 between begin and commit
+        p.wait(30)
+    row = gw.status(mandated.AuthorizationRef(gw.org, m, au))
+    assert row["state"] == "executing"
+    ran = []
+    start = time.monotonic()
+    with pytest.raises(mandated.InDoubt) as err:
+        resume(dsn, thread, Guard(gw, m, operation="payment.refund"), on_effect=ran.append)
+    took = time.monotonic() - start
+    print(f"\nINPROGRESS a resume after kill -9 of the winner answered {type(err.value).__name__} in {took:.1f}s",
+          flush=True)
+    assert not ran, "never run again"
+    assert isinstance(err.value, mandated.InProgress), err.value
+    assert took < 30, f"answered after {took:.1f}s: it waited for the client's timeout, not the loser wait"
+    assert err.value.executor == row["executor"] and err.value.since is not None
+    assert err.value.reconcilable_at is not None and err.value.reconcilable_at > err.value.since
 
 
 # ---- the latency a guard adds to one resume
@@ -307,7 +285,7 @@ def test_the_latency_one_guard_adds_to_a_resume(dsn, gw, grant):
     guard = Guard(gw, m, operation="payment.refund")
     took = {"unguarded": [], "guarded": []}
     with PostgresSaver.from_conn_string(dsn) as saver:
-        for i in range(n):
+        for _i in range(n):
             for kind, g in (("unguarded", None), ("guarded", guard)):
                 thread, _ = paused_thread(dsn)
                 graph = build_graph(saver, Provider(dsn), g)
@@ -353,9 +331,9 @@ def test_the_readme_langgraph_snippet_runs_as_written_and_refunds_once(dsn, gw, 
 
 
 def test_the_decorator_guards_a_function_the_same_way(dsn, gw, grant):
+    from approval import RefundState
     from langgraph.graph import START, StateGraph
 
-    from approval import RefundState
     from mandated.langgraph import Terms
 
     guard, provider = Guard(gw, grant(uses=2), operation="payment.refund"), Provider(dsn)
@@ -451,3 +429,23 @@ def interrupt_for_approval(order_id):
     from langgraph.types import interrupt
 
     return interrupt({"approve": "refund", "order_id": order_id})
+
+
+def test_the_langgraph_quickstart_runs_twice_with_one_refund_and_the_same_answer(dsn, grant):
+    """examples/langgraph_quickstart.py as the README's newcomer runs it:
+    on PostgreSQL (MANDATED_DATABASE_URL) twice, then in memory: one
+    authorization, and every run prints the same recorded refund."""
+    grant(uses=1, mandate_id="refund-case-1843")
+    program = os.path.join(HERE, "..", "langgraph_quickstart.py")
+    base = {k: v for k, v in os.environ.items() if k != "MANDATED_DATABASE_URL"}
+
+    def run(**extra):
+        out = subprocess.run([sys.executable, program], env=dict(base, **extra), capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip().splitlines()[-1]
+
+    first = run(MANDATED_DATABASE_URL=dsn)
+    assert first.startswith("refunded {") and "order-1843" in first, first
+    assert run(MANDATED_DATABASE_URL=dsn) == first, "the thread, restored: the same recorded refund"
+    assert run() == first, "a new in-memory thread of the same id: the same intent, replayed"

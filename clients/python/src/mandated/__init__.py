@@ -7,18 +7,24 @@ mandated's HTTP gateway (standard library only).
     d = gw.propose("refund-case-1842", idempotency_key=mandated.intent_key(run_id, "3", "payment.refund"),
                    operation="payment.refund", amount=15000, currency="EUR", target="customer-77")
     ex = gw.execute(d, lambda provider_key: refund(provider_key))  # runs once, however many workers resume it
+
+``mandated.aio`` is the same client for asyncio; ``mandated.langgraph`` and
+``mandated.aio.langgraph`` guard LangGraph nodes and tools.
 """
 
+from ._core import read_target, ref
 from .client import Client
-from .decision import AuthorizationRef, Decision, Effect, Execution, TERMINAL_STATES, intent_key, ref
+from .decision import TERMINAL_STATES, AuthorizationRef, Decision, Effect, Execution, JSONObject, intent_key
 from .errors import (
     AlreadyExecuting,
+    AmbiguousStep,
     Denied,
     Forbidden,
     IdempotencyConflict,
     InDoubt,
-    InvalidEffect,
+    InProgress,
     InvalidCommand,
+    InvalidEffect,
     MandatedError,
     MethodNotAllowed,
     NoDecision,
@@ -28,16 +34,18 @@ from .errors import (
     OutcomeUnknown,
     ProblemError,
     Refused,
+    ReplayDiffers,
     TooManyInFlight,
     Unauthenticated,
     Unavailable,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
-    "AlreadyExecuting", "AuthorizationRef", "Client", "Decision", "Denied", "Effect", "Execution", "Forbidden",
-    "IdempotencyConflict", "InDoubt", "InvalidCommand", "InvalidEffect", "MandatedError", "MethodNotAllowed", "NoDecision",
-    "NotCommitted", "NotExecuted", "NotFound", "OutcomeUnknown", "ProblemError", "Refused", "TERMINAL_STATES",
-    "TooManyInFlight", "Unauthenticated", "Unavailable", "intent_key", "ref",
+    "AlreadyExecuting", "AmbiguousStep", "AuthorizationRef", "Client", "Decision", "Denied", "Effect",
+    "Execution", "Forbidden", "IdempotencyConflict", "InDoubt", "InProgress", "InvalidCommand", "InvalidEffect",
+    "JSONObject", "MandatedError", "MethodNotAllowed", "NoDecision", "NotCommitted", "NotExecuted",
+    "NotFound", "OutcomeUnknown", "ProblemError", "Refused", "ReplayDiffers", "TERMINAL_STATES", "TooManyInFlight",
+    "Unauthenticated", "Unavailable", "intent_key", "read_target", "ref",
 ]

@@ -1,13 +1,20 @@
-"""Decisions and authorizations as the gateway answers them."""
+"""Decisions and authorizations as the gateway answers them: plain data,
+importing nothing else of the package (errors.py and the clients build on
+it)."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any
 
-TERMINAL_STATES = frozenset({"committed", "cancelled", "expired", "revoked"})
+#: A JSON object as decoded by ``json.loads``: the wire's decisions, rows and
+#: results. Their members are documented in docs/wire.md and
+#: gateway/openapi.yaml; the common ones are typed attributes of ``Decision``.
+JSONObject = dict[str, Any]
+
+TERMINAL_STATES = frozenset({"committed", "cancelled", "expired", "revoked", "recorded"})
 
 
 def intent_key(run_id: str, step: str, action: str) -> str:
@@ -24,11 +31,19 @@ def intent_key(run_id: str, step: str, action: str) -> str:
     return "ik_" + base64.b32encode(digest).decode("ascii").lower().rstrip("=")
 
 
+def _str(v: Any) -> str:
+    return v if isinstance(v, str) else ""
+
+
+def _obj(v: Any) -> JSONObject:
+    return v if isinstance(v, dict) else {}
+
+
 class Decision:
     """One decision as published on the decisions topic (wire v1). ``raw``
     is the whole JSON object; the common members are attributes."""
 
-    def __init__(self, raw: Dict[str, Any]):
+    def __init__(self, raw: JSONObject):
         self.raw = raw
 
     def __repr__(self) -> str:
@@ -43,45 +58,53 @@ class Decision:
 
     @property
     def outcome(self) -> str:
-        return self.raw.get("outcome", "")
+        return _str(self.raw.get("outcome"))
 
     @property
     def reason(self) -> str:
-        return self.raw.get("reason", "")
+        return _str(self.raw.get("reason"))
 
     @property
     def detail(self) -> str:
-        return self.raw.get("detail", "")
+        return _str(self.raw.get("detail"))
 
     @property
     def org(self) -> str:
-        return self.raw.get("org", "")
+        return _str(self.raw.get("org"))
 
     @property
     def mandate_id(self) -> str:
-        return self.raw.get("mandate_id", "")
+        return _str(self.raw.get("mandate_id"))
 
     @property
     def authorization_id(self) -> str:
-        return self.raw.get("authorization_id", "")
+        return _str(self.raw.get("authorization_id"))
 
     @property
     def decision_id(self) -> str:
-        return self.raw.get("decision_id", "")
+        return _str(self.raw.get("decision_id"))
 
     @property
     def original_outcome(self) -> str:
-        return self.raw.get("original_outcome", "")
+        return _str(self.raw.get("original_outcome"))
 
     @property
-    def authorization(self) -> Dict[str, Any]:
-        return self.raw.get("authorization") or {}
+    def differs(self) -> list[str]:
+        """The terms of this proposal that differ from the recorded
+        authorization it was answered with (a ``replayed`` intent):
+        ``amount``, ``currency``, ``operation``, ``target``; empty when equal."""
+        v = self.raw.get("differs")
+        return [str(x) for x in v] if isinstance(v, list) else []
+
+    @property
+    def authorization(self) -> JSONObject:
+        return _obj(self.raw.get("authorization"))
 
     @property
     def state(self) -> str:
         """The authorization's state after this decision ("" when the
         decision is about no authorization)."""
-        return self.authorization.get("state", "")
+        return _str(self.authorization.get("state"))
 
     @property
     def execution_token(self) -> int:
@@ -90,15 +113,16 @@ class Decision:
 
     @property
     def external_ref(self) -> str:
-        return self.authorization.get("external_ref", "")
+        return _str(self.authorization.get("external_ref"))
 
     @property
-    def result(self) -> Optional[Dict[str, Any]]:
-        return self.authorization.get("result")
+    def result(self) -> JSONObject | None:
+        v = self.authorization.get("result")
+        return v if isinstance(v, dict) else None
 
     @property
-    def held_by(self) -> Dict[str, Any]:
-        return self.raw.get("held_by") or {}
+    def held_by(self) -> JSONObject:
+        return _obj(self.raw.get("held_by"))
 
     @property
     def terminal(self) -> bool:
@@ -107,37 +131,12 @@ class Decision:
 
 @dataclass(frozen=True)
 class AuthorizationRef:
-    """Names one authorization: what ``execute`` needs. ``ref(decision)``
+    """Names one authorization: what ``execute`` needs. ``mandated.ref(decision)``
     makes one from a proposal's decision."""
 
     org: str
     mandate_id: str
     authorization_id: str
-
-    @classmethod
-    def of(cls, approval: Any) -> "AuthorizationRef":
-        if isinstance(approval, AuthorizationRef):
-            return approval
-        if isinstance(approval, Decision):
-            if not approval.authorization_id:
-                from .errors import Denied  # import cycle: errors imports Decision lazily too
-
-                outcome = approval.outcome
-                if approval.original_outcome and approval.original_outcome != outcome:
-                    outcome += f" (of {approval.original_outcome})"
-                raise Denied(f"the decision authorizes nothing: {outcome} {approval.reason}"
-                             + (f": {approval.detail}" if approval.detail else ""), approval)
-            return cls(approval.org, approval.mandate_id, approval.authorization_id)
-        if isinstance(approval, dict):
-            if not approval.get("authorization_id"):
-                raise ValueError("the approval names no authorization (no authorization_id)")
-            return cls(approval["org"], approval["mandate_id"], approval["authorization_id"])
-        raise TypeError("an approval is an AuthorizationRef, a Decision or a dict with org, mandate_id and authorization_id")
-
-
-def ref(decision: Decision) -> AuthorizationRef:
-    """The authorization a decision is about (Go's ``client.RefOf``)."""
-    return AuthorizationRef.of(decision)
 
 
 @dataclass
@@ -147,7 +146,7 @@ class Effect:
     shown to every later caller."""
 
     external_ref: str
-    result: Optional[Dict[str, Any]] = None
+    result: JSONObject | None = None
 
 
 @dataclass
@@ -158,7 +157,7 @@ class Execution:
 
     ran: bool = False
     external_ref: str = ""
-    result: Optional[Dict[str, Any]] = None
-    decision: Optional[Decision] = None
-    authorization: Dict[str, Any] = field(default_factory=dict)
+    result: JSONObject | None = None
+    decision: Decision | None = None
+    authorization: JSONObject = field(default_factory=dict)
     authorization_id: str = ""  # the authorization executed (set by execute)

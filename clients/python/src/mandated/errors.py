@@ -9,7 +9,10 @@ decision), ``InDoubt`` when the outcome of an effect cannot be known.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Type
+from datetime import datetime
+from typing import Any
+
+from .decision import Decision, Execution, JSONObject
 
 
 class MandatedError(Exception):
@@ -25,19 +28,17 @@ class ProblemError(MandatedError):
     conflict), else None.
     """
 
-    def __init__(self, status: int, problem: Dict[str, Any], retry_after: Optional[float] = None):
+    def __init__(self, status: int, problem: JSONObject, retry_after: float | None = None):
         self.status = status
         self.problem = problem
-        self.reason: str = problem.get("reason", "")
-        self.type: str = problem.get("type", "")
-        self.title: str = problem.get("title", "")
-        self.detail: str = problem.get("detail", "")
-        self.instance: str = problem.get("instance", "")
+        self.reason: str = _str(problem.get("reason"))
+        self.type: str = _str(problem.get("type"))
+        self.title: str = _str(problem.get("title"))
+        self.detail: str = _str(problem.get("detail"))
+        self.instance: str = _str(problem.get("instance"))
         self.retry_after = retry_after
-        from .decision import Decision  # import cycle: decision imports nothing of errors at load
-
         raw = problem.get("decision")
-        self.decision: Optional[Decision] = Decision(raw) if isinstance(raw, dict) else None
+        self.decision: Decision | None = Decision(raw) if isinstance(raw, dict) else None
         super().__init__(f"{status} {self.reason}: {self.detail}" if self.detail else f"{status} {self.reason}")
 
 
@@ -109,18 +110,53 @@ class InDoubt(MandatedError):
     unless ``execution.ran`` says so. Never run the effect yourself: a
     reconciler resolves it."""
 
-    def __init__(self, message: str, execution: Any = None):
+    def __init__(self, message: str, execution: Execution | None = None):
         super().__init__(message)
-        self.execution = execution
+        self.execution: Execution = execution if execution is not None else Execution()
+
+
+class InProgress(InDoubt):
+    """``execute``: another executor began this authorization and has not
+    finished within ``loser_wait`` (5 s by default): it may still commit,
+    or it died mid-effect. ``executor`` names it, ``since`` is when it
+    began, ``reconcilable_at`` when its execution deadline passes and the
+    authorization goes in doubt, for a reconciler. The function was not
+    run. An ``InDoubt``: never run the effect yourself; ask again later
+    (the same answer until it is settled)."""
+
+    def __init__(self, message: str, execution: Execution | None = None, executor: str = "",
+                 since: datetime | None = None, reconcilable_at: datetime | None = None):
+        super().__init__(message, execution)
+        self.executor = executor
+        self.since = since
+        self.reconcilable_at = reconcilable_at
+        self.authorization_id = self.execution.authorization_id
+
+
+class ReplayDiffers(MandatedError):
+    """A proposal was answered with an intent's recorded authorization
+    whose terms differ from this request's (``fields``: ``amount``,
+    ``currency``, ``operation``, ``target``): its result is not this
+    request's, so ``execute`` refuses to present it as such, before any
+    request and without running the function. ``authorization_id`` is the
+    recorded authorization, ``decision`` the proposal's answer. A caller
+    that expects some fields to be regenerated (a restored agent's new
+    reference) names them: ``execute(..., accept_differs=("target",))``."""
+
+    def __init__(self, message: str, decision: Decision | None = None, fields: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.decision = decision
+        self.fields = fields
+        self.authorization_id = decision.authorization_id if decision is not None else ""
 
 
 class NotCommitted(MandatedError):
     """``execute``: the authorization ended without an effect (cancelled,
     expired, revoked) or could not be begun."""
 
-    def __init__(self, message: str, execution: Any = None):
+    def __init__(self, message: str, execution: Execution | None = None):
         super().__init__(message)
-        self.execution = execution
+        self.execution: Execution = execution if execution is not None else Execution()
 
 
 class Denied(MandatedError):
@@ -129,11 +165,11 @@ class Denied(MandatedError):
     without an authorization. Raised before any request; ``decision`` is
     the decision, ``reason`` its reason code. Nothing ran and nothing will."""
 
-    def __init__(self, message: str, decision: Any = None):
+    def __init__(self, message: str, decision: Decision | None = None):
         super().__init__(message)
         self.decision = decision
-        self.reason: str = getattr(decision, "reason", "") or ""
-        self.outcome: str = getattr(decision, "outcome", "") or ""
+        self.reason: str = decision.reason if decision is not None else ""
+        self.outcome: str = decision.outcome if decision is not None else ""
 
 
 class InvalidEffect(InDoubt, TypeError):
@@ -158,7 +194,7 @@ class OutcomeUnknown(Exception):
     same way (failing closed)."""
 
 
-_BY_STATUS: Dict[int, Type[ProblemError]] = {
+_BY_STATUS: dict[int, type[ProblemError]] = {
     400: InvalidCommand,
     401: Unauthenticated,
     403: Forbidden,
@@ -173,9 +209,29 @@ _BY_STATUS: Dict[int, Type[ProblemError]] = {
 }
 
 
-def problem_error(status: int, problem: Dict[str, Any], retry_after: Optional[float] = None) -> ProblemError:
+def problem_error(status: int, problem: JSONObject, retry_after: float | None = None) -> ProblemError:
     """The typed error for a problem answer."""
     if status == 409 and problem.get("reason") == "already_executing":
         return AlreadyExecuting(status, problem, retry_after)
     cls = _BY_STATUS.get(status, ProblemError)
     return cls(status, problem, retry_after)
+
+
+def _str(v: Any) -> str:
+    return v if isinstance(v, str) else ""
+
+
+class AmbiguousStep(MandatedError, ValueError):
+    """A guard cannot tell this effect from another one with the facts it
+    has (two guarded calls of one action in one task, a subgraph run by one
+    of several ``Send`` branches, a checkpoint that was not saved): rather
+    than replay the other one's result, it refuses, before proposing
+    anything. ``what`` names what is ambiguous; ``intent`` is the intent
+    both would share. Name the effect yourself (``action=``, e.g. with the
+    order id) to tell them apart. A ``ValueError`` too: running the step
+    again tells nothing more (LangGraph's default retry policy skips it)."""
+
+    def __init__(self, message: str, what: str = "", intent: dict[str, str] | None = None):
+        super().__init__(message)
+        self.what = what
+        self.intent: dict[str, str] = dict(intent or {})

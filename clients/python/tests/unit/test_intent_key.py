@@ -7,7 +7,7 @@ import pytest
 
 import mandated
 
-VECTORS = pathlib.Path(__file__).resolve().parents[3] / "wire" / "testdata" / "intent_keys.json"
+VECTORS = pathlib.Path(__file__).resolve().parents[4] / "wire" / "testdata" / "intent_keys.json"
 
 
 def test_intent_key_matches_the_shared_vectors():
