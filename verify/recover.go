@@ -278,7 +278,7 @@ func recoverPartition(ctx context.Context, cfg RecoverConfig, pool *pgxpool.Pool
 	// inputs; the first that does not ends the recovery (the rest continue
 	// from it).
 	checkStart := time.Now()
-	rd, err := rederive(ctx, &cfg, pool, cfg.keysPool(), tail.Head, tail.AheadRecords)
+	rd, err := rederive(ctx, &cfg, pool, cfg.keysPool(), tail.Head, tail.Claimed, tail.AheadRecords)
 	if err != nil {
 		return rec, fmt.Errorf("re-decide the records past PostgreSQL's head: %w", err)
 	}
@@ -286,7 +286,7 @@ func recoverPartition(ctx context.Context, cfg RecoverConfig, pool *pgxpool.Pool
 	if n > 0 && n < len(tail.AheadRecords) {
 		// The machine decided the refused record's input on the way: the
 		// state written is the one of the records believed alone.
-		if rd, err = rederive(ctx, &cfg, pool, cfg.keysPool(), tail.Head, tail.AheadRecords[:n]); err != nil {
+		if rd, err = rederive(ctx, &cfg, pool, cfg.keysPool(), tail.Head, tail.Claimed, tail.AheadRecords[:n]); err != nil {
 			return rec, fmt.Errorf("re-decide the records past PostgreSQL's head: %w", err)
 		}
 		if rd.believed != n {

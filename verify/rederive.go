@@ -110,7 +110,13 @@ type rederived struct {
 }
 
 // rederive re-decides records (past the head, in chain order).
-func rederive(ctx context.Context, cfg *RecoverConfig, pool, control *pgxpool.Pool, head outbox.PostgresHead, records []outbox.Entry) (rederived, error) {
+//
+// Every epoch a record was decided under was claimed, and every claim is
+// recorded (PostgreSQL's counter, or a signed claim on the decisions topic
+// after its published mark: claimed, the highest of those): a record under
+// a higher epoch is refused, whoever signed it.
+func rederive(ctx context.Context, cfg *RecoverConfig, pool, control *pgxpool.Pool, head outbox.PostgresHead, claimed int64, records []outbox.Entry) (rederived, error) {
+	ceiling := max(head.Epoch, claimed)
 	r := &rederiver{cfg: cfg, p: head.Partition, pool: pool, inputs: map[string]*inputs{}}
 	var err error
 	if r.grantors, err = loadKeyring(ctx, control); err != nil {
@@ -161,6 +167,11 @@ func rederive(ctx context.Context, cfg *RecoverConfig, pool, control *pgxpool.Po
 		e, d := &records[i], r.decs[i]
 		if why := r.signed(e, d); why != "" {
 			refuse("%s", why)
+			break
+		}
+		if e.Epoch > ceiling {
+			refuse("it was decided under epoch %d, which no claim recorded (PostgreSQL's epoch is %d, the highest claim on the decisions topic %d): mandated never decided under it",
+				e.Epoch, head.Epoch, ceiling)
 			break
 		}
 		if d != nil && !d.DecidedAt.Equal(r.batchAt) {

@@ -184,7 +184,7 @@ func TestARefusedRecordsEpochIsNeverTaken(t *testing.T) {
 					d.Source = &wire.Source{Topic: b.h.Spec.Proposals, Partition: 0, Offset: 1 << 40}
 					d.Epoch = forged
 				})
-				why := cmpOr(att.why, "at or past the last stable offset")
+				why := cmpOr(att.why, "which no claim recorded")
 				for run := range 2 {
 					res, err := b.recover(t, func(c *verify.RecoverConfig) { c.Pool = backup })
 					t.Logf("run %d: %+v: %v", run, res[0], err)
