@@ -52,6 +52,11 @@ func (c *Client) signed(r *kgo.Record, d *Decision) bool {
 	why := err.Error()
 	if errors.As(err, &ue) {
 		why = ue.Why
+		// A keyring that reads the keys (sink.DecisionKeyCache) says why it
+		// could not: a role without SELECT on decision_keys, say.
+		if k, ok := c.cfg.DecisionKeys.(interface{ Err() error }); ok && ue.Kind == wire.UnverifiedUnknownKey && k.Err() != nil {
+			why += " (the decision keys could not be read: " + k.Err().Error() + ")"
+		}
 	}
 	c.log.Error().Int32("partition", r.Partition).Int64("offset", r.Offset).Int64("sequence", d.Sequence).
 		Int64("producer_id", r.ProducerID).Str("why", why).
