@@ -77,8 +77,16 @@ func setup(t *testing.T) *bundle {
 // upstreamURL, served over streamable HTTP; it returns its URL.
 func (b *bundle) guard(t *testing.T, upstreamURL string, mods ...func(*mcpguard.Config)) (string, *prometheus.Registry) {
 	t.Helper()
+	_, url, reg := b.start(t, append([]func(*mcpguard.Config){func(c *mcpguard.Config) { c.UpstreamURL = upstreamURL }}, mods...)...)
+	return url, reg
+}
+
+// start is guard for any upstream (the mods name it), returning the Guard
+// too (its Ready is what /readyz answers).
+func (b *bundle) start(t *testing.T, mods ...func(*mcpguard.Config)) (*mcpguard.Guard, string, *prometheus.Registry) {
+	t.Helper()
 	log := b.h.Log.With().Str("component", "mandate-mcp").Logger()
-	cfg := mcpguard.Config{Rules: b.rules, UpstreamURL: upstreamURL, Logger: &log, CallTimeout: 45 * time.Second}
+	cfg := mcpguard.Config{Rules: b.rules, Logger: &log, CallTimeout: 45 * time.Second}
 	for _, m := range mods {
 		m(&cfg)
 	}
@@ -90,7 +98,7 @@ func (b *bundle) guard(t *testing.T, upstreamURL string, mods ...func(*mcpguard.
 	t.Cleanup(g.Close)
 	srv := httptest.NewServer(g.Handler())
 	t.Cleanup(srv.Close)
-	return srv.URL, reg
+	return g, srv.URL, reg
 }
 
 // grant creates mandate acme/<id>: uses refunds of at most 200 EUR.
