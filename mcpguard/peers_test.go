@@ -203,25 +203,33 @@ func newFileLedger(t *testing.T) fileLedger {
 // count is how many refunds of orderID ran.
 func (l fileLedger) count(t *testing.T, orderID string) int {
 	t.Helper()
+	return len(l.pids(t, orderID))
+}
+
+// pids are the process ids of the upstream that ran each refund of orderID
+// (0 where the upstream does not write its own).
+func (l fileLedger) pids(t *testing.T, orderID string) []int {
+	t.Helper()
 	f, err := os.Open(string(l))
 	if os.IsNotExist(err) {
-		return 0
+		return nil
 	}
 	require.NoError(t, err)
 	defer f.Close()
-	n := 0
+	var out []int
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		var line struct {
 			OrderID string `json:"order_id"`
+			PID     int    `json:"pid"`
 		}
 		require.NoError(t, json.Unmarshal(sc.Bytes(), &line), "%s", sc.Bytes())
 		if line.OrderID == orderID {
-			n++
+			out = append(out, line.PID)
 		}
 	}
 	require.NoError(t, sc.Err())
-	return n
+	return out
 }
 
 // lockedWriter is an io.Writer a process's output goroutine and the test

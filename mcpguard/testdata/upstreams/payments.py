@@ -51,7 +51,7 @@ async def refund(case_id: str, order_id: str, amount_cents: int, reference: str,
     """Refunds an order. Cannot be undone."""
     if reference == "card-declined":
         raise ValueError("card declined")
-    ledger_id = _append({"order_id": order_id, "amount_cents": amount_cents, "reference": reference})
+    ledger_id = _append({"order_id": order_id, "amount_cents": amount_cents, "reference": reference, "pid": os.getpid()})
     if hold:
         # A busy upstream: the refund is written and the answer waits until
         # the file named hold exists, holding the event loop (as a sync tool
@@ -74,6 +74,10 @@ def balance(order_id: str) -> int:
 
 
 if __name__ == "__main__":
+    if os.environ.get("MCP_TEST_STARTS"):  # one line per process started
+        fd = os.open(os.environ["MCP_TEST_STARTS"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.write(fd, b"%d\n" % os.getpid())
+        os.close(fd)
     if sys.argv[1] == "stdio":
         server.run("stdio")
     elif SDK == "mcpserver":
