@@ -1,7 +1,6 @@
 package mcpguard
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -10,7 +9,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/rs/zerolog"
 
@@ -50,17 +48,19 @@ func (g *Guard) guarded(ctx context.Context, gt *guardedTool, req *mcp.CallToolR
 	if len(raw) == 0 {
 		raw = json.RawMessage("{}")
 	}
-	// The schema check reads the arguments as JSON values; the rule reads
-	// numbers exactly (json.Number).
-	doc, err := decodeValue(raw, false)
-	if err != nil {
-		return toolError(nil, "the arguments of %s are not JSON: %v; nothing was proposed", gt.name, err), OutcomeInvalidArguments
+	// The arguments are read by the contract's strict scanner: a duplicate
+	// or a case-variant member is refused, because the upstream's decoder
+	// may read another value than the one checked and proposed (the last
+	// duplicate, a case-insensitive match). What passes means one thing to
+	// every decoder, and these same bytes are what is forwarded.
+	args, rej := wire.ParseData(raw)
+	if rej != nil {
+		return toolError(nil, "the arguments of %s are refused (%s: %s): a decoder could read other values than the ones checked; nothing was proposed",
+			gt.name, rej.Reason, rej.Detail), OutcomeInvalidArguments
 	}
-	if err := gt.schema.Validate(doc); err != nil {
+	if err := gt.schema.Validate(args); err != nil {
 		return toolError(nil, "the arguments of %s do not match its input schema; nothing was proposed: %v", gt.name, err), OutcomeInvalidArguments
 	}
-	exact, _ := decodeValue(raw, true)
-	args, _ := exact.(map[string]any)
 	p, err := gt.rule.propose(gt.name, args, req.Params.Meta)
 	if err != nil {
 		return toolError(nil, "%s: %v; nothing was proposed", gt.name, err), OutcomeInvalidArguments
@@ -116,7 +116,7 @@ func (g *Guard) guarded(ctx context.Context, gt *guardedTool, req *mcp.CallToolR
 		uctx, cancel := context.WithTimeout(ctx, g.cfg.UpstreamTimeout)
 		defer cancel()
 		start := time.Now()
-		res, err := g.up.call(uctx, &mcp.CallToolParams{Meta: meta, Name: gt.name, Arguments: req.Params.Arguments})
+		res, err := g.up.call(uctx, &mcp.CallToolParams{Meta: meta, Name: gt.name, Arguments: raw})
 		g.observeUpstream(gt.name, start, res, err)
 		if err != nil {
 			if notExecuted(err) {
@@ -178,9 +178,8 @@ func (g *Guard) guarded(ctx context.Context, gt *guardedTool, req *mcp.CallToolR
 				state = last.Authorization.State
 			}
 		}
-		var refused *jsonrpc.Error
 		switch {
-		case errors.As(notSent, &refused):
+		case answered(notSent) != nil:
 			return toolError(last, "the upstream MCP server refused the call before running it (%v); authorization %s was cancelled (decision %s): nothing was executed",
 				notSent, d.AuthorizationID, id), OutcomeNotExecuted
 		case notSent != nil:
@@ -241,18 +240,6 @@ func decisionMeta(d *wire.Decision) mcp.Meta {
 // toolError is a tool result with isError set: the agent's model sees it.
 func toolError(d *wire.Decision, format string, args ...any) *mcp.CallToolResult {
 	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf(format, args...)}}, Meta: decisionMeta(d)}
-}
-
-func decodeValue(raw json.RawMessage, numbers bool) (any, error) {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	if numbers {
-		dec.UseNumber()
-	}
-	var v any
-	if err := dec.Decode(&v); err != nil {
-		return nil, err
-	}
-	return v, nil
 }
 
 // proposeCommand is the propose as the contract's JSON (client.Propose has

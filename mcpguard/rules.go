@@ -268,16 +268,79 @@ func expand(field, tmpl string, args map[string]any) (string, error) {
 	return out, err
 }
 
+// scalar is a template's value: a string, or an integer however it is
+// written (777, 777.0 and 7.77e2 all pass an integer schema).
 func scalar(v any) (string, bool) {
 	switch x := v.(type) {
 	case string:
 		return x, true
 	case json.Number:
-		if _, err := x.Int64(); err == nil {
-			return x.String(), true
+		n := normNumber(string(x))
+		if _, err := strconv.ParseInt(n, 10, 64); err == nil {
+			return n, true
 		}
 	}
 	return "", false
+}
+
+// normNumber writes a JSON number in one form per value: an integer value
+// as its digits (777.0, 7.77e2 -> 777; -0 -> 0), any other as
+// <digits>e<exponent> without leading or trailing zeros (1.50 -> 15e-1).
+// Huge exponents keep the exponent form.
+func normNumber(number string) string {
+	neg := strings.HasPrefix(number, "-")
+	s := strings.TrimPrefix(number, "-")
+	mant, exp := s, 0
+	if i := strings.IndexAny(s, "eE"); i >= 0 {
+		mant = s[:i]
+		e, err := strconv.Atoi(strings.TrimPrefix(s[i+1:], "+"))
+		if err != nil {
+			return number // an exponent beyond int: kept as written
+		}
+		exp = e
+	}
+	digits := mant
+	if i := strings.IndexByte(mant, '.'); i >= 0 {
+		digits = mant[:i] + mant[i+1:]
+		exp -= len(mant) - i - 1
+	}
+	digits = strings.TrimLeft(digits, "0")
+	if digits == "" {
+		return "0"
+	}
+	for strings.HasSuffix(digits, "0") {
+		digits = digits[:len(digits)-1]
+		exp++
+	}
+	sign := ""
+	if neg {
+		sign = "-"
+	}
+	if exp >= 0 && len(digits)+exp <= 40 {
+		return sign + digits + strings.Repeat("0", exp)
+	}
+	return sign + digits + "e" + strconv.Itoa(exp)
+}
+
+// normNumbers replaces every number in v by its normNumber form.
+func normNumbers(v any) any {
+	switch x := v.(type) {
+	case json.Number:
+		return json.Number(normNumber(string(x)))
+	case map[string]any:
+		m := make(map[string]any, len(x))
+		for k, e := range x {
+			m[k] = normNumbers(e)
+		}
+		return m
+	case []any:
+		out := make([]any, len(x))
+		for i, e := range x {
+			out[i] = normNumbers(e)
+		}
+		return out
+	}
+	return v
 }
 
 func compactJSON(v any) string {
@@ -322,6 +385,12 @@ func (r *Rule) propose(tool string, args map[string]any, meta map[string]any) (*
 	action := idSafe("mcp." + tool)
 	switch r.Intent.From {
 	case IntentFromMeta:
+		// The run id and step name the step; the target tells apart two
+		// calls of the tool in one step (two orders refunded), while a
+		// repeat of the same call (its other arguments regenerated) keeps
+		// its intent. Two calls for one target in one step are one intent:
+		// a repeat that differs is told so, never run again.
+		action = metaAction(tool, p.Target)
 		run, ok1 := metaString(meta, r.Intent.RunIDKey)
 		step, ok2 := metaString(meta, r.Intent.StepKey)
 		if !ok1 || !ok2 {
@@ -341,11 +410,29 @@ func (r *Rule) propose(tool string, args map[string]any, meta map[string]any) (*
 			}
 			vals = append(vals, v)
 		}
-		b, _ := json.Marshal(vals) // map keys sorted: canonical enough for one build and the next
+		// Map keys sorted, numbers in one form per value: the same values
+		// however they are written are one intent.
+		b, _ := json.Marshal(normNumbers(vals))
 		sum := sha256.Sum256(b)
 		p.IdempotencyKey = wire.IntentKey("mcp-args", hex.EncodeToString(sum[:16]), action)
 	}
 	return p, nil
+}
+
+// metaAction is the intent's action for a call whose intent comes from
+// _meta: "mcp.<tool>:<target>", or the target's SHA-256 where the target is
+// outside the id grammar or too long.
+func metaAction(tool, target string) string {
+	base := idSafe("mcp." + tool)
+	if a := base + ":" + target; partitioner.ValidID(a) {
+		return a
+	}
+	sum := sha256.Sum256([]byte(target))
+	a := base + ":sha256-" + hex.EncodeToString(sum[:16])
+	if len(a) > 128 {
+		a = base[:128-len(a)+len(base)] + a[len(base):]
+	}
+	return a
 }
 
 func metaString(meta map[string]any, key string) (string, bool) {

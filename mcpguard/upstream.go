@@ -125,12 +125,51 @@ func ping(ctx context.Context, s *mcp.ClientSession) error {
 		}}
 	}
 	err := s.Ping(ctx, params)
-	var je *jsonrpc.Error
-	if err != nil && errors.As(err, &je) {
+	if answered(err) != nil {
 		return nil
 	}
 	return err
 }
+
+// answered returns the JSON-RPC error the upstream answered with, if err
+// carries one: not the SDK's own codes for a request that never got an
+// answer (rejected by the transport: connection refused, a 5xx; the client
+// or the server closing).
+func answered(err error) *jsonrpc.Error {
+	var found *jsonrpc.Error
+	var walk func(error)
+	walk = func(e error) {
+		if e == nil || found != nil {
+			return
+		}
+		if je, ok := e.(*jsonrpc.Error); ok {
+			switch je.Code {
+			case codeRejected, codeClientClosing, codeServerClosing:
+			default:
+				found = je
+				return
+			}
+		}
+		switch u := e.(type) {
+		case interface{ Unwrap() error }:
+			walk(u.Unwrap())
+		case interface{ Unwrap() []error }:
+			for _, x := range u.Unwrap() {
+				walk(x)
+			}
+		}
+	}
+	walk(err)
+	return found
+}
+
+// The go-sdk's own JSON-RPC codes (internal/jsonrpc2) for requests that
+// were not answered by the peer.
+const (
+	codeClientClosing = -32003
+	codeServerClosing = -32004
+	codeRejected      = -32005
+)
 
 // protocolEnvelope is the first MCP protocol version whose requests carry
 // the per-request _meta envelope.
@@ -188,8 +227,7 @@ func notExecuted(err error) bool {
 	if errors.As(err, &ns) || errors.Is(err, syscall.ECONNREFUSED) {
 		return true
 	}
-	var je *jsonrpc.Error
-	if errors.As(err, &je) {
+	if je := answered(err); je != nil {
 		switch je.Code {
 		case jsonrpc.CodeParseError, jsonrpc.CodeInvalidRequest, jsonrpc.CodeMethodNotFound, jsonrpc.CodeInvalidParams:
 			return true
