@@ -94,16 +94,19 @@ func (g *Guard) guarded(ctx context.Context, gt *guardedTool, req *mcp.CallToolR
 	// an operator: a begin would be refused already_executing and the call
 	// would wait for a winner that is not coming. Committed, its recorded
 	// result is already here.
-	switch d.Authorization.State {
-	case wire.StateInDoubt:
-		return inDoubt(gt, d.AuthorizationID, d.DecisionID, &d.Decision), OutcomeInDoubt
-	case wire.StateCommitted:
-		return g.answer(gt, &d.Decision, d.Result(), d.Authorization.ExternalRef, OutcomeReplayed)
+	// Cancelled, expired or revoked, nothing ran and nothing will: a begin
+	// would only be refused.
+	switch state := d.Authorization.State; {
+	case state == wire.StateInDoubt:
+		return inDoubt(gt, d.AuthorizationID, &d.Decision), OutcomeInDoubt
+	case state == wire.StateCommitted:
+		return g.answer(gt, &d.Decision, d.Result(), OutcomeReplayed)
+	case state.Terminal():
+		return notRun(gt, &d.Decision), OutcomeNotExecuted
 	}
 
 	var (
 		ran         *mcp.CallToolResult // the upstream's answer when this call forwarded it
-		oversize    bool
 		notSent     error
 		upstreamErr bool
 	)
@@ -130,11 +133,10 @@ func (g *Guard) guarded(ctx context.Context, gt *guardedTool, req *mcp.CallToolR
 			upstreamErr = true
 			return client.Effect{}, fmt.Errorf("%w: the upstream answered a tool error: %s", client.ErrNotExecuted, textOf(res))
 		}
-		rec, over, err := record(res, g.cfg.MaxResultBytes)
+		rec, err := record(res, g.cfg.MaxResultBytes, gt.output != nil)
 		if err != nil {
 			return client.Effect{}, fmt.Errorf("%w: %w", client.ErrOutcomeUnknown, err)
 		}
-		oversize = over
 		if err := failpoint.Inject(ctx, FailpointAfterForward); err != nil {
 			return client.Effect{}, fmt.Errorf("%w: %w", client.ErrOutcomeUnknown, err)
 		}
@@ -152,21 +154,19 @@ func (g *Guard) guarded(ctx context.Context, gt *guardedTool, req *mcp.CallToolR
 		if ex.Ran {
 			outcome = OutcomeExecuted
 		}
-		if ex.Ran && oversize {
-			return ran, outcome
-		}
-		return g.answer(gt, last, ex.Result, ex.ExternalRef, outcome)
+		// The one that ran the tool is answered from the record too: every
+		// caller of the intent gets the same answer.
+		return g.answer(gt, last, ex.Result, outcome)
 	case errors.Is(err, client.ErrInDoubt):
 		if ex != nil && !ex.Ran && last != nil && last.Authorization != nil && last.Authorization.State == wire.StateExecuting {
 			return toolError(last, "%s is still being executed by another call (authorization %s): its result was not seen within %s; repeat this same call (same intent) to get it",
 				gt.name, d.AuthorizationID, g.cfg.CallTimeout), OutcomeNoDecision
 		}
 		log.Warn().Err(err).Msg("in doubt: for an operator")
-		id := d.DecisionID
-		if last != nil {
-			id = last.DecisionID
+		if last == nil {
+			last = &d.Decision
 		}
-		return inDoubt(gt, d.AuthorizationID, id, last), OutcomeInDoubt
+		return inDoubt(gt, d.AuthorizationID, last), OutcomeInDoubt
 	case errors.Is(err, client.ErrNotCommitted):
 		if upstreamErr && ran != nil {
 			return ran, OutcomeNotExecuted // the upstream's own error, and the use released
@@ -186,6 +186,9 @@ func (g *Guard) guarded(ctx context.Context, gt *guardedTool, req *mcp.CallToolR
 			return toolError(last, "the upstream MCP server could not be reached (%v); authorization %s was cancelled (decision %s): nothing was executed",
 				notSent, d.AuthorizationID, id), OutcomeNotExecuted
 		}
+		if last != nil && last.Authorization != nil && last.Authorization.State.Terminal() {
+			return notRun(gt, last), OutcomeNotExecuted
+		}
 		return toolError(last, "%s was not executed: authorization %s is %s, reason %s (decision %s)", gt.name, d.AuthorizationID, state, reason, id), OutcomeNotExecuted
 	default:
 		log.Warn().Err(err).Msg("execution failed before the upstream was called")
@@ -194,23 +197,99 @@ func (g *Guard) guarded(ctx context.Context, gt *guardedTool, req *mcp.CallToolR
 }
 
 // answer is a committed authorization's recorded result, as every caller
-// of the intent gets it.
-func (g *Guard) answer(gt *guardedTool, d *wire.Decision, result []byte, externalRef, outcome string) (*mcp.CallToolResult, string) {
-	res, err := recorded(result)
+// of the intent gets it: mandate-mcp's own record, or what an operator's
+// reconciliation recorded (nothing, or the provider's answer). It names
+// the authorization, never this call's decision, so that every caller
+// gets the same answer.
+func (g *Guard) answer(gt *guardedTool, d *wire.Decision, result []byte, outcome string) (*mcp.CallToolResult, string) {
+	res, ours, err := recorded(result)
 	switch {
 	case err != nil:
-		return toolError(d, "%s was executed once (authorization %s, decision %s), but %v", gt.name, d.AuthorizationID, d.DecisionID, err), outcome
-	case res == nil:
-		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf(
-			"%s was executed once (authorization %s, external reference %s, decision %s); no result was recorded (it was settled by reconciliation)",
-			gt.name, d.AuthorizationID, externalRef, d.DecisionID)}}, Meta: decisionMeta(d)}, outcome
+		return toolError(d, "%s was executed once (authorization %s), but %v", gt.name, d.AuthorizationID, err), outcome
+	case ours:
+		return res, outcome
 	}
-	return res, outcome
+	return settledAnswer(gt, d, result), outcome
 }
 
-func inDoubt(gt *guardedTool, authorizationID, decisionID string, d *wire.Decision) *mcp.CallToolResult {
-	res := toolError(d, "the outcome of %s is in doubt (authorization %s, decision %s): do not retry by hand; an operator reconciles it with 'mandatectl reconcile'",
-		gt.name, authorizationID, decisionID)
+// settledAnswer answers an authorization an operator settled as committed
+// (mandatectl reconcile --committed REF [--result-file F]): the provider's
+// answer the operator recorded as the tool's structured content (or as
+// the tool's result, when it is one), and a text naming the reference and
+// the evidence. A tool with an output schema gets a success only with
+// structured content that matches it (a client refuses any other); without
+// it the answer is marked an error and says the tool ran.
+func settledAnswer(gt *guardedTool, d *wire.Decision, result []byte) *mcp.CallToolResult {
+	a := d.Authorization
+	if a == nil {
+		a = &wire.AuthorizationView{ID: d.AuthorizationID}
+	}
+	how := "settled by reconciliation"
+	if a.ResolvedBy != "" {
+		how += " (" + a.ResolvedBy + ")"
+	}
+	if a.Detail != "" {
+		how += ": " + a.Detail
+	}
+	text := fmt.Sprintf("%s was executed once (authorization %s, external reference %s), %s", gt.name, a.ID, a.ExternalRef, how)
+	res := &mcp.CallToolResult{Meta: mcp.Meta{MetaAuthorizationID: a.ID}}
+	var tool mcp.CallToolResult
+	var probe struct {
+		Content json.RawMessage `json:"content"`
+	}
+	switch {
+	case len(result) == 0:
+		text += "; no result was recorded"
+	case json.Unmarshal(result, &probe) == nil && len(probe.Content) > 0 && json.Unmarshal(result, &tool) == nil:
+		// The operator recorded a tool result (the upstream's answer).
+		res.Content, res.StructuredContent, res.IsError = tool.Content, tool.StructuredContent, tool.IsError
+	default:
+		var v any
+		_ = json.Unmarshal(result, &v)
+		res.StructuredContent = v
+		text += "; the result recorded: " + string(result)
+	}
+	if res.Content == nil {
+		res.Content = []mcp.Content{&mcp.TextContent{Text: text}}
+	}
+	if gt.output != nil && !res.IsError {
+		if why := gt.checkOutput(res.StructuredContent); why != "" {
+			// A client checks structured content even on an error: it is
+			// dropped (the text above carries it).
+			res.IsError, res.StructuredContent = true, nil
+			res.Content = append(res.Content, &mcp.TextContent{Text: fmt.Sprintf(
+				"[mandated: %s ran once; this answer is marked an error only because %s]", gt.name, why)})
+		}
+	}
+	return res
+}
+
+// notRun answers an authorization that ended without the tool running
+// (cancelled, expired, revoked), saying what the command that ended it
+// said (a cancel's proof, an operator's evidence).
+func notRun(gt *guardedTool, d *wire.Decision) *mcp.CallToolResult {
+	a := d.Authorization
+	how := ""
+	switch {
+	case a.Resolved:
+		how = " by reconciliation"
+		if a.ResolvedBy != "" {
+			how += " (" + a.ResolvedBy + ")"
+		}
+		if a.Detail != "" {
+			how += ": " + a.Detail
+		}
+	case a.Detail != "":
+		how = ": " + a.Detail
+	}
+	res := toolError(d, "%s was not executed: authorization %s is %s%s; the upstream was not called by this call", gt.name, a.ID, a.State, how)
+	res.Meta[MetaAuthorizationID] = a.ID
+	return res
+}
+
+func inDoubt(gt *guardedTool, authorizationID string, d *wire.Decision) *mcp.CallToolResult {
+	res := toolError(d, "the outcome of %s is in doubt (authorization %s): do not retry by hand; an operator reconciles it with 'mandatectl reconcile'",
+		gt.name, authorizationID)
 	res.Meta[MetaAuthorizationID] = authorizationID
 	return res
 }

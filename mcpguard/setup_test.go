@@ -196,7 +196,8 @@ type refundIn struct {
 	OrderID     string `json:"order_id" jsonschema:"the order to refund"`
 	AmountCents int64  `json:"amount_cents" jsonschema:"the amount in cents"`
 	Reference   string `json:"reference" jsonschema:"the caller's reference (regenerated on restore)"`
-	Pad         int    `json:"pad,omitempty" jsonschema:"bytes of padding in the answer"`
+	Pad         int    `json:"pad,omitempty" jsonschema:"bytes of padding in the answer's structured content"`
+	PadText     int    `json:"pad_text,omitempty" jsonschema:"bytes of padding in the answer's text"`
 }
 
 type refundOut struct {
@@ -252,7 +253,7 @@ func newUpstreamServer(pool *pgxpool.Pool, u *upstreamServer) *mcp.Server {
 			}
 			out := refundOut{LedgerID: id, OrderID: in.OrderID, AmountCents: in.AmountCents, Note: strings.Repeat("é", in.Pad/2)}
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{
-				Text: fmt.Sprintf("Refunded %d cents on order %s.\nLedger entry %d.\t(done)", in.AmountCents, in.OrderID, id)}}}, out, nil
+				Text: fmt.Sprintf("Refunded %d cents on order %s.\nLedger entry %d.\t(done)%s", in.AmountCents, in.OrderID, id, strings.Repeat(".", in.PadText))}}}, out, nil
 		})
 	mcp.AddTool(s, &mcp.Tool{Name: "balance", Description: "Counts the refunds of an order."},
 		func(ctx context.Context, _ *mcp.CallToolRequest, in balanceIn) (*mcp.CallToolResult, balanceOut, error) {
