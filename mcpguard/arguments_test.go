@@ -155,3 +155,39 @@ func callRaw(t *testing.T, s *mcp.ClientSession, name, args string) *mcp.CallToo
 	require.NoError(t, err)
 	return res
 }
+
+// TestAReplayThatDiffersSaysSo (issue 39 item 2, mandate-mcp's side): a
+// repeat of an intent with another amount is not given the recorded result
+// as its own: a tool error names the differing field and the recorded
+// authorization, and the upstream is not called; a rule that declares the
+// field regenerated (accept_differs) gets the recorded result.
+func TestAReplayThatDiffersSaysSo(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	url, _ := b.guard(t, b.up.URL)
+	b.grant(t, "case-differs", 2, 30)
+	s := agent(t, url)
+	first := callTool(t, s, "refund", refundArgs("differs", "order-differs", 1234, "ref-1"), runMeta("run-differs", "refund"))
+	require.False(t, first.IsError, "%s", text(first))
+	calls := b.up.calls.Load()
+	again := callTool(t, s, "refund", refundArgs("differs", "order-differs", 1300, "ref-2"), runMeta("run-differs", "refund"))
+	t.Logf("a repeat with amount 1300 instead of 1234: isError %v: %s", again.IsError, text(again))
+	require.True(t, again.IsError, "the 1234 refund is not this 1300 request's answer: %s", text(again))
+	auth, _ := again.Meta[mcpguard.MetaAuthorizationID].(string)
+	require.NotEmpty(t, auth)
+	require.Contains(t, text(again), "differs from the recorded authorization "+auth+" of its intent in amount")
+	require.Contains(t, text(again), "accept_differs")
+	require.Equal(t, mcpguard.OutcomeDiffers, again.Meta[mcpguard.MetaOutcome])
+	require.Equal(t, calls, b.up.calls.Load(), "not forwarded")
+	require.Equal(t, []int64{1234}, b.amounts(t, "order-differs"))
+
+	// The same repeat through a rule that says the amount is regenerated.
+	rules, err := mcpguard.ParseRules([]byte(rulesYAML + "    accept_differs: [amount]\n"))
+	require.NoError(t, err)
+	aurl, _ := b.guard(t, b.up.URL, func(c *mcpguard.Config) { c.Rules = rules })
+	accepted := callTool(t, agent(t, aurl), "refund", refundArgs("differs", "order-differs", 1300, "ref-3"), runMeta("run-differs", "refund"))
+	require.False(t, accepted.IsError, "%s", text(accepted))
+	require.Equal(t, mcpguard.OutcomeReplayed, accepted.Meta[mcpguard.MetaOutcome])
+	require.Equal(t, body(t, first), body(t, accepted))
+	require.Equal(t, []int64{1234}, b.amounts(t, "order-differs"))
+}

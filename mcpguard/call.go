@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -90,6 +92,19 @@ func (g *Guard) guarded(ctx context.Context, gt *guardedTool, req *mcp.CallToolR
 			gt.name, outcome, d.Reason, d.DecisionID, detail(d.Detail)), OutcomeDenied
 	}
 	*log = log.With().Str("authorization", d.AuthorizationID).Logger()
+	// A replay answers the intent's recorded authorization whatever this
+	// call asked: where its terms are not this call's, its result is not
+	// this call's answer (a repeat with amount 1300 is not the 1234 refund).
+	if d.Outcome == wire.OutcomeReplayed {
+		if fields := unaccepted(differs(d.Authorization, p), gt.rule.AcceptDiffers); len(fields) > 0 {
+			a := d.Authorization
+			res := toolError(&d.Decision, "%s: this call differs from the recorded authorization %s of its intent in %s (recorded: %s of %s to %q, now %s; this call: %s of %s to %q): "+
+				"the intent's answer is not this call's, and the upstream was not called. A new action is another step; a rule whose terms are regenerated on a repeat names them in accept_differs",
+				gt.name, a.ID, strings.Join(fields, ", "), a.Operation, money(a.Amount), a.Target, a.State, p.Operation, money(p.Amount), p.Target)
+			res.Meta[MetaAuthorizationID] = a.ID
+			return res, OutcomeDiffers
+		}
+	}
 	// A replay shows the authorization as it is now. In doubt, it waits for
 	// an operator: a begin would be refused already_executing and the call
 	// would wait for a winner that is not coming. Committed, its recorded
@@ -331,4 +346,38 @@ func proposeCommand(p *proposal) client.RawCommand {
 	}
 	b, _ := json.Marshal(m)
 	return client.RawCommand(b)
+}
+
+// differs names the terms in which the recorded authorization a is not
+// the proposal p, sorted as the contract's differs member.
+func differs(a *wire.AuthorizationView, p *proposal) []string {
+	var out []string
+	if a.Amount.MinorUnits != p.Amount.MinorUnits {
+		out = append(out, "amount")
+	}
+	if a.Amount.Currency != p.Amount.Currency {
+		out = append(out, "currency")
+	}
+	if a.Operation != p.Operation {
+		out = append(out, "operation")
+	}
+	if a.Target != p.Target {
+		out = append(out, "target")
+	}
+	return out
+}
+
+// unaccepted is fields without the accepted ones.
+func unaccepted(fields, accepted []string) []string {
+	var out []string
+	for _, f := range fields {
+		if !slices.Contains(accepted, f) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func money(m wire.Money) string {
+	return fmt.Sprintf("%d %s (minor units)", m.MinorUnits, m.Currency)
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -81,7 +82,16 @@ type Rule struct {
 	// OnToolError is OnToolErrorRecord or OnToolErrorCancel. Defaults to
 	// OnToolErrorDefault.
 	OnToolError string `yaml:"on_tool_error" json:"on_tool_error"`
+	// AcceptDiffers are the terms ("amount", "currency", "operation",
+	// "target") a repeat of an intent may carry regenerated: a replay that
+	// differs only in them is answered with the recorded result. A replay
+	// that differs in any other is a tool error naming them. Defaults to
+	// none.
+	AcceptDiffers []string `yaml:"accept_differs" json:"accept_differs"`
 }
+
+// Terms a replay may differ in (wire: a replayed decision's differs).
+var differTerms = []string{"amount", "currency", "operation", "target"}
 
 // AmountRule is the proposal's amount: minor units fixed ("500") or a
 // template ("{amount_cents}") that yields an integer; the currency fixed
@@ -212,6 +222,11 @@ func (r *Rule) validate() error {
 	}
 	if r.OnToolError != OnToolErrorRecord && r.OnToolError != OnToolErrorCancel {
 		return fmt.Errorf("on_tool_error: %q is not record or cancel", r.OnToolError)
+	}
+	for _, f := range r.AcceptDiffers {
+		if !slices.Contains(differTerms, f) {
+			return fmt.Errorf("accept_differs: %q is not one of %s", f, strings.Join(differTerms, ", "))
+		}
 	}
 	return nil
 }
