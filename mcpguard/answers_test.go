@@ -148,7 +148,7 @@ func TestAnswersTheTypeScriptClientAccepts(t *testing.T) {
 	// unknown, in doubt, the refund written. The client accepts that answer.
 	inDoubt := func(t *testing.T, id string) string {
 		b.grant(t, "case-"+id, 1, 30)
-		b.up.delay.Store(int64(3 * time.Second))
+		b.up.delay.Store(int64(time.Second)) // the answer comes after the 300 ms bound: in doubt
 		defer b.up.delay.Store(0)
 		a := tsAgent(t, dir, slowURL, refund(id, "r", nil))
 		accepted(t, a...)

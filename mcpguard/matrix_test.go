@@ -6,7 +6,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -87,59 +89,74 @@ func matrixPeers(b *bundle) []upstreamPeer {
 func TestEveryMCPServerCanBeGuarded(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	var summary []string
-	for _, peer := range matrixPeers(b) {
-		for _, transport := range []string{"stdio", "http"} {
-			cell := peer.name + "/" + transport
-			t.Run(cell, func(t *testing.T) {
-				start := time.Now()
-				id := strings.NewReplacer("/", "-", ".", "-", "=", "-").Replace(cell)
-				var effects func(string) int
-				stderr := &lockedWriter{w: &strings.Builder{}}
-				mod := func(c *mcpguard.Config) {}
-				if transport == "stdio" {
-					var command []string
-					command, effects = peer.stdio(t)
-					mod = func(c *mcpguard.Config) { c.UpstreamCommand, c.UpstreamStderr = command, stderr }
-				} else {
-					var url string
-					url, effects = peer.httpURL(t)
-					mod = func(c *mcpguard.Config) { c.UpstreamURL = url }
-				}
-				installed := time.Now()
-				t.Cleanup(func() {
-					if t.Failed() {
-						t.Logf("upstream stderr:\n%s", stderr)
-					}
+	var (
+		mu      sync.Mutex
+		summary []string
+	)
+	t.Run("cells", func(t *testing.T) {
+		for _, peer := range matrixPeers(b) {
+			for _, transport := range []string{"stdio", "http"} {
+				cell := peer.name + "/" + transport
+				t.Run(cell, func(t *testing.T) {
+					t.Parallel()
+					matrixCell(t, b, peer, transport, cell, func(line string) {
+						mu.Lock()
+						defer mu.Unlock()
+						summary = append(summary, line)
+					})
 				})
-				g, url, _ := b.start(t, mod)
-				b.grant(t, "case-"+id, 1, 30)
-				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-				defer cancel()
-				assert.NoError(t, g.Ready(ctx), "/readyz") // and on: what the agent sees too
-
-				s := agent(t, url)
-				order := "order-" + id
-				first := callTool(t, s, "refund", refundArgs(id, order, 1200, "ref-1"), runMeta("run-"+id, "refund"))
-				require.False(t, first.IsError, "%s", text(first))
-				require.Equal(t, mcpguard.OutcomeExecuted, first.Meta[mcpguard.MetaOutcome])
-				require.Contains(t, text(first), "1200")
-				require.Equal(t, 1, effects(order))
-
-				again := callTool(t, s, "refund", refundArgs(id, order, 1200, "ref-regenerated"), runMeta("run-"+id, "refund"))
-				require.False(t, again.IsError, "%s", text(again))
-				require.Equal(t, mcpguard.OutcomeReplayed, again.Meta[mcpguard.MetaOutcome])
-				require.Equal(t, body(t, first), body(t, again))
-
-				denied := callTool(t, s, "refund", refundArgs(id, order, 1200, "ref-2"), runMeta("run-"+id, "refund-again"))
-				require.True(t, denied.IsError, "%s", text(denied))
-				require.Equal(t, mcpguard.OutcomeDenied, denied.Meta[mcpguard.MetaOutcome])
-				require.Equal(t, 1, effects(order), "one refund: the repeat and the denial never reached the upstream")
-				took := time.Since(installed).Seconds()
-				summary = append(summary, fmt.Sprintf("%s %.1fs", cell, took))
-				t.Logf("%s: ready, executed, replayed, denied; 1 refund; %.1fs (%.1fs with installing)", cell, took, time.Since(start).Seconds())
-			})
+			}
 		}
-	}
+	})
+	sort.Strings(summary)
 	t.Logf("upstream matrix: %d cells green: %s", len(summary), strings.Join(summary, ", "))
+}
+
+func matrixCell(t *testing.T, b *bundle, peer upstreamPeer, transport, cell string, done func(string)) {
+	start := time.Now()
+	id := strings.NewReplacer("/", "-", ".", "-", "=", "-").Replace(cell)
+	var effects func(string) int
+	stderr := &lockedWriter{w: &strings.Builder{}}
+	mod := func(c *mcpguard.Config) {}
+	if transport == "stdio" {
+		var command []string
+		command, effects = peer.stdio(t)
+		mod = func(c *mcpguard.Config) { c.UpstreamCommand, c.UpstreamStderr = command, stderr }
+	} else {
+		var url string
+		url, effects = peer.httpURL(t)
+		mod = func(c *mcpguard.Config) { c.UpstreamURL = url }
+	}
+	installed := time.Now()
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("upstream stderr:\n%s", stderr)
+		}
+	})
+	g, url, _ := b.start(t, mod)
+	b.grant(t, "case-"+id, 1, 30)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	assert.NoError(t, g.Ready(ctx), "/readyz") // and on: what the agent sees too
+
+	s := agent(t, url)
+	order := "order-" + id
+	first := callTool(t, s, "refund", refundArgs(id, order, 1200, "ref-1"), runMeta("run-"+id, "refund"))
+	require.False(t, first.IsError, "%s", text(first))
+	require.Equal(t, mcpguard.OutcomeExecuted, first.Meta[mcpguard.MetaOutcome])
+	require.Contains(t, text(first), "1200")
+	require.Equal(t, 1, effects(order))
+
+	again := callTool(t, s, "refund", refundArgs(id, order, 1200, "ref-regenerated"), runMeta("run-"+id, "refund"))
+	require.False(t, again.IsError, "%s", text(again))
+	require.Equal(t, mcpguard.OutcomeReplayed, again.Meta[mcpguard.MetaOutcome])
+	require.Equal(t, body(t, first), body(t, again))
+
+	denied := callTool(t, s, "refund", refundArgs(id, order, 1200, "ref-2"), runMeta("run-"+id, "refund-again"))
+	require.True(t, denied.IsError, "%s", text(denied))
+	require.Equal(t, mcpguard.OutcomeDenied, denied.Meta[mcpguard.MetaOutcome])
+	require.Equal(t, 1, effects(order), "one refund: the repeat and the denial never reached the upstream")
+	took := time.Since(installed).Seconds()
+	done(fmt.Sprintf("%s %.1fs", cell, took))
+	t.Logf("%s: ready, executed, replayed, denied; 1 refund; %.1fs (%.1fs with installing)", cell, took, time.Since(start).Seconds())
 }
