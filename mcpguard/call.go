@@ -68,6 +68,9 @@ func (g *Guard) guarded(ctx context.Context, gt *guardedTool, req *mcp.CallToolR
 		return toolError(nil, "%s: %v; nothing was proposed", gt.name, err), OutcomeInvalidArguments
 	}
 	*log = log.With().Str("mandate", p.Org+"/"+p.MandateID).Str("idempotency_key", p.IdempotencyKey).Logger()
+	if gt.rule.Recorded {
+		return g.read(ctx, gt, req, p, raw, log)
+	}
 	if err := g.up.ready(ctx); err != nil {
 		log.Warn().Err(err).Msg("upstream unavailable; nothing proposed")
 		return toolError(nil, "the upstream MCP server is unavailable (%v); nothing was proposed: the same call can be repeated", err), OutcomeUpstreamUnavailable

@@ -313,7 +313,7 @@ func TestGuardedToolCalls(t *testing.T) {
 	t.Run("rules naming a tool or an argument the upstream does not have are refused at start", func(t *testing.T) {
 		log := b.h.Log
 		for _, tc := range []struct{ name, rules, want string }{
-			{"unknown tool", strings.Replace(rulesYAML, "refund:", "refnud:", 1), `rules: tools.refnud: the upstream ` + b.up.URL + ` has no tool "refnud" (it has: balance, refund)`},
+			{"unknown tool", strings.Replace(rulesYAML, "refund:", "refnud:", 1), `rules: tools.refnud: the upstream ` + b.up.URL + ` has no tool "refnud" (it has: balance, quote, refund)`},
 			{"unknown argument", strings.Replace(rulesYAML, "{order_id}", "{order}", 1), `rules: tools.refund: the rule reads the argument "order", which is not a property of the tool's input schema`},
 		} {
 			rules, err := mcpguard.ParseRules([]byte(tc.rules))

@@ -55,7 +55,7 @@ func TestPythonAgent(t *testing.T) {
 		BadArguments view     `json:"bad_arguments"`
 	}
 	require.NoError(t, json.Unmarshal(out, &got), "%s", out)
-	require.Equal(t, []string{"balance", "refund"}, got.Tools)
+	require.Equal(t, []string{"balance", "quote", "refund"}, got.Tools)
 	require.Len(t, got.Concurrent, 8)
 	outcomes := map[string]int{}
 	for _, v := range got.Concurrent {

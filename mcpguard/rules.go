@@ -88,6 +88,14 @@ type Rule struct {
 	// that differs in any other is a tool error naming them. Defaults to
 	// none.
 	AcceptDiffers []string `yaml:"accept_differs" json:"accept_differs"`
+	// Recorded marks a read-only tool (a search, a price lookup) whose
+	// answer a restored or resumed agent must see again, not fetched anew
+	// (seed 003): the first call of an intent is forwarded and its answer
+	// recorded under the intent (mandated's record command); every repeat
+	// gets the recorded answer without the upstream being called. A
+	// recorded read takes no authority (it has no amount) and never blocks
+	// an effect. Defaults to false.
+	Recorded bool `yaml:"recorded" json:"recorded"`
 }
 
 // Terms a replay may differ in (wire: a replayed decision's differs).
@@ -185,9 +193,13 @@ func (r *Rule) validate() error {
 		return errors.New("mandate_id: required (fixed, or a template such as \"case-{case_id}\")")
 	case r.Operation == "":
 		return errors.New("operation: required")
-	case r.Amount.MinorUnits == "":
+	case r.Recorded && (r.Amount.MinorUnits != "" || r.Amount.Currency != ""):
+		return errors.New("amount: not with recorded: a recorded read takes no authority")
+	case r.Recorded && len(r.AcceptDiffers) > 0:
+		return errors.New("accept_differs: not with recorded: a read's repeat is answered its first result")
+	case !r.Recorded && r.Amount.MinorUnits == "":
 		return errors.New("amount.minor_units: required (an integer, or a template such as \"{amount_cents}\")")
-	case r.Amount.Currency == "":
+	case !r.Recorded && r.Amount.Currency == "":
 		return errors.New("amount.currency: required (ISO 4217, or a template)")
 	case r.Target == "":
 		return errors.New("target: required (fixed, or a template such as \"{order_id}\")")
@@ -201,7 +213,7 @@ func (r *Rule) validate() error {
 	if !hasPlaceholder(r.MandateID) && !partitioner.ValidID(r.MandateID) {
 		return fmt.Errorf("mandate_id: %q is outside the id grammar [A-Za-z0-9][A-Za-z0-9._:-]{0,127}", r.MandateID)
 	}
-	if !hasPlaceholder(r.Amount.MinorUnits) {
+	if !r.Recorded && !hasPlaceholder(r.Amount.MinorUnits) {
 		if n, err := strconv.ParseInt(r.Amount.MinorUnits, 10, 64); err != nil || n < 0 {
 			return fmt.Errorf("amount.minor_units: %q is neither a non-negative integer nor a template", r.Amount.MinorUnits)
 		}
@@ -387,15 +399,17 @@ func (r *Rule) propose(tool string, args map[string]any, meta map[string]any) (*
 	if p.Target, err = expand("target", r.Target, args); err != nil {
 		return nil, err
 	}
-	units, err := expand("amount.minor_units", r.Amount.MinorUnits, args)
-	if err != nil {
-		return nil, err
-	}
-	if p.Amount.MinorUnits, err = strconv.ParseInt(units, 10, 64); err != nil || p.Amount.MinorUnits < 0 {
-		return nil, &ArgumentError{fmt.Sprintf("amount.minor_units %q (from the arguments) is not a non-negative integer", units)}
-	}
-	if p.Amount.Currency, err = expand("amount.currency", r.Amount.Currency, args); err != nil {
-		return nil, err
+	if !r.Recorded {
+		units, err := expand("amount.minor_units", r.Amount.MinorUnits, args)
+		if err != nil {
+			return nil, err
+		}
+		if p.Amount.MinorUnits, err = strconv.ParseInt(units, 10, 64); err != nil || p.Amount.MinorUnits < 0 {
+			return nil, &ArgumentError{fmt.Sprintf("amount.minor_units %q (from the arguments) is not a non-negative integer", units)}
+		}
+		if p.Amount.Currency, err = expand("amount.currency", r.Amount.Currency, args); err != nil {
+			return nil, err
+		}
 	}
 	action := idSafe("mcp." + tool)
 	switch r.Intent.From {
@@ -430,6 +444,9 @@ func (r *Rule) propose(tool string, args map[string]any, meta map[string]any) (*
 		b, _ := json.Marshal(normNumbers(vals))
 		sum := sha256.Sum256(b)
 		p.IdempotencyKey = wire.IntentKey("mcp-args", hex.EncodeToString(sum[:16]), action)
+		if r.Recorded { // a record is kept under an intent
+			p.Intent = &wire.Intent{RunID: "mcp-args", Step: hex.EncodeToString(sum[:16]), Action: action}
+		}
 	}
 	return p, nil
 }

@@ -185,10 +185,11 @@ func body(t *testing.T, res *mcp.CallToolResult) string {
 // upstreamServer is the MCP server behind mandate-mcp: a Go SDK server
 // whose refund tool inserts a ledger row every time it runs.
 type upstreamServer struct {
-	URL   string
-	srv   *httptest.Server
-	calls atomic.Int64 // refund calls that reached the tool
-	delay atomic.Int64 // nanoseconds the refund takes after its insert
+	URL    string
+	srv    *httptest.Server
+	calls  atomic.Int64 // refund calls that reached the tool
+	quotes atomic.Int64 // quote calls that reached the tool
+	delay  atomic.Int64 // nanoseconds the refund takes after its insert
 }
 
 type refundIn struct {
@@ -205,6 +206,17 @@ type refundOut struct {
 	OrderID     string `json:"order_id"`
 	AmountCents int64  `json:"amount_cents"`
 	Note        string `json:"note,omitempty"`
+}
+
+type quoteIn struct {
+	CaseID  string `json:"case_id"`
+	OrderID string `json:"order_id"`
+}
+
+type quoteOut struct {
+	OrderID    string `json:"order_id"`
+	Quote      int64  `json:"quote"` // the how-manieth quote of this server
+	PriceCents int64  `json:"price_cents"`
 }
 
 type balanceIn struct {
@@ -254,6 +266,11 @@ func newUpstreamServer(pool *pgxpool.Pool, u *upstreamServer) *mcp.Server {
 			out := refundOut{LedgerID: id, OrderID: in.OrderID, AmountCents: in.AmountCents, Note: strings.Repeat("é", in.Pad/2)}
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{
 				Text: fmt.Sprintf("Refunded %d cents on order %s.\nLedger entry %d.\t(done)%s", in.AmountCents, in.OrderID, id, strings.Repeat(".", in.PadText))}}}, out, nil
+		})
+	mcp.AddTool(s, &mcp.Tool{Name: "quote", Description: "Quotes a refund's price now: another answer every call."},
+		func(ctx context.Context, _ *mcp.CallToolRequest, in quoteIn) (*mcp.CallToolResult, quoteOut, error) {
+			n := u.quotes.Add(1)
+			return nil, quoteOut{OrderID: in.OrderID, Quote: n, PriceCents: 1000 + n}, nil
 		})
 	mcp.AddTool(s, &mcp.Tool{Name: "balance", Description: "Counts the refunds of an order."},
 		func(ctx context.Context, _ *mcp.CallToolRequest, in balanceIn) (*mcp.CallToolResult, balanceOut, error) {
