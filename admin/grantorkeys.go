@@ -16,13 +16,13 @@ import (
 // sink.SigningModes, Sink.LoadKeyring).
 
 // ErrKeyExists says a grantor key id is already registered for the org.
-var ErrKeyExists = errors.New("sink: grantor key already exists")
+var ErrKeyExists = errors.New("admin: grantor key already exists")
 
 // AddGrantorKey registers a key. Key ids are never reused within an org,
 // so a decision's signed_by names one key forever.
 func AddGrantorKey(ctx context.Context, q sink.KeyQuerier, k sink.GrantorKey) error {
 	if len(k.PublicKey) != ed25519.PublicKeySize {
-		return fmt.Errorf("sink: grantor key %s: not an Ed25519 public key (%d bytes)", k.KeyID, len(k.PublicKey))
+		return fmt.Errorf("admin: grantor key %s: not an Ed25519 public key (%d bytes)", k.KeyID, len(k.PublicKey))
 	}
 	var until *time.Time
 	if !k.ValidUntil.IsZero() {
@@ -34,7 +34,7 @@ func AddGrantorKey(ctx context.Context, q sink.KeyQuerier, k sink.GrantorKey) er
 		return fmt.Errorf("%w: %s/%s", ErrKeyExists, k.Org, k.KeyID)
 	}
 	if err != nil {
-		return fmt.Errorf("sink: add grantor key: %w", pgerr.Interpret(err))
+		return fmt.Errorf("admin: add grantor key: %w", pgerr.Interpret(err))
 	}
 	return nil
 }
@@ -44,7 +44,7 @@ func AddGrantorKey(ctx context.Context, q sink.KeyQuerier, k sink.GrantorKey) er
 func RevokeGrantorKey(ctx context.Context, q sink.KeyQuerier, org, keyID string, at time.Time) error {
 	tag, err := q.Exec(ctx, `UPDATE grantor_keys SET revoked_at = coalesce(revoked_at, $3) WHERE org = $1 AND key_id = $2`, org, keyID, at)
 	if err != nil {
-		return fmt.Errorf("sink: revoke grantor key: %w", pgerr.Interpret(err))
+		return fmt.Errorf("admin: revoke grantor key: %w", pgerr.Interpret(err))
 	}
 	if tag.RowsAffected() == 0 {
 		return fmt.Errorf("%w: grantor key %s/%s", sink.ErrNotFound, org, keyID)
@@ -55,12 +55,12 @@ func RevokeGrantorKey(ctx context.Context, q sink.KeyQuerier, org, keyID string,
 // SetSigningMode stores an org's grant_signing setting.
 func SetSigningMode(ctx context.Context, q sink.KeyQuerier, org string, mode sink.SigningMode) error {
 	if mode != sink.SigningOff && mode != sink.SigningRequired {
-		return fmt.Errorf("sink: grant signing mode %q is not off or required", mode)
+		return fmt.Errorf("admin: grant signing mode %q is not off or required", mode)
 	}
 	_, err := q.Exec(ctx, `INSERT INTO org_grant_signing (org, mode) VALUES ($1, $2)
 		ON CONFLICT (org) DO UPDATE SET mode = EXCLUDED.mode, updated_at = now()`, org, string(mode))
 	if err != nil {
-		return fmt.Errorf("sink: set grant signing: %w", pgerr.Interpret(err))
+		return fmt.Errorf("admin: set grant signing: %w", pgerr.Interpret(err))
 	}
 	return nil
 }

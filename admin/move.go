@@ -47,7 +47,7 @@ import (
 // mandated_moves itself (TestTheMoveCopiesEveryTableWithAPartitionColumn).
 var movedTables = []string{
 	"chain_anchors", "mandated_partitions", "mandates", "authorizations", "idempotency_keys",
-	"intents", "outbox", "outbox_parked", "relay_progress", "request_answers",
+	"intents", "outbox", "outbox_parked", "relay_progress", "request_answers", "decision_history", "decision_counts",
 }
 
 // MoveOptions says which partition moves where.
@@ -121,29 +121,29 @@ func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 	res := MoveResult{Rows: map[string]int64{}}
 	src, err := pgx.Connect(ctx, o.Source)
 	if err != nil {
-		return res, fmt.Errorf("sink: move: the source does not answer: %w", pgerr.Interpret(err))
+		return res, fmt.Errorf("admin: move: the source does not answer: %w", pgerr.Interpret(err))
 	}
 	defer src.Close(context.WithoutCancel(ctx))
 	dst, err := pgx.Connect(ctx, o.Target)
 	if err != nil {
-		return res, fmt.Errorf("sink: move: target shard %s does not answer: %w", o.TargetName, pgerr.Interpret(err))
+		return res, fmt.Errorf("admin: move: target shard %s does not answer: %w", o.TargetName, pgerr.Interpret(err))
 	}
 	defer dst.Close(context.WithoutCancel(ctx))
 	p := o.Partition
 
 	srcMeta, err := readMeta(ctx, src)
 	if err != nil {
-		return res, fmt.Errorf("sink: move: the source: %w", err)
+		return res, fmt.Errorf("admin: move: the source: %w", err)
 	}
 	if srcMeta == nil {
-		return res, errors.New("sink: move: the source has no recorded layout (no processor ever started on it)")
+		return res, errors.New("admin: move: the source has no recorded layout (no processor ever started on it)")
 	}
 	res.SourceShard = srcMeta.name
 	if srcMeta.name == o.TargetName {
-		return res, fmt.Errorf("sink: move: partition %d is on shard %s already", p, o.TargetName)
+		return res, fmt.Errorf("admin: move: partition %d is on shard %s already", p, o.TargetName)
 	}
 	if p < 0 || p >= srcMeta.count {
-		return res, fmt.Errorf("sink: move: partition %d does not exist (0-%d)", p, srcMeta.count-1)
+		return res, fmt.Errorf("admin: move: partition %d does not exist (0-%d)", p, srcMeta.count-1)
 	}
 	if err := lockMover(ctx, src, p); err != nil {
 		return res, err
@@ -161,18 +161,18 @@ func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 	}
 	dstMeta, err := readMeta(ctx, dst)
 	if err != nil {
-		return res, fmt.Errorf("sink: move: target shard %s: %w", o.TargetName, err)
+		return res, fmt.Errorf("admin: move: target shard %s: %w", o.TargetName, err)
 	}
 	if dstMeta != nil && dstMeta.count != srcMeta.count {
-		return res, fmt.Errorf("sink: move: target shard %s counts %d partitions, the source %d: a partition moves only between shards of one partition count",
+		return res, fmt.Errorf("admin: move: target shard %s counts %d partitions, the source %d: a partition moves only between shards of one partition count",
 			o.TargetName, dstMeta.count, srcMeta.count)
 	}
 	if dstMeta != nil && dstMeta.name != o.TargetName {
-		return res, fmt.Errorf("sink: move: the target database is shard %s, not %s", dstMeta.name, o.TargetName)
+		return res, fmt.Errorf("admin: move: the target database is shard %s, not %s", dstMeta.name, o.TargetName)
 	}
 	dstMoves, err := sink.ReadMoves(ctx, dst)
 	if err != nil {
-		return res, fmt.Errorf("sink: move: target shard %s: %w", o.TargetName, err)
+		return res, fmt.Errorf("admin: move: target shard %s: %w", o.TargetName, err)
 	}
 	in, hasIn := dstMoves[p]
 	// copied: the target committed this move's copy (the record of a
@@ -180,14 +180,14 @@ func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 	copied := stage.State != "" && hasIn && in.State == sink.MoveIn && in.Peer == srcMeta.name && in.Epoch == stage.Epoch
 	switch {
 	case stage.State == sink.MovedOut && !copied:
-		return res, fmt.Errorf("sink: move: shard %s records partition %d moved to shard %s (epoch %d), but shard %s does not record it moved in from %s at that epoch (%s): inspect both with mandatectl shards moves",
+		return res, fmt.Errorf("admin: move: shard %s records partition %d moved to shard %s (epoch %d), but shard %s does not record it moved in from %s at that epoch (%s): inspect both with mandatectl shards moves",
 			srcMeta.name, p, o.TargetName, stage.Epoch, o.TargetName, srcMeta.name, describeMove(in, hasIn))
 	case stage.State == sink.MovedOut:
 		// 4. is the caller's: the map.
 		res.Resumed, res.Total = ResumedDone, in.Rows
 		res.Epoch, err = partitionEpoch(ctx, dst, p)
 		if err != nil {
-			return res, fmt.Errorf("sink: move: target shard %s: %w", o.TargetName, err)
+			return res, fmt.Errorf("admin: move: target shard %s: %w", o.TargetName, err)
 		}
 		res.Took = time.Since(start)
 		return res, nil
@@ -218,7 +218,7 @@ func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 				return err
 			}
 			if again, err := moveStage(m, moves, o); err != nil || again.State != "" {
-				return cmp.Or(err, fmt.Errorf("sink: move: partition %d started moving under this move", p))
+				return cmp.Or(err, fmt.Errorf("admin: move: partition %d started moving under this move", p))
 			}
 			err = tx.QueryRow(ctx, `UPDATE mandated_partitions SET epoch = epoch + 1, owner = $2, updated_at = now()
 				WHERE partition = $1 RETURNING epoch`, p, "mandatectl shards move to "+o.TargetName).Scan(&epoch)
@@ -226,7 +226,7 @@ func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 				err = nil // never claimed: nothing to fence, no rows to copy
 			}
 			if err != nil {
-				return fmt.Errorf("sink: move: fence partition %d: %w", p, pgerr.Interpret(err))
+				return fmt.Errorf("admin: move: fence partition %d: %w", p, pgerr.Interpret(err))
 			}
 			if _, err = tx.Exec(ctx, `INSERT INTO mandated_moves (partition, state, peer, epoch) VALUES ($1, $2, $3, $4)
 				ON CONFLICT (partition) DO UPDATE SET state = EXCLUDED.state, peer = EXCLUDED.peer, epoch = EXCLUDED.epoch,
@@ -248,7 +248,7 @@ func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 	if copied {
 		res.Total = in.Rows
 		if res.Epoch, err = partitionEpoch(ctx, dst, p); err != nil {
-			return res, fmt.Errorf("sink: move: target shard %s: %w", o.TargetName, err)
+			return res, fmt.Errorf("admin: move: target shard %s: %w", o.TargetName, err)
 		}
 	} else {
 		if err := copyPartition(ctx, src, dst, srcMeta, dstMeta, o, epoch, &res); err != nil {
@@ -265,7 +265,7 @@ func MovePartition(ctx context.Context, o MoveOptions) (MoveResult, error) {
 	// 3. The source's copy is read-only from now on, until dropped.
 	if _, err := src.Exec(ctx, `UPDATE mandated_moves SET state = $2, rows = $3, updated_at = now() WHERE partition = $1 AND state = $4`,
 		p, sink.MovedOut, res.Total, sink.MoveOut); err != nil {
-		return res, fmt.Errorf("sink: move: partition %d is on shard %s now, but recording it moved out on shard %s failed (run the same move again to finish it): %w",
+		return res, fmt.Errorf("admin: move: partition %d is on shard %s now, but recording it moved out on shard %s failed (run the same move again to finish it): %w",
 			p, o.TargetName, srcMeta.name, pgerr.Interpret(err))
 	}
 	if err := failpoint.Inject(ctx, failpoint.MoveAfterRecord); err != nil {
@@ -294,7 +294,7 @@ func lockMover(ctx context.Context, src *pgx.Conn, p int32) error {
 		return nil
 	}
 	if !pgerr.Is(err, pgerr.LockNotAvailable) {
-		return fmt.Errorf("sink: move: lock partition %d's mover on the source: %w", p, pgerr.Interpret(err))
+		return fmt.Errorf("admin: move: lock partition %d's mover on the source: %w", p, pgerr.Interpret(err))
 	}
 	holder := "another session"
 	var pid int32
@@ -305,7 +305,7 @@ func lockMover(ctx context.Context, src *pgx.Conn, p int32) error {
 		moverLockClass, p).Scan(&pid, &app); err == nil {
 		holder = fmt.Sprintf("PostgreSQL session %d (%q)", pid, app)
 	}
-	return fmt.Errorf("sink: move: another move of partition %d is running (%s holds its mover's lock on the source): let it finish; a move whose process died releases it with its connection",
+	return fmt.Errorf("admin: move: another move of partition %d is running (%s holds its mover's lock on the source): let it finish; a move whose process died releases it with its connection",
 		p, holder)
 }
 
@@ -330,7 +330,7 @@ func copyPartition(ctx context.Context, src, dst *pgx.Conn, srcMeta, dstMeta *me
 	p := o.Partition
 	snap, err := src.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return fmt.Errorf("sink: move: snapshot the source: %w", pgerr.Interpret(err))
+		return fmt.Errorf("admin: move: snapshot the source: %w", pgerr.Interpret(err))
 	}
 	defer snap.Rollback(context.WithoutCancel(ctx))
 	err = pgx.BeginFunc(ctx, dst, func(tx pgx.Tx) error {
@@ -397,15 +397,15 @@ func moveStage(m *meta, moves map[int32]sink.Move, o MoveOptions) (sink.Move, er
 	case moved && (mv.State == sink.MoveOut || mv.State == sink.MovedOut) && mv.Peer == o.TargetName:
 		return mv, nil
 	case moved && mv.State == sink.MoveOut:
-		return sink.Move{}, fmt.Errorf("sink: move: partition %d is moving to shard %s (since %s, interrupted or running): finish that move first (shards move %d --to %s)",
+		return sink.Move{}, fmt.Errorf("admin: move: partition %d is moving to shard %s (since %s, interrupted or running): finish that move first (shards move %d --to %s)",
 			p, mv.Peer, mv.StartedAt.UTC().Format(time.RFC3339), p, mv.Peer)
 	case moved && mv.State == sink.MovedOut:
-		return sink.Move{}, fmt.Errorf("sink: move: partition %d is not on shard %s: it moved to shard %s (%s); if the shard map still gives it to %s, finish that move's map edit first (shards move %d --to %s)",
+		return sink.Move{}, fmt.Errorf("admin: move: partition %d is not on shard %s: it moved to shard %s (%s); if the shard map still gives it to %s, finish that move's map edit first (shards move %d --to %s)",
 			p, m.name, mv.Peer, mv.State, m.name, p, mv.Peer)
 	case moved && mv.State != sink.MoveIn:
-		return sink.Move{}, fmt.Errorf("sink: move: partition %d is not on shard %s: it moved to shard %s (%s)", p, m.name, mv.Peer, mv.State)
+		return sink.Move{}, fmt.Errorf("admin: move: partition %d is not on shard %s: it moved to shard %s (%s)", p, m.name, mv.Peer, mv.State)
 	case !moved && !m.owns(p):
-		return sink.Move{}, fmt.Errorf("sink: move: partition %d is not on shard %s (partitions %s)", p, m.name, m.describe())
+		return sink.Move{}, fmt.Errorf("admin: move: partition %d is not on shard %s (partitions %s)", p, m.name, m.describe())
 	}
 	return sink.Move{}, nil
 }
@@ -417,7 +417,7 @@ func moveStage(m *meta, moves map[int32]sink.Move, o MoveOptions) (sink.Move, er
 // partition stays fenced and the same move, run again, completes it.
 func undoFence(ctx context.Context, o MoveOptions, source string, cause error) error {
 	ctx = context.WithoutCancel(ctx)
-	stuck := fmt.Errorf("sink: move: copy partition %d into shard %s: %w; the partition stays fenced on shard %s: run the same move again to complete it", o.Partition, o.TargetName, cause, source)
+	stuck := fmt.Errorf("admin: move: copy partition %d into shard %s: %w; the partition stays fenced on shard %s: run the same move again to complete it", o.Partition, o.TargetName, cause, source)
 	dst, err := pgx.Connect(ctx, o.Target)
 	if err != nil {
 		return stuck
@@ -449,7 +449,7 @@ func undoFence(ctx context.Context, o MoveOptions, source string, cause error) e
 	if err != nil {
 		return stuck
 	}
-	return fmt.Errorf("sink: move: copy partition %d into shard %s: %w; the move was undone: partition %d stays on shard %s", o.Partition, o.TargetName, cause, o.Partition, source)
+	return fmt.Errorf("admin: move: copy partition %d into shard %s: %w; the move was undone: partition %d stays on shard %s", o.Partition, o.TargetName, cause, o.Partition, source)
 }
 
 // setOwned records in mandated_meta that the shard owns p (or no longer
@@ -532,7 +532,7 @@ func copyColumns(ctx context.Context, conn *pgconn.PgConn, table string) ([]stri
 func DropMoved(ctx context.Context, url string, p int32) (map[string]int64, error) {
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
-		return nil, fmt.Errorf("sink: drop-moved: the shard does not answer: %w", pgerr.Interpret(err))
+		return nil, fmt.Errorf("admin: drop-moved: the shard does not answer: %w", pgerr.Interpret(err))
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	out := map[string]int64{}
@@ -548,9 +548,9 @@ func DropMoved(ctx context.Context, url string, p int32) (map[string]int64, erro
 		mv, ok := moves[p]
 		switch {
 		case !ok || mv.State == sink.MoveIn:
-			return fmt.Errorf("sink: drop-moved: partition %d did not move away from shard %s: its rows are live", p, m.name)
+			return fmt.Errorf("admin: drop-moved: partition %d did not move away from shard %s: its rows are live", p, m.name)
 		case mv.State == sink.MoveOut:
-			return fmt.Errorf("sink: drop-moved: partition %d is still moving to shard %s: finish the move first (run it again: shards move %d --to %s)", p, mv.Peer, p, mv.Peer)
+			return fmt.Errorf("admin: drop-moved: partition %d is still moving to shard %s: finish the move first (run it again: shards move %d --to %s)", p, mv.Peer, p, mv.Peer)
 		case mv.State == sink.MoveDropped:
 			return nil
 		}
@@ -665,14 +665,14 @@ func checkMigrated(ctx context.Context, src, dst *pgx.Conn, target string) error
 	}
 	sv, err := version(src)
 	if err != nil {
-		return fmt.Errorf("sink: move: read the source's schema version: %w", err)
+		return fmt.Errorf("admin: move: read the source's schema version: %w", err)
 	}
 	dv, err := version(dst)
 	if err != nil {
-		return fmt.Errorf("sink: move: read target shard %s's schema version: %w", target, err)
+		return fmt.Errorf("admin: move: read target shard %s's schema version: %w", target, err)
 	}
 	if dv != sv {
-		return fmt.Errorf("sink: move: target shard %s is not migrated (schema version %d, the source's is %d): run mandatectl migrate on it first", target, dv, sv)
+		return fmt.Errorf("admin: move: target shard %s is not migrated (schema version %d, the source's is %d): run mandatectl migrate on it first", target, dv, sv)
 	}
 	return nil
 }
@@ -682,18 +682,18 @@ func checkMigrated(ctx context.Context, src, dst *pgx.Conn, target string) error
 func checkTargetFree(ctx context.Context, dst *pgx.Conn, p int32, target string) error {
 	var mv *string
 	if err := dst.QueryRow(ctx, `SELECT state FROM mandated_moves WHERE partition = $1`, p).Scan(&mv); err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("sink: move: target shard %s: %w", target, pgerr.Interpret(err))
+		return fmt.Errorf("admin: move: target shard %s: %w", target, pgerr.Interpret(err))
 	}
 	if mv != nil && (*mv == sink.MoveOut || *mv == sink.MovedOut) {
-		return fmt.Errorf("sink: move: target shard %s still keeps an old copy of partition %d (%s): mandatectl shards drop-moved %d --shard %s first", target, p, *mv, p, target)
+		return fmt.Errorf("admin: move: target shard %s still keeps an old copy of partition %d (%s): mandatectl shards drop-moved %d --shard %s first", target, p, *mv, p, target)
 	}
 	for _, table := range movedTables {
 		var has bool
 		if err := dst.QueryRow(ctx, fmt.Sprintf(`SELECT EXISTS (SELECT FROM %s WHERE partition = $1)`, table), p).Scan(&has); err != nil {
-			return fmt.Errorf("sink: move: target shard %s: %w", target, pgerr.Interpret(err))
+			return fmt.Errorf("admin: move: target shard %s: %w", target, pgerr.Interpret(err))
 		}
 		if has {
-			return fmt.Errorf("sink: move: target shard %s already holds rows of partition %d (%s)", target, p, table)
+			return fmt.Errorf("admin: move: target shard %s already holds rows of partition %d (%s)", target, p, table)
 		}
 	}
 	return nil

@@ -24,7 +24,7 @@ import (
 // ErrRetentionTooShort refuses an idempotency-key retention below one hour
 // or below the hold window plus execution timeout of one of the org's
 // mandates (a key must outlive what its authorization can still do).
-var ErrRetentionTooShort = errors.New("sink: idempotency retention too short")
+var ErrRetentionTooShort = errors.New("admin: idempotency retention too short")
 
 // OrgSettings reads and changes org_settings, for operators (mandatectl
 // org-settings). A running sink picks changes up within its
@@ -53,7 +53,7 @@ func (o *OrgSettings) shardWindows(ctx context.Context, org string) (time.Durati
 	for _, pool := range o.shards {
 		var ms int64
 		if err := pool.QueryRow(ctx, `SELECT coalesce(max(hold_window_ms + execution_timeout_ms), 0) FROM mandates WHERE org = $1`, org).Scan(&ms); err != nil {
-			return 0, fmt.Errorf("sink: read the mandates of org %s: %w", org, pgerr.Interpret(err))
+			return 0, fmt.Errorf("admin: read the mandates of org %s: %w", org, pgerr.Interpret(err))
 		}
 		longest = max(longest, time.Duration(ms)*time.Millisecond)
 	}
@@ -93,7 +93,7 @@ func getOrgSetting(ctx context.Context, q interface {
 	var secs *float64
 	var windowsMS int64
 	if err := q.QueryRow(ctx, getOrgSettingSQL, org).Scan(&secs, &windowsMS); err != nil {
-		return out, fmt.Errorf("sink: read the settings of org %s: %w", org, pgerr.Interpret(err))
+		return out, fmt.Errorf("admin: read the settings of org %s: %w", org, pgerr.Interpret(err))
 	}
 	if secs != nil {
 		out.Retention, out.RetentionSet = time.Duration(*secs*float64(time.Second)), true
@@ -113,7 +113,7 @@ func (o *OrgSettings) SetRetention(ctx context.Context, org string, d time.Durat
 	return pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
 		// Serialize with other changes of this org's settings.
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('mandated/org_settings/' || $1))`, org); err != nil {
-			return fmt.Errorf("sink: set retention: %w", pgerr.Interpret(err))
+			return fmt.Errorf("admin: set retention: %w", pgerr.Interpret(err))
 		}
 		cur, err := getOrgSetting(ctx, tx, org)
 		if err != nil {
@@ -131,7 +131,7 @@ func (o *OrgSettings) SetRetention(ctx context.Context, org string, d time.Durat
 		_, err = tx.Exec(ctx, `INSERT INTO org_settings (org, idempotency_retention) VALUES ($1, make_interval(secs => $2))
 			ON CONFLICT (org) DO UPDATE SET idempotency_retention = EXCLUDED.idempotency_retention`, org, d.Seconds())
 		if err != nil {
-			return fmt.Errorf("sink: set retention: %w", pgerr.Interpret(err))
+			return fmt.Errorf("admin: set retention: %w", pgerr.Interpret(err))
 		}
 		return nil
 	})
@@ -152,10 +152,10 @@ type Querier interface {
 // Running daemons apply it within their stats interval.
 func WriteOrgReplay(ctx context.Context, db Execer, org string, window time.Duration, policy lifecycle.ReplayPolicy) error {
 	if window < 0 {
-		return fmt.Errorf("sink: replay window %s for org %s is negative", window, org)
+		return fmt.Errorf("admin: replay window %s for org %s is negative", window, org)
 	}
 	if !policy.Valid() {
-		return fmt.Errorf("sink: replay policy %q for org %s is not deny or flag", policy, org)
+		return fmt.Errorf("admin: replay policy %q for org %s is not deny or flag", policy, org)
 	}
 	var w pgtype.Interval
 	if window > 0 {
@@ -165,7 +165,7 @@ func WriteOrgReplay(ctx context.Context, db Execer, org string, window time.Dura
 		ON CONFLICT (org) DO UPDATE SET replay_window = EXCLUDED.replay_window, replay_policy = EXCLUDED.replay_policy`,
 		org, w, string(policy))
 	if err != nil {
-		return fmt.Errorf("sink: set the replay window of org %s: %w", org, pgerr.Interpret(err))
+		return fmt.Errorf("admin: set the replay window of org %s: %w", org, pgerr.Interpret(err))
 	}
 	return nil
 }
@@ -181,7 +181,7 @@ func ReadOrgReplay(ctx context.Context, db Querier, org string) (lifecycle.Repla
 		return lifecycle.ReplaySetting{Policy: lifecycle.ReplayDeny}, nil
 	}
 	if err != nil {
-		return lifecycle.ReplaySetting{}, fmt.Errorf("sink: read the replay window of org %s: %w", org, pgerr.Interpret(err))
+		return lifecycle.ReplaySetting{}, fmt.Errorf("admin: read the replay window of org %s: %w", org, pgerr.Interpret(err))
 	}
 	return lifecycle.ReplaySetting{Window: time.Duration(secs * float64(time.Second)), Policy: lifecycle.ReplayPolicy(policy)}, nil
 }

@@ -18,8 +18,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mandated/mandated/outbox"
-	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/sink/shardmap"
+	"github.com/mandated/mandated/wire"
 )
 
 // RepartitionConfig configures Repartition: where the topics, the group
@@ -31,7 +31,7 @@ type RepartitionConfig struct {
 	Brokers []string
 	// KafkaOpts are extra client options (TLS, SASL). Defaults to none.
 	KafkaOpts []kgo.Opt
-	// Group is the processors' consumer group. Defaults to processor.GroupDefault.
+	// Group is the processors' consumer group. Defaults to wire.ProcessorGroup.
 	Group string
 	// ProposalsTopic, GrantsTopic, DecisionsTopic and DeadLetterTopic
 	// default to the processor's defaults.
@@ -56,11 +56,11 @@ type RepartitionConfig struct {
 
 // WithDefaults returns a copy with every zero field set to its default.
 func (c RepartitionConfig) WithDefaults() RepartitionConfig {
-	c.Group = cmp.Or(c.Group, processor.GroupDefault)
-	c.ProposalsTopic = cmp.Or(c.ProposalsTopic, processor.ProposalsTopicDefault)
-	c.GrantsTopic = cmp.Or(c.GrantsTopic, processor.GrantsTopicDefault)
-	c.DecisionsTopic = cmp.Or(c.DecisionsTopic, processor.DecisionsTopicDefault)
-	c.DeadLetterTopic = cmp.Or(c.DeadLetterTopic, processor.DeadLetterTopicDefault)
+	c.Group = cmp.Or(c.Group, wire.ProcessorGroup)
+	c.ProposalsTopic = cmp.Or(c.ProposalsTopic, wire.ProposalsTopic)
+	c.GrantsTopic = cmp.Or(c.GrantsTopic, wire.GrantsTopic)
+	c.DecisionsTopic = cmp.Or(c.DecisionsTopic, wire.DecisionsTopic)
+	c.DeadLetterTopic = cmp.Or(c.DeadLetterTopic, wire.DeadLetterTopic)
 	return c
 }
 

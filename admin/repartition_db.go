@@ -118,7 +118,7 @@ func RepartitionDatabase(ctx context.Context, conn *pgx.Conn, cfg RepartitionDat
 	cfg.DaemonApplicationName = cmp.Or(cfg.DaemonApplicationName, sink.ApplicationNameDefault)
 	cfg.LockTimeout = cmp.Or(cfg.LockTimeout, RepartitionLockTimeoutDefault)
 	if cfg.Drained == nil {
-		return RepartitionDatabaseResult{}, errors.New("sink: RepartitionDatabaseConfig.Drained is required")
+		return RepartitionDatabaseResult{}, errors.New("admin: RepartitionDatabaseConfig.Drained is required")
 	}
 	start := time.Now()
 	if _, err := sink.Migrate(ctx, conn); err != nil {
@@ -213,7 +213,7 @@ func RepartitionDatabase(ctx context.Context, conn *pgx.Conn, cfg RepartitionDat
 		if errors.Is(err, ErrRepartitionRefused) {
 			return res, err
 		}
-		return res, fmt.Errorf("sink: repartition to %d: %w", cfg.To, pgerr.Interpret(err))
+		return res, fmt.Errorf("admin: repartition to %d: %w", cfg.To, pgerr.Interpret(err))
 	}
 	return res, nil
 }

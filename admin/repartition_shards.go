@@ -219,7 +219,7 @@ func FinishShardedRepartition(ctx context.Context, plan ShardedRepartition, to i
 			})
 		}()
 		if err != nil {
-			return fmt.Errorf("sink: repartition: record %d partitions on shard %s: %w", to, s.Name, err)
+			return fmt.Errorf("admin: repartition: record %d partitions on shard %s: %w", to, s.Name, err)
 		}
 	}
 	return nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -37,11 +38,19 @@ type AuthorizationRef struct {
 	Org             string
 	MandateID       string
 	AuthorizationID string
+	// Differs is what the decision the ref was taken from (RefOf) said
+	// differs between the request and the recorded authorization it
+	// replayed (wire.Decision.Differs): Execute refuses such a ref with a
+	// *ReplayDiffersError unless the caller accepts those fields
+	// (AcceptDiffers). It is not part of any command.
+	Differs []string
 }
 
-// RefOf returns the authorization a decision is about.
+// RefOf returns the authorization a decision is about, with what the
+// decision said differs (a replay of an intent whose terms were not this
+// request's).
 func RefOf(d *Decision) AuthorizationRef {
-	return AuthorizationRef{Org: d.Org, MandateID: d.MandateID, AuthorizationID: d.AuthorizationID}
+	return AuthorizationRef{Org: d.Org, MandateID: d.MandateID, AuthorizationID: d.AuthorizationID, Differs: slices.Clone(d.Differs)}
 }
 
 func (a AuthorizationRef) put(m map[string]any, typ wire.CommandType) map[string]any {
@@ -103,6 +112,13 @@ type Propose struct {
 	Target         string     `wire:"target"`
 	BasedOnVersion int64      `wire:"based_on_version,omitempty"` // optional
 	Deadline       time.Time  `wire:"deadline,omitempty"`         // optional
+	// Intent names the workflow step this proposal acts for (optional):
+	// the same intent again is answered by its recorded authorization,
+	// whatever the key (docs/design.md, "Restored agents").
+	Intent *wire.Intent `wire:"intent,omitempty"`
+	// ForkOf names the terminal authorization of Intent this proposal
+	// knowingly supersedes (optional; needs Intent).
+	ForkOf string `wire:"fork_of,omitempty"`
 }
 
 func (p Propose) fields() (map[string]any, error) {
@@ -179,6 +195,30 @@ type Resolve struct {
 
 func (r Resolve) fields() (map[string]any, error) {
 	return members(r.put(map[string]any{}, wire.CmdResolve), r), nil
+}
+
+// RecordRead records what a read-only tool returned for one intent (a
+// recorded read: docs/wire.md, "Recorded reads"), or, without Result, looks
+// up what was recorded. The first result recorded for the intent is the
+// answer to every later RecordRead of it. Client.Read runs the look-up,
+// the read and the record in one call. (The package function Record is
+// something else: it builds any command's record for SubmitExact.)
+type RecordRead struct {
+	Ref
+	Operation string      `wire:"operation"` // the read (operation grammar): price.lookup
+	Intent    wire.Intent `wire:"intent"`    // the workflow step, as a proposal's; required
+	// Target names what was read, as an id (a digest of the read's
+	// arguments): a later record of the intent with another target is
+	// answered with the first result and differs ["target"]. Optional.
+	Target string `wire:"target,omitempty"`
+	// Result is the read's answer, a JSON object of at most 8 KiB; nil: a
+	// look-up.
+	Result         json.RawMessage `wire:"result,omitempty"`
+	IdempotencyKey string          `wire:"idempotency_key,omitempty"` // optional, echoed, never bound
+}
+
+func (r RecordRead) fields() (map[string]any, error) {
+	return members(r.put(map[string]any{}, wire.CmdRecord), r), nil
 }
 
 // Grant creates a mandate or replaces its terms (the grantor's command).

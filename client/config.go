@@ -13,12 +13,13 @@ import (
 
 // Defaults of Config.
 const (
-	ProposalsTopicDefault  = "mandate.proposals"
-	GrantsTopicDefault     = "mandate.grants"
-	DecisionsTopicDefault  = "mandate.decisions"
+	ProposalsTopicDefault  = wire.ProposalsTopic
+	GrantsTopicDefault     = wire.GrantsTopic
+	DecisionsTopicDefault  = wire.DecisionsTopic
 	RecentDecisionsDefault = 4096
 	SettleTimeoutDefault   = 30 * time.Second
 	FetchMaxWaitDefault    = 100 * time.Millisecond
+	LoserWaitDefault       = 5 * time.Second
 )
 
 // Config configures a Client.
@@ -50,6 +51,12 @@ type Config struct {
 	// caller's deadline: an effect that happened must be recorded. Defaults
 	// to SettleTimeoutDefault.
 	SettleTimeout time.Duration
+	// LoserWait bounds how long Execute's loser waits for an execution
+	// begun elsewhere to finish: then it returns an *InProgressError
+	// (errors.Is ErrInDoubt) naming the executor, when it began and when it
+	// becomes reconcilable, without running fn. The caller's context may
+	// end the wait sooner. Defaults to LoserWaitDefault.
+	LoserWait time.Duration
 	// DeliveryTimeout fails a record the broker has not acknowledged after
 	// this long, where franz-go can still fail it safely (it was not sent),
 	// so a command a caller gave up on is not produced much later. Defaults
@@ -71,6 +78,7 @@ func (c Config) WithDefaults() Config {
 	c.RecentDecisions = cmp.Or(c.RecentDecisions, RecentDecisionsDefault)
 	c.SettleTimeout = cmp.Or(c.SettleTimeout, SettleTimeoutDefault)
 	c.FetchMaxWait = cmp.Or(c.FetchMaxWait, FetchMaxWaitDefault)
+	c.LoserWait = cmp.Or(c.LoserWait, LoserWaitDefault)
 	if c.Logger == nil {
 		nop := zerolog.Nop()
 		c.Logger = &nop
@@ -89,6 +97,8 @@ func (c Config) Validate() error {
 		return errors.New("client: Config.RecentDecisions must not be negative")
 	case c.SettleTimeout < 0:
 		return errors.New("client: Config.SettleTimeout must not be negative")
+	case c.LoserWait < 0:
+		return errors.New("client: Config.LoserWait must not be negative")
 	case c.DeliveryTimeout < 0:
 		return errors.New("client: Config.DeliveryTimeout must not be negative")
 	}

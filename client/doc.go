@@ -13,7 +13,18 @@
 // Execute runs the executor boundary of seed 002 in one call: one attempt
 // wins the begin and runs the side effect, every other attempt waits for the
 // winner's outcome and returns it, and an attempt that cannot tell fails
-// closed (ErrInDoubt) without running the side effect.
+// closed (ErrInDoubt) without running the side effect. It answers only
+// for the request that was made: a ref taken from the replay of an intent
+// whose recorded authorization differs from the request (Decision.Differs)
+// is refused with a *ReplayDiffersError unless the caller accepts the
+// fields (AcceptDiffers), and a loser whose winner has not finished within
+// Config.LoserWait gets an *InProgressError naming the executor, since
+// when, and when the execution becomes reconcilable.
+//
+// Read keeps a read-only call's answer under its intent (a recorded read):
+// it looks the record up, and only when there is none runs the read and
+// records its answer, so a restored or resumed agent sees the first answer
+// again instead of fetching a new one.
 //
 // The client sits outside the single writer: it never decides anything, and
 // it never reads PostgreSQL. It must never retry a command under a new

@@ -7,6 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
+	"time"
 
 	"github.com/mandated/mandated/wire"
 )
@@ -31,6 +34,91 @@ var (
 	// expired, revoked), or could not be begun.
 	ErrNotCommitted = errors.New("client: the authorization was not committed")
 )
+
+// ErrReplayDiffers: Execute was handed the replay of an intent whose
+// recorded authorization differs from the request (a *ReplayDiffersError):
+// its result is not this request's, and fn was not run.
+var ErrReplayDiffers = errors.New("client: the replayed authorization differs from this request")
+
+// ReplayDiffersError is Execute's (and Read's) refusal of a replay that
+// differs (issue 39 item 2): the decision answered this request with the
+// intent's recorded authorization, whose Fields (sorted: "amount",
+// "currency", "operation", "target") are not this request's. Execute sent
+// nothing (no begin) and did not run fn. Presenting the recorded result as this
+// request's would report done an effect that was not asked for; accept the
+// fields with AcceptDiffers when the caller knows they were regenerated
+// for the same action, or fork the intent to act on the new terms.
+type ReplayDiffersError struct {
+	Org             string
+	MandateID       string
+	AuthorizationID string   // the recorded authorization
+	Fields          []string // what differs, sorted
+}
+
+func (e *ReplayDiffersError) Error() string {
+	return fmt.Sprintf("client: this request differs from the recorded authorization %s of its intent in %s: its result is not this request's",
+		e.AuthorizationID, strings.Join(e.Fields, ", "))
+}
+
+func (e *ReplayDiffersError) Unwrap() error { return ErrReplayDiffers }
+
+// ErrInProgress: a loser found the execution begun by another executor and
+// not finished within Config.LoserWait (a *InProgressError). errors.Is
+// ErrInDoubt holds too: the caller cannot know the outcome yet.
+var ErrInProgress = errors.New("client: the execution is in progress elsewhere")
+
+// InProgressError is a loser's answer when the winner's execution has not
+// finished within the bound the caller set (Config.LoserWait, or the
+// context's deadline if sooner). fn was not run, and never will be by this
+// call: repeat the call to get the outcome, or, from ReconcilableAt on
+// (the execution deadline: the execution goes in doubt), an operator
+// reconciles it.
+type InProgressError struct {
+	AuthorizationID string
+	Executor        string    // the executor whose begin won
+	Since           time.Time // when its execution began
+	ReconcilableAt  time.Time // its execution deadline (zero if unknown)
+	Decision        *Decision // the last decision seen about the authorization
+	Cause           error     // why the wait ended (the bound, or the context)
+}
+
+func (e *InProgressError) Error() string {
+	s := fmt.Sprintf("client: authorization %s is being executed by %q since %s", e.AuthorizationID, e.Executor, e.Since.Format(time.RFC3339Nano))
+	if !e.ReconcilableAt.IsZero() {
+		s += fmt.Sprintf(", reconcilable from %s", e.ReconcilableAt.Format(time.RFC3339Nano))
+	}
+	return s + fmt.Sprintf(": its outcome was not seen in time (%v); fn was not run", e.Cause)
+}
+
+func (e *InProgressError) Unwrap() []error {
+	return []error{ErrInProgress, ErrInDoubt, e.Cause}
+}
+
+// CallOption changes one Execute or Read call.
+type CallOption func(*callOptions)
+
+type callOptions struct {
+	acceptDiffers []string
+}
+
+func optionsOf(opts []CallOption) callOptions {
+	var o callOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}
+
+// AcceptDiffers lets Execute go on with a replay whose recorded
+// authorization differs from the request in (only) these fields: the
+// caller knows they are regenerated for the same action (a LangGraph fork
+// that recomputes an amount), and takes the recorded outcome and result as
+// the answer. Any other differing field is still refused. For Read, the
+// field is "target": the caller takes the recorded answer to an earlier
+// form of its question (a restored model that rephrased its query).
+func AcceptDiffers(fields ...string) CallOption {
+	return func(o *callOptions) { o.acceptDiffers = append(o.acceptDiffers, fields...) }
+}
 
 // Effect is what the side effect reports: the provider's reference, and a
 // JSON object recorded with the commit when the server supports results.
@@ -68,9 +156,20 @@ type Execution struct {
 //     ErrNotExecuted, and reports the outcome unknown for any other error;
 //   - a loser (refused already_executing) never runs fn: it waits for the
 //     winner's terminal outcome on the decisions topic and returns it, the
-//     same external reference and result as the winner;
+//     same external reference and result as the winner; when the winner's
+//     execution has not finished within Config.LoserWait (5 s by default),
+//     it returns an *InProgressError (errors.Is ErrInProgress and
+//     ErrInDoubt) naming the executor, since when it executes and when it
+//     becomes reconcilable, rather than waiting for the execution deadline;
 //   - when ctx ends before the outcome is known, it returns ErrInDoubt and
 //     has not run fn.
+//
+// A ref taken (RefOf) from the replay of an intent whose recorded
+// authorization differs from the request (Decision.Differs) is refused
+// before anything is sent, with a *ReplayDiffersError (errors.Is
+// ErrReplayDiffers): the recorded result is not this request's. A caller
+// that knows the fields are regenerated for the same action says so with
+// AcceptDiffers(fields...) and gets the recorded outcome.
 //
 // With a server that hands out execution tokens (the executor boundary) the
 // commit carries the token, so a winner paused past its execution timeout
@@ -78,7 +177,11 @@ type Execution struct {
 // result. Against a server without tokens, the begin's compare-and-set still
 // elects one winner, but a stale winner's commit is not fenced by a token
 // and the result is not recorded: losers get the external reference only.
-func (c *Client) Execute(ctx context.Context, auth AuthorizationRef, fn ExecuteFunc) (*Execution, error) {
+func (c *Client) Execute(ctx context.Context, auth AuthorizationRef, fn ExecuteFunc, opts ...CallOption) (*Execution, error) {
+	o := optionsOf(opts)
+	if differs := unaccepted(auth.Differs, o.acceptDiffers); len(differs) > 0 {
+		return nil, &ReplayDiffersError{Org: auth.Org, MandateID: auth.MandateID, AuthorizationID: auth.AuthorizationID, Fields: differs}
+	}
 	executor, err := newExecutor()
 	if err != nil {
 		return nil, err
@@ -103,12 +206,26 @@ func (c *Client) Execute(ctx context.Context, auth AuthorizationRef, fn ExecuteF
 		d.Outcome == wire.OutcomeReplayed && d.OriginalOutcome == wire.OutcomeExecuting && d.State() == wire.StateExecuting:
 		return c.runWinner(ctx, auth, d, fn)
 	case d.Outcome == wire.OutcomeRefused && d.Reason == wire.ReasonAlreadyExecuting:
-		return c.awaitWinner(ctx, d, w)
+		wctx, cancel := context.WithTimeoutCause(ctx, c.cfg.LoserWait,
+			fmt.Errorf("the loser's wait (LoserWait %s) ended", c.cfg.LoserWait))
+		defer cancel()
+		return c.awaitWinner(wctx, d, w)
 	case d.State().Terminal() || d.State() == wire.StateInDoubt:
 		return settled(d)
 	default:
 		return &Execution{Decision: d}, fmt.Errorf("%w: begin was answered %s %s: %s", ErrNotCommitted, d.Outcome, d.Reason, d.Detail)
 	}
+}
+
+// unaccepted returns the fields of differs that accepted does not name.
+func unaccepted(differs, accepted []string) []string {
+	var out []string
+	for _, f := range differs {
+		if !slices.Contains(accepted, f) {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 func newExecutor() (string, error) {
@@ -163,7 +280,8 @@ func (c *Client) runWinner(ctx context.Context, auth AuthorizationRef, begun *De
 // hold the caller until its deadline (a winner that died mid-execution is
 // put in doubt by the execution timeout). The refusal itself may already
 // show it (a begin after the winner committed is refused with the winner's
-// outcome and result).
+// outcome and result). ctx carries the loser's bound: when it ends while
+// the execution still runs, the answer is an *InProgressError.
 func (c *Client) awaitWinner(ctx context.Context, last *Decision, w *watcher) (*Execution, error) {
 	if last.State().Terminal() || last.State() == wire.StateInDoubt {
 		return settled(last)
@@ -181,6 +299,13 @@ func (c *Client) awaitWinner(ctx context.Context, last *Decision, w *watcher) (*
 		select {
 		case <-w.signal:
 		case <-ctx.Done():
+			if a := last.Authorization; a != nil && a.State == wire.StateExecuting {
+				ip := &InProgressError{AuthorizationID: a.ID, Executor: a.Executor, Since: a.UpdatedAt, Decision: last, Cause: context.Cause(ctx)}
+				if a.ExecutionDeadline != nil {
+					ip.ReconcilableAt = *a.ExecutionDeadline
+				}
+				return &Execution{Decision: last}, ip
+			}
 			return &Execution{Decision: last}, fmt.Errorf("%w: the winner's outcome was not seen before the deadline (last state %s); fn was not run: %w",
 				ErrInDoubt, last.State(), context.Cause(ctx))
 		}

@@ -28,7 +28,10 @@
 // only as an agent or platform: the gateway has no way to write grants or
 // resolve, which stay on the grants topic (the control plane).
 //
-// The gateway decides nothing and writes nothing to PostgreSQL.
+// The gateway decides nothing. What this package writes to PostgreSQL is
+// never a decision: the console's sessions, and the API and operator tokens
+// (CreateToken, CreateOperatorToken and RevokeToken, which mandatectl tokens
+// calls).
 //
 // It stands on client, wire and partitioner, and may stand on sink and
 // internal (test/layout). It must never import processor, lifecycle, outbox

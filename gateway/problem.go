@@ -63,7 +63,10 @@ func statusOf(d *wire.Decision) int {
 	case wire.OutcomeStale:
 		return http.StatusConflict
 	case wire.OutcomeRefused:
-		if d.Reason == wire.ReasonAuthorizationNotFound {
+		switch d.Reason {
+		case wire.ReasonAuthorizationNotFound, wire.ReasonNotRecorded, wire.ReasonMandateNotFound:
+			// No such authorization; no record of the read yet (a
+			// look-up); no mandate to record under.
 			return http.StatusNotFound
 		}
 		return http.StatusConflict

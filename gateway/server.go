@@ -74,6 +74,7 @@ func New(cfg Config, cl *client.Client, db *pgxpool.Pool, reg prometheus.Registe
 		metrics: newMetrics(reg), mux: http.NewServeMux(), inFlight: map[string]int{}}
 	const base = "/v1/orgs/{org}/mandates/{mandate}"
 	s.route("POST "+base+"/proposals", "propose", s.command(wire.CmdPropose))
+	s.route("POST "+base+"/records", "record", s.command(wire.CmdRecord))
 	s.route("GET "+base+"/proposals/{key}", "proposal_status", s.proposalStatus)
 	s.route("GET "+base+"/requests/{request}", "request_status", s.requestStatus)
 	s.route("GET "+base+"/authorizations/{authorization}", "authorization_status", s.authorizationStatus)

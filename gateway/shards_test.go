@@ -55,7 +55,7 @@ func gatewayRole(t *testing.T, urls ...string) (string, string) {
 			stmts = append(stmts, strings.ReplaceAll(s, "mandated_gateway", role))
 		}
 	}
-	require.Len(t, stmts, 5, "the documented grants (the fifth: the console's sessions)")
+	require.Len(t, stmts, 6, "the documented grants (the fifth: the console's history, the sixth: its sessions)")
 	admin, err := pgx.Connect(ctx, urls[0])
 	require.NoError(t, err)
 	defer admin.Close(ctx)

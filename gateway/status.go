@@ -34,8 +34,8 @@ type AuthorizationStatus struct {
 type AuthorizationRow struct {
 	Version           int64           `json:"version"`
 	Operation         string          `json:"operation"`
-	Target            string          `json:"target"`
-	Amount            wire.Money      `json:"amount"`
+	Target            string          `json:"target,omitempty"` // empty only on a recorded read that named none
+	Amount            wire.Money      `json:"amount,omitzero"`  // zero (absent) only on a recorded read
 	IdempotencyKey    string          `json:"idempotency_key"`
 	MandateVersion    int64           `json:"mandate_version"`
 	Deadline          time.Time       `json:"deadline"`

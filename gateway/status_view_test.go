@@ -33,11 +33,14 @@ func TestAnAuthorizationStatusKeepsItsJSON(t *testing.T) {
 		`"external_ref":"re_1","executor":"worker-1","execution_token":7,"result":{"ok":true},"detail":"a detail","decision_id":"d_1",`+
 		`"created_at":"2026-11-30T12:00:00Z","updated_at":"2026-11-30T12:00:01Z"}`, string(b))
 
+	// A recorded read (issue 42 item 4) has no amount, and a target only
+	// when its record named one: both are absent when unset.
 	var bare AuthorizationStatus
-	bare.Org, bare.MandateID, bare.ID, bare.State, bare.Terminal = "acme", "m-1", "au_2", "reserved", false
+	bare.Org, bare.MandateID, bare.ID, bare.State, bare.Terminal = "acme", "m-1", "au_2", "recorded", true
+	bare.Result = json.RawMessage(`{"price":1999}`)
 	b, err = json.Marshal(bare)
 	require.NoError(t, err)
-	require.Equal(t, `{"org":"acme","mandate_id":"m-1","authorization_id":"au_2","state":"reserved","terminal":false,`+
-		`"version":0,"operation":"","target":"","amount":{"minor_units":0,"currency":""},"idempotency_key":"","mandate_version":0,`+
-		`"deadline":"0001-01-01T00:00:00Z","decision_id":"","created_at":"0001-01-01T00:00:00Z","updated_at":"0001-01-01T00:00:00Z"}`, string(b))
+	require.Equal(t, `{"org":"acme","mandate_id":"m-1","authorization_id":"au_2","state":"recorded","terminal":true,`+
+		`"version":0,"operation":"","idempotency_key":"","mandate_version":0,`+
+		`"deadline":"0001-01-01T00:00:00Z","result":{"price":1999},"decision_id":"","created_at":"0001-01-01T00:00:00Z","updated_at":"0001-01-01T00:00:00Z"}`, string(b))
 }

@@ -20,6 +20,12 @@
 // nothing, as is the executor's own once reconciliation resolved its
 // execution.
 //
+// The record rule: a record (a recorded read) takes no authority. Its
+// intent lives in a scope of its own (RecordScopePrefix); the first one
+// with a result creates an authorization that is terminal (recorded) from
+// the start, and every later one is answered with it. It moves no counter
+// and no version of its mandate, whatever the mandate's state.
+//
 // It stands on the ground floor with the contract (test/layout): it must
 // never import any package of mandated's but partitioner and wire — no
 // storage, no Kafka, no clock, no failpoint.

@@ -84,6 +84,9 @@ type fuzzWorld struct {
 	// authorizations reserved for it that are not forks, and its latest.
 	intentRoots map[lifecycle.IntentScope]int
 	intentHead  map[lifecycle.IntentScope]lifecycle.AuthKey
+
+	// recorded is the first result recorded for each read's intent.
+	recorded map[lifecycle.IntentScope]string
 }
 
 func newFuzzWorld(t testing.TB) *fuzzWorld {
@@ -96,6 +99,7 @@ func newFuzzWorld(t testing.TB) *fuzzWorld {
 		reserve:     map[lifecycle.IdemScope]int{},
 		intentRoots: map[lifecycle.IntentScope]int{},
 		intentHead:  map[lifecycle.IntentScope]lifecycle.AuthKey{},
+		recorded:    map[lifecycle.IntentScope]string{},
 	}
 	w.st.Replay = fuzzReplay
 	return w
@@ -189,10 +193,23 @@ func (w *fuzzWorld) proposeIntent(r *bytesIn) *wire.Command {
 	return cmd
 }
 
+// record is a recorded read of one of a few intents (the effects' intents
+// too: a read's scope is its own), a look-up or a result that changes on
+// every call.
+func (w *fuzzWorld) record(r *bytesIn) *wire.Command {
+	rec := &wire.Record{Operation: pick(r, fuzzOps), Intent: pick(r, fuzzIntents), Target: pick(r, []string{"", "t0", "t1"})}
+	if r.next()%3 != 0 {
+		rec.Result = []byte(fmt.Sprintf(`{"n":%d}`, w.offset))
+	}
+	return &wire.Command{Type: wire.CmdRecord, Key: pick(r, fuzzMandates), IdempotencyKey: pick(r, []string{"", "k0"}), Record: rec}
+}
+
 // step reads one action from r and applies it.
 func (w *fuzzWorld) step(r *bytesIn) {
 	var cmd *wire.Command
-	switch r.next() % 14 {
+	switch r.next() % 15 {
+	case 14:
+		cmd = w.record(r)
 	case 12, 13:
 		cmd = w.proposeIntent(r)
 	case 0:
@@ -317,11 +334,16 @@ func (w *fuzzWorld) decide(cmd *wire.Command) {
 	eq(t, string(cmd.Type), answer.Command)
 	eq(t, cmd.Key.String(), answer.MandateKey)
 
-	// New authorizations come only from a reserved answer.
+	// New authorizations come only from a reserved (or recorded) answer.
 	for k, a := range w.st.Auths {
 		if w.byKey[k] == nil {
-			eq(t, wire.CmdPropose, cmd.Type)
-			eq(t, wire.OutcomeReserved, answer.Outcome)
+			if cmd.Type == wire.CmdRecord {
+				eq(t, wire.OutcomeRecorded, answer.Outcome)
+				eq(t, wire.StateRecorded, a.State)
+			} else {
+				eq(t, wire.CmdPropose, cmd.Type)
+				eq(t, wire.OutcomeReserved, answer.Outcome)
+			}
 			eq(t, k.ID, answer.AuthorizationID)
 			eq(t, lifecycle.AuthorizationID(cmd.Key, src), a.Key.ID)
 			sa := &shadowAuth{key: k}
@@ -337,6 +359,9 @@ func (w *fuzzWorld) decide(cmd *wire.Command) {
 	if cmd.Type == wire.CmdPropose {
 		w.checkIntent(cmd, before, answer)
 		w.checkPossibleReplay(cmd, answer)
+	}
+	if cmd.Type == wire.CmdRecord {
+		w.checkRecord(cmd, before, answer, ds)
 	}
 
 	// An idempotency key always gets the same authorization (an intent
@@ -444,6 +469,9 @@ func (w *fuzzWorld) checkIntent(cmd *wire.Command, before snapshot, answer *wire
 	t := w.t
 	p := cmd.Propose
 	scope, hasIntent := lifecycle.IntentScopeOf(cmd)
+	if answer.Reason != wire.ReasonIntentReplayed {
+		holds(t, answer.Differs == nil, "differs on a %s %s answer", answer.Outcome, answer.Reason)
+	}
 	if !hasIntent {
 		holds(t, answer.Reason != wire.ReasonIntentReplayed && answer.ForkOf == "", "no intent, no lineage")
 		return
@@ -455,6 +483,19 @@ func (w *fuzzWorld) checkIntent(cmd *wire.Command, before snapshot, answer *wire
 		eq(t, wire.OutcomeReplayed, answer.Outcome)
 		eq(t, head.ID, answer.AuthorizationID, "an intent replay names the intent's latest authorization")
 		holds(t, p.ForkOf == "" || p.ForkOf == w.st.Auths[head].ForkOf, "a fork of the latest authorization is not a replay")
+		// Differs names exactly the terms that are not the recorded ones.
+		a := w.st.Auths[head]
+		var differs []string
+		for _, f := range []struct {
+			name string
+			same bool
+		}{{"amount", a.Amount == p.Amount.MinorUnits}, {"currency", a.Currency == p.Amount.Currency},
+			{"operation", a.Operation == p.Operation}, {"target", a.Target == p.Target}} {
+			if !f.same {
+				differs = append(differs, f.name)
+			}
+		}
+		holds(t, slices.Equal(differs, answer.Differs), "differs of a replay of %s: %v, want %v", head.ID, answer.Differs, differs)
 	case answer.Outcome == wire.OutcomeReserved:
 		a := w.st.Auths[lifecycle.AuthKey{Mandate: cmd.Key, ID: answer.AuthorizationID}]
 		if p.ForkOf == "" {
@@ -480,6 +521,42 @@ func (w *fuzzWorld) checkIntent(cmd *wire.Command, before snapshot, answer *wire
 		eq(t, w.intentHead[scope], rec.Head, "the intent's latest authorization is the model's")
 	} else {
 		holds(t, !bound, "an intent binding vanished")
+	}
+}
+
+// checkRecord checks a recorded read: it never moves a mandate (no use,
+// no amount, no version: it decides no deadline either), it is recorded
+// once per intent, and every later record or look-up of the intent gets
+// the first result.
+func (w *fuzzWorld) checkRecord(cmd *wire.Command, before snapshot, answer *wire.Decision, ds []wire.Decision) {
+	t := w.t
+	eq(t, 1, len(ds), "a record has no consequence")
+	for k, m := range w.st.Mandates {
+		holds(t, reflect.DeepEqual(before.mandates[k], *m), "a record changed mandate %s", k)
+	}
+	scope, _ := lifecycle.IntentScopeOf(cmd)
+	first, bound := w.recorded[scope]
+	switch answer.Outcome {
+	case wire.OutcomeRecorded:
+		holds(t, !bound, "a read recorded twice")
+		holds(t, cmd.Record.Result != nil, "a look-up recorded")
+		w.recorded[scope] = string(cmd.Record.Result)
+		eq(t, string(cmd.Record.Result), string(answer.Authorization.Result))
+	case wire.OutcomeReplayed:
+		holds(t, bound, "a replay of an unrecorded read")
+		eq(t, wire.OutcomeRecorded, answer.OriginalOutcome)
+		eq(t, first, string(answer.Authorization.Result), "a replay shows the first result")
+		holds(t, (answer.Authorization.Target == cmd.Record.Target) == (answer.Differs == nil), "differs %v for targets %q/%q",
+			answer.Differs, answer.Authorization.Target, cmd.Record.Target)
+	case wire.OutcomeRefused:
+		holds(t, !bound, "a recorded read refused %s", answer.Reason)
+		holds(t, answer.Reason == wire.ReasonMandateNotFound || (answer.Reason == wire.ReasonNotRecorded && cmd.Record.Result == nil),
+			"a record refused %s", answer.Reason)
+	default:
+		holds(t, false, "a record answered %s", answer.Outcome)
+	}
+	if w.st.Mandates[cmd.Key] == nil {
+		eq(t, wire.ReasonMandateNotFound, answer.Reason)
 	}
 }
 
@@ -530,15 +607,18 @@ func (w *fuzzWorld) checkSequences(first int64, ds []wire.Decision) {
 type snapshot struct {
 	auths    map[lifecycle.AuthKey]lifecycle.Authorization
 	policies map[partitioner.MandateKey]bool
+	mandates map[partitioner.MandateKey]lifecycle.Mandate
 }
 
 func (w *fuzzWorld) snapshot() snapshot {
-	s := snapshot{auths: map[lifecycle.AuthKey]lifecycle.Authorization{}, policies: map[partitioner.MandateKey]bool{}}
+	s := snapshot{auths: map[lifecycle.AuthKey]lifecycle.Authorization{}, policies: map[partitioner.MandateKey]bool{},
+		mandates: map[partitioner.MandateKey]lifecycle.Mandate{}}
 	for k, a := range w.st.Auths {
 		s.auths[k] = *a
 	}
 	for k, m := range w.st.Mandates {
 		s.policies[k] = m.ReleaseOnCancel
+		s.mandates[k] = *m
 	}
 	return s
 }
@@ -748,7 +828,13 @@ func lifecycleSeeds() [][]byte {
 	intent := []byte{opIntent, 0, 0, 1, 0, 0, 2, 1, 0, 0, 0}
 	restored := []byte{opIntent, 0, 0, 1, 0, 0, 2, 1, 1, 0, 0}
 	fork := []byte{opIntent, 0, 0, 1, 0, 0, 2, 1, 2, 0, 1}
+	// record a read (pay) of intent r0/s0/a0 on m0 with a result, again
+	// with another result, then look it up, and look up another one.
+	const opRecord = 14
+	record := []byte{opRecord, 0, 0, 1, 1, 0, 0}
+	lookup := []byte{opRecord, 0, 0, 1, 0, 0, 0}
 	seeds := [][]byte{
+		slices.Concat(grant, lookup, record, record, lookup, intent, []byte{opRecord, 0, 1, 1, 0, 0, 0}),
 		slices.Concat(grant, intent, restored),
 		slices.Concat(grant, intent, fork, []byte{opBegin, 0, 1, opCommit, 0, 0, 0, 0}, restored, fork, restored),
 		slices.Concat(grant, propose),
@@ -794,7 +880,7 @@ func TestFuzzLifecycleSeedsReachEveryOutcome(t *testing.T) {
 	require.Positive(t, intentReplays, "no seed replays an intent")
 	require.Positive(t, forks, "no seed forks an intent")
 	for _, s := range []wire.AuthState{wire.StateReserved, wire.StateExecuting, wire.StateCommitted, wire.StateCancelled,
-		wire.StateExpired, wire.StateRevoked, wire.StateInDoubt} {
+		wire.StateExpired, wire.StateRevoked, wire.StateInDoubt, wire.StateRecorded} {
 		require.True(t, seen[s], "no seed reaches %s", s)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/mandated/mandated/partitioner"
@@ -43,6 +44,8 @@ func (st *State) Decide(in Input, now time.Time) []wire.Decision {
 		d.reportUnknown()
 	case wire.CmdResolve:
 		d.resolve()
+	case wire.CmdRecord:
+		d.record()
 	default:
 		d.answer(wire.OutcomeRejected, wire.ReasonUnknownCommand, fmt.Sprintf("command type %q", in.Cmd.Type))
 	}
@@ -447,6 +450,10 @@ func (d *decider) intent(scope IntentScope) (bool, *Authorization) {
 			}
 		}
 		dec.IdempotencyKey = d.cmd.IdempotencyKey
+		if head != nil && local {
+			p := d.cmd.Propose
+			d.differs(dec, head, p.Operation, p.Target, p.Amount)
+		}
 		return true, nil
 	case head != nil && forkOf == rec.Head.ID:
 		if !head.State.Terminal() {
@@ -463,6 +470,35 @@ func (d *decider) intent(scope IntentScope) (bool, *Authorization) {
 			fmt.Sprintf("%q is not the latest authorization of this intent (%s): a fork names the authorization it supersedes", forkOf, rec.Head.ID))
 		return true, nil
 	}
+}
+
+// differs names, on a replay of an intent, the terms of the request that
+// are not the recorded authorization's (issue 39 item 2): the answer is
+// that authorization's, and a caller must not take it for this request's.
+func (d *decider) differs(dec *wire.Decision, a *Authorization, operation, target string, amount wire.Money) {
+	var fields []string // sorted
+	if amount.MinorUnits != a.Amount {
+		fields = append(fields, "amount")
+	}
+	if amount.Currency != a.Currency {
+		fields = append(fields, "currency")
+	}
+	if operation != a.Operation {
+		fields = append(fields, "operation")
+	}
+	if target != a.Target {
+		fields = append(fields, "target")
+	}
+	if len(fields) == 0 {
+		return
+	}
+	dec.Differs = fields
+	recorded := fmt.Sprintf("%s of %s to %q", a.Operation, wire.FormatAmount(a.Amount, a.Currency), a.Target)
+	if a.State == wire.StateRecorded {
+		recorded = fmt.Sprintf("a read %s of %q", a.Operation, a.Target)
+	}
+	dec.Detail += fmt.Sprintf("; this request differs from authorization %s in %s (recorded: %s): its answer is not this request's",
+		a.Key.ID, strings.Join(fields, ", "), recorded)
 }
 
 // bindIntent binds a new intent to its first authorization, or moves a

@@ -295,12 +295,24 @@ func (s IntentScope) Mandate() partitioner.MandateKey {
 	return partitioner.MandateKey{Org: s.Org, MandateID: s.MandateID}
 }
 
-// IntentScopeOf returns the intent scope of a propose that carries one.
+// RecordScopePrefix puts a recorded read's intent in a scope of its own:
+// the operation of a record's intent scope is "record:" + the read's
+// operation. The colon is outside the operation grammar, so no proposal's
+// intent can ever be a read's (a read never replays, blocks or is replayed
+// by an effect), and binds.intent.operation shows it, so recovery rebuilds
+// the record's intent like any other.
+const RecordScopePrefix = "record:"
+
+// IntentScopeOf returns the intent scope of a propose that carries one, or
+// of a record.
 func IntentScopeOf(c *wire.Command) (IntentScope, bool) {
-	if c.Type != wire.CmdPropose || c.Propose == nil || c.Propose.Intent == nil {
-		return IntentScope{}, false
+	switch {
+	case c.Type == wire.CmdPropose && c.Propose != nil && c.Propose.Intent != nil:
+		return IntentScope{Org: c.Key.Org, MandateID: c.Key.MandateID, Operation: c.Propose.Operation, Intent: *c.Propose.Intent}, true
+	case c.Type == wire.CmdRecord && c.Record != nil:
+		return IntentScope{Org: c.Key.Org, MandateID: c.Key.MandateID, Operation: RecordScopePrefix + c.Record.Operation, Intent: c.Record.Intent}, true
 	}
-	return IntentScope{Org: c.Key.Org, MandateID: c.Key.MandateID, Operation: c.Propose.Operation, Intent: *c.Propose.Intent}, true
+	return IntentScope{}, false
 }
 
 // IntentRecord binds an intent to the first authorization it produced

@@ -7,12 +7,14 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/mandated/mandated/wire"
 )
 
 // Defaults for Config.
 const (
-	DecisionsTopicDefault     = "mandate.decisions"
-	DeadLetterTopicDefault    = "mandate.deadletter"
+	DecisionsTopicDefault     = wire.DecisionsTopic
+	DeadLetterTopicDefault    = wire.DeadLetterTopic
 	TransactionalIDDefault    = "mandated-relay"
 	MaxRowsDefault            = 2000
 	IdlePollDefault           = time.Second

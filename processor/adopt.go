@@ -91,6 +91,14 @@ func (p *Processor) adoptOrphans(ctx context.Context, s *sink.Sink, here []sink.
 	found := orphans(sh.Set(p.partitions), sh.Name, here, answered, p.cfg.Owner, fresh)
 	p.mu.Lock()
 	p.forgetRefusedAdoptions()
+	for n := range p.refusedAdoptions {
+		// No orphan any more (its holder took it back, another processor
+		// adopted it): Ready stops naming it now, not 3 rechecks later.
+		if sh.Owns(n) && !slices.Contains(found, n) && p.workers[n] == nil && p.pending[n] == nil {
+			delete(p.refusedAdoptions, n)
+			p.metrics.Rewound.DeleteLabelValues(strconv.Itoa(int(n)))
+		}
+	}
 	if len(found) == 0 || p.stopping || p.handedOff || p.client == nil {
 		p.mu.Unlock()
 		return

@@ -98,6 +98,9 @@ type RebalanceMetrics struct {
 	// TakeBacks counts partitions claimed back after their shard answered
 	// again.
 	TakeBacks prometheus.Counter
+	// Repointed counts partitions moved off a shard's old url by a shard
+	// map reload (repoint.go).
+	Repointed prometheus.Counter
 	// Adoptions counts partitions adopted from a processor cut from their
 	// shard (adopt.go).
 	Adoptions prometheus.Counter
@@ -146,6 +149,10 @@ func newRebalanceMetrics() *RebalanceMetrics {
 			Name: "mandated_rebalance_shard_takebacks_total",
 			Help: "Partitions this processor claimed back once the shard it had handed off answered its probes again.",
 		}),
+		Repointed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mandated_rebalance_repointed_total",
+			Help: "Partitions moved off a shard's old url by a shard map reload that changed the url (SIGHUP): each released and claimed again on the new url through the claim check.",
+		}),
 		Adoptions: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mandated_rebalance_adoptions_total",
 			Help: "Partitions this processor adopted: their holder was cut from their shard (not seen there for --shard-handoff-after, seen on another).",
@@ -163,5 +170,5 @@ func newRebalanceMetrics() *RebalanceMetrics {
 
 func (m *RebalanceMetrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.Assigned, m.Revoked, m.PauseSeconds, m.Handoffs, m.HandedOff, m.PartitionsAll, m.ShardDownAborts,
-		m.ShardHandoffs, m.TakeBacks, m.Adoptions, m.Released, m.Adopted}
+		m.ShardHandoffs, m.TakeBacks, m.Repointed, m.Adoptions, m.Released, m.Adopted}
 }

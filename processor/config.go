@@ -17,11 +17,11 @@ import (
 
 // Defaults for Config.
 const (
-	GroupDefault                = "mandated"
-	ProposalsTopicDefault       = "mandate.proposals"
-	GrantsTopicDefault          = "mandate.grants"
-	DecisionsTopicDefault       = "mandate.decisions"
-	DeadLetterTopicDefault      = "mandate.deadletter"
+	GroupDefault                = wire.ProcessorGroup
+	ProposalsTopicDefault       = wire.ProposalsTopic
+	GrantsTopicDefault          = wire.GrantsTopic
+	DecisionsTopicDefault       = wire.DecisionsTopic
+	DeadLetterTopicDefault      = wire.DeadLetterTopic
 	MaxBatchDefault             = 500
 	SessionTimeoutDefault       = 10 * time.Second
 	RebalanceTimeoutDefault     = 30 * time.Second

@@ -9,6 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mandated/mandated/internal/backoff"
+	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/sink"
 )
 
@@ -32,6 +33,11 @@ type pendingClaim struct {
 	cancel context.CancelFunc
 	why    error       // guarded by Processor.mu: what it waits for (nil: its shard)
 	held   *sink.Claim // claimed already (then found rewound, or not checked): used unless its epoch moved
+	// refetch: the partition was being fetched past what its claim may
+	// return (requeue); its fetch position is set to the claim's before
+	// it resumes. A deferred claim of an assignment fetches from the start
+	// instead (and drops what is below the stored position).
+	refetch bool
 }
 
 // startDeferredClaims pauses the partitions whose claim failed (or whose
@@ -118,7 +124,7 @@ func (p *Processor) claimLater(ctx context.Context, n int32, pc *pendingClaim) {
 				if errors.Is(cerr, errEpochMoved) {
 					continue
 				}
-				if !p.waitInStep(ctx, n, pc, cerr, &reported) {
+				if !p.waitInStep(ctx, n, pc, cerr, &reported, c.Epoch) {
 					return
 				}
 				held = &c
@@ -129,7 +135,23 @@ func (p *Processor) claimLater(ctx context.Context, n int32, pc *pendingClaim) {
 				reported = nil
 			}
 			p.mu.Lock()
-			if p.pending[n] != pc || p.client == nil {
+			client := p.client
+			if p.pending[n] != pc || client == nil {
+				p.mu.Unlock()
+				return
+			}
+			p.mu.Unlock()
+			if pc.refetch {
+				// Paused since requeue, so no poll returns a record of it
+				// from before this (franz-go drops a paused partition's
+				// buffered records; SetOffsets invalidates the others).
+				client.SetOffsets(map[string]map[int32]kgo.EpochOffset{
+					p.cfg.ProposalsTopic: {n: {Epoch: -1, Offset: cc.ProposalsOffset}},
+					p.cfg.GrantsTopic:    {n: {Epoch: -1, Offset: cc.GrantsOffset}},
+				})
+			}
+			p.mu.Lock()
+			if p.pending[n] != pc || p.client != client {
 				p.mu.Unlock()
 				return
 			}
@@ -137,7 +159,6 @@ func (p *Processor) claimLater(ctx context.Context, n int32, pc *pendingClaim) {
 			c := cc.Claim
 			w := newWorker(p.workCtx, p, cc)
 			p.workers[n] = w
-			client := p.client
 			p.refreshOwned()
 			p.mu.Unlock()
 			p.metrics.PartitionEpoch.WithLabelValues(strconv.Itoa(int(n))).Set(float64(c.Epoch))
@@ -177,11 +198,12 @@ func (p *Processor) cancelPending(nums []int32) {
 }
 
 // waitInStep waits until partition n is in step with the decisions topic
-// (checkInStep without an epoch: it was claimed, and a recovery takes a
-// new one). It keeps pc's cause for Ready and logs a rewound partition
-// when what it found changes; false when ctx ends.
-func (p *Processor) waitInStep(ctx context.Context, n int32, pc *pendingClaim, err error, reported *error) bool {
+// (checkInStep without an epoch: it was claimed under epoch, and a
+// recovery takes a new one). It keeps pc's cause for Ready and logs a
+// rewound partition when what it found changes; false when ctx ends.
+func (p *Processor) waitInStep(ctx context.Context, n int32, pc *pendingClaim, err error, reported *error, epoch int64) bool {
 	retry := backoff.New(200*time.Millisecond, 5*time.Second)
+	var base *outbox.PostgresHead // the head as of the last check (nil: as the claim left it)
 	for err != nil {
 		rewound := errors.Is(err, ErrRewound)
 		p.mu.Lock()
@@ -191,18 +213,30 @@ func (p *Processor) waitInStep(ctx context.Context, n int32, pc *pendingClaim, e
 			pc.why = nil // most likely its shard: Ready says so
 		}
 		p.mu.Unlock()
-		wait := p.cfg.RewoundRecheck
 		if rewound {
 			if *reported == nil || (*reported).Error() != err.Error() {
 				p.reportRewound(err)
 				*reported = err
 			}
-		} else if ctx.Err() == nil {
-			wait = retry.Next()
-			p.log.Warn().Err(err).Int32("partition", n).Dur("backoff", wait).Msg("cannot check the partition against the decisions topic yet; not deciding it until it is")
+			// Checked again as soon as its head in PostgreSQL moves (a
+			// recovery), at the latest after RewoundRecheck.
+			if !p.awaitHeadMoved(ctx, n, base, epoch, p.cfg.RewoundRecheck) {
+				return false
+			}
+		} else {
+			wait := retry.Next()
+			if ctx.Err() == nil {
+				p.log.Warn().Err(err).Int32("partition", n).Dur("backoff", wait).Msg("cannot check the partition against the decisions topic yet; not deciding it until it is")
+			}
+			if !sleepCtx(ctx, wait) {
+				return false
+			}
 		}
-		if !sleepCtx(ctx, wait) {
-			return false
+		// The head before the check: a recovery that commits during the
+		// check is seen as a move by the next wait.
+		base = nil
+		if h, herr := p.readHead(ctx, n); herr == nil {
+			base = &h
 		}
 		err = p.checkInStep(ctx, n, 0)
 	}
@@ -231,4 +265,56 @@ func containsPartition(nums []int32, n int32) bool {
 		}
 	}
 	return false
+}
+
+// headPoll is how often a rewound partition's head in PostgreSQL is read
+// (one row) while it waits for a recovery.
+const headPoll = 250 * time.Millisecond
+
+// awaitHeadMoved waits, at most d, until partition n's head in PostgreSQL
+// moves from base (its epoch, last sequence or hash: mandatectl recover
+// takes an epoch and moves the head; with base nil, from the claim's
+// epoch) or its shard's sink changes, reading the head every headPoll;
+// false when ctx ends. The tail read that says whether the partition is
+// in step again costs a Kafka read of the partition's tail: it is done
+// only then, instead of every RewoundRecheck, so a recovered partition is
+// decided within a second or so of the recovery.
+func (p *Processor) awaitHeadMoved(ctx context.Context, n int32, base *outbox.PostgresHead, epoch int64, d time.Duration) bool {
+	s := p.shards.For(n)
+	if base == nil {
+		h, err := p.readHead(ctx, n)
+		switch {
+		case err != nil:
+		case h.Epoch != epoch:
+			return true // moved since the claim
+		default:
+			base = &h
+		}
+	}
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if !sleepCtx(ctx, min(headPoll, time.Until(deadline))) {
+			return false
+		}
+		if p.shards.For(n) != s {
+			return true
+		}
+		h, err := p.readHead(ctx, n)
+		switch {
+		case err != nil:
+		case base == nil:
+			base = &h
+		case h.Epoch != base.Epoch || h.LastSeq != base.LastSeq || h.Hash != base.Hash:
+			return true
+		}
+	}
+	return ctx.Err() == nil
+}
+
+// readHead reads partition n's head in its shard's database (one row).
+func (p *Processor) readHead(ctx context.Context, n int32) (outbox.PostgresHead, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	h, _, err := outbox.LoadHead(ctx, p.shards.For(n).Pool(), n, nil)
+	return h, err
 }

@@ -56,7 +56,8 @@ func (p *Processor) handoffLoop(ctx context.Context) {
 		ticks++
 		if cur := p.shards.All(); !slices.Equal(cur, shards) {
 			// First tick, or a reloaded shard map (a partition moved to a
-			// shard this instance had not opened): probe the shards it names.
+			// shard this instance had not opened, a shard's url changed):
+			// probe the shards it names.
 			old := map[*sink.Sink]int{}
 			for i, s := range shards {
 				old[s] = i
@@ -73,7 +74,10 @@ func (p *Processor) handoffLoop(ctx context.Context) {
 			for s, j := range old {
 				probes[j].db.close()
 				p.metrics.ShardUp.DeleteLabelValues(s.Shard().Name, probes[j].label)
-				p.health.set(s, false)
+				// A sink replaced because its shard's url changed counts
+				// as down for good: a worker still on it is aborted at
+				// once when given up, never waited for (repoint.go).
+				p.health.set(s, p.shards.Replaced(s))
 				p.health.setCut(s, false)
 			}
 			shards, probes = cur, next

@@ -46,7 +46,6 @@ type Processor struct {
 	// because of it.
 	unreachableSince time.Time
 	handedOff        bool
-	restarting       bool // restartSession runs (rewind.go)
 	// health is which shards the hand-off loop's probes last found down,
 	// and which ones this processor handed off.
 	health *shardHealth
@@ -140,6 +139,7 @@ func (p *Processor) Start(ctx context.Context) error {
 	runCtx := p.runCtx
 	p.loops.Go(func() { p.statsLoop(runCtx) })
 	p.loops.Go(func() { p.handoffLoop(runCtx) })
+	p.loops.Go(func() { p.repointLoop(runCtx) })
 	p.loops.Go(func() { p.purgeLoop(runCtx) })
 	p.log.Info().Str("group", p.cfg.Group).Str("protocol", p.cfg.GroupProtocol).Str("instance_id", p.cfg.InstanceID).
 		Int32("partitions", n).Str("owner", p.cfg.Owner).Msg("processor started")
@@ -310,19 +310,34 @@ func (p *Processor) Adopted() map[int32]int64 {
 }
 
 // Ready reports whether the processor is consuming with current epochs and
-// can reach Kafka and PostgreSQL.
+// can reach Kafka and PostgreSQL: never while a partition it holds cannot
+// commit (fenced, waiting for a claim or a recovery, on a shard's old url,
+// or its last commit attempt failed).
 func (p *Processor) Ready(ctx context.Context) error {
 	p.mu.Lock()
 	started, stopping, handedOff, client := p.started, p.stopping, p.handedOff, p.client
 	var fenced []int32
-	var causes []error
+	var causes, cannot []error
 	pending, waiting := p.pendingPartitions()
 	waiting = append(waiting, p.refusedAdoptionCauses()...)
-	for n, w := range p.workers {
+	for _, n := range slices.Sorted(maps.Keys(p.workers)) {
+		w := p.workers[n]
+		now := p.shards.For(n)
+		cut, _ := p.health.watchCut(w.store)
 		w.mu.Lock()
-		if w.fenced {
+		switch {
+		case w.fenced:
 			fenced = append(fenced, n)
 			causes = append(causes, w.cause)
+		case w.store != now:
+			// A worker on a replaced sink (its shard's url changed) is
+			// moved at once (repoint.go); until it is claimed there, it
+			// cannot commit.
+			cannot = append(cannot, fmt.Errorf("partition %d: its shard %s is now at another address (shard map reloaded): claiming it there", n, now.Shard().Name))
+		case w.released && !cut:
+			cannot = append(cannot, fmt.Errorf("partition %d: released, claiming it again: %v", n, cmp.Or[error](w.cause, errors.New("not claimed yet"))))
+		case w.failing != nil:
+			cannot = append(cannot, fmt.Errorf("partition %d cannot commit (failing for %s): %w", n, time.Since(w.failingSince).Round(time.Millisecond), w.failing))
 		}
 		w.mu.Unlock()
 	}
@@ -337,14 +352,16 @@ func (p *Processor) Ready(ctx context.Context) error {
 	case len(fenced) > 0:
 		return fmt.Errorf("fenced on partitions %v, not re-claimed yet: %w", fenced, errors.Join(causes...))
 	}
-	if len(waiting) > 0 {
-		return errors.Join(waiting...)
-	}
+	errs := append(cannot, waiting...)
 	if err := p.shards.Ping(ctx); err != nil {
 		if released := p.releasedPartitions(); len(released) > 0 {
-			return fmt.Errorf("postgres: %w (partitions %v are handed off to the processors that reach their shard)", err, released)
+			errs = append(errs, fmt.Errorf("postgres: %w (partitions %v are handed off to the processors that reach their shard)", err, released))
+		} else {
+			errs = append(errs, fmt.Errorf("postgres: %w", err))
 		}
-		return fmt.Errorf("postgres: %w", err)
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
 	}
 	if len(pending) > 0 {
 		sort.Slice(pending, func(i, j int) bool { return pending[i] < pending[j] })

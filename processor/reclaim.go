@@ -66,13 +66,14 @@ func (p *Processor) reclaim(w *worker, path, done string) error {
 	}
 	if c.ProposalsOffset < w.pos.ProposalsOffset || c.GrantsOffset < w.pos.GrantsOffset || c.NextSeq < w.pos.NextSeq {
 		// PostgreSQL stores less than this worker committed: the database
-		// went back in time. The records it lost were fetched past and
-		// must be fetched again, and the partition is decided only once
-		// it is in step with the decisions topic (rewind.go).
+		// went back in time (or this is a shard's new url: a promoted
+		// standby). The records it lost were fetched past and must be
+		// fetched again, and the partition is decided only once it is in
+		// step with the decisions topic (rewind.go): requeue.
 		w.log.Error().Int64("stored_proposals_offset", c.ProposalsOffset).Int64("committed_proposals_offset", w.pos.ProposalsOffset).
 			Int64("stored_next_seq", c.NextSeq).Int64("committed_next_seq", w.pos.NextSeq).
 			Msg("PostgreSQL stores an older position than this worker committed: the database went back in time")
-		p.restart(fmt.Sprintf("partition %d: PostgreSQL went back in time", w.partition))
+		p.requeue(w, &c, behindError(w.partition, c.ProposalsOffset, w.pos.ProposalsOffset))
 		return errStopped
 	}
 	// The database may have gone back in time with this worker's position
@@ -81,8 +82,7 @@ func (p *Processor) reclaim(w *worker, path, done string) error {
 	cc, err := p.checkClaim(w.ctx, path, c)
 	if errors.Is(err, ErrRewound) {
 		p.reportRewound(err)
-		w.setFenceCause(err)
-		p.restart(fmt.Sprintf("partition %d: PostgreSQL went back in time", w.partition))
+		p.requeue(w, &c, err)
 		return errStopped
 	}
 	if err != nil {

@@ -75,7 +75,8 @@ func (p *Processor) takeBackShard(s *sink.Sink, probes int) {
 
 // awaitTakeBack keeps a released worker until its shard is taken back,
 // then claims its partition again (if the group still assigns it here)
-// and hands its records to a successor. It returns when the successor
+// and hands its records to a successor; a worker moved off a replaced sink
+// (repoint.go) claims it again at once, on the shard's new one. It returns when the successor
 // runs, or when the worker is stopped (revoked, lost, leaving).
 func (p *Processor) awaitTakeBack(w *worker) {
 	retry := backoff.New(200*time.Millisecond, 5*time.Second)
@@ -92,9 +93,15 @@ func (p *Processor) awaitTakeBack(w *worker) {
 			}
 			continue
 		}
-		err := p.reclaim(w, pathTakeBack, "partition taken back: its shard answers this processor again")
+		path, done := pathTakeBack, "partition taken back: its shard answers this processor again"
+		if w.store != p.shards.For(w.partition) {
+			path, done = pathRepoint, "partition claimed again on its shard's new url (shard map reloaded)"
+		}
+		err := p.reclaim(w, path, done)
 		if err == nil {
-			p.metrics.Rebalance.TakeBacks.Inc()
+			if path == pathTakeBack {
+				p.metrics.Rebalance.TakeBacks.Inc()
+			}
 			return
 		}
 		if errors.Is(err, errStopped) {

@@ -106,7 +106,8 @@ func (p *Processor) readTail(ctx context.Context, n int32, epoch int64) (*outbox
 // Every claim checks the same way. Whatever path starts deciding a
 // partition here — the group's assignment, a deferred claim, an adoption
 // of a handed-off shard's partition, a take-back, a fenced worker's
-// re-claim — its claim goes through checkClaim before its first commit:
+// re-claim, a claim on a shard's new url (repoint.go) — its claim goes
+// through checkClaim before its first commit:
 // the partition's tail is read back under the claim's epoch (a database
 // that went back in time is refused: RewoundError) and the epoch is raised
 // above every epoch on the published chain (a restored counter would hand
@@ -126,6 +127,7 @@ const (
 	pathAdopt    = "adopt"
 	pathTakeBack = "take_back"
 	pathReclaim  = "reclaim"
+	pathRepoint  = "repoint"
 )
 
 // checkClaim checks claim c (just taken on path) before anything is
@@ -175,52 +177,4 @@ func (p *Processor) reportRewound(err error) {
 	p.log.Error().Int32("partition", re.Partition).Str("claim", re.Path).Dur("check_took", re.Took).Int64("last_seq", re.LastSeq).Int64("kafka_seq", re.KafkaSeq).
 		Int64("behind", re.KafkaSeq-re.LastSeq).Str("run", fmt.Sprintf("mandatectl recover --partition %d", re.Partition)).
 		Msg("PostgreSQL went back in time: the decisions topic holds decisions it lost (a restored backup, a promoted asynchronous replica?); the partition is not decided until it is recovered (docs/operations.md, \"A database that went back in time\")")
-}
-
-// restart runs restartSession in the background, as a goroutine of the
-// run: a worker asks for it, and must not wait for it (it stops every
-// worker).
-func (p *Processor) restart(reason string) {
-	ctx := p.runCtx
-	p.loops.Go(func() { p.restartSession(ctx, reason) })
-}
-
-// restartSession leaves the consumer group and joins it again, so that
-// every partition is assigned afresh and fetched from the position
-// PostgreSQL stores (deferred claims fetch from the start and drop what is
-// below it). A worker that finds its database went back under it cannot
-// go on from the offsets it already fetched past: what the database lost
-// must be fetched again. At most one restart runs at a time; it gives up
-// when the run ends (ctx).
-func (p *Processor) restartSession(ctx context.Context, reason string) {
-	p.mu.Lock()
-	if p.restarting || p.stopping || p.handedOff || p.client == nil {
-		p.mu.Unlock()
-		return
-	}
-	p.restarting = true
-	p.mu.Unlock()
-	defer func() {
-		p.mu.Lock()
-		p.restarting = false
-		p.mu.Unlock()
-	}()
-	p.log.Warn().Str("reason", reason).Msg("leaving the consumer group and joining again: every partition is claimed afresh from the position PostgreSQL stores")
-	p.leave(ctx, time.Second, reason, false)
-	for {
-		p.mu.Lock()
-		stop := p.stopping || p.handedOff
-		p.mu.Unlock()
-		if stop || ctx.Err() != nil {
-			return
-		}
-		err := p.join(ctx)
-		if err == nil {
-			return
-		}
-		p.log.Error().Err(err).Msg("cannot join the group again; retrying")
-		if !sleepCtx(ctx, time.Second) {
-			return
-		}
-	}
 }

@@ -3,7 +3,6 @@ package processor
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -65,6 +64,11 @@ type worker struct {
 	released  bool
 	releasedC chan struct{}      // closed at release
 	attempt   context.CancelFunc // cancels the commit attempt in flight
+	// failing is why the last commit attempt failed and failingSince when
+	// the run of failures began (zero after a commit): Ready names a
+	// partition that cannot commit.
+	failing      error
+	failingSince time.Time
 
 	batchAt time.Time // when the batch in hand started (the worker goroutine only)
 
@@ -241,7 +245,7 @@ func (w *worker) run() {
 		if w.ctx.Err() != nil {
 			return
 		}
-		if w.isReleased() {
+		if w.movedOff() {
 			w.p.awaitTakeBack(w)
 			return
 		}
@@ -273,9 +277,9 @@ func (w *worker) run() {
 
 // stillInStep reads the partition's tail back (rewind.go). A partition
 // whose database went back in time under its worker stops being decided:
-// the worker ends, and its processor joins the group again so that the
-// partition is claimed afresh — not before it is recovered — and fetched
-// again from what PostgreSQL stores.
+// the worker ends, and the partition is claimed afresh in the background
+// (requeue) — not before it is recovered — and fetched again from what
+// PostgreSQL stores; the processor's other partitions go on.
 func (w *worker) stillInStep() bool {
 	err := w.p.checkInStep(w.ctx, w.partition, w.epoch)
 	switch {
@@ -283,10 +287,7 @@ func (w *worker) stillInStep() bool {
 		return true // a moved epoch: the next batch is fenced and finds out why
 	case errors.Is(err, ErrRewound):
 		w.p.reportRewound(err)
-		w.mu.Lock()
-		w.fenced, w.cause = true, err
-		w.mu.Unlock()
-		w.p.restart(fmt.Sprintf("partition %d: PostgreSQL went back in time", w.partition))
+		w.p.requeue(w, nil, err)
 		return false
 	default:
 		if w.ctx.Err() == nil {
@@ -310,12 +311,13 @@ func (w *worker) loadDeadlines() error {
 		if w.ctx.Err() != nil {
 			return w.ctx.Err()
 		}
-		if w.isReleased() {
+		if w.movedOff() {
 			return errReleased
 		}
+		w.setFailing(err)
 		w.log.Error().Err(err).Dur("backoff", retry.Current()).Msg("cannot load pending deadlines; retrying")
 		if !w.sleepUnlessReleased(retry.Next()) {
-			if w.isReleased() {
+			if w.movedOff() {
 				return errReleased
 			}
 			return w.ctx.Err()
@@ -440,6 +442,16 @@ func (w *worker) commit(items []item, due []lifecycle.AuthKey, now time.Time) er
 	// batch through what outlasts that (the database unreachable, conflicts
 	// that keep coming), with its own backoff, until the worker is fenced,
 	// stopped or released: a batch is never dropped, only decided again.
+	//
+	// What the loop must keep, however the commit is made (repoint.go): it
+	// gives up (errReleased) as soon as the worker is released or its sink
+	// replaced (its shard's url changed): every attempt runs under
+	// beginAttempt's context, which release cancels, the backoff wakes at a
+	// release, and no attempt starts on a replaced sink. The partition is
+	// then claimed again through the claim check on the shard's current
+	// sink (awaitTakeBack), never retried on the old one. And each failed
+	// attempt is recorded (setFailing) until a commit succeeds: Ready
+	// names a partition that cannot commit.
 	retry := backoff.New(50*time.Millisecond, 5*time.Second)
 	for {
 		start := time.Now()
@@ -451,6 +463,7 @@ func (w *worker) commit(items []item, due []lifecycle.AuthKey, now time.Time) er
 		w.endAttempt()
 		w.countRetries(res.Retries)
 		if err == nil {
+			w.setFailing(nil)
 			span.SetAttributes(attribute.Int("mandated.decisions", len(decisions)), attribute.Int("mandated.attempts", res.Attempts))
 			w.committed(b, res, items, due, decisions, time.Since(start), span.SpanContext())
 			return nil
@@ -474,20 +487,21 @@ func (w *worker) commit(items []item, due []lifecycle.AuthKey, now time.Time) er
 			return err
 		case w.ctx.Err() != nil:
 			return errStopped
-		case w.isReleased():
-			// Handed off: the batch is abandoned, and whoever claims the
-			// partition next resumes from the stored position, which a
-			// COMMIT that did reach PostgreSQL advanced (the claim waits
-			// for the partition row it holds).
+		case w.movedOff():
+			// Handed off, or its shard repointed: the batch is abandoned,
+			// and whoever claims the partition next resumes from the
+			// stored position, which a COMMIT that did reach PostgreSQL
+			// advanced (the claim waits for the partition row it holds).
 			return errReleased
 		}
+		w.setFailing(err)
 		// The database is unreachable or the batch kept conflicting: keep
 		// the batch and try again. The outcome of the last COMMIT may be
 		// unknown, which the sink resolves by reading the position back.
 		b.Retry = true
 		w.log.Error().Err(err).Dur("backoff", retry.Current()).Msg("batch commit failed; retrying")
 		if !w.sleepUnlessReleased(retry.Next()) {
-			if w.isReleased() {
+			if w.movedOff() {
 				return errReleased
 			}
 			return errStopped
@@ -513,6 +527,9 @@ func (w *worker) needsOf(items []item, due []lifecycle.AuthKey, now time.Time) (
 		needs.Mandates[c.Key] = struct{}{}
 		if scope, ok := lifecycle.ScopeOf(c); ok {
 			needs.Idem[scope] = struct{}{}
+		}
+		if recordNeeds(&needs, c) {
+			continue
 		}
 		w.replayNeeds(&needs, c, now)
 		switch c.Type {
@@ -789,11 +806,11 @@ func deadLetterRow(st *lifecycle.State, partition int32, epoch int64, it item, n
 }
 
 // beginAttempt returns the context of one commit attempt, which a release
-// cancels; false once the worker is released.
+// cancels; false once the worker is released or its sink replaced.
 func (w *worker) beginAttempt() (context.Context, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.released {
+	if w.released || w.p.shards.Replaced(w.store) {
 		return nil, false
 	}
 	ctx, cancel := context.WithCancel(w.ctx)
@@ -833,6 +850,26 @@ func (w *worker) isReleased() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.released
+}
+
+// movedOff reports whether the worker may not commit any more where it
+// does: released, or its sink replaced by a shard map reload (repoint.go).
+func (w *worker) movedOff() bool {
+	return w.isReleased() || w.p.shards.Replaced(w.store)
+}
+
+// setFailing records a failed commit attempt (err), or a commit (nil).
+func (w *worker) setFailing(err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case err == nil:
+		w.failing, w.failingSince = nil, time.Time{}
+	case w.failing == nil:
+		w.failing, w.failingSince = err, time.Now()
+	default:
+		w.failing = err
+	}
 }
 
 // sleepUnlessReleased waits d; false if the worker was stopped or

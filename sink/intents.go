@@ -51,7 +51,7 @@ func (s *Sink) PurgeExpiredIntents(ctx context.Context, partition int32, now tim
 			SELECT i.ctid FROM intents i WHERE i.partition = $1 AND i.expires_at < $2
 			AND NOT EXISTS (SELECT 1 FROM authorizations a WHERE a.org = i.org AND a.mandate_id = i.head_mandate_id
 				AND a.authorization_id = i.head_authorization_id
-				AND a.state NOT IN ('committed', 'cancelled', 'expired', 'revoked'))
+				AND a.state NOT IN ('committed', 'cancelled', 'expired', 'revoked', 'recorded'))
 			LIMIT $3))`, partition, now, limit)
 	if err != nil {
 		return 0, fmt.Errorf("sink: purge expired intents of partition %d: %w", partition, interpretError(err))

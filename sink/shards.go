@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -34,6 +35,14 @@ type Shards struct {
 	log      zerolog.Logger
 	opened   []*Sink
 	count    int32
+
+	// replaced are the sinks a reload took out of service because their
+	// shard's url changed (a promoted standby, a new address): nothing may
+	// commit through them any more. changed is closed and replaced at
+	// every reload that changes the layout.
+	mu       sync.Mutex
+	replaced map[*Sink]bool
+	changed  chan struct{}
 }
 
 // shardLayout is which sink owns which partitions: the map as last read.
@@ -64,7 +73,8 @@ func OpenShards(ctx context.Context, cfg Config, m *shardmap.Map, log zerolog.Lo
 	if err != nil {
 		return nil, fmt.Errorf("shard %s: %w", m.Shards[ci].Name, err)
 	}
-	sh := &Shards{control: control, path: m.Path(), raw: m.Raw(), cfg: cfg, log: log, opened: []*Sink{control}}
+	sh := &Shards{control: control, path: m.Path(), raw: m.Raw(), cfg: cfg, log: log, opened: []*Sink{control},
+		replaced: map[*Sink]bool{}, changed: make(chan struct{})}
 	l := &shardLayout{}
 	for i, s := range m.Shards {
 		if i == ci {
@@ -87,7 +97,7 @@ func OpenShards(ctx context.Context, cfg Config, m *shardmap.Map, log zerolog.Lo
 
 // One wraps a single open Sink as the only shard.
 func One(s *Sink) *Shards {
-	sh := &Shards{control: s, opened: []*Sink{s}}
+	sh := &Shards{control: s, opened: []*Sink{s}, replaced: map[*Sink]bool{}, changed: make(chan struct{})}
 	sh.layout.Store(&shardLayout{sinks: []*Sink{s}, shards: []shardmap.Shard{s.shard}})
 	return sh
 }
@@ -107,7 +117,15 @@ var ErrNoShardMapFile = errors.New("sink: no shard map file to reload")
 // checked); every shard's layout is checked against its database before
 // the new map is used, and a map that fails a check is not used. A shard
 // the map no longer names stays open (its read-only copies) until Close.
-// The control shard cannot change.
+// The control shard cannot change (neither its name nor its url).
+//
+// A shard whose url changed (its standby promoted, a new address) is
+// opened anew at the new url, and the sink of the old one is replaced:
+// Replaced reports it, and the processor moves every partition decided
+// through it to the new one, each claimed again through its checks
+// (processor/repoint.go); Changed wakes it. The old sink stays open, unused,
+// until Close (closing it now would wait for a connection a cancelled
+// commit may still be dialling at a dead address).
 func (sh *Shards) Reload(ctx context.Context) error {
 	sh.reloadMu.Lock()
 	defer sh.reloadMu.Unlock()
@@ -127,12 +145,16 @@ func (sh *Shards) Reload(ctx context.Context) error {
 	}
 	if c := m.Shards[m.Control()]; c.Name != sh.control.shard.Name {
 		return fmt.Errorf("sink: the reloaded shard map makes %s the control shard, not %s: the control shard changes only with a restart", c.Name, sh.control.shard.Name)
+	} else if c.URL != sh.control.shard.URL {
+		// Every shard reads the org settings and grantor keys through the
+		// control shard's sink, which a reload cannot swap under them.
+		return fmt.Errorf("sink: the reloaded shard map gives the control shard %s another url: the control shard's url changes only with a restart", c.Name)
 	}
 	l := &shardLayout{}
 	for _, s := range m.Shards {
 		var one *Sink
 		for _, o := range sh.opened {
-			if o.shard.Name == s.Name && o.shard.URL == s.URL {
+			if o.shard.Name == s.Name && o.shard.URL == s.URL && !sh.Replaced(o) {
 				one = o
 			}
 		}
@@ -151,7 +173,25 @@ func (sh *Shards) Reload(ctx context.Context) error {
 		}
 		l.sinks, l.shards = append(l.sinks, one), append(l.shards, s)
 	}
+	// The sinks of shards whose url changed: out of service from the swap.
+	var gone []*Sink
+	for i, o := range sh.layout.Load().sinks {
+		for j, s := range l.shards {
+			if s.Name == o.shard.Name && l.sinks[j] != o {
+				gone = append(gone, o)
+				sh.log.Warn().Str("shard", s.Name).Str("partitions", s.Range()).Str("was", redactURL(sh.layout.Load().shards[i].URL)).Str("url", redactURL(s.URL)).
+					Msg("shard map reloaded: the shard's url changed; its partitions move to the new one, each claimed again through its checks")
+			}
+		}
+	}
+	sh.mu.Lock()
+	for _, o := range gone {
+		sh.replaced[o] = true
+	}
 	old := sh.layout.Swap(l)
+	close(sh.changed)
+	sh.changed = make(chan struct{})
+	sh.mu.Unlock()
 	sh.raw = b
 	for _, s := range m.Shards {
 		for i, o := range old.shards {
@@ -162,6 +202,32 @@ func (sh *Shards) Reload(ctx context.Context) error {
 	}
 	sh.log.Info().Str("path", sh.path).Int("shards", len(m.Shards)).Msg("shard map reloaded")
 	return nil
+}
+
+// Replaced reports whether a reload took s out of service because its
+// shard's url changed: nothing may be committed through it any more, and
+// a partition decided through it is claimed again through For's sink.
+func (sh *Shards) Replaced(s *Sink) bool {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return sh.replaced[s]
+}
+
+// Changed returns a channel closed at the next reload that changes the
+// layout (Reload).
+func (sh *Shards) Changed() <-chan struct{} {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return sh.changed
+}
+
+// redactURL is a database url without its password, for the log.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparsable url)"
+	}
+	return u.Redacted()
 }
 
 // Control returns the control shard: where the org settings live.

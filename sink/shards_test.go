@@ -3,6 +3,7 @@ package sink_test
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"testing"
@@ -146,4 +147,64 @@ func openPool(t *testing.T, url string) *pgxpool.Pool {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	return pool
+}
+
+// TestAReloadThatChangesAShardsURLReplacesItsSink: shard b's url changes in
+// the map file (its standby promoted, a new address; here another address
+// of the same database): the reload opens the new url, routes b's
+// partitions there, reports the old sink replaced and wakes Changed. A
+// reload that gives the control shard another url is refused, and
+// nothing changes.
+func TestAReloadThatChangesAShardsURLReplacesItsSink(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	urlA, urlB := testenv.Database(t), testenv.Database(t)
+	proxyA, proxyB := testenv.StartProxy(t, hostOf(t, urlA)), testenv.StartProxy(t, hostOf(t, urlB))
+	path := filepath.Join(t.TempDir(), "shards.yaml")
+	write := func(a, b string) {
+		require.NoError(t, os.WriteFile(path, fmt.Appendf(nil, "shards:\n  - {name: a, partitions: 0-1, url: %q}\n  - {name: b, partitions: 2-3, url: %q}\n", a, b), 0o600))
+	}
+	write(urlA, urlB)
+	m, err := shardmap.Read(path)
+	require.NoError(t, err)
+	sh, err := openShards(t, m)
+	require.NoError(t, err)
+	require.NoError(t, sh.EnsurePartitionCount(ctx, 4))
+	a, old := sh.For(0), sh.For(2)
+	changed := sh.Changed()
+
+	write(urlA, proxyB.URL(urlB))
+	require.NoError(t, sh.Reload(ctx))
+	select {
+	case <-changed:
+	default:
+		require.Fail(t, "Changed is closed by a reload that changes the layout")
+	}
+	now := sh.For(2)
+	require.NotSame(t, old, now, "b's partitions go to the new url")
+	require.Equal(t, proxyB.URL(urlB), now.Shard().URL)
+	require.True(t, sh.Replaced(old), "the old sink is out of service")
+	require.False(t, sh.Replaced(now))
+	require.Same(t, a, sh.For(0), "shard a is untouched")
+	require.False(t, sh.Replaced(a))
+	_, err = now.Claim(ctx, 2, "owner")
+	require.NoError(t, err, "the partition is claimed at the new url")
+
+	changed = sh.Changed()
+	write(proxyA.URL(urlA), proxyB.URL(urlB))
+	require.ErrorContains(t, sh.Reload(ctx), "the control shard's url changes only with a restart")
+	require.Same(t, a, sh.For(0))
+	require.Same(t, now, sh.For(2))
+	select {
+	case <-changed:
+		require.Fail(t, "a refused reload changes nothing")
+	default:
+	}
+}
+
+func hostOf(t *testing.T, raw string) string {
+	t.Helper()
+	u, err := url.Parse(raw)
+	require.NoError(t, err)
+	return u.Host
 }

@@ -23,6 +23,10 @@ const (
 	CmdCancel        CommandType = "cancel"
 	CmdReportUnknown CommandType = "report_unknown"
 	CmdResolve       CommandType = "resolve"
+	// CmdRecord records a read-only tool's result under its intent (seed
+	// 003's recorded reads): the first result is kept and every later
+	// record of the intent is answered with it. It takes no authority.
+	CmdRecord CommandType = "record"
 )
 
 // IsGrantorCommand reports whether t may only arrive on the grants topic,
@@ -35,7 +39,7 @@ func (t CommandType) IsGrantorCommand() bool {
 // Known reports whether t is a command of this schema version.
 func (t CommandType) Known() bool {
 	switch t {
-	case CmdGrant, CmdRevoke, CmdPropose, CmdBegin, CmdCommit, CmdCancel, CmdReportUnknown, CmdResolve:
+	case CmdGrant, CmdRevoke, CmdPropose, CmdBegin, CmdCommit, CmdCancel, CmdReportUnknown, CmdResolve, CmdRecord:
 		return true
 	}
 	return false
@@ -69,6 +73,7 @@ type Command struct {
 	Cancel  *Cancel
 	Report  *ReportUnknown
 	Resolve *Resolve
+	Record  *Record
 }
 
 // Grant creates a mandate or replaces the terms of an active one.
@@ -193,6 +198,20 @@ type Resolve struct {
 	// "mandatectl:alice"); recorded with the authorization. Empty when
 	// the reconciler named none.
 	Reconciler string
+}
+
+// Record records what a read-only tool returned for one intent, or, with
+// no Result, looks up what was recorded: a restored or resumed agent sees
+// the first answer again instead of fetching a new one. A record takes no
+// use, holds no amount and never blocks a proposal (its intent is scoped
+// apart from every proposal's: see lifecycle.RecordScopePrefix).
+type Record struct {
+	Operation string // the read (operation grammar)
+	Target    string // what was read (an id), "" when not named
+	Intent    Intent // required
+	// Result is the read's answer, a JSON object re-encoded as a commit's
+	// (compact, sorted keys, at most MaxResultBytes); nil: a look-up.
+	Result json.RawMessage
 }
 
 // AuthorizationID returns the authorization a command addresses, if any.

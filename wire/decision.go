@@ -24,6 +24,7 @@ const (
 	OutcomeInDoubt     Outcome = "in_doubt"
 	OutcomeRefused     Outcome = "refused"  // the command does not fit the authorization's current state
 	OutcomeRejected    Outcome = "rejected" // the record is not a valid command
+	OutcomeRecorded    Outcome = "recorded" // a read's result was recorded under its intent
 	CommandTimer               = "timer"    // Decision.Command of a deadline transition
 	CommandUndecodable         = "unknown"  // Decision.Command when the type could not be read
 )
@@ -39,12 +40,15 @@ const (
 	StateExpired   AuthState = "expired"
 	StateRevoked   AuthState = "revoked"
 	StateInDoubt   AuthState = "in_doubt"
+	// StateRecorded is a recorded read: terminal from its creation, it
+	// holds the read's result and never held a use.
+	StateRecorded AuthState = "recorded"
 )
 
 // Terminal reports whether s can never change again.
 func (s AuthState) Terminal() bool {
 	switch s {
-	case StateCommitted, StateCancelled, StateExpired, StateRevoked:
+	case StateCommitted, StateCancelled, StateExpired, StateRevoked, StateRecorded:
 		return true
 	}
 	return false
@@ -96,6 +100,11 @@ type Decision struct {
 	DecidedAt       time.Time          `json:"decided_at"`
 	SentAt          *time.Time         `json:"sent_at,omitempty"`   // the command's sent_at, echoed for latency
 	SignedBy        string             `json:"signed_by,omitempty"` // the grantor key whose signature was verified
+	// Differs, on a replay of an intent, names the terms of this request
+	// that differ from the recorded authorization's (sorted: "amount",
+	// "currency", "operation", "target"); nil when they are the same.
+	// The answer is the recorded authorization's, not this request's.
+	Differs []string `json:"differs,omitempty"`
 	// Binds is what the decision bound for later commands: an idempotency
 	// key, an intent (recovery rebuilds their records from it).
 	Binds *Binding `json:"binds,omitempty"`
@@ -112,8 +121,8 @@ type AuthorizationView struct {
 	State             AuthState  `json:"state"`
 	Version           int64      `json:"version"`
 	Operation         string     `json:"operation"`
-	Target            string     `json:"target"`
-	Amount            Money      `json:"amount"`
+	Target            string     `json:"target,omitempty"` // empty only on a recorded read that named none
+	Amount            Money      `json:"amount,omitzero"`  // zero (absent) only on a recorded read
 	IdempotencyKey    string     `json:"idempotency_key"`
 	MandateVersion    int64      `json:"mandate_version"` // the mandate version it was reserved at
 	Deadline          time.Time  `json:"deadline"`

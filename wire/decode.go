@@ -149,6 +149,7 @@ var typeFields = map[CommandType][]string{
 	CmdCancel:        {"authorization_id", "reason", "not_executed_proof", "execution_token"},
 	CmdReportUnknown: {"authorization_id", "detail", "execution_token"},
 	CmdResolve:       {"authorization_id", "outcome", "external_ref", "evidence", "execution_token", "result", "reconciler"},
+	CmdRecord:        {"operation", "target", "intent", "result"},
 }
 
 var moneyFields = []string{"minor_units", "currency"}
@@ -338,6 +339,15 @@ func Decode(recordKey, value []byte, lim Limits) (*Command, *Rejection) {
 			}
 		}
 		cmd.Resolve = res
+	case CmdRecord:
+		rec := &Record{Operation: r.pattern("operation", true, operationGrammar), Target: r.id("target", false)}
+		if in := r.intent("intent"); in != nil {
+			rec.Intent = *in
+		} else if r.err == nil {
+			r.failField("intent", ReasonMissingField, "missing_field:intent (a record is kept under the intent of the read)")
+		}
+		rec.Result = r.result("result")
+		cmd.Record = rec
 	}
 	if r.err == nil {
 		cmd.Signature, cmd.SignedMessage, r.err = readSignature(obj)

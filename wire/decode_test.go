@@ -53,6 +53,8 @@ var (
 	reportBase  = base("report_unknown", member{"authorization_id", `"` + exampleAuthID + `"`})
 	resolveBase = base("resolve", member{"authorization_id", `"` + exampleAuthID + `"`},
 		member{"outcome", `"committed"`}, member{"external_ref", `"re_1"`})
+	recordBase = base("record", member{"operation", `"price.lookup"`},
+		member{"intent", `{"run_id":"run-7f3a","step":"2","action":"price.lookup"}`})
 )
 
 // with returns the body of ms with the given members replaced in place (or

@@ -107,6 +107,11 @@ func (j *jsonCommand) command(t *testing.T) *wire.Command {
 	case wire.CmdResolve:
 		c.Resolve = &wire.Resolve{AuthorizationID: j.AuthorizationID, Outcome: j.Outcome, ExternalRef: j.ExternalRef, Evidence: j.Evidence,
 			ExecutionToken: j.ExecutionToken, Result: canonicalResult(t, j.Result), Reconciler: j.Reconciler}
+	case wire.CmdRecord:
+		c.Record = &wire.Record{Operation: j.Operation, Target: j.Target, Result: canonicalResult(t, j.Result)}
+		if j.Intent != nil {
+			c.Record.Intent = *j.Intent
+		}
 	}
 	return c
 }

@@ -97,6 +97,7 @@ func (d *Decision) Encode() ([]byte, error) {
 		b = appendTimeField(b, "sent_at", *d.SentAt)
 	}
 	b = appendStrField(b, "signed_by", d.SignedBy, true)
+	b = appendStrings(b, "differs", d.Differs)
 	if bd := d.Binds; bd != nil {
 		b = append(b, `,"binds":{`...)
 		if k := bd.Idempotency; k != nil {
@@ -133,11 +134,13 @@ func appendAuthorization(b []byte, a *AuthorizationView) []byte {
 	b = appendStrField(b, "state", string(a.State), false)
 	b = appendIntField(b, "version", a.Version)
 	b = appendStrField(b, "operation", a.Operation, false)
-	b = appendStrField(b, "target", a.Target, false)
-	b = append(b, `,"amount":{"minor_units":`...)
-	b = strconv.AppendInt(b, a.Amount.MinorUnits, 10)
-	b = appendStrField(b, "currency", a.Amount.Currency, false)
-	b = append(b, '}')
+	b = appendStrField(b, "target", a.Target, true)
+	if a.Amount != (Money{}) {
+		b = append(b, `,"amount":{"minor_units":`...)
+		b = strconv.AppendInt(b, a.Amount.MinorUnits, 10)
+		b = appendStrField(b, "currency", a.Amount.Currency, false)
+		b = append(b, '}')
+	}
 	b = appendStrField(b, "idempotency_key", a.IdempotencyKey, false)
 	b = appendIntField(b, "mandate_version", a.MandateVersion)
 	b = appendTimeField(b, "deadline", a.Deadline)

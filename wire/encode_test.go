@@ -23,6 +23,9 @@ func randomDecision(r *rand.Rand) *Decision {
 	if r.IntN(2) == 0 {
 		d.ExecutionToken = r.Int64N(1 << 62)
 	}
+	if r.IntN(3) == 0 {
+		d.Differs = []string{"amount", text()}
+	}
 	if r.IntN(2) == 0 {
 		ed := tm.Add(time.Hour)
 		d.Authorization = &AuthorizationView{ID: text(), State: AuthState(text()), Version: 3, Operation: text(), Target: text(),

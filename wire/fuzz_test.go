@@ -191,13 +191,13 @@ func checkCommand(t *testing.T, cmd *wire.Command) {
 	bodies := map[wire.CommandType]bool{
 		wire.CmdGrant: cmd.Grant != nil, wire.CmdRevoke: cmd.Revoke != nil, wire.CmdPropose: cmd.Propose != nil,
 		wire.CmdBegin: cmd.Begin != nil, wire.CmdCommit: cmd.Commit != nil, wire.CmdCancel: cmd.Cancel != nil,
-		wire.CmdReportUnknown: cmd.Report != nil, wire.CmdResolve: cmd.Resolve != nil,
+		wire.CmdReportUnknown: cmd.Report != nil, wire.CmdResolve: cmd.Resolve != nil, wire.CmdRecord: cmd.Record != nil,
 	}
 	for typ, set := range bodies {
 		require.Equal(t, typ == cmd.Type, set, "exactly the %s body is set", cmd.Type)
 	}
 	switch cmd.Type {
-	case wire.CmdGrant, wire.CmdRevoke, wire.CmdPropose:
+	case wire.CmdGrant, wire.CmdRevoke, wire.CmdPropose, wire.CmdRecord:
 		require.Empty(t, cmd.AuthorizationID())
 	default:
 		require.True(t, partitioner.ValidID(cmd.AuthorizationID()), cmd.AuthorizationID())
@@ -246,14 +246,15 @@ func checkCommand(t *testing.T, cmd *wire.Command) {
 		require.True(t, partitioner.ValidID(cmd.Begin.Executor), "a begin always names its executor: %q", cmd.Begin.Executor)
 	case cmd.Commit != nil:
 		checkExternalRef(t, cmd.Commit.ExternalRef, true)
-		if r := cmd.Commit.Result; r != nil {
-			require.LessOrEqual(t, len(r), wire.MaxResultBytes)
-			var obj map[string]any
-			require.NoError(t, json.Unmarshal(r, &obj), "a result is a JSON object: %s", r)
-			again, err := json.Marshal(json.RawMessage(r))
-			require.NoError(t, err)
-			require.Equal(t, string(r), string(again), "a result is stored compact and escaped as encoding/json writes it")
+		checkResult(t, cmd.Commit.Result)
+	case cmd.Record != nil:
+		r := cmd.Record
+		require.True(t, operationGrammar(r.Operation), r.Operation)
+		require.True(t, r.Target == "" || partitioner.ValidID(r.Target), r.Target)
+		for _, id := range []string{r.Intent.RunID, r.Intent.Step, r.Intent.Action} {
+			require.True(t, partitioner.ValidID(id), "a record always has an intent: %q", id)
 		}
+		checkResult(t, r.Result)
 	case cmd.Cancel != nil:
 		checkText(t, cmd.Cancel.Reason)
 		checkText(t, cmd.Cancel.NotExecutedProof)
@@ -265,6 +266,18 @@ func checkCommand(t *testing.T, cmd *wire.Command) {
 		checkExternalRef(t, r.ExternalRef, r.Outcome == wire.ResolveCommitted)
 		checkText(t, r.Evidence)
 	}
+}
+
+func checkResult(t *testing.T, r []byte) {
+	if r == nil {
+		return
+	}
+	require.LessOrEqual(t, len(r), wire.MaxResultBytes)
+	var obj map[string]any
+	require.NoError(t, json.Unmarshal(r, &obj), "a result is a JSON object: %s", r)
+	again, err := json.Marshal(json.RawMessage(r))
+	require.NoError(t, err)
+	require.Equal(t, string(r), string(again), "a result is stored compact and escaped as encoding/json writes it")
 }
 
 // encodeCommand writes a command in its canonical wire form: every field,
@@ -315,6 +328,13 @@ func encodeCommand(t *testing.T, cmd *wire.Command) []byte {
 			m["intent"] = p.Intent
 		}
 		opt("fork_of", p.ForkOf)
+	case cmd.Record != nil:
+		r := cmd.Record
+		m["operation"], m["intent"] = r.Operation, r.Intent
+		opt("target", r.Target)
+		if r.Result != nil {
+			m["result"] = json.RawMessage(r.Result)
+		}
 	case cmd.Begin != nil:
 		m["authorization_id"], m["executor"] = cmd.Begin.AuthorizationID, cmd.Begin.Executor
 	case cmd.Commit != nil:

@@ -55,6 +55,7 @@ const (
 	ReasonPossibleReplay      Reason = "possible_replay"            // denied: the same material proposal was recently committed or begun
 	ReasonForkOfLive          Reason = "fork_of_live_authorization" // refused: a fork must supersede a terminal authorization
 	ReasonForkOfUnknown       Reason = "fork_of_unknown"            // refused: fork_of is not the intent's latest authorization
+	ReasonNotRecorded         Reason = "not_recorded"               // refused: a record look-up found nothing recorded for the intent
 
 	ReasonAuthorizationNotFound Reason = "authorization_not_found"
 	ReasonDeadlinePassed        Reason = "deadline_passed"

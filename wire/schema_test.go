@@ -27,7 +27,7 @@ import (
 
 var update = flag.Bool("update", false, "rewrite testdata/examples/decision.json from the lifecycle")
 
-var commandTypes = []string{"grant", "revoke", "propose", "begin", "commit", "cancel", "report_unknown", "resolve"}
+var commandTypes = []string{"grant", "revoke", "propose", "begin", "commit", "cancel", "report_unknown", "resolve", "record"}
 
 // compiledSchemas compiles every embedded schema once, with format
 // assertions on (2020-12 only annotates formats by default).
@@ -164,6 +164,9 @@ func TestEdgeCasesAreValidForSchemaAndDecoder(t *testing.T) {
 		{name: "a resolve as cancelled with an empty external reference", value: with(resolveBase, "outcome", `"cancelled"`, "external_ref", `""`)},
 		{name: "a resolve as committed with the provider's result", value: with(resolveBase, "result", `{"refund":"re_1","status":"succeeded"}`)},
 		{name: "a resolve naming its reconciler", value: with(resolveBase, "reconciler", `"mandatectl:alice"`)},
+		{name: "a record look-up (no result, no target)", value: with(recordBase)},
+		{name: "a record with a target, an 8 KiB result, a key and a null sent_at", value: with(recordBase, "target", `"q:0a1b"`,
+			"result", `{"a":"`+strings.Repeat("x", 8192-8)+`"}`, "idempotency_key", `"read-1"`, "sent_at", "null")},
 		{name: "a propose with a nine-digit fraction and an offset", value: with(proposeBase, "sent_at", `"2199-12-31T23:59:59.999999999+23:59"`)},
 		{name: "a propose with the largest based-on version", value: with(proposeBase, "based_on_version", `4611686018427387904`)},
 		{name: "a propose forking an authorization of its intent", value: with(proposeBase,
@@ -269,6 +272,13 @@ func TestInvalidCommandsFailSchemaAndDecoder(t *testing.T) {
 		{name: "an unknown field in an intent", schema: "propose", value: with(proposeBase, "intent", `{"run_id":"r","step":"s","action":"a","key":"k"}`), reason: wire.ReasonUnknownField},
 		{name: "an intent run id outside the id grammar", schema: "propose", value: with(proposeBase, "intent", `{"run_id":"r/1","step":"s","action":"a"}`), reason: wire.ReasonIDInvalid},
 		{name: "an intent that is a string", schema: "propose", value: with(proposeBase, "intent", `"run-1/s/a"`), reason: wire.ReasonFieldInvalid},
+		{name: "a record without an intent", schema: "record", value: with(recordBase, "intent", "-"), reason: wire.ReasonMissingField},
+		{name: "a record with a null intent", schema: "record", value: with(recordBase, "intent", "null"), reason: wire.ReasonMissingField},
+		{name: "a record without an operation", schema: "record", value: with(recordBase, "operation", "-"), reason: wire.ReasonMissingField},
+		{name: "a record whose result is an array", schema: "record", value: with(recordBase, "result", `[1]`), reason: wire.ReasonFieldInvalid},
+		{name: "a record with an amount", schema: "record", value: with(recordBase, "amount", `{"minor_units":1,"currency":"EUR"}`), reason: wire.ReasonUnknownField},
+		{name: "a record naming an authorization", schema: "record", value: with(recordBase, "authorization_id", `"au_x"`), reason: wire.ReasonUnknownField},
+		{name: "a record with a target outside the id grammar", schema: "record", value: with(recordBase, "target", `"what is the price?"`), reason: wire.ReasonIDInvalid},
 		{name: "a fork of an id outside the id grammar", schema: "propose", value: with(proposeBase, "intent", `{"run_id":"r","step":"s","action":"a"}`, "fork_of", `"au x"`), reason: wire.ReasonIDInvalid},
 	}
 	for _, tc := range cases {
@@ -543,6 +553,10 @@ func TestReplayOrForkDecisionsPassTheSchema(t *testing.T) {
 	r.decide("commit", "mandate.proposals", 1844, "2026-11-30T08:06:00Z")
 	replayed := decide(variant("refund-1842-restored-2", "", true), 1845, "2026-11-30T08:07:00Z")
 	require.Equal(t, wire.ReasonIntentReplayed, replayed.Reason)
+	other := variant("refund-1842-restored-3", "", true)
+	other.Propose.Amount.MinorUnits, other.Propose.Target = 9000, "customer-78"
+	differs := decide(other, 1849, "2026-11-30T08:07:30Z")
+	require.Equal(t, []string{"amount", "target"}, differs.Differs)
 	fork := decide(variant("refund-1842-second-refund", first.AuthorizationID, true), 1846, "2026-11-30T08:08:00Z")
 	require.Equal(t, wire.OutcomeDenied, fork.Outcome, "a single-use mandate: the fork is decided, and denied")
 	require.Equal(t, first.AuthorizationID, fork.ForkOf)
@@ -558,6 +572,69 @@ func TestReplayOrForkDecisionsPassTheSchema(t *testing.T) {
 		require.NoError(t, err)
 		require.JSONEq(t, string(b), string(again))
 	}
+}
+
+// TestRecordDecisionsPassTheSchema runs the record example through a
+// look-up, the record, a repeat with another result, one with another
+// target, and one on a mandate that does not exist: every decision passes
+// the decision schema and parses back.
+func TestRecordDecisionsPassTheSchema(t *testing.T) {
+	t.Parallel()
+	r := newExampleRun(t)
+	r.decide("grant", "mandate.grants", 17, "2026-11-30T08:00:00Z")
+	decide := func(value []byte, offset int64, now string) wire.Decision {
+		cmd, rej := wire.Decode(r.key.Bytes(), value, wire.Limits{})
+		require.Nil(t, rej)
+		at, err := time.Parse(time.RFC3339Nano, now)
+		require.NoError(t, err)
+		ds := r.st.Decide(lifecycle.Input{Cmd: cmd, Source: wire.Source{Topic: "mandate.proposals", Partition: r.st.Partition, Offset: offset}}, at)
+		require.Len(t, ds, 1)
+		b, err := ds[0].Encode()
+		require.NoError(t, err)
+		r.all = append(r.all, b)
+		return ds[0]
+	}
+	example := readExample(t, "record")
+	var lookup map[string]any
+	require.NoError(t, json.Unmarshal(example, &lookup))
+	delete(lookup, "result")
+	lookupBytes, err := json.Marshal(lookup)
+	require.NoError(t, err)
+
+	require.Equal(t, wire.ReasonNotRecorded, decide(lookupBytes, 1842, "2026-11-30T08:04:00Z").Reason)
+	rec := decide(example, 1843, "2026-11-30T08:04:10.5Z")
+	require.Equal(t, wire.OutcomeRecorded, rec.Outcome)
+	require.Equal(t, "record:price.lookup", rec.Binds.Intent.Operation)
+	again := decide(with(recordBase, "target", `"sku-4711"`, "result", `{"price":1}`), 1844, "2026-11-30T08:05:00Z")
+	require.Equal(t, wire.OutcomeReplayed, again.Outcome)
+	require.JSONEq(t, string(rec.Authorization.Result), string(again.Authorization.Result))
+	other := decide(with(recordBase, "target", `"sku-4712"`), 1845, "2026-11-30T08:06:00Z")
+	require.Equal(t, []string{"target"}, other.Differs)
+	bare := decide(with(recordBase, "intent", `{"run_id":"run-7f3a","step":"3","action":"price.lookup"}`, "result", `{}`), 1846, "2026-11-30T08:07:00Z")
+	require.Equal(t, wire.OutcomeRecorded, bare.Outcome)
+	require.Empty(t, bare.Authorization.Target)
+	for _, b := range r.all {
+		require.NoError(t, validate(t, "decision", b), "%s", b)
+		d, err := wire.ParseDecision(b)
+		require.NoError(t, err)
+		again, err := d.Encode()
+		require.NoError(t, err)
+		require.JSONEq(t, string(b), string(again))
+		require.NotContains(t, string(b), `"amount":{"minor_units":0`, "a record holds no amount")
+	}
+	// A recorded authorization must not show an amount, and any other
+	// one must.
+	var dec map[string]any
+	require.NoError(t, json.Unmarshal(r.all[2], &dec)) // the recorded one (after the grant and the look-up)
+	dec["authorization"].(map[string]any)["amount"] = map[string]any{"minor_units": 1, "currency": "EUR"}
+	b, err := json.Marshal(dec)
+	require.NoError(t, err)
+	require.Error(t, validate(t, "decision", b))
+	dec["authorization"].(map[string]any)["state"] = "committed"
+	delete(dec["authorization"].(map[string]any), "amount")
+	b, err = json.Marshal(dec)
+	require.NoError(t, err)
+	require.Error(t, validate(t, "decision", b))
 }
 
 func TestDecisionExampleIsValid(t *testing.T) {

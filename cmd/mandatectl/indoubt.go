@@ -89,7 +89,11 @@ first; the age is how long it has been in doubt, by the database's clock.`,
 		return exitOK
 	}
 	if len(rows) == 0 {
-		fmt.Fprintf(a.stdout, "no in-doubt authorizations in doubt for %s or longer\n", olderThan.d)
+		if olderThan.d > 0 {
+			fmt.Fprintf(a.stdout, "no authorizations in doubt for %s or longer\n", olderThan.d)
+		} else {
+			fmt.Fprintln(a.stdout, "no authorizations in doubt")
+		}
 		return exitOK
 	}
 	tw := newTable(a.stdout)

@@ -112,14 +112,15 @@ func toAuthorizationJSON(a *lifecycle.Authorization) authorizationJSON {
 }
 
 func runInspect(a *app, args []string) int {
-	f := a.newFlagSet("inspect", "mandate <org>/<mandate_id> [flags]",
+	f := a.newFlagSet("inspect", "[mandate] <org>/<mandate_id> [flags]",
 		`Show one mandate: its state and counters and its authorizations (from
 PostgreSQL), and its decision history, read from its home partition of the
 decisions topic with read_committed. The history scan reads at most --scan
 records back from the partition's end (0: the whole partition) and reports
 its progress on stderr when it takes longer than a second; it shows the last
 --history decisions of the mandate it found.`,
-		"mandatectl inspect mandate acme/case-1842",
+		"mandatectl inspect acme/case-1842",
+		"mandatectl inspect acme/case-1842 -o wide",
 		"mandatectl inspect mandate acme/case-1842 --history 200 --scan 0",
 		"mandatectl inspect mandate acme/case-1842 --json | jq '.history[] | {decision_id, outcome}'")
 	var kc kafkaConn
@@ -133,15 +134,22 @@ its progress on stderr when it takes longer than a second; it shows the last
 	scanN := f.Int64("scan", 1_000_000, "read at most this many records back from the end of the home partition (0: all)")
 	noHistory := f.Bool("no-history", false, "do not read the decisions topic")
 	asJSON := f.Bool("json", false, "print JSON instead of tables")
+	output := f.String("o", "", "`wide`: every column of the authorizations (the default fits 100 columns)")
 	timeout := f.Duration("timeout", 5*time.Minute, "bound on the queries and the history scan")
 	pos, code, ok := f.parse(args)
 	if !ok {
 		return code
 	}
-	if len(pos) != 2 || pos[0] != "mandate" {
-		return f.usageErr("want 'inspect mandate <org>/<mandate_id>'")
+	if len(pos) == 2 && pos[0] == "mandate" {
+		pos = pos[1:]
 	}
-	key, err := partitioner.ParseMandateKey(pos[1])
+	if len(pos) != 1 {
+		return f.usageErr("want 'inspect <org>/<mandate_id>' (or 'inspect mandate <org>/<mandate_id>')")
+	}
+	if *output != "" && *output != "wide" {
+		return f.usageErr("-o takes wide, not %q", *output)
+	}
+	key, err := partitioner.ParseMandateKey(pos[0])
 	if err != nil {
 		return f.usageErr("%v", err)
 	}
@@ -241,7 +249,7 @@ its progress on stderr when it takes longer than a second; it shows the last
 		return result
 	}
 	if found {
-		printMandate(a, snap)
+		printMandate(a, snap, *output == "wide")
 	} else {
 		fmt.Fprintf(a.stdout, "Mandate %s: not in the database (never granted, or granted on a partition that has not committed it)\n", key)
 	}
@@ -251,7 +259,7 @@ its progress on stderr when it takes longer than a second; it shows the last
 	return result
 }
 
-func printMandate(a *app, snap *sink.MandateSnapshot) {
+func printMandate(a *app, snap *sink.MandateSnapshot, wide bool) {
 	m := snap.Mandate
 	fmt.Fprintf(a.stdout, "Mandate %s (partition %d)\n", m.Key, m.Partition)
 	tw := newTable(a.stdout)
@@ -303,6 +311,16 @@ func printMandate(a *app, snap *sink.MandateSnapshot) {
 		return
 	}
 	tw = newTable(a.stdout)
+	if !wide {
+		// What fits 100 columns: the rest is -o wide's, or --json's.
+		fmt.Fprintln(tw, "  ID\tSTATE\tAMOUNT\tTARGET\tUPDATED")
+		for _, au := range snap.Authorizations {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", au.Key.ID, au.State, wire.FormatAmount(au.Amount, au.Currency),
+				truncate(au.Target, 16), au.UpdatedAt.UTC().Format("2006-01-02 15:04:05"))
+		}
+		_ = tw.Flush()
+		return
+	}
 	fmt.Fprintln(tw, "  ID\tSTATE\tVERSION\tAMOUNT\tOPERATION\tTARGET\tIDEMPOTENCY KEY\tDEADLINE\tEXECUTOR (TOKEN)\tEXTERNAL REF\tUPDATED\tDETAIL")
 	for _, au := range snap.Authorizations {
 		deadline := fmtTime(au.Deadline)

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -322,12 +323,22 @@ func TestMandatectl(t *testing.T) {
 		r, _ = b.send(t, "cancel", "--mandate", "globex/trip-7", "--authorization", auth, "--reason", "plans changed")
 		require.Equal(t, exitOK, r.code, "%s", r)
 
-		args := append(append([]string{"inspect", "mandate", "globex/trip-7"}, b.kafka...), b.db...)
+		// inspect ORG/MANDATE, as a newcomer types it: the authorizations fit
+		// 100 columns; -o wide shows every column.
+		r = ctl(t, append(append([]string{"inspect", "globex/trip-7"}, b.kafka...), b.db...)...)
+		require.Equal(t, exitOK, r.code, "%s", r)
+		require.Regexp(t, auth+`\s+cancelled\s+120.00 EUR\s+customer-991`, r.stdout, "12000 minor units are 120.00 EUR")
+		tableLines := strings.Split(r.stdout[strings.Index(r.stdout, "Authorizations"):strings.Index(r.stdout, "Decision history")], "\n")
+		for _, line := range tableLines {
+			require.LessOrEqual(t, utf8.RuneCountInString(line), 100, "the authorizations table fits 100 columns: %q", line)
+		}
+
+		args := append(append([]string{"inspect", "mandate", "globex/trip-7", "-o", "wide"}, b.kafka...), b.db...)
 		r = ctl(t, args...)
 		require.Equal(t, exitOK, r.code, "%s", r)
 		require.Contains(t, r.stdout, "Mandate globex/trip-7")
 		require.Contains(t, r.stdout, "3 allowed")
-		require.Regexp(t, auth+`\s+cancelled\s+\d+\s+120.00 EUR`, r.stdout, "12000 minor units are 120.00 EUR")
+		require.Regexp(t, auth+`\s+cancelled\s+\d+\s+120.00 EUR`, r.stdout, "-o wide: the version column too")
 		require.Regexp(t, `max per use\s+200.00 EUR`, r.stdout)
 		require.Contains(t, r.stdout, "Decision history")
 		require.Regexp(t, `grant\s+granted`, r.stdout)

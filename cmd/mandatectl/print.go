@@ -138,3 +138,12 @@ func decisionLine(d *wire.Decision) string {
 	return strings.Join([]string{d.DecidedAt.UTC().Format("2006-01-02T15:04:05.000Z"), d.DecisionID, d.MandateKey, d.Command,
 		string(d.Outcome), dash(string(d.Reason)), dash(d.AuthorizationID), dash(state), dash(src)}, "\t")
 }
+
+// truncate shortens s to at most n runes, marking the cut with "…".
+func truncate(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return string(r[:n-1]) + "…"
+}

@@ -258,7 +258,11 @@ func reconcileList(a *app, db *dbConn, olderThan time.Duration, org string, limi
 		return exitOK
 	}
 	if len(rows) == 0 {
-		fmt.Fprintf(a.stdout, "no authorizations in doubt for %s or longer\n", olderThan)
+		if olderThan > 0 {
+			fmt.Fprintf(a.stdout, "no authorizations in doubt for %s or longer\n", olderThan)
+		} else {
+			fmt.Fprintln(a.stdout, "no authorizations in doubt")
+		}
 		return exitOK
 	}
 	tw := newTable(a.stdout)

@@ -25,6 +25,10 @@ GRANT SELECT ON authorizations, idempotency_keys, request_answers, mandated_part
 -- orgs' signing modes and the last verify (mandatectl verify --record).
 -- gateway/console's tests run the console as this role.
 GRANT SELECT ON operator_tokens, mandates, outbox, outbox_parked, relay_progress, org_grant_signing, verify_runs TO mandated_gateway;
+-- The console's decision history, search and overview (migration 0051):
+-- the decisions housekeeping moved out of the outbox, their counts per
+-- minute, and how long they are kept.
+GRANT SELECT ON decision_history, decision_counts, decision_history_settings TO mandated_gateway;
 -- The console's sessions: opened at sign-in, ended at sign-out, expired
 -- ones purged (on the control shard).
 GRANT SELECT, INSERT, UPDATE, DELETE ON console_sessions TO mandated_gateway;

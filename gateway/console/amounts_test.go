@@ -32,7 +32,9 @@ func TestTheConsoleShowsAmountsByTheCurrencysExponent(t *testing.T) {
 	b.grant(t, "acme", "m-amounts", 2)
 	auth := b.inDoubt(t, "acme", "m-amounts", "worker-1")
 
-	for _, path := range []string{"/console/", "/console/mandates/acme/m-amounts", "/console/reconcile/acme/m-amounts/" + auth} {
+	waitKept(t, b, "acme", "m-amounts", 4)
+	for _, path := range []string{"/console/", "/console/mandates/acme/m-amounts", "/console/reconcile/acme/m-amounts/" + auth,
+		"/console/mandates/acme/m-amounts/history", "/console/authorizations/acme/m-amounts/" + auth} {
 		code, html := b.page(t, path)
 		require.Equal(t, http.StatusOK, code, "%s: %s", path, html)
 		require.Contains(t, html, "150.00 EUR", "%s shows the authorization's amount in euros", path)
@@ -41,4 +43,6 @@ func TestTheConsoleShowsAmountsByTheCurrencysExponent(t *testing.T) {
 	_, html := b.page(t, "/console/mandates/acme/m-amounts")
 	require.Contains(t, html, "at most 200.00 EUR", "the grant's cap per use")
 	require.NotContains(t, html, "20000 EUR")
+	_, html = b.page(t, "/console/mandates/acme/m-amounts/history")
+	require.Contains(t, html, "version 1: 2 uses of at most 200.00 EUR", "the grant, in the history")
 }

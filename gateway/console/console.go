@@ -4,8 +4,12 @@
 // where the org requires it, produced to the grants topic as mandatectl
 // reconcile does, with client.Record), a mandate's page (terms, uses held
 // and spent, authorizations with their states, executors, results and fork
-// lineage), the partitions (owner, epoch, lag, outbox backlog) and the last
-// verify result (verify_runs, written by mandatectl verify --record).
+// lineage, its latest decisions), the partitions (owner, epoch, lag, outbox
+// backlog) and the last verify result (verify_runs, written by mandatectl
+// verify --record). It finds any decision (search.go): one search box, a
+// mandate's history, an authorization's timeline, one decision, and an
+// overview of the last hour (history.go, overview.go), read from the
+// decision history PostgreSQL keeps (migration 0051, sink/history.go).
 //
 // Pages are rendered on the server (html/template, no script, no CDN: one
 // stylesheet it serves itself). Operators sign in with an operator token
@@ -24,7 +28,7 @@
 // It reads PostgreSQL (sink's operator queries) and produces only resolves,
 // through the client. It stands on gateway (tokens), client, sink, wire and
 // partitioner (test/layout); it never imports processor, lifecycle's
-// decisions aside from the rows sink returns, outbox or verify.
+// decisions aside from the rows sink returns, outbox, verify or admin.
 package console
 
 import (
@@ -59,6 +63,8 @@ const (
 	InDoubtLimitDefault    = 500
 	AuthorizationsDefault  = 200
 	SessionTTLDefault      = 8 * time.Hour
+	HistoryPageDefault     = 50
+	TimelineDefault        = 500
 )
 
 // CookieName is the console's session cookie: a session's secret (never
@@ -85,6 +91,13 @@ type Config struct {
 	// Authorizations bounds the authorizations a mandate's page shows
 	// (newest first). Defaults to AuthorizationsDefault.
 	Authorizations int
+	// HistoryPage bounds the decisions a page of a mandate's history
+	// shows (newest first, then older pages). Defaults to
+	// HistoryPageDefault.
+	HistoryPage int
+	// Timeline bounds the decisions an authorization's timeline shows
+	// (oldest first). Defaults to TimelineDefault.
+	Timeline int
 	// SessionTTL is how long a session lasts from sign-in (the cookie's
 	// Max-Age too); sign-out ends it at once. Defaults to
 	// SessionTTLDefault.
@@ -105,6 +118,8 @@ func (c Config) WithDefaults() Config {
 	c.QueryTimeout = cmp.Or(c.QueryTimeout, QueryTimeoutDefault)
 	c.InDoubtLimit = cmp.Or(c.InDoubtLimit, InDoubtLimitDefault)
 	c.Authorizations = cmp.Or(c.Authorizations, AuthorizationsDefault)
+	c.HistoryPage = cmp.Or(c.HistoryPage, HistoryPageDefault)
+	c.Timeline = cmp.Or(c.Timeline, TimelineDefault)
 	c.SessionTTL = cmp.Or(c.SessionTTL, SessionTTLDefault)
 	if c.Logger == nil {
 		nop := zerolog.Nop()
@@ -121,8 +136,8 @@ func (c Config) Validate() error {
 	switch {
 	case c.DecisionTimeout < 0 || c.QueryTimeout < 0:
 		return errors.New("console: DecisionTimeout and QueryTimeout must not be negative")
-	case c.InDoubtLimit < 0 || c.Authorizations < 0:
-		return errors.New("console: InDoubtLimit and Authorizations must not be negative")
+	case c.InDoubtLimit < 0 || c.Authorizations < 0 || c.HistoryPage < 0 || c.Timeline < 0:
+		return errors.New("console: InDoubtLimit, Authorizations, HistoryPage and Timeline must not be negative")
 	case c.SessionTTL < 0:
 		return errors.New("console: SessionTTL must not be negative")
 	}
@@ -168,8 +183,9 @@ func New(cfg Config, src Sources) (*Console, error) {
 	}
 	cfg = cfg.WithDefaults()
 	c := &Console{cfg: cfg, log: cfg.Logger.With().Str("component", "console").Logger(), src: src, pages: map[string]*template.Template{}}
-	for _, page := range []string{"login", "indoubt", "reconcile", "resolved", "mandate", "partitions", "verify", "error"} {
-		t, err := template.New("layout.html").Funcs(funcs(cfg.Now)).ParseFS(files, "templates/layout.html", "templates/"+page+".html")
+	for _, page := range []string{"login", "indoubt", "reconcile", "resolved", "mandate", "partitions", "verify", "error",
+		"history", "authorization", "decision", "search", "overview"} {
+		t, err := template.New("layout.html").Funcs(funcs(cfg.Now)).ParseFS(files, "templates/layout.html", "templates/partials.html", "templates/"+page+".html")
 		if err != nil {
 			return nil, fmt.Errorf("console: template %s: %w", page, err)
 		}
@@ -189,8 +205,13 @@ func (c *Console) Register(mux *http.ServeMux) {
 	mux.Handle("GET /console/{$}", c.headers(c.operator(c.inDoubtPage)))
 	mux.Handle("GET /console/reconcile/{org}/{mandate}/{authorization}", c.headers(c.operator(c.reconcilePage)))
 	mux.Handle("POST /console/reconcile/{org}/{mandate}/{authorization}", c.headers(c.operator(c.reconcile)))
+	mux.Handle("GET /console/search", c.headers(c.operator(c.searchPage)))
 	mux.Handle("GET /console/mandates", c.headers(c.operator(c.mandateLookup)))
 	mux.Handle("GET /console/mandates/{org}/{mandate}", c.headers(c.operator(c.mandatePage)))
+	mux.Handle("GET /console/mandates/{org}/{mandate}/history", c.headers(c.operator(c.mandateHistoryPage)))
+	mux.Handle("GET /console/authorizations/{org}/{mandate}/{authorization}", c.headers(c.operator(c.authorizationPage)))
+	mux.Handle("GET /console/decisions/{id}", c.headers(c.operator(c.decisionPage)))
+	mux.Handle("GET /console/overview", c.headers(c.operator(c.overviewPage)))
 	mux.Handle("GET /console/partitions", c.headers(c.operator(c.partitionsPage)))
 	mux.Handle("GET /console/verify", c.headers(c.operator(c.verifyPage)))
 	mux.Handle("/console/", c.headers(c.operator(func(w http.ResponseWriter, r *http.Request, _ session) {

@@ -362,13 +362,24 @@ func TestAnOperatorReconcilesInTheConsoleInARealBrowser(t *testing.T) {
 		require.Contains(t, story, want)
 	}
 
+	// Its timeline: propose → reserve → begin → report → resolve, each
+	// with who acted: the executor, then the operator's console session.
+	waitKept(t, b, "acme", "refund-case-1842", 5)
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(b.base+"/console/authorizations/acme/refund-case-1842/"+acmeAuth),
+		chromedp.WaitVisible(chromedp.CSS("ol.flow"))))
+	flow := text(t, ctx, "ol.flow")
+	for _, want := range []string{"propose → reserve", "begin", "executor worker-7f3a.attempt-2", "report", "provider timed out after 30 s",
+		"resolve", "reconciler console:ot_", "re_3PqX9a2eZvKYlo2C1xQ", "evidence: the provider lists refund"} {
+		require.Contains(t, flow, want)
+	}
+
 	// The queue has one left.
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(b.base+"/console/"), chromedp.WaitVisible(chromedp.CSS("table"))))
 	require.Contains(t, text(t, ctx, ".summary"), "1 in doubt")
 
 	// A mandate's page: terms, uses, authorizations with results, the fork lineage.
-	require.NoError(t, chromedp.Do(ctx, chromedp.SendKeys(chromedp.CSS(`input[name="key"]`), "acme/refund-case-1907")))
-	submit(t, ctx, chromedp.Submit(chromedp.CSS(`input[name="key"]`)), http.StatusOK)
+	require.NoError(t, chromedp.Do(ctx, chromedp.SendKeys(chromedp.CSS(`input[name="q"]`), "acme/refund-case-1907")))
+	submit(t, ctx, chromedp.Submit(chromedp.CSS(`input[name="q"]`)), http.StatusOK)
 	require.NoError(t, chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS("ul.lineage"))))
 	mandate := text(t, ctx, "main")
 	for _, want := range []string{"Fork lineage", "→", "re_3PqX9a", `"refund_id":"re_3PqX9a"`, "worker-19c2.attempt-1", "in_doubt", "committed", "cancelled", "payment.refund"} {
@@ -573,8 +584,10 @@ func csrfOf(t *testing.T, b *testBundle, hc *http.Client) string {
 // every page answers 200 with its content, not a permission error.
 func TestTheConsoleReadsWithTheGatewaysDocumentedRole(t *testing.T) {
 	t.Parallel()
+	var role string
 	b := setupAs(t, func(h *harness.Harness) string {
-		role, password := gatewayRole(t, h.DatabaseURL)
+		var password string
+		role, password = gatewayRole(t, h.DatabaseURL)
 		u, err := url.Parse(h.DatabaseURL)
 		require.NoError(t, err)
 		u.User = url.UserPassword(role, password)
@@ -583,11 +596,17 @@ func TestTheConsoleReadsWithTheGatewaysDocumentedRole(t *testing.T) {
 	b.grant(t, "acme", "m-role", 2)
 	auth := b.inDoubt(t, "acme", "m-role", "worker-role")
 	recordVerify(t, b)
+	waitKept(t, b, "acme", "m-role", 4)
 	hc := &http.Client{Timeout: time.Minute}
 	for path, want := range map[string]string{
 		"/console/":                                            "<strong>1</strong> in doubt",
 		"/console/reconcile/acme/m-role/" + auth:               "worker-role",
 		"/console/mandates/acme/m-role":                        "worker-role",
+		"/console/mandates/acme/m-role/history":                "report_unknown",
+		"/console/authorizations/acme/m-role/" + auth:          "executor worker-role",
+		"/console/search?q=" + auth:                            "executor worker-role", // followed to the authorization
+		"/console/search?q=worker-role":                        "executor worker-role",
+		"/console/overview":                                    "In doubt now",
 		"/console/partitions":                                  "Outbox backlog",
 		"/console/verify":                                      "Verified",
 		"/v1/orgs/acme/mandates/m-role/authorizations/" + auth: "in_doubt",
@@ -607,6 +626,21 @@ func TestTheConsoleReadsWithTheGatewaysDocumentedRole(t *testing.T) {
 		require.Equal(t, http.StatusOK, resp.StatusCode, "%s: %s", path, body)
 		require.Contains(t, string(body), want, path)
 	}
+
+	// A role the history was not granted to (a gateway role created
+	// before migration 0051) is told what to grant.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := b.rw.Exec(ctx, "REVOKE SELECT ON decision_history FROM "+role)
+	require.NoError(t, err)
+	code, html := b.page(t, "/console/mandates/acme/m-role/history")
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	require.Contains(t, html, "GRANT SELECT ON decision_history, decision_counts, decision_history_settings")
+	code, html = b.page(t, "/console/mandates/acme/m-role")
+	require.Equal(t, http.StatusOK, code, "the mandate's page stands without its latest decisions")
+	require.Contains(t, html, "The decision history cannot be read now")
+	_, err = b.rw.Exec(ctx, "GRANT SELECT ON decision_history TO "+role)
+	require.NoError(t, err)
 
 	// The role opens and ends console sessions (the one thing it writes).
 	jar, err := cookiejar.New(nil)

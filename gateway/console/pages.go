@@ -9,10 +9,10 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
-	"github.com/mandated/mandated/admin"
 	"github.com/mandated/mandated/client"
 	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/partitioner"
@@ -185,14 +185,10 @@ func (c *Console) reconcile(w http.ResponseWriter, r *http.Request, s session) {
 
 // ---- a mandate
 
+// mandateLookup keeps the first console's lookup (/console/mandates?key=)
+// working: it is a search now.
 func (c *Console) mandateLookup(w http.ResponseWriter, r *http.Request, s session) {
-	q := strings.TrimSpace(r.URL.Query().Get("key"))
-	org, id, ok := strings.Cut(q, "/")
-	if _, err := partitioner.NewMandateKey(org, id); !ok || err != nil {
-		c.fail(w, r, &s, http.StatusBadRequest, fmt.Sprintf("%q is not a mandate key (org/mandate_id).", q))
-		return
-	}
-	http.Redirect(w, r, "/console/mandates/"+url.PathEscape(org)+"/"+url.PathEscape(id), http.StatusSeeOther)
+	http.Redirect(w, r, "/console/search?q="+url.QueryEscape(r.URL.Query().Get("key")), http.StatusSeeOther)
 }
 
 // lineage is one chain of forks: an authorization and those that forked it
@@ -237,9 +233,18 @@ func (c *Console) mandatePage(w http.ResponseWriter, r *http.Request, s session)
 			slots = append(slots, "free")
 		}
 	}
-	c.render(w, r, http.StatusOK, "mandate", &s, map[string]any{"Key": key, "M": m, "Left": left, "Slots": slots, "Auths": snap.Authorizations,
+	data := map[string]any{"Key": key, "M": m, "Left": left, "Slots": slots, "Auths": snap.Authorizations,
 		"States": states, "Lineages": lineages(snap.Authorizations), "Limited": len(snap.Authorizations) == c.cfg.Authorizations,
-		"Limit": c.cfg.Authorizations})
+		"Limit": c.cfg.Authorizations}
+	// Its latest decisions; the page stands without them (the history
+	// page says why they cannot be read).
+	if latest, err := c.src.Operator().MandateHistory(ctx, key, nil, latestDecisions); err == nil {
+		data["Latest"] = views(latest)
+	} else {
+		c.log.Warn().Err(err).Str("mandate", key.String()).Msg("console: read a mandate's latest decisions")
+		data["LatestError"] = true
+	}
+	c.render(w, r, http.StatusOK, "mandate", &s, data)
 }
 
 // lineages are the fork chains among auths: each chain starts at an
@@ -374,7 +379,7 @@ func (p verifyPartition) headPart(i int) string {
 func (c *Console) verifyPage(w http.ResponseWriter, r *http.Request, s session) {
 	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.QueryTimeout)
 	defer cancel()
-	run, err := admin.LastVerifyRun(ctx, c.src.Control)
+	run, err := sink.LastVerifyRun(ctx, c.src.Control)
 	switch {
 	case errors.Is(err, sink.ErrNotFound):
 		c.render(w, r, http.StatusOK, "verify", &s, map[string]any{})
@@ -434,16 +439,26 @@ func funcs(now func() time.Time) template.FuncMap {
 			}
 			return s[:n] + "…"
 		},
-		"join":    strings.Join,
-		"lineage": func(l lineage) string { return strings.Join(l, " → ") },
-		"mandateURL": func(k partitioner.MandateKey) string {
-			return "/console/mandates/" + url.PathEscape(k.Org) + "/" + url.PathEscape(k.MandateID)
-		},
+		"join":             strings.Join,
+		"lineage":          func(l lineage) string { return strings.Join(l, " → ") },
+		"mandateURL":       mandateURL,
+		"authorizationURL": authorizationURL,
+		"historyURL":       func(k partitioner.MandateKey) string { return mandateURL(k) + "/history" },
+		"decisionURL":      func(id string) string { return "/console/decisions/" + url.PathEscape(id) },
+		"outcomeClass":     outcomeClass,
+		"f1":               func(v float64) string { return strconv.FormatFloat(v, 'f', 1, 64) },
 		"reconcileURL": func(k partitioner.MandateKey, id string) string {
 			return "/console/reconcile/" + url.PathEscape(k.Org) + "/" + url.PathEscape(k.MandateID) + "/" + url.PathEscape(id)
 		},
 		"terminal": func(st wire.AuthState) bool { return st.Terminal() },
 		"dur":      func(d time.Duration) string { return d.String() },
+		"span": func(d time.Duration) string { // a retention: 7 days, 36h0m0s
+			if d > 0 && d%(24*time.Hour) == 0 {
+				n := int64(d / (24 * time.Hour))
+				return fmt.Sprintf("%d day%s", n, plural(n))
+			}
+			return d.String()
+		},
 		"checked": func(v url.Values, name, value string) bool {
 			return v.Get(name) == value
 		},

@@ -67,6 +67,7 @@ func TestMakeDevRunsTheREADMEsFirstExamplesAndStopsOnCtrlC(t *testing.T) {
 	cmd.Stderr = &stderr
 	require.NoError(t, cmd.Start())
 	exited := make(chan error, 1)
+	stopped := make(chan struct{}) // closed once make dev has exited
 	printed := make(chan string, 1)
 	go func() {
 		var all strings.Builder
@@ -79,7 +80,24 @@ func TestMakeDevRunsTheREADMEsFirstExamplesAndStopsOnCtrlC(t *testing.T) {
 		}
 		_, _ = io.Copy(io.Discard, stdout)
 		exited <- cmd.Wait()
+		close(stopped)
 	}()
+	// A failing test still stops the stack, and waits for dev.sh to have done
+	// so before t.TempDir's cleanup deletes the PID files it stops by (this
+	// cleanup runs first: cleanups run last-registered first).
+	t.Cleanup(func() {
+		select {
+		case <-stopped:
+			return
+		default:
+		}
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-stopped:
+		case <-time.After(2 * time.Minute):
+			t.Errorf("make dev did not stop within 2 minutes of SIGTERM")
+		}
+	})
 	var banner string
 	select {
 	case banner = <-printed:
@@ -107,6 +125,11 @@ func TestMakeDevRunsTheREADMEsFirstExamplesAndStopsOnCtrlC(t *testing.T) {
 	out := run(ctx, t, "bash", "-c", "set -e; source "+env+"\n"+curl)
 	require.Contains(t, out, `"outcome":"reserved"`, "the curl reserves the sample mandate's one use")
 
+	// mandatectl, which the banner, the console and a 401 tell the newcomer to
+	// run, is on PATH once the env file is sourced.
+	out = run(ctx, t, "bash", "-c", "source "+env+"\nmandatectl inspect acme/refund-case-1842")
+	require.Contains(t, out, "refund-case-1842", "mandatectl inspect ORG/MANDATE after sourcing the env file")
+
 	venv := installPackage(ctx, t, py)
 	out = run(ctx, t, "bash", "-c", "source "+env+"\nexec "+venv+" "+filepath.Join(repo, "examples", "quickstart.py"))
 	lines := strings.Split(strings.TrimSpace(out), "\n")
@@ -122,9 +145,7 @@ func TestMakeDevRunsTheREADMEsFirstExamplesAndStopsOnCtrlC(t *testing.T) {
 	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
 	select {
 	case err := <-exited:
-		var ee *exec.ExitError
-		require.ErrorAs(t, err, &ee, "make dev exits non-zero on Ctrl-C")
-		require.Equal(t, 130, ee.ExitCode(), "make dev exits 130 on Ctrl-C:\n%s", stderr.String())
+		require.NoError(t, err, "a stop that was asked for is not an error (make would say Error 130):\n%s", stderr.String())
 	case <-ctx.Done():
 		t.Fatal("make dev did not stop after Ctrl-C")
 	}

@@ -23,6 +23,9 @@ type Record struct {
 	Value     []byte
 	Headers   map[string]string
 	Decision  *wire.Decision // nil on the dead-letter topic
+	// Timestamp is the record's (its producer's clock: when the relay
+	// published it).
+	Timestamp time.Time
 }
 
 // Collector reads a topic from the start with read_committed, as a
@@ -65,7 +68,7 @@ func (c *Collector) run(ctx context.Context) {
 		}
 		var batch []Record
 		fetches.EachRecord(func(r *kgo.Record) {
-			rec := Record{Partition: r.Partition, Offset: r.Offset, Key: string(r.Key), Value: r.Value, Headers: map[string]string{}}
+			rec := Record{Partition: r.Partition, Offset: r.Offset, Key: string(r.Key), Value: r.Value, Headers: map[string]string{}, Timestamp: r.Timestamp}
 			for _, h := range r.Headers {
 				rec.Headers[h.Key] = string(h.Value)
 			}

@@ -120,9 +120,10 @@ port_open() {
 # usually 32768-60999, which holds 55432) can be taken as the local port of some
 # outgoing connection, e.g. between Kafka nodes, and the server's bind then fails
 # with "Address already in use". As root, add PORT to ip_local_reserved_ports so the
-# kernel never hands it out; otherwise just say so.
+# kernel never hands it out, and note it in STATEDIR/reserved-ports so that
+# release_ports gives it back when the server's state is deleted; otherwise just say so.
 reserve_port() {
-	local port=$1 f=/proc/sys/net/ipv4/ip_local_reserved_ports lo hi cur p
+	local port=$1 state=${2:-} f=/proc/sys/net/ipv4/ip_local_reserved_ports lo hi cur p
 	read -r lo hi 2>/dev/null </proc/sys/net/ipv4/ip_local_port_range || return 0
 	[ "$port" -ge "$lo" ] && [ "$port" -le "$hi" ] || return 0
 	cur=$(cat "$f" 2>/dev/null || true)
@@ -135,10 +136,27 @@ reserve_port() {
 		fi
 	done
 	if is_root && echo "${cur:+$cur,}$port" 2>/dev/null >"$f"; then
-		log "reserved port $port in $f: it is inside the ephemeral range $lo-$hi"
+		log "reserved port $port in $f: it is inside the ephemeral range $lo-$hi (given back when the server is deleted)"
+		[ -z "$state" ] || echo "$port" >>"$state/reserved-ports"
 	else
 		log "note: port $port is inside the ephemeral range $lo-$hi; an outgoing connection may take it ($f)"
 	fi
+}
+
+# release_ports STATEDIR: take the ports reserve_port added for the server whose state is
+# STATEDIR out of ip_local_reserved_ports again (a range or a port it did not add stays).
+release_ports() {
+	local state=$1 f=/proc/sys/net/ipv4/ip_local_reserved_ports p keep=() mine
+	[ -f "$state/reserved-ports" ] || return 0
+	mine=" $(tr '\n' ' ' <"$state/reserved-ports")"
+	local IFS=,
+	for p in $(cat "$f" 2>/dev/null); do
+		case "$mine " in *" $p "*) ;; *) keep+=("$p") ;; esac
+	done
+	if echo "${keep[*]}" 2>/dev/null >"$f"; then
+		log "gave back the reserved port(s)$mine in $f"
+	fi
+	rm -f "$state/reserved-ports"
 }
 
 # spawn PIDFILE LOGFILE CMD...: start CMD detached (own session, no terminal, output

@@ -10,11 +10,15 @@
 #  4. starts mandated (ops on :8080) and mandate-gateway (API and console on :8090,
 #     ops on :8091) and waits until both answer /readyz;
 #  5. creates an API token for org acme, an operator token for the console, and
-#     grants the sample mandate acme/refund-case-1842 (one refund of at most
-#     200.00 EUR to customer-77);
-#  6. writes .infra/dev/env (TOKEN, OPERATOR_TOKEN, MANDATED_GATEWAY_URL, …) and prints
-#     the next three things to type; then waits. Ctrl-C (or SIGTERM) stops the two
-#     processes and the servers it started, and deletes their state.
+#     grants the sample mandates acme/refund-case-1842, -1843 and -1844 (each one
+#     refund of at most 200.00 EUR to customer-77: the README's curl, Python and Go
+#     snippets spend the first under one intent, the LangGraph one the second, the
+#     TypeScript one the third);
+#  6. writes .infra/dev/env (TOKEN, OPERATOR_TOKEN, MANDATED_GATEWAY_URL, …, and
+#     .infra/dev/bin on PATH for mandatectl) and prints the next three things to
+#     type; then waits. Ctrl-C (or SIGTERM) stops the two processes and the servers
+#     it started, deletes their state (and gives back a port it reserved), and
+#     exits 0: a stop that was asked for is not an error.
 #
 # Environment: DEV_DIR (.infra/dev), DEV_KAFKA_PORT (39092), DEV_PG_PORT (55434),
 # DEV_GATEWAY_ADDR (127.0.0.1:8090), DEV_GATEWAY_OPS_ADDR (127.0.0.1:8091),
@@ -85,8 +89,9 @@ on_exit() {
 	exit "$code"
 }
 trap on_exit EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+# A stop that was asked for (Ctrl-C, SIGTERM) cleans up and ends with 0, so that
+# make does not report it as a failure.
+trap 'exit 0' INT TERM
 
 log "dev: building mandated, mandate-gateway, mandatectl"
 go build -o "$BIN/" ./cmd/mandated ./cmd/mandate-gateway ./cmd/mandatectl
@@ -143,9 +148,11 @@ ready "http://$DEV_GATEWAY_OPS_ADDR/readyz" mandate-gateway "$DEV_DIR/mandate-ga
 
 TOKEN=$(ctl tokens create acme --name dev | tail -n 1)
 OPERATOR_TOKEN=$(ctl tokens create --operator --name dev | tail -n 1)
-ctl grant --org acme --mandate refund-case-1842 --key dev-grant-refund-case-1842 \
-	--operation payment.refund --max-amount 20000 --currency EUR --uses 1 \
-	--target customer-77 --valid-until 7d >&2
+for mandate in refund-case-1842 refund-case-1843 refund-case-1844; do
+	ctl grant --org acme --mandate "$mandate" --key "dev-grant-$mandate" \
+		--operation payment.refund --max-amount 20000 --currency EUR --uses 1 \
+		--target customer-77 --valid-until 7d >&2
+done
 
 GATEWAY_URL=http://$DEV_GATEWAY_ADDR
 cat >"$DEV_DIR/env" <<EOF
@@ -155,20 +162,33 @@ export MANDATED_GATEWAY_URL=$GATEWAY_URL
 export MANDATED_GATEWAY_TOKEN=$TOKEN
 export MANDATED_BROKERS=$DEV_BROKERS
 export MANDATED_DATABASE_URL=$DEV_DATABASE_URL
+export PATH=$(readlink -m "$BIN"):\$PATH
 EOF
+if [ -n "$DEV_TOPIC_PREFIX" ]; then
+	cat >>"$DEV_DIR/env" <<EOF
+export MANDATED_PROPOSALS_TOPIC=$MANDATED_PROPOSALS_TOPIC MANDATED_GRANTS_TOPIC=$MANDATED_GRANTS_TOPIC
+export MANDATED_DECISIONS_TOPIC=$MANDATED_DECISIONS_TOPIC MANDATED_DEAD_LETTER_TOPIC=$MANDATED_DEAD_LETTER_TOPIC
+EOF
+fi
 
+if [ "${DEV_DETACH:-0}" = 1 ]; then
+	STOP="It runs on after this script: test/infra/dev.sh down stops everything."
+else
+	STOP="Ctrl-C stops everything."
+fi
 cat <<EOF
 
 mandated is running: Kafka $DEV_BROKERS, PostgreSQL $DEV_DATABASE_URL,
 mandated (ops http://$DEV_MANDATED_ADDR), mandate-gateway ($GATEWAY_URL, ops http://$DEV_GATEWAY_OPS_ADDR).
-Org acme has the mandate refund-case-1842: one refund of at most 200.00 EUR to customer-77.
-Logs: $DEV_DIR/*.log. Ctrl-C stops everything.
+Org acme has the mandates refund-case-1842, -1843 and -1844: each one refund of at most
+200.00 EUR to customer-77. Logs: $DEV_DIR/*.log. $STOP
 
 Next, in another terminal:
 
-  1. source $DEV_DIR/env      # TOKEN, OPERATOR_TOKEN, MANDATED_GATEWAY_URL, mandatectl's MANDATED_*
+  1. source $DEV_DIR/env      # TOKEN, OPERATOR_TOKEN, MANDATED_GATEWAY_URL; mandatectl on PATH
      then the README's curl: one call for one decision
-  2. pip install ./clients/python && python3 examples/quickstart.py
+  2. python3 -m venv .venv && . .venv/bin/activate && pip install ./clients/python
+     python3 examples/quickstart.py
      (the README's Python block, as written: one execution however often it runs)
   3. the console: $GATEWAY_URL/console  (sign in with the operator token:
      $OPERATOR_TOKEN)

@@ -76,8 +76,8 @@ start_nodes() {
 		port_open "$(port "$n")" && die "127.0.0.1:$(port "$n") is in use by a process this script did not start"
 	done
 	for n in "$@"; do
-		reserve_port "$(port "$n")"
-		reserve_port "$(cport "$n")"
+		reserve_port "$(port "$n")" "$DIR"
+		reserve_port "$(cport "$n")" "$DIR"
 	done
 	for n in "$@"; do kafka_node_spawn "$(ndir "$n")" "$HEAP"; done
 	for n in "$@"; do
@@ -140,6 +140,7 @@ up) up ;;
 down)
 	for n in $NODES; do kafka_node_stop "$(ndir "$n")" & done
 	wait_all_or_die "stopping"
+	release_ports "$DIR"
 	rm -rf "$DIR"
 	log "stopped; removed $DIR"
 	;;

@@ -99,8 +99,8 @@ start() {
 	# apply to a broker formatted by an older version of this script.
 	write_props
 	port_open "$KAFKA_PORT" && die "127.0.0.1:$KAFKA_PORT is in use by a process this script did not start"
-	reserve_port "$KAFKA_PORT"
-	reserve_port "$KAFKA_CONTROLLER_PORT"
+	reserve_port "$KAFKA_PORT" "$DIR"
+	reserve_port "$KAFKA_CONTROLLER_PORT" "$DIR"
 	local t0=$SECONDS
 	kafka_node_spawn "$DIR" "$HEAP"
 	if ! kafka_node_wait "$DIR" "$KAFKA_PORT"; then
@@ -132,6 +132,7 @@ up)
 start) start ;;
 down)
 	kafka_node_stop "$DIR"
+	release_ports "$DIR"
 	rm -rf "$DIR"
 	log "stopped; removed $DIR"
 	;;

@@ -195,7 +195,7 @@ start() {
 	pid=$(server_pid)
 	[ -z "$pid" ] || die "already running (pid $pid)"
 	port_open "$PG_PORT" && die "127.0.0.1:$PG_PORT is in use by a process this script did not start"
-	reserve_port "$PG_PORT"
+	reserve_port "$PG_PORT" "$d"
 	local t0=$SECONDS
 	if ! as_pg "$b/pg_ctl" -D "$d/data" -l "$d/postgres.log" -w -t "$PG_START_TIMEOUT" start >/dev/null; then
 		log "PostgreSQL did not start within ${PG_START_TIMEOUT}s; last lines of $d/postgres.log:"
@@ -309,6 +309,7 @@ down)
 	if [ -e "$PG_DIR" ]; then
 		stop fast
 		d=$(real_dir)
+		release_ports "$d"
 		rm -rf "$d"
 		[ ! -L "$PG_DIR" ] || rm -f "$PG_DIR"
 	fi

@@ -3,7 +3,8 @@
 #
 #  1. go mod download; resolve the Kafka jars (Maven Central, cached per version);
 #     PostgreSQL binaries come from apt-get when missing (postgres.sh does that);
-#     python3 with venv, pip and pytest, and Debian's chromium, likewise.
+#     python3 with venv, pip and pytest, and Debian's chromium, likewise; node and npm
+#     (Node.js >= 20.3) must be there (apt-get installs them as root).
 #  2. Start every test server that is not already running, all at once:
 #     Kafka (19092), the SASL/SCRAM broker (19192), PostgreSQL (55432) and the
 #     three-node cluster (29092-29097).
@@ -89,6 +90,16 @@ if ! python3 -c 'import pytest' 2>/dev/null; then
 fi
 command -v chromium >/dev/null || command -v chromium-browser >/dev/null || apt_install chromium
 phase "python3, pytest, chromium" $((SECONDS - t0))
+
+# The TypeScript package's tests (gateway/typescript_test.go, examples/langgraphjs-approval)
+# need Node.js >= 20.3 with npm: each runs `npm ci` of its committed lockfile (the npm
+# registry, through npm's cache) into a temporary directory. Missing ones come from apt-get
+# as root, else make test stops here saying so: those tests fail, never skip.
+t0=$SECONDS
+command -v node >/dev/null && command -v npm >/dev/null || apt_install nodejs npm
+node -e 'const [a, b] = process.versions.node.split(".").map(Number); process.exit(a > 20 || (a === 20 && b >= 3) ? 0 : 1)' ||
+	die "Node.js >= 20.3 is required by the TypeScript package's tests; found $(node --version)"
+phase "node $(node --version), npm $(npm --version)" $((SECONDS - t0))
 
 # --- 2. servers ------------------------------------------------------------------
 # want NAME: start server NAME in the background unless it is running.

@@ -87,7 +87,7 @@ func TestAnUpwardImportFailsNamingIt(t *testing.T) {
 		{ImportPath: m("sink"), Imports: []string{m("outbox"), m("lifecycle"), m("wire"), m("sink/pgerr"), m("sink/shardmap"), "github.com/jackc/pgx/v5"}},
 		{ImportPath: m("verify"), Imports: []string{m("outbox"), m("sink"), m("wire")}},
 		{ImportPath: m("processor"), Imports: []string{m("internal/clock"), m("outbox"), m("sink"), m("lifecycle")}},
-		{ImportPath: m("admin"), Imports: []string{m("sink"), m("sink/pgerr"), m("sink/shardmap"), m("processor"), "github.com/jackc/pgx/v5"}},
+		{ImportPath: m("admin"), Imports: []string{m("sink"), m("sink/pgerr"), m("sink/shardmap"), m("outbox"), "github.com/jackc/pgx/v5"}},
 		{ImportPath: m("client"), Imports: []string{m("partitioner"), m("wire")}},
 		{ImportPath: m("gateway"), Imports: []string{m("client"), m("wire")}},
 		{ImportPath: m("cmd/internal/cli")},
