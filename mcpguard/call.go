@@ -99,7 +99,11 @@ func (g *Guard) guarded(ctx context.Context, gt *guardedTool, req *mcp.CallToolR
 	// call asked: where its terms are not this call's, its result is not
 	// this call's answer (a repeat with amount 1300 is not the 1234 refund).
 	if d.Outcome == wire.OutcomeReplayed {
-		if fields := unaccepted(differs(d.Authorization, p), gt.rule.AcceptDiffers); len(fields) > 0 {
+		named := d.Differs
+		if len(named) == 0 { // a server before the differs member: the same comparison here
+			named = differs(d.Authorization, p)
+		}
+		if fields := unaccepted(named, gt.rule.AcceptDiffers); len(fields) > 0 {
 			a := d.Authorization
 			res := toolError(&d.Decision, "%s: this call differs from the recorded authorization %s of its intent in %s (recorded: %s of %s to %q, now %s; this call: %s of %s to %q): "+
 				"the intent's answer is not this call's, and the upstream was not called. A new action is another step; a rule whose terms are regenerated on a repeat names them in accept_differs",
@@ -161,7 +165,8 @@ func (g *Guard) guarded(ctx context.Context, gt *guardedTool, req *mcp.CallToolR
 		sum := sha256.Sum256(rec)
 		return client.Effect{ExternalRef: "mcp:" + hex.EncodeToString(sum[:12]), Result: rec}, nil
 	}
-	ex, err := g.cl.Execute(ctx, client.RefOf(d), fn)
+	ex, err := g.cl.Execute(ctx, client.RefOf(d), fn, client.AcceptDiffers(gt.rule.AcceptDiffers...))
+	var inProgress *client.InProgressError
 	var last *wire.Decision
 	if ex != nil && ex.Decision != nil {
 		last = &ex.Decision.Decision
@@ -175,6 +180,23 @@ func (g *Guard) guarded(ctx context.Context, gt *guardedTool, req *mcp.CallToolR
 		// The one that ran the tool is answered from the record too: every
 		// caller of the intent gets the same answer.
 		return g.answer(gt, last, ex.Result, outcome)
+	case errors.As(err, &inProgress):
+		// Begun by another executor (a concurrent call, or a mandate-mcp
+		// that died before its commit) and not finished within the loser
+		// wait: said at once, with who executes it, since when, and from
+		// when an operator can settle it, rather than holding the agent
+		// until the execution deadline.
+		ip := inProgress
+		res := toolError(last, "%s is being executed by %s since %s (authorization %s) and was not finished within the wait for it (%v): "+
+			"repeat this same call (same intent) to get its outcome; if it is still unfinished it becomes reconcilable from %s (an operator settles it with 'mandatectl reconcile')",
+			gt.name, ip.Executor, stamp(ip.Since), ip.AuthorizationID, ip.Cause, stamp(ip.ReconcilableAt))
+		res.Meta[MetaAuthorizationID] = ip.AuthorizationID
+		res.Meta[MetaExecutor] = ip.Executor
+		res.Meta[MetaSince] = stamp(ip.Since)
+		if !ip.ReconcilableAt.IsZero() {
+			res.Meta[MetaReconcilableAt] = stamp(ip.ReconcilableAt)
+		}
+		return res, OutcomeInProgress
 	case errors.Is(err, client.ErrInDoubt):
 		if ex != nil && !ex.Ran && last != nil && last.Authorization != nil && last.Authorization.State == wire.StateExecuting {
 			return toolError(last, "%s is still being executed by another call (authorization %s): its result was not seen within %s; repeat this same call (same intent) to get it",
@@ -383,4 +405,12 @@ func unaccepted(fields, accepted []string) []string {
 
 func money(m wire.Money) string {
 	return fmt.Sprintf("%d %s (minor units)", m.MinorUnits, m.Currency)
+}
+
+// stamp writes a time for an agent and an operator: UTC, to the second.
+func stamp(t time.Time) string {
+	if t.IsZero() {
+		return "(unknown)"
+	}
+	return t.UTC().Format(time.RFC3339)
 }

@@ -26,6 +26,11 @@ const (
 	MetaReason          = "io.mandated/reason"
 	MetaOutcome         = "io.mandated/outcome"
 	MetaGuarded         = "io.mandated/guarded"
+	// On an in-progress answer: the executor whose begin won, since when it
+	// executes, from when an operator can settle it (RFC 3339, UTC).
+	MetaExecutor       = "io.mandated/executor"
+	MetaSince          = "io.mandated/since"
+	MetaReconcilableAt = "io.mandated/reconcilable_at"
 )
 
 // Guard is the MCP server in front of one upstream.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/mandated/mandated/test/nodepkg"
 	"github.com/mandated/mandated/test/procs"
 )
 
@@ -109,8 +110,7 @@ func nodeSDK(t *testing.T) string {
 	if os.Getenv("MANDATED_TEST_NODE") == "skip" {
 		t.Skip("MANDATED_TEST_NODE=skip")
 	}
-	_, err := exec.LookPath("npm")
-	require.NoError(t, err, "node and npm are required (MANDATED_TEST_NODE=skip to skip)")
+	nodepkg.Tools(t) // node ≥ 20.3 and npm, or the test fails
 	src, err := filepath.Abs(filepath.Join("testdata", "node"))
 	require.NoError(t, err)
 	installMu.Lock()

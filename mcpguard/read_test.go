@@ -80,5 +80,5 @@ func TestARecordedReadIsReadOnceAndReplayed(t *testing.T) {
 			require.NotEqual(t, wire.OutcomeReserved, d.Outcome)
 		}
 	}
-	t.Logf("recorded read: %d upstream quotes for 4 steps (one of them read by 4 agents at once, one repeated by a restored agent)", b.up.quotes.Load())
+	t.Logf("recorded read: %d upstream quotes for 4 steps: 1 for a step a restored agent repeated, 1 for a new step, 1 to 4 for 4 concurrent first readers of a step (one answer for all), 1 after the mandate's use was spent", b.up.quotes.Load())
 }
