@@ -47,8 +47,14 @@ import (
 //	                               on the decisions topic first — continuing the
 //	                               partition's chain, a begin with `executing`
 //	                               (unsigned), a proposal with `reserved` (signed
-//	                               by a key of the forger's own) — and starts the
+//	                               by a key of the forger's own under the id of
+//	                               the deployment's key) — and starts the
 //	                               processor again, which then decides them itself
+//
+// The forged signature names the deployment's key: one naming a key the
+// database does not know could be mandated's own, signed with a key
+// registered after a backup, so the processor would take the partition for
+// rewound (and wait for `mandatectl recover`) instead of deciding past it.
 type signatureFixtures struct {
 	keysFile  string
 	unchecked *validatingProxy
@@ -178,19 +184,40 @@ func (f *forger) hold(ctx context.Context) error {
 }
 
 // forge answers the first n commands produced since the hold, in order,
-// and starts the processor again.
+// and starts the processor again; it answers once the processor is ready:
+// mandated decides past the forgeries, on every partition.
 func (f *forger) forge(ctx context.Context, n int) ([]string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.held == nil {
 		return nil, fmt.Errorf("not held: POST /hold first")
 	}
+	forged, err := f.forgeHeld(ctx, n)
+	f.held = nil
+	f.starts++
+	f.b.inst = f.b.h.Start(fmt.Sprintf("after-forgery-%d", f.starts))
+	if err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		err := f.b.inst.Service.Processor.Ready(ctx)
+		if err == nil {
+			return forged, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("the processor is not ready 60 s after the forgeries (it must decide past them): %w", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond): // polling readiness, bounded by the deadline
+		}
+	}
+}
+
+func (f *forger) forgeHeld(ctx context.Context, n int) ([]string, error) {
 	h := f.b.h
-	defer func() {
-		f.held = nil
-		f.starts++
-		f.b.inst = h.Start(fmt.Sprintf("after-forgery-%d", f.starts))
-	}()
 	cmds, err := f.commandsSinceHold(ctx, n)
 	if err != nil {
 		return nil, err
@@ -326,7 +353,7 @@ func (f *forger) answer(head *chainHead, rec *kgo.Record) (*kgo.Record, string, 
 	case "propose":
 		view.ID = "au_forged" + strings.Repeat("0", 15)
 		view.IdempotencyKey = fmt.Sprint(cmd["idempotency_key"])
-		d.Outcome, d.Detail, signed = wire.OutcomeReserved, "forged, signed by a key of the forger's own", true
+		d.Outcome, d.Detail, signed = wire.OutcomeReserved, "forged, signed by a key of the forger's own under the deployment key's id", true
 	default:
 		return nil, "", fmt.Errorf("the forger answers begins and proposals, not %s", d.Command)
 	}
@@ -345,7 +372,9 @@ func (f *forger) answer(head *chainHead, rec *kgo.Record) (*kgo.Record, string, 
 		Headers: []kgo.RecordHeader{{Key: wire.HeaderSequence, Value: []byte(fmt.Sprint(d.Sequence))},
 			{Key: wire.HeaderEpoch, Value: []byte(fmt.Sprint(d.Epoch))}}}
 	if signed {
-		out.Headers = append(out.Headers, kgo.RecordHeader{Key: wire.HeaderSignature, Value: f.foreign.SignRecord(hash)})
+		sig := strings.Fields(string(f.foreign.SignRecord(hash)))[2]
+		out.Headers = append(out.Headers, kgo.RecordHeader{Key: wire.HeaderSignature,
+			Value: []byte("ed25519 " + f.b.h.Signer.KeyID() + " " + sig)})
 	}
 	return out, d.DecisionID + " " + string(d.Outcome), nil
 }

@@ -92,8 +92,9 @@ def test_a_decision_forged_on_the_topic_is_never_acted_on(sig_env, grant):
     """Someone holding mandated's Kafka credential answers three commands
     before mandated does, continuing the chain: two begins of
     authorizations another executor already holds (``executing``, no
-    signature) and a proposal (``reserved``, signed by a key of its own).
-    A gateway that does not check hands the forgeries on."""
+    signature) and a proposal (``reserved``, signed by a key of its own
+    under the deployment key's id). A gateway that does not check hands the
+    forgeries on."""
     url = sig_env["unchecked"]
     keyed, plain = client(sig_env, url), client(sig_env, url, decision_keys=None)
     held = []
@@ -135,10 +136,10 @@ def test_a_decision_forged_on_the_topic_is_never_acted_on(sig_env, grant):
     assert ran["keyed"] == 0
     assert isinstance(answers["keyed"], mandated.UnverifiedDecision), answers["keyed"]
     assert answers["keyed"].kind == "no_header"
-    # ... and the forged reservation a key the deployment does not have.
+    # ... and the forged reservation's signature is not the key's it names.
     assert isinstance(answers["proposal"], mandated.UnverifiedDecision), answers["proposal"]
-    assert answers["proposal"].kind == "unknown_key"
-    assert answers["proposal"].key_id not in mandated.load_decision_keys(sig_env["decision_keys"])
+    assert answers["proposal"].kind == "bad_signature"
+    assert answers["proposal"].key_id in mandated.load_decision_keys(sig_env["decision_keys"])
     # mandated decided the held begin itself: the authorization is still
     # the first executor's.
     assert keyed.status(held[0])["executor"].startswith("py-first-")
