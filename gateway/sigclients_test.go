@@ -1,10 +1,12 @@
 package gateway_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -392,4 +394,50 @@ func endOffsets(ctx context.Context, h *harness.Harness, topic string) (map[int3
 	out := map[int32]int64{}
 	ends.Each(func(o kadm.ListedOffset) { out[o.Partition] = o.Offset })
 	return out, nil
+}
+
+// The Mandated-Signature response header is documented where the gateway
+// sends it (a command's 200, a begin's, a problem carrying a decision), so
+// the OpenAPI validation of every exchange (the Python and TypeScript
+// suites' proxies) checks its form.
+func TestTheSignatureHeaderIsDocumentedWhereItIsSent(t *testing.T) {
+	t.Parallel()
+	spec := openAPIValidator(t)
+	example, err := os.ReadFile(filepath.Join("..", "wire", "testdata", "examples", "decision.json"))
+	require.NoError(t, err)
+	var decision bytes.Buffer
+	require.NoError(t, json.Compact(&decision, example))
+	seed := make([]byte, ed25519.SeedSize)
+	good := string(wire.NewRecordSigner(ed25519.NewKeyFromSeed(seed)).SignRecord(wire.ChainHash{}))
+	problem := append([]byte(`{"type":"urn:mandated:reason:already_executing","title":"Conflict","status":409,"reason":"already_executing","decision":`),
+		append(decision.Bytes(), '}')...)
+	for _, c := range []struct {
+		path   string
+		status int
+		body   []byte
+	}{
+		{"/v1/orgs/acme/mandates/m-1/proposals", 200, decision.Bytes()},
+		{"/v1/orgs/acme/mandates/m-1/authorizations/au_1/begin", 200, decision.Bytes()},
+		{"/v1/orgs/acme/mandates/m-1/authorizations/au_1/begin", 409, problem},
+	} {
+		for sig, ok := range map[string]bool{good: true, "ed25519 " + strings.Repeat("A", 16) + " c2ln": false} {
+			req, err := http.NewRequest("POST", "http://localhost:8090"+c.path, strings.NewReader(`{"operation":"payment.refund","amount":{"minor_units":1500,"currency":"EUR"},"target":"customer-77"}`))
+			require.NoError(t, err)
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Authorization", "Bearer t")
+			req.Header.Set("Idempotency-Key", "k-1")
+			ct := "application/json"
+			if c.status >= 400 {
+				ct = "application/problem+json"
+			}
+			resp := &http.Response{StatusCode: c.status, Header: http.Header{"Content-Type": {ct}, gateway.HeaderSignature: {sig}},
+				Body: io.NopCloser(bytes.NewReader(c.body)), Request: req}
+			valid, errs := spec.ValidateHttpResponse(req, resp)
+			var msgs []string
+			for _, e := range errs {
+				msgs = append(msgs, e.Message+": "+e.Reason)
+			}
+			require.Equal(t, ok, valid, "%s %d %q: %v", c.path, c.status, sig, msgs)
+		}
+	}
 }
