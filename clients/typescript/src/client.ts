@@ -661,7 +661,8 @@ export class Client {
       }
     } catch (err) {
       if (err instanceof InDoubtError) throw err;
-      if (err instanceof NoDecisionError || err instanceof ProblemError) {
+      // (An answer to the commit that is not mandated's says nothing of whether it was recorded.)
+      if (err instanceof NoDecisionError || err instanceof ProblemError || err instanceof UnverifiedDecisionError) {
         const ex = newExecution({ ran: true, externalRef: effect?.externalRef ?? "", result: effect?.result });
         throw new InDoubtError(`fn ran but its outcome was not recorded: ${describe(err)}`, ex, { cause: err });
       }

@@ -257,3 +257,16 @@ test("an unsigned licence never runs fn", async () => {
   route = () => (req, body, res) => res.writeHead(200, { "Content-Type": "application/json" }).end(JSON.stringify(decision("executing", "executing", { execution_token: 3 })));
   await assert.rejects(gw().execute(REF, () => assert.fail("fn ran on an unsigned licence")), m.UnverifiedDecisionError);
 });
+
+test("a commit answered by someone else leaves the winner in doubt, not unverified", async () => {
+  route = (req) =>
+    req.url.endsWith("/begin")
+      ? DEPLOYMENT.answer(decision("executing", "executing", { execution_token: 3, authorization: { executor: req.headers.executor, execution_token: 3 } }))
+      : STRANGER.answer(decision("committed", "committed"));
+  const ran = [];
+  await assert.rejects(
+    gw({ settleTimeout: 2000 }).execute(REF, (key) => (ran.push(key), "re_1")),
+    (err) => err instanceof m.InDoubtError && !(err instanceof m.UnverifiedDecisionError) && err.execution.ran && err.cause instanceof m.UnverifiedDecisionError,
+  );
+  assert.deepEqual(ran, ["au_1"]);
+});

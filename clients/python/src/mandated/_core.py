@@ -547,7 +547,9 @@ def _run_winner(cfg: Config, r: AuthorizationRef, begun: Decision, fn: Callable[
                                     Execution(ran=True, decision=d)) from None
             raise InDoubt(f"the effect's outcome is unknown and was reported so: {fn_error}",
                           Execution(ran=True, decision=d)) from fn_error
-    except (NoDecision, ProblemError) as err:
+    except (NoDecision, ProblemError, UnverifiedDecision) as err:
+        # (An answer to the commit that is not mandated's says nothing of
+        # whether it was recorded.)
         ex = Execution(ran=True, external_ref=effect.external_ref if effect else "",
                        result=effect.result if effect else None)
         raise InDoubt(f"fn ran but its outcome was not recorded: {err}", ex) from err

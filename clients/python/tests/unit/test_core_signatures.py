@@ -186,3 +186,18 @@ def test_an_unsigned_licence_never_runs_fn(mode, gateway):
     g = gateway(lambda seen: (200, {}, decision("executing", "executing", execution_token=3)))
     with pytest.raises(mandated.UnverifiedDecision):
         call(mode, client(mode, g.url), "execute", REF, lambda key: pytest.fail("fn ran on an unsigned licence"))
+
+
+def test_a_commit_answered_by_someone_else_leaves_the_winner_in_doubt_not_unverified(mode, gateway):
+    def route(seen):
+        if seen.path.endswith("/begin"):
+            return DEPLOYMENT.answer(decision("executing", "executing", execution_token=3, authorization={
+                "executor": seen.headers["executor"], "execution_token": 3}))
+        return STRANGER.answer(decision("committed", "committed"))  # the commit's answer is not mandated's
+
+    g = gateway(route)
+    ran = []
+    with pytest.raises(mandated.InDoubt) as err:
+        call(mode, client(mode, g.url, settle_timeout=2), "execute", REF, lambda key: ran.append(key) or "re_1")
+    assert ran == ["au_1"] and err.value.execution.ran and err.value.execution.external_ref == "re_1"
+    assert isinstance(err.value.__cause__, mandated.UnverifiedDecision)
