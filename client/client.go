@@ -65,6 +65,7 @@ type Client struct {
 	lastSeq  map[int32]int64 // highest sequence seen per decisions partition
 
 	duplicates atomic.Int64
+	unverified atomic.Int64 // decisions dropped: not signed by a key of the deployment (decisionsig.go)
 }
 
 // Stats are counters of what the client saw.
@@ -72,10 +73,15 @@ type Stats struct {
 	// Duplicates is how many decision records repeated a (partition,
 	// sequence) already seen and were dropped.
 	Duplicates int64
+	// Unverified is how many decision records were dropped because no key
+	// of the deployment signed them (Config.DecisionKeys).
+	Unverified int64
 }
 
 // Stats returns the client's counters.
-func (c *Client) Stats() Stats { return Stats{Duplicates: c.duplicates.Load()} }
+func (c *Client) Stats() Stats {
+	return Stats{Duplicates: c.duplicates.Load(), Unverified: c.unverified.Load()}
+}
 
 // New connects a client. The decisions consumer starts at the topic's last
 // stable offsets, so every command produced after New returns is answered.
@@ -179,6 +185,9 @@ func (c *Client) consume(ctx context.Context) {
 			d, err := parseDecision(r.Value)
 			if err != nil {
 				c.log.Warn().Err(err).Int32("partition", r.Partition).Int64("offset", r.Offset).Msg("skipping a record that is not a decision")
+				return
+			}
+			if !c.signed(r, d) {
 				return
 			}
 			c.route(d)

@@ -67,6 +67,15 @@ type Config struct {
 	FetchMaxWait time.Duration
 	// Logger receives the client's events. Defaults to zerolog.Nop().
 	Logger *zerolog.Logger
+	// DecisionKeys, when set, are the deployment's decision keys: a
+	// decision read from the topic that no key valid when it was made
+	// signed (its mandated-signature header, over its chain hash) is not
+	// mandated's — someone holding its Kafka credential wrote it — and is
+	// dropped, logged and counted (Stats.Unverified), never handed to a
+	// caller, who goes on waiting for mandated's own. Build them with
+	// wire.DecisionKeys from the keys `mandatectl decision-keys list
+	// --json` prints. Defaults to none: decisions are not checked.
+	DecisionKeys wire.DecisionKeyring
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.

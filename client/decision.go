@@ -12,6 +12,9 @@ import (
 type Decision struct {
 	wire.Decision
 	Raw json.RawMessage
+	// Signature is the record's mandated-signature header as read (nil
+	// without one): the gateway hands it to HTTP callers.
+	Signature []byte
 }
 
 // extras are decision fields read from the raw bytes, so the client works

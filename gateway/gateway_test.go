@@ -64,7 +64,7 @@ func (b *testBundle) serve(t *testing.T, cfg gateway.Config, reg prometheus.Regi
 	h := b.h
 	cl, err := client.New(ctx, client.Config{Brokers: h.Brokers, KafkaOpts: h.KafkaOpts,
 		ProposalsTopic: h.Spec.Proposals, GrantsTopic: h.Spec.Grants, DecisionsTopic: h.Spec.Decisions,
-		FetchMaxWait: 50 * time.Millisecond})
+		FetchMaxWait: 50 * time.Millisecond, DecisionKeys: sink.NewDecisionKeyCache(b.pool)})
 	require.NoError(t, err)
 	srv, err := gateway.New(cfg, cl, b.pool, reg)
 	require.NoError(t, err)

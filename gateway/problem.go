@@ -42,7 +42,7 @@ func writeProblem(w http.ResponseWriter, r *http.Request, status int, reason wir
 		Type: "urn:mandated:reason:" + string(reason), Title: http.StatusText(status), Status: status,
 		Detail: detail, Instance: r.URL.Path, Reason: reason, Decision: decision,
 	}
-	b, _ := json.Marshal(p)
+	b := problemBytes(p)
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)

@@ -50,6 +50,7 @@ func TestPythonPackage(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
+	mandatectl := buildMandatectl(t)
 	venv := installPythonPackage(ctx, t, py, pkgDir)
 	lintPythonPackage(ctx, t, venv, pkgDir)
 
@@ -57,18 +58,21 @@ func TestPythonPackage(t *testing.T) {
 	other := b.tokens["globex"]
 	proxy := newValidatingProxy(t, b.base, b.spec)
 	control := serveControlPlane(t, b)
+	sigs := newSignatureFixtures(ctx, t, b, mandatectl)
 
 	cmd := exec.CommandContext(ctx, venv, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfEs", filepath.Join(pkgDir, "tests"))
 	cmd.Dir = t.TempDir()
 	cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1", "MANDATED_REQUIRE_GATEWAY=1", "MANDATED_REQUIRE_INSTALLED=1",
 		"MANDATED_GATEWAY_URL="+proxy.url, "MANDATED_GATEWAY_TOKEN="+b.tokens["acme"], "MANDATED_GATEWAY_ORG=acme",
 		"MANDATED_OTHER_TOKEN="+other, "MANDATED_TEST_CONTROL_URL="+control)
+	cmd.Env = append(cmd.Env, sigs.env()...)
 	out, err := cmd.CombinedOutput()
 	t.Logf("pytest:\n%s", out)
 	require.NoError(t, err, "pytest failed")
 	summary := lastLine(string(out))
 	require.Regexp(t, `^\d+ passed in `, summary, "every test passed and none was skipped")
 	require.Empty(t, proxy.violations(), "exchanges of the Python package that do not match the OpenAPI document")
+	require.Empty(t, sigs.unchecked.violations(), "exchanges with the gateway that does not check signatures that do not match the OpenAPI document")
 	require.Greater(t, proxy.count(), 40, "the suite talked to the gateway")
 }
 

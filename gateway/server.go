@@ -407,6 +407,7 @@ func (s *Server) command(typ wire.CommandType) http.HandlerFunc {
 			return
 		}
 		s.metrics.waits.WithLabelValues("decided").Inc()
+		setSignature(w, d.Signature)
 		s.writeDecision(w, r, &d.Decision, d.Raw)
 	}
 }

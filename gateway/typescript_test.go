@@ -38,6 +38,7 @@ func TestTypeScriptPackage(t *testing.T) {
 	nodepkg.Tools(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
+	mandatectl := buildMandatectl(t)
 	root := nodepkg.Root(t)
 	pkgDir := filepath.Join(root, "clients", "typescript")
 	tarball := nodepkg.Pack(ctx, t)
@@ -51,19 +52,25 @@ func TestTypeScriptPackage(t *testing.T) {
 	b := setup(t, options{startProcessor: true})
 	proxy := newValidatingProxy(t, b.base, b.spec)
 	control := serveControlPlane(t, b)
+	sigs := newSignatureFixtures(ctx, t, b, mandatectl)
 	env := []string{"MANDATED_REQUIRE_GATEWAY=1", "MANDATED_REQUIRE_INSTALLED=1",
 		"MANDATED_GATEWAY_URL=" + proxy.url, "MANDATED_GATEWAY_TOKEN=" + b.tokens["acme"], "MANDATED_GATEWAY_ORG=acme",
 		"MANDATED_OTHER_TOKEN=" + b.tokens["globex"], "MANDATED_TEST_CONTROL_URL=" + control,
 		"MANDATED_INTENT_VECTORS=" + filepath.Join(root, "wire", "testdata", "intent_keys.json"),
+		"MANDATED_SIGNATURE_VECTORS=" + filepath.Join(root, "wire", "testdata", "decision_signatures.json"),
 		"LANGGRAPH_TEST_DSN=" + testenv.Database(t)} // the guard's tests: the checkpointer and their ledger
 
 	current, previous := []string{"test/*.test.mjs", "test/langgraph/*.test.mjs"}, []string{"test/langgraph/*.test.mjs"}
 	if only := os.Getenv("MANDATED_TEST_NODE_ONLY"); only != "" { // a developer's shortcut: these files alone
 		current, previous = strings.Fields(only), strings.Fields(only)
 	}
+	env = append(env, sigs.env()...)
 	nodepkg.Test(ctx, t, projects["langgraph-1.7"], env, testFiles(t, pkgDir, current...)...)
 	nodepkg.Test(ctx, t, projects["langgraph-1.5"], env, testFiles(t, pkgDir, previous...)...)
+	// Decision signatures, alone: the forgery holds the processor a moment.
+	nodepkg.Test(ctx, t, projects["langgraph-1.7"], env, testFiles(t, pkgDir, "test/signatures/*.test.mjs")...)
 	require.Empty(t, proxy.violations(), "exchanges of the TypeScript package that do not match the OpenAPI document")
+	require.Empty(t, sigs.unchecked.violations(), "exchanges with the gateway that does not check signatures that do not match the OpenAPI document")
 	if os.Getenv("MANDATED_TEST_NODE_ONLY") != "" {
 		return
 	}

@@ -1,16 +1,16 @@
 package mcpguard
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
-	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/rs/zerolog"
 
@@ -50,22 +50,27 @@ func (g *Guard) guarded(ctx context.Context, gt *guardedTool, req *mcp.CallToolR
 	if len(raw) == 0 {
 		raw = json.RawMessage("{}")
 	}
-	// The schema check reads the arguments as JSON values; the rule reads
-	// numbers exactly (json.Number).
-	doc, err := decodeValue(raw, false)
-	if err != nil {
-		return toolError(nil, "the arguments of %s are not JSON: %v; nothing was proposed", gt.name, err), OutcomeInvalidArguments
+	// The arguments are read by the contract's strict scanner: a duplicate
+	// or a case-variant member is refused, because the upstream's decoder
+	// may read another value than the one checked and proposed (the last
+	// duplicate, a case-insensitive match). What passes means one thing to
+	// every decoder, and these same bytes are what is forwarded.
+	args, rej := wire.ParseData(raw)
+	if rej != nil {
+		return toolError(nil, "the arguments of %s are refused (%s: %s): a decoder could read other values than the ones checked; nothing was proposed",
+			gt.name, rej.Reason, rej.Detail), OutcomeInvalidArguments
 	}
-	if err := gt.schema.Validate(doc); err != nil {
+	if err := gt.schema.Validate(args); err != nil {
 		return toolError(nil, "the arguments of %s do not match its input schema; nothing was proposed: %v", gt.name, err), OutcomeInvalidArguments
 	}
-	exact, _ := decodeValue(raw, true)
-	args, _ := exact.(map[string]any)
 	p, err := gt.rule.propose(gt.name, args, req.Params.Meta)
 	if err != nil {
 		return toolError(nil, "%s: %v; nothing was proposed", gt.name, err), OutcomeInvalidArguments
 	}
 	*log = log.With().Str("mandate", p.Org+"/"+p.MandateID).Str("idempotency_key", p.IdempotencyKey).Logger()
+	if gt.rule.Recorded {
+		return g.read(ctx, gt, req, p, raw, log)
+	}
 	if err := g.up.ready(ctx); err != nil {
 		log.Warn().Err(err).Msg("upstream unavailable; nothing proposed")
 		return toolError(nil, "the upstream MCP server is unavailable (%v); nothing was proposed: the same call can be repeated", err), OutcomeUpstreamUnavailable
@@ -90,20 +95,40 @@ func (g *Guard) guarded(ctx context.Context, gt *guardedTool, req *mcp.CallToolR
 			gt.name, outcome, d.Reason, d.DecisionID, detail(d.Detail)), OutcomeDenied
 	}
 	*log = log.With().Str("authorization", d.AuthorizationID).Logger()
+	// A replay answers the intent's recorded authorization whatever this
+	// call asked: where its terms are not this call's, its result is not
+	// this call's answer (a repeat with amount 1300 is not the 1234 refund).
+	if d.Outcome == wire.OutcomeReplayed {
+		named := d.Differs
+		if len(named) == 0 { // a server before the differs member: the same comparison here
+			named = differs(d.Authorization, p)
+		}
+		if fields := unaccepted(named, gt.rule.AcceptDiffers); len(fields) > 0 {
+			a := d.Authorization
+			res := toolError(&d.Decision, "%s: this call differs from the recorded authorization %s of its intent in %s (recorded: %s of %s to %q, now %s; this call: %s of %s to %q): "+
+				"the intent's answer is not this call's, and the upstream was not called. A new action is another step; a rule whose terms are regenerated on a repeat names them in accept_differs",
+				gt.name, a.ID, strings.Join(fields, ", "), a.Operation, money(a.Amount), a.Target, a.State, p.Operation, money(p.Amount), p.Target)
+			res.Meta[MetaAuthorizationID] = a.ID
+			return res, OutcomeDiffers
+		}
+	}
 	// A replay shows the authorization as it is now. In doubt, it waits for
 	// an operator: a begin would be refused already_executing and the call
 	// would wait for a winner that is not coming. Committed, its recorded
 	// result is already here.
-	switch d.Authorization.State {
-	case wire.StateInDoubt:
-		return inDoubt(gt, d.AuthorizationID, d.DecisionID, &d.Decision), OutcomeInDoubt
-	case wire.StateCommitted:
-		return g.answer(gt, &d.Decision, d.Result(), d.Authorization.ExternalRef, OutcomeReplayed)
+	// Cancelled, expired or revoked, nothing ran and nothing will: a begin
+	// would only be refused.
+	switch state := d.Authorization.State; {
+	case state == wire.StateInDoubt:
+		return inDoubt(gt, d.AuthorizationID, &d.Decision), OutcomeInDoubt
+	case state == wire.StateCommitted:
+		return g.answer(gt, &d.Decision, d.Result(), OutcomeReplayed)
+	case state.Terminal():
+		return notRun(gt, &d.Decision), OutcomeNotExecuted
 	}
 
 	var (
 		ran         *mcp.CallToolResult // the upstream's answer when this call forwarded it
-		oversize    bool
 		notSent     error
 		upstreamErr bool
 	)
@@ -116,7 +141,7 @@ func (g *Guard) guarded(ctx context.Context, gt *guardedTool, req *mcp.CallToolR
 		uctx, cancel := context.WithTimeout(ctx, g.cfg.UpstreamTimeout)
 		defer cancel()
 		start := time.Now()
-		res, err := g.up.call(uctx, &mcp.CallToolParams{Meta: meta, Name: gt.name, Arguments: req.Params.Arguments})
+		res, err := g.up.call(uctx, &mcp.CallToolParams{Meta: meta, Name: gt.name, Arguments: raw})
 		g.observeUpstream(gt.name, start, res, err)
 		if err != nil {
 			if notExecuted(err) {
@@ -130,18 +155,18 @@ func (g *Guard) guarded(ctx context.Context, gt *guardedTool, req *mcp.CallToolR
 			upstreamErr = true
 			return client.Effect{}, fmt.Errorf("%w: the upstream answered a tool error: %s", client.ErrNotExecuted, textOf(res))
 		}
-		rec, over, err := record(res, g.cfg.MaxResultBytes)
+		rec, err := record(res, g.cfg.MaxResultBytes, gt.output != nil)
 		if err != nil {
 			return client.Effect{}, fmt.Errorf("%w: %w", client.ErrOutcomeUnknown, err)
 		}
-		oversize = over
 		if err := failpoint.Inject(ctx, FailpointAfterForward); err != nil {
 			return client.Effect{}, fmt.Errorf("%w: %w", client.ErrOutcomeUnknown, err)
 		}
 		sum := sha256.Sum256(rec)
 		return client.Effect{ExternalRef: "mcp:" + hex.EncodeToString(sum[:12]), Result: rec}, nil
 	}
-	ex, err := g.cl.Execute(ctx, client.RefOf(d), fn)
+	ex, err := g.cl.Execute(ctx, client.RefOf(d), fn, client.AcceptDiffers(gt.rule.AcceptDiffers...))
+	var inProgress *client.InProgressError
 	var last *wire.Decision
 	if ex != nil && ex.Decision != nil {
 		last = &ex.Decision.Decision
@@ -152,21 +177,36 @@ func (g *Guard) guarded(ctx context.Context, gt *guardedTool, req *mcp.CallToolR
 		if ex.Ran {
 			outcome = OutcomeExecuted
 		}
-		if ex.Ran && oversize {
-			return ran, outcome
+		// The one that ran the tool is answered from the record too: every
+		// caller of the intent gets the same answer.
+		return g.answer(gt, last, ex.Result, outcome)
+	case errors.As(err, &inProgress):
+		// Begun by another executor (a concurrent call, or a mandate-mcp
+		// that died before its commit) and not finished within the loser
+		// wait: said at once, with who executes it, since when, and from
+		// when an operator can settle it, rather than holding the agent
+		// until the execution deadline.
+		ip := inProgress
+		res := toolError(last, "%s is being executed by %s since %s (authorization %s) and was not finished within the wait for it (%v): "+
+			"repeat this same call (same intent) to get its outcome; if it is still unfinished it becomes reconcilable from %s (an operator settles it with 'mandatectl reconcile')",
+			gt.name, ip.Executor, stamp(ip.Since), ip.AuthorizationID, ip.Cause, stamp(ip.ReconcilableAt))
+		res.Meta[MetaAuthorizationID] = ip.AuthorizationID
+		res.Meta[MetaExecutor] = ip.Executor
+		res.Meta[MetaSince] = stamp(ip.Since)
+		if !ip.ReconcilableAt.IsZero() {
+			res.Meta[MetaReconcilableAt] = stamp(ip.ReconcilableAt)
 		}
-		return g.answer(gt, last, ex.Result, ex.ExternalRef, outcome)
+		return res, OutcomeInProgress
 	case errors.Is(err, client.ErrInDoubt):
 		if ex != nil && !ex.Ran && last != nil && last.Authorization != nil && last.Authorization.State == wire.StateExecuting {
 			return toolError(last, "%s is still being executed by another call (authorization %s): its result was not seen within %s; repeat this same call (same intent) to get it",
 				gt.name, d.AuthorizationID, g.cfg.CallTimeout), OutcomeNoDecision
 		}
 		log.Warn().Err(err).Msg("in doubt: for an operator")
-		id := d.DecisionID
-		if last != nil {
-			id = last.DecisionID
+		if last == nil {
+			last = &d.Decision
 		}
-		return inDoubt(gt, d.AuthorizationID, id, last), OutcomeInDoubt
+		return inDoubt(gt, d.AuthorizationID, last), OutcomeInDoubt
 	case errors.Is(err, client.ErrNotCommitted):
 		if upstreamErr && ran != nil {
 			return ran, OutcomeNotExecuted // the upstream's own error, and the use released
@@ -178,14 +218,16 @@ func (g *Guard) guarded(ctx context.Context, gt *guardedTool, req *mcp.CallToolR
 				state = last.Authorization.State
 			}
 		}
-		var refused *jsonrpc.Error
 		switch {
-		case errors.As(notSent, &refused):
+		case answered(notSent) != nil:
 			return toolError(last, "the upstream MCP server refused the call before running it (%v); authorization %s was cancelled (decision %s): nothing was executed",
 				notSent, d.AuthorizationID, id), OutcomeNotExecuted
 		case notSent != nil:
 			return toolError(last, "the upstream MCP server could not be reached (%v); authorization %s was cancelled (decision %s): nothing was executed",
 				notSent, d.AuthorizationID, id), OutcomeNotExecuted
+		}
+		if last != nil && last.Authorization != nil && last.Authorization.State.Terminal() {
+			return notRun(gt, last), OutcomeNotExecuted
 		}
 		return toolError(last, "%s was not executed: authorization %s is %s, reason %s (decision %s)", gt.name, d.AuthorizationID, state, reason, id), OutcomeNotExecuted
 	default:
@@ -195,23 +237,99 @@ func (g *Guard) guarded(ctx context.Context, gt *guardedTool, req *mcp.CallToolR
 }
 
 // answer is a committed authorization's recorded result, as every caller
-// of the intent gets it.
-func (g *Guard) answer(gt *guardedTool, d *wire.Decision, result []byte, externalRef, outcome string) (*mcp.CallToolResult, string) {
-	res, err := recorded(result)
+// of the intent gets it: mandate-mcp's own record, or what an operator's
+// reconciliation recorded (nothing, or the provider's answer). It names
+// the authorization, never this call's decision, so that every caller
+// gets the same answer.
+func (g *Guard) answer(gt *guardedTool, d *wire.Decision, result []byte, outcome string) (*mcp.CallToolResult, string) {
+	res, ours, err := recorded(result)
 	switch {
 	case err != nil:
-		return toolError(d, "%s was executed once (authorization %s, decision %s), but %v", gt.name, d.AuthorizationID, d.DecisionID, err), outcome
-	case res == nil:
-		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf(
-			"%s was executed once (authorization %s, external reference %s, decision %s); no result was recorded (it was settled by reconciliation)",
-			gt.name, d.AuthorizationID, externalRef, d.DecisionID)}}, Meta: decisionMeta(d)}, outcome
+		return toolError(d, "%s was executed once (authorization %s), but %v", gt.name, d.AuthorizationID, err), outcome
+	case ours:
+		return res, outcome
 	}
-	return res, outcome
+	return settledAnswer(gt, d, result), outcome
 }
 
-func inDoubt(gt *guardedTool, authorizationID, decisionID string, d *wire.Decision) *mcp.CallToolResult {
-	res := toolError(d, "the outcome of %s is in doubt (authorization %s, decision %s): do not retry by hand; an operator reconciles it with 'mandatectl reconcile'",
-		gt.name, authorizationID, decisionID)
+// settledAnswer answers an authorization an operator settled as committed
+// (mandatectl reconcile --committed REF [--result-file F]): the provider's
+// answer the operator recorded as the tool's structured content (or as
+// the tool's result, when it is one), and a text naming the reference and
+// the evidence. A tool with an output schema gets a success only with
+// structured content that matches it (a client refuses any other); without
+// it the answer is marked an error and says the tool ran.
+func settledAnswer(gt *guardedTool, d *wire.Decision, result []byte) *mcp.CallToolResult {
+	a := d.Authorization
+	if a == nil {
+		a = &wire.AuthorizationView{ID: d.AuthorizationID}
+	}
+	how := "settled by reconciliation"
+	if a.ResolvedBy != "" {
+		how += " (" + a.ResolvedBy + ")"
+	}
+	if a.Detail != "" {
+		how += ": " + a.Detail
+	}
+	text := fmt.Sprintf("%s was executed once (authorization %s, external reference %s), %s", gt.name, a.ID, a.ExternalRef, how)
+	res := &mcp.CallToolResult{Meta: mcp.Meta{MetaAuthorizationID: a.ID}}
+	var tool mcp.CallToolResult
+	var probe struct {
+		Content json.RawMessage `json:"content"`
+	}
+	switch {
+	case len(result) == 0:
+		text += "; no result was recorded"
+	case json.Unmarshal(result, &probe) == nil && len(probe.Content) > 0 && json.Unmarshal(result, &tool) == nil:
+		// The operator recorded a tool result (the upstream's answer).
+		res.Content, res.StructuredContent, res.IsError = tool.Content, tool.StructuredContent, tool.IsError
+	default:
+		var v any
+		_ = json.Unmarshal(result, &v)
+		res.StructuredContent = v
+		text += "; the result recorded: " + string(result)
+	}
+	if res.Content == nil {
+		res.Content = []mcp.Content{&mcp.TextContent{Text: text}}
+	}
+	if gt.output != nil && !res.IsError {
+		if why := gt.checkOutput(res.StructuredContent); why != "" {
+			// A client checks structured content even on an error: it is
+			// dropped (the text above carries it).
+			res.IsError, res.StructuredContent = true, nil
+			res.Content = append(res.Content, &mcp.TextContent{Text: fmt.Sprintf(
+				"[mandated: %s ran once; this answer is marked an error only because %s]", gt.name, why)})
+		}
+	}
+	return res
+}
+
+// notRun answers an authorization that ended without the tool running
+// (cancelled, expired, revoked), saying what the command that ended it
+// said (a cancel's proof, an operator's evidence).
+func notRun(gt *guardedTool, d *wire.Decision) *mcp.CallToolResult {
+	a := d.Authorization
+	how := ""
+	switch {
+	case a.Resolved:
+		how = " by reconciliation"
+		if a.ResolvedBy != "" {
+			how += " (" + a.ResolvedBy + ")"
+		}
+		if a.Detail != "" {
+			how += ": " + a.Detail
+		}
+	case a.Detail != "":
+		how = ": " + a.Detail
+	}
+	res := toolError(d, "%s was not executed: authorization %s is %s%s; the upstream was not called by this call", gt.name, a.ID, a.State, how)
+	res.Meta[MetaAuthorizationID] = a.ID
+	return res
+}
+
+func inDoubt(gt *guardedTool, authorizationID string, d *wire.Decision) *mcp.CallToolResult {
+	res := toolError(d, "the outcome of %s is in doubt (authorization %s): do not retry by hand; an operator reconciles it with 'mandatectl reconcile'",
+		gt.name, authorizationID)
 	res.Meta[MetaAuthorizationID] = authorizationID
 	return res
 }
@@ -243,18 +361,6 @@ func toolError(d *wire.Decision, format string, args ...any) *mcp.CallToolResult
 	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf(format, args...)}}, Meta: decisionMeta(d)}
 }
 
-func decodeValue(raw json.RawMessage, numbers bool) (any, error) {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	if numbers {
-		dec.UseNumber()
-	}
-	var v any
-	if err := dec.Decode(&v); err != nil {
-		return nil, err
-	}
-	return v, nil
-}
-
 // proposeCommand is the propose as the contract's JSON (client.Propose has
 // no intent member).
 func proposeCommand(p *proposal) client.RawCommand {
@@ -265,4 +371,46 @@ func proposeCommand(p *proposal) client.RawCommand {
 	}
 	b, _ := json.Marshal(m)
 	return client.RawCommand(b)
+}
+
+// differs names the terms in which the recorded authorization a is not
+// the proposal p, sorted as the contract's differs member.
+func differs(a *wire.AuthorizationView, p *proposal) []string {
+	var out []string
+	if a.Amount.MinorUnits != p.Amount.MinorUnits {
+		out = append(out, "amount")
+	}
+	if a.Amount.Currency != p.Amount.Currency {
+		out = append(out, "currency")
+	}
+	if a.Operation != p.Operation {
+		out = append(out, "operation")
+	}
+	if a.Target != p.Target {
+		out = append(out, "target")
+	}
+	return out
+}
+
+// unaccepted is fields without the accepted ones.
+func unaccepted(fields, accepted []string) []string {
+	var out []string
+	for _, f := range fields {
+		if !slices.Contains(accepted, f) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func money(m wire.Money) string {
+	return fmt.Sprintf("%d %s (minor units)", m.MinorUnits, m.Currency)
+}
+
+// stamp writes a time for an agent and an operator: UTC, to the second.
+func stamp(t time.Time) string {
+	if t.IsZero() {
+		return "(unknown)"
+	}
+	return t.UTC().Format(time.RFC3339)
 }

@@ -9,6 +9,9 @@
 // upstream being called again; a denial is a tool error (isError) naming
 // the reason and the decision id; an outcome that cannot be known is
 // reported unknown and answered as an in-doubt tool error for an operator.
+// A tool the rules mark recorded is a read: its first answer per intent is
+// recorded (mandated's record command) and every repeat gets it, with no
+// authority taken.
 //
 // It is a caller, like the gateway: it produces commands and reads
 // decisions through package client and never decides anything itself. It

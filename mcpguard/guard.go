@@ -1,6 +1,7 @@
 package mcpguard
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -25,6 +26,11 @@ const (
 	MetaReason          = "io.mandated/reason"
 	MetaOutcome         = "io.mandated/outcome"
 	MetaGuarded         = "io.mandated/guarded"
+	// On an in-progress answer: the executor whose begin won, since when it
+	// executes, from when an operator can settle it (RFC 3339, UTC).
+	MetaExecutor       = "io.mandated/executor"
+	MetaSince          = "io.mandated/since"
+	MetaReconcilableAt = "io.mandated/reconcilable_at"
 )
 
 // Guard is the MCP server in front of one upstream.
@@ -42,6 +48,30 @@ type guardedTool struct {
 	name   string
 	rule   *Rule
 	schema *jsonschema.Schema
+	// output is the tool's output schema, nil when it declares none: a
+	// client then requires structured content matching it in every answer
+	// that is not an error.
+	output *jsonschema.Schema
+}
+
+// checkOutput says why v is not structured content a client accepts for
+// the tool ("" when it is).
+func (gt *guardedTool) checkOutput(v any) string {
+	if v == nil {
+		return "no structured content was recorded and the tool declares an output schema"
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return "the structured content does not encode"
+	}
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(b))
+	if err != nil {
+		return "the structured content does not decode"
+	}
+	if err := gt.output.Validate(doc); err != nil {
+		return fmt.Sprintf("the result recorded does not match the tool's output schema (%v)", err)
+	}
+	return ""
 }
 
 // New connects to the upstream, lists its tools, checks the rules against
@@ -97,26 +127,27 @@ func sortedNames(m map[string]*mcp.Tool) []string {
 	return out
 }
 
-// guard compiles a guarded tool's input schema and checks that every
-// argument its rule reads is a property of it.
+// guard compiles a guarded tool's input (and output) schema and checks
+// that every argument its rule reads is a property of it.
 func guard(t *mcp.Tool, rule *Rule) (*guardedTool, error) {
 	at := "rules: tools." + t.Name
 	raw, err := json.Marshal(t.InputSchema)
 	if err != nil {
 		return nil, fmt.Errorf("%s: the upstream's input schema does not encode: %w", at, err)
 	}
-	doc, err := jsonschema.UnmarshalJSON(strings.NewReader(string(raw)))
+	sch, err := compileSchema(t.Name, "input", raw)
 	if err != nil {
-		return nil, fmt.Errorf("%s: the upstream's input schema: %w", at, err)
+		return nil, fmt.Errorf("%s: %w", at, err)
 	}
-	c := jsonschema.NewCompiler()
-	url := "mcp:///tools/" + t.Name + "/input.json"
-	if err := c.AddResource(url, doc); err != nil {
-		return nil, fmt.Errorf("%s: the upstream's input schema: %w", at, err)
-	}
-	sch, err := c.Compile(url)
-	if err != nil {
-		return nil, fmt.Errorf("%s: the upstream's input schema does not compile: %w", at, err)
+	var output *jsonschema.Schema
+	if t.OutputSchema != nil {
+		b, err := json.Marshal(t.OutputSchema)
+		if err != nil {
+			return nil, fmt.Errorf("%s: the upstream's output schema does not encode: %w", at, err)
+		}
+		if output, err = compileSchema(t.Name, "output", b); err != nil {
+			return nil, fmt.Errorf("%s: %w", at, err)
+		}
 	}
 	var props struct {
 		Properties map[string]json.RawMessage `json:"properties"`
@@ -127,7 +158,24 @@ func guard(t *mcp.Tool, rule *Rule) (*guardedTool, error) {
 			return nil, fmt.Errorf("%s: the rule reads the argument %q, which is not a property of the tool's input schema", at, a)
 		}
 	}
-	return &guardedTool{name: t.Name, rule: rule, schema: sch}, nil
+	return &guardedTool{name: t.Name, rule: rule, schema: sch, output: output}, nil
+}
+
+func compileSchema(tool, kind string, raw []byte) (*jsonschema.Schema, error) {
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
+	if err != nil {
+		return nil, fmt.Errorf("the upstream's %s schema: %w", kind, err)
+	}
+	c := jsonschema.NewCompiler()
+	url := "mcp:///tools/" + tool + "/" + kind + ".json"
+	if err := c.AddResource(url, doc); err != nil {
+		return nil, fmt.Errorf("the upstream's %s schema: %w", kind, err)
+	}
+	sch, err := c.Compile(url)
+	if err != nil {
+		return nil, fmt.Errorf("the upstream's %s schema does not compile: %w", kind, err)
+	}
+	return sch, nil
 }
 
 // add registers one upstream tool, guarded or passed through.

@@ -293,27 +293,27 @@ func TestGuardedToolCalls(t *testing.T) {
 		require.Equal(t, calls+2, b.up.calls.Load())
 	})
 
-	t.Run("an oversize result is recorded as its beginning, size and hash", func(t *testing.T) {
+	t.Run("an oversize result is recorded as its beginning, size and hash, and every caller gets the record", func(t *testing.T) {
 		b.grant(t, "case-huge", 1, 30)
 		args := refundArgs("huge", "order-huge", 100, "r")
-		args["pad"] = 20000
+		args["pad"] = 20000 // the structured content alone is over the limit
 		first := callTool(t, agent(t, url), "refund", args, runMeta("run-h", "1"))
-		require.False(t, first.IsError, "%s", text(first))
 		require.Equal(t, mcpguard.OutcomeExecuted, first.Meta[mcpguard.MetaOutcome])
-		require.NotNil(t, first.StructuredContent, "the winner gets the full result")
 		again := callTool(t, agent(t, url), "refund", args, runMeta("run-h", "1"))
-		require.False(t, again.IsError)
 		require.Equal(t, mcpguard.OutcomeReplayed, again.Meta[mcpguard.MetaOutcome])
+		require.Equal(t, body(t, first), body(t, again), "the one that ran it gets the record too")
 		require.Contains(t, text(again), "Refunded 100 cents on order order-huge.")
 		require.Contains(t, text(again), "over the 8192 recorded")
 		require.Contains(t, text(again), "sha256 of the full result")
+		require.True(t, again.IsError, "the tool declares an output schema and there is no structured content to give")
+		require.Contains(t, text(again), "the tool ran once, but its structured content is too large to be recorded")
 		require.Equal(t, 1, b.effects(t, "order-huge"))
 	})
 
 	t.Run("rules naming a tool or an argument the upstream does not have are refused at start", func(t *testing.T) {
 		log := b.h.Log
 		for _, tc := range []struct{ name, rules, want string }{
-			{"unknown tool", strings.Replace(rulesYAML, "refund:", "refnud:", 1), `rules: tools.refnud: the upstream ` + b.up.URL + ` has no tool "refnud" (it has: balance, refund)`},
+			{"unknown tool", strings.Replace(rulesYAML, "refund:", "refnud:", 1), `rules: tools.refnud: the upstream ` + b.up.URL + ` has no tool "refnud" (it has: balance, quote, refund)`},
 			{"unknown argument", strings.Replace(rulesYAML, "{order_id}", "{order}", 1), `rules: tools.refund: the rule reads the argument "order", which is not a property of the tool's input schema`},
 		} {
 			rules, err := mcpguard.ParseRules([]byte(tc.rules))

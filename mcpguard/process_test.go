@@ -100,9 +100,11 @@ func TestKillNineBetweenForwardAndCommitIsInDoubtResolvedByReconcileNeverASecond
 
 	// Every later repeat gets the settled answer; never a second refund.
 	res = callTool(t, agent(t, url), "refund", refundArgs("kill", "order-k", 700, "ref-again"), runMeta("run-k", "pay"))
-	require.False(t, res.IsError, "%s", text(res))
 	require.Contains(t, text(res), fmt.Sprintf("external reference ledger-%d", ledgerID))
 	require.Contains(t, text(res), "settled by reconciliation")
+	require.Contains(t, text(res), "the ledger holds the refund", "the operator's evidence")
+	require.True(t, res.IsError, "no result was recorded, and the tool declares an output schema: %s", text(res))
+	require.Contains(t, text(res), "refund ran once; this answer is marked an error only because")
 	require.Equal(t, calls, b.up.calls.Load())
 	require.Equal(t, 1, b.effects(t, "order-k"))
 	t.Logf("kill -9 between forward and commit: %d effect(s); in doubt, resolved by mandatectl reconcile", b.effects(t, "order-k"))
@@ -142,4 +144,52 @@ func TestTheBinaryRefusesBadConfigurationNamingIt(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(out), "Examples:")
 	require.Contains(t, string(out), "-upstream-url")
+}
+
+// TestARepeatAfterACrashIsAnsweredWithinTheLoserWait (issue 39 item 8): the
+// mandate-mcp that forwarded a refund dies by SIGKILL before its commit; the
+// agent, restored at once, repeats the call through another mandate-mcp.
+// The authorization is executing with a dead executor until its execution
+// deadline (40 s here): the repeat is answered within --loser-wait, before
+// that deadline, naming the executor, since when it executes and when it
+// becomes reconcilable — not held until the deadline puts it in doubt.
+func TestARepeatAfterACrashIsAnsweredWithinTheLoserWait(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rulesFile := filepath.Join(t.TempDir(), "rules.yaml")
+	require.NoError(t, os.WriteFile(rulesFile, []byte(rulesYAML), 0o600))
+	b.grant(t, "case-crash", 1, 40)
+
+	first, url := b.startBinary(t, "mandate-mcp-1", rulesFile, b.up.URL, "MANDATED_FAILPOINTS="+mcpguard.FailpointAfterForward+"=kill")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := agent(t, url).CallTool(ctx, &mcp.CallToolParams{Name: "refund",
+		Arguments: refundArgs("crash", "order-crash", 700, "ref-1"), Meta: runMeta("run-crash", "pay")})
+	require.Error(t, err, "the agent loses its connection")
+	_, err = first.Wait(10 * time.Second)
+	require.NoError(t, err)
+	require.Equal(t, 1, b.effects(t, "order-crash"))
+	begun := b.h.Decisions.Wait(30*time.Second, func(d wire.Decision) bool {
+		return d.MandateID == "case-crash" && d.Authorization != nil && d.Authorization.State == wire.StateExecuting
+	})
+
+	_, url = b.startBinary(t, "mandate-mcp-2", rulesFile, b.up.URL, "MANDATED_LOSER_WAIT=1s")
+	calls := b.up.calls.Load()
+	start := time.Now()
+	rctx, rcancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer rcancel()
+	res, err := agent(t, url).CallTool(rctx, &mcp.CallToolParams{Name: "refund",
+		Arguments: refundArgs("crash", "order-crash", 700, "ref-regenerated"), Meta: runMeta("run-crash", "pay")})
+	waited := time.Since(start)
+	require.NoError(t, err)
+	t.Logf("a repeat after a crash between forward and commit answered after %.1f s (execution timeout 40 s, --loser-wait 1s): %s", waited.Seconds(), text(res))
+	require.True(t, res.IsError)
+	deadline := *begun.Authorization.ExecutionDeadline
+	require.Contains(t, text(res), "is being executed by "+begun.Authorization.Executor, "the executor is named")
+	require.Contains(t, text(res), "reconcilable from "+deadline.UTC().Format(time.RFC3339))
+	require.Equal(t, begun.AuthorizationID, res.Meta[mcpguard.MetaAuthorizationID])
+	require.Equal(t, mcpguard.OutcomeInProgress, res.Meta[mcpguard.MetaOutcome])
+	require.True(t, time.Now().Before(deadline), "answered before the execution deadline (%s), not when it put the call in doubt", deadline)
+	require.Equal(t, calls, b.up.calls.Load(), "not forwarded again")
+	require.Equal(t, 1, b.effects(t, "order-crash"))
 }

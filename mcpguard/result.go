@@ -19,11 +19,16 @@ import (
 // character escaped, because the contract refuses control characters in a
 // decision's strings (a result's text may hold line breaks and tabs, but
 // not the escape sequences and C1 controls a tool's output may carry), and
-// the upstream's result is recorded exactly, whatever it holds. When the
-// object would exceed Config.MaxResultBytes, the record instead holds a
-// stub result — the first part of the text content, the full result's
-// size and SHA-256 — beside "oversize": true. The winner answers with the
-// full result; every repeat gets the stub.
+// the upstream's result is recorded exactly, whatever it holds.
+//
+// Every caller of an intent, the one that ran the tool too, is answered
+// from the record, so all get the same answer. When the full result would
+// exceed Config.MaxResultBytes the record holds less, beside "oversize":
+// true, the full result's size and SHA-256: first the structured content
+// whole with the beginning of the text (a tool with an output schema stays
+// valid); when even that does not fit, the beginning of the text alone —
+// marked isError for a tool with an output schema, since there is no
+// structured content to give and a client refuses a success without it.
 const stubTextBytes = 1024
 
 type recordedResult struct {
@@ -33,59 +38,84 @@ type recordedResult struct {
 	SHA256   string `json:"sha256,omitempty"`
 }
 
-// record encodes res as the recorded result, within max bytes.
-func record(res *mcp.CallToolResult, max int) (rec json.RawMessage, oversize bool, err error) {
+// record encodes res as the recorded result, within max bytes. structured
+// says the tool declares an output schema.
+func record(res *mcp.CallToolResult, max int, structured bool) (json.RawMessage, error) {
 	full, err := json.Marshal(res)
 	if err != nil {
-		return nil, false, fmt.Errorf("encode the upstream's result: %w", err)
+		return nil, fmt.Errorf("encode the upstream's result: %w", err)
 	}
 	b, err := json.Marshal(recordedResult{Result: asciiJSON(full)})
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
 	if len(b) <= max {
-		return b, false, nil
+		return b, nil
 	}
 	sum := sha256.Sum256(full)
+	hash := hex.EncodeToString(sum[:])
 	text := textOf(res)
-	if len(text) > stubTextBytes {
-		text = strings.ToValidUTF8(text[:stubTextBytes], "")
+	stub := func(cut int, note string) *mcp.CallToolResult {
+		t := text
+		if len(t) > cut {
+			t = strings.ToValidUTF8(t[:cut], "")
+		}
+		return &mcp.CallToolResult{IsError: res.IsError, Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf(
+			"%s\n[mandated: the tool's result was %d bytes, over the %d recorded; this is the beginning of its text%s. sha256 of the full result: %s]",
+			t, len(full), max, note, hash)}}}
 	}
-	stub := &mcp.CallToolResult{IsError: res.IsError, Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf(
-		"%s\n[mandated: the tool's result was %d bytes, over the %d recorded; this is its beginning. sha256 of the full result: %s]",
-		text, len(full), max, hex.EncodeToString(sum[:]))}}}
-	sb, err := json.Marshal(stub)
-	if err != nil {
-		return nil, false, err
+	var tries []*mcp.CallToolResult
+	if res.StructuredContent != nil {
+		for _, cut := range []int{stubTextBytes, 128, 0} {
+			st := stub(cut, "; its structured content is whole")
+			st.StructuredContent = res.StructuredContent
+			tries = append(tries, st)
+		}
 	}
-	b, err = json.Marshal(recordedResult{Result: asciiJSON(sb), Oversize: true, Bytes: len(full), SHA256: hex.EncodeToString(sum[:])})
-	if err != nil {
-		return nil, false, err
+	note := ""
+	if structured && !res.IsError {
+		note = "; the tool ran once, but its structured content is too large to be recorded, so this answer is marked an error"
 	}
-	if len(b) > max {
-		return nil, false, fmt.Errorf("even the stub of the result is %d bytes, over --max-result-bytes %d", len(b), max)
+	for _, cut := range []int{stubTextBytes, 128, 0} {
+		st := stub(cut, note)
+		st.IsError = res.IsError || structured
+		tries = append(tries, st)
 	}
-	return b, true, nil
+	for _, st := range tries {
+		sb, err := json.Marshal(st)
+		if err != nil {
+			return nil, err
+		}
+		b, err = json.Marshal(recordedResult{Result: asciiJSON(sb), Oversize: true, Bytes: len(full), SHA256: hash})
+		if err != nil {
+			return nil, err
+		}
+		if len(b) <= max {
+			return b, nil
+		}
+	}
+	return nil, fmt.Errorf("even the stub of the result is %d bytes, over --max-result-bytes %d", len(b), max)
 }
 
-// recorded decodes a recorded result (nil: none was recorded, as after a
-// reconciliation).
-func recorded(raw json.RawMessage) (*mcp.CallToolResult, error) {
+// recorded decodes a recorded result: mandate-mcp's own (ours true), or
+// nil and false when the record is not (an operator's reconciliation
+// recorded the provider's answer, or nothing).
+func recorded(raw json.RawMessage) (res *mcp.CallToolResult, ours bool, err error) {
 	if len(raw) == 0 {
-		return nil, nil
+		return nil, false, nil
 	}
 	var rr recordedResult
-	if err := json.Unmarshal(raw, &rr); err != nil || rr.Result == "" {
-		return nil, fmt.Errorf("the recorded result is not mandate-mcp's (%.120s)", raw)
+	if json.Unmarshal(raw, &rr) != nil || rr.Result == "" {
+		return nil, false, nil
 	}
-	var res mcp.CallToolResult
-	if err := json.Unmarshal([]byte(rr.Result), &res); err != nil {
-		return nil, fmt.Errorf("the recorded result does not decode: %w", err)
+	res = &mcp.CallToolResult{}
+	if err := json.Unmarshal([]byte(rr.Result), res); err != nil {
+		return nil, true, fmt.Errorf("the recorded result does not decode: %w", err)
 	}
 	if res.Content == nil {
 		res.Content = []mcp.Content{}
 	}
-	return &res, nil
+	return res, true, nil
 }
 
 // asciiJSON escapes every non-ASCII character of a JSON text as \uXXXX:

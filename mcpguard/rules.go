@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -81,7 +82,24 @@ type Rule struct {
 	// OnToolError is OnToolErrorRecord or OnToolErrorCancel. Defaults to
 	// OnToolErrorDefault.
 	OnToolError string `yaml:"on_tool_error" json:"on_tool_error"`
+	// AcceptDiffers are the terms ("amount", "currency", "operation",
+	// "target") a repeat of an intent may carry regenerated: a replay that
+	// differs only in them is answered with the recorded result. A replay
+	// that differs in any other is a tool error naming them. Defaults to
+	// none.
+	AcceptDiffers []string `yaml:"accept_differs" json:"accept_differs"`
+	// Recorded marks a read-only tool (a search, a price lookup) whose
+	// answer a restored or resumed agent must see again, not fetched anew
+	// (seed 003): the first call of an intent is forwarded and its answer
+	// recorded under the intent (mandated's record command); every repeat
+	// gets the recorded answer without the upstream being called. A
+	// recorded read takes no authority (it has no amount) and never blocks
+	// an effect. Defaults to false.
+	Recorded bool `yaml:"recorded" json:"recorded"`
 }
+
+// Terms a replay may differ in (wire: a replayed decision's differs).
+var differTerms = []string{"amount", "currency", "operation", "target"}
 
 // AmountRule is the proposal's amount: minor units fixed ("500") or a
 // template ("{amount_cents}") that yields an integer; the currency fixed
@@ -175,9 +193,13 @@ func (r *Rule) validate() error {
 		return errors.New("mandate_id: required (fixed, or a template such as \"case-{case_id}\")")
 	case r.Operation == "":
 		return errors.New("operation: required")
-	case r.Amount.MinorUnits == "":
+	case r.Recorded && (r.Amount.MinorUnits != "" || r.Amount.Currency != ""):
+		return errors.New("amount: not with recorded: a recorded read takes no authority")
+	case r.Recorded && len(r.AcceptDiffers) > 0:
+		return errors.New("accept_differs: not with recorded: a read's repeat is answered its first result")
+	case !r.Recorded && r.Amount.MinorUnits == "":
 		return errors.New("amount.minor_units: required (an integer, or a template such as \"{amount_cents}\")")
-	case r.Amount.Currency == "":
+	case !r.Recorded && r.Amount.Currency == "":
 		return errors.New("amount.currency: required (ISO 4217, or a template)")
 	case r.Target == "":
 		return errors.New("target: required (fixed, or a template such as \"{order_id}\")")
@@ -191,7 +213,7 @@ func (r *Rule) validate() error {
 	if !hasPlaceholder(r.MandateID) && !partitioner.ValidID(r.MandateID) {
 		return fmt.Errorf("mandate_id: %q is outside the id grammar [A-Za-z0-9][A-Za-z0-9._:-]{0,127}", r.MandateID)
 	}
-	if !hasPlaceholder(r.Amount.MinorUnits) {
+	if !r.Recorded && !hasPlaceholder(r.Amount.MinorUnits) {
 		if n, err := strconv.ParseInt(r.Amount.MinorUnits, 10, 64); err != nil || n < 0 {
 			return fmt.Errorf("amount.minor_units: %q is neither a non-negative integer nor a template", r.Amount.MinorUnits)
 		}
@@ -212,6 +234,11 @@ func (r *Rule) validate() error {
 	}
 	if r.OnToolError != OnToolErrorRecord && r.OnToolError != OnToolErrorCancel {
 		return fmt.Errorf("on_tool_error: %q is not record or cancel", r.OnToolError)
+	}
+	for _, f := range r.AcceptDiffers {
+		if !slices.Contains(differTerms, f) {
+			return fmt.Errorf("accept_differs: %q is not one of %s", f, strings.Join(differTerms, ", "))
+		}
 	}
 	return nil
 }
@@ -268,16 +295,79 @@ func expand(field, tmpl string, args map[string]any) (string, error) {
 	return out, err
 }
 
+// scalar is a template's value: a string, or an integer however it is
+// written (777, 777.0 and 7.77e2 all pass an integer schema).
 func scalar(v any) (string, bool) {
 	switch x := v.(type) {
 	case string:
 		return x, true
 	case json.Number:
-		if _, err := x.Int64(); err == nil {
-			return x.String(), true
+		n := normNumber(string(x))
+		if _, err := strconv.ParseInt(n, 10, 64); err == nil {
+			return n, true
 		}
 	}
 	return "", false
+}
+
+// normNumber writes a JSON number in one form per value: an integer value
+// as its digits (777.0, 7.77e2 -> 777; -0 -> 0), any other as
+// <digits>e<exponent> without leading or trailing zeros (1.50 -> 15e-1).
+// Huge exponents keep the exponent form.
+func normNumber(number string) string {
+	neg := strings.HasPrefix(number, "-")
+	s := strings.TrimPrefix(number, "-")
+	mant, exp := s, 0
+	if i := strings.IndexAny(s, "eE"); i >= 0 {
+		mant = s[:i]
+		e, err := strconv.Atoi(strings.TrimPrefix(s[i+1:], "+"))
+		if err != nil {
+			return number // an exponent beyond int: kept as written
+		}
+		exp = e
+	}
+	digits := mant
+	if i := strings.IndexByte(mant, '.'); i >= 0 {
+		digits = mant[:i] + mant[i+1:]
+		exp -= len(mant) - i - 1
+	}
+	digits = strings.TrimLeft(digits, "0")
+	if digits == "" {
+		return "0"
+	}
+	for strings.HasSuffix(digits, "0") {
+		digits = digits[:len(digits)-1]
+		exp++
+	}
+	sign := ""
+	if neg {
+		sign = "-"
+	}
+	if exp >= 0 && len(digits)+exp <= 40 {
+		return sign + digits + strings.Repeat("0", exp)
+	}
+	return sign + digits + "e" + strconv.Itoa(exp)
+}
+
+// normNumbers replaces every number in v by its normNumber form.
+func normNumbers(v any) any {
+	switch x := v.(type) {
+	case json.Number:
+		return json.Number(normNumber(string(x)))
+	case map[string]any:
+		m := make(map[string]any, len(x))
+		for k, e := range x {
+			m[k] = normNumbers(e)
+		}
+		return m
+	case []any:
+		out := make([]any, len(x))
+		for i, e := range x {
+			out[i] = normNumbers(e)
+		}
+		return out
+	}
+	return v
 }
 
 func compactJSON(v any) string {
@@ -309,19 +399,27 @@ func (r *Rule) propose(tool string, args map[string]any, meta map[string]any) (*
 	if p.Target, err = expand("target", r.Target, args); err != nil {
 		return nil, err
 	}
-	units, err := expand("amount.minor_units", r.Amount.MinorUnits, args)
-	if err != nil {
-		return nil, err
-	}
-	if p.Amount.MinorUnits, err = strconv.ParseInt(units, 10, 64); err != nil || p.Amount.MinorUnits < 0 {
-		return nil, &ArgumentError{fmt.Sprintf("amount.minor_units %q (from the arguments) is not a non-negative integer", units)}
-	}
-	if p.Amount.Currency, err = expand("amount.currency", r.Amount.Currency, args); err != nil {
-		return nil, err
+	if !r.Recorded {
+		units, err := expand("amount.minor_units", r.Amount.MinorUnits, args)
+		if err != nil {
+			return nil, err
+		}
+		if p.Amount.MinorUnits, err = strconv.ParseInt(units, 10, 64); err != nil || p.Amount.MinorUnits < 0 {
+			return nil, &ArgumentError{fmt.Sprintf("amount.minor_units %q (from the arguments) is not a non-negative integer", units)}
+		}
+		if p.Amount.Currency, err = expand("amount.currency", r.Amount.Currency, args); err != nil {
+			return nil, err
+		}
 	}
 	action := idSafe("mcp." + tool)
 	switch r.Intent.From {
 	case IntentFromMeta:
+		// The run id and step name the step; the target tells apart two
+		// calls of the tool in one step (two orders refunded), while a
+		// repeat of the same call (its other arguments regenerated) keeps
+		// its intent. Two calls for one target in one step are one intent:
+		// a repeat that differs is told so, never run again.
+		action = metaAction(tool, p.Target)
 		run, ok1 := metaString(meta, r.Intent.RunIDKey)
 		step, ok2 := metaString(meta, r.Intent.StepKey)
 		if !ok1 || !ok2 {
@@ -341,11 +439,32 @@ func (r *Rule) propose(tool string, args map[string]any, meta map[string]any) (*
 			}
 			vals = append(vals, v)
 		}
-		b, _ := json.Marshal(vals) // map keys sorted: canonical enough for one build and the next
+		// Map keys sorted, numbers in one form per value: the same values
+		// however they are written are one intent.
+		b, _ := json.Marshal(normNumbers(vals))
 		sum := sha256.Sum256(b)
 		p.IdempotencyKey = wire.IntentKey("mcp-args", hex.EncodeToString(sum[:16]), action)
+		if r.Recorded { // a record is kept under an intent
+			p.Intent = &wire.Intent{RunID: "mcp-args", Step: hex.EncodeToString(sum[:16]), Action: action}
+		}
 	}
 	return p, nil
+}
+
+// metaAction is the intent's action for a call whose intent comes from
+// _meta: "mcp.<tool>:<target>", or the target's SHA-256 where the target is
+// outside the id grammar or too long.
+func metaAction(tool, target string) string {
+	base := idSafe("mcp." + tool)
+	if a := base + ":" + target; partitioner.ValidID(a) {
+		return a
+	}
+	sum := sha256.Sum256([]byte(target))
+	a := base + ":sha256-" + hex.EncodeToString(sum[:16])
+	if len(a) > 128 {
+		a = base[:128-len(a)+len(base)] + a[len(base):]
+	}
+	return a
 }
 
 func metaString(meta map[string]any, key string) (string, bool) {

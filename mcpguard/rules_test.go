@@ -50,6 +50,8 @@ tools:
 			"rules: tools.refund.intent.from: \"uuid\" is not meta or args"},
 		{"args intent without args", "tools:\n  refund: {org: acme, mandate_id: m, operation: op, target: t, amount: {minor_units: 1, currency: EUR}, intent: {from: args}}\n",
 			"rules: tools.refund.intent.args: name at least one argument with intent.from args"},
+		{"an unknown term to accept differing", "tools:\n  refund: {org: acme, mandate_id: m, operation: op, target: t, amount: {minor_units: 1, currency: EUR}, intent: {from: meta}, accept_differs: [reference]}\n",
+			"rules: tools.refund.accept_differs: \"reference\" is not one of amount, currency, operation, target"},
 		{"an unknown tool-error policy", "tools:\n  refund: {org: acme, mandate_id: m, operation: op, target: t, amount: {minor_units: 1, currency: EUR}, intent: {from: meta}, on_tool_error: retry}\n",
 			"rules: tools.refund.on_tool_error: \"retry\" is not record or cancel"},
 	} {

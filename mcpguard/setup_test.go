@@ -77,8 +77,16 @@ func setup(t *testing.T) *bundle {
 // upstreamURL, served over streamable HTTP; it returns its URL.
 func (b *bundle) guard(t *testing.T, upstreamURL string, mods ...func(*mcpguard.Config)) (string, *prometheus.Registry) {
 	t.Helper()
+	_, url, reg := b.start(t, append([]func(*mcpguard.Config){func(c *mcpguard.Config) { c.UpstreamURL = upstreamURL }}, mods...)...)
+	return url, reg
+}
+
+// start is guard for any upstream (the mods name it), returning the Guard
+// too (its Ready is what /readyz answers).
+func (b *bundle) start(t *testing.T, mods ...func(*mcpguard.Config)) (*mcpguard.Guard, string, *prometheus.Registry) {
+	t.Helper()
 	log := b.h.Log.With().Str("component", "mandate-mcp").Logger()
-	cfg := mcpguard.Config{Rules: b.rules, UpstreamURL: upstreamURL, Logger: &log, CallTimeout: 45 * time.Second}
+	cfg := mcpguard.Config{Rules: b.rules, Logger: &log, CallTimeout: 45 * time.Second}
 	for _, m := range mods {
 		m(&cfg)
 	}
@@ -90,7 +98,7 @@ func (b *bundle) guard(t *testing.T, upstreamURL string, mods ...func(*mcpguard.
 	t.Cleanup(g.Close)
 	srv := httptest.NewServer(g.Handler())
 	t.Cleanup(srv.Close)
-	return srv.URL, reg
+	return g, srv.URL, reg
 }
 
 // grant creates mandate acme/<id>: uses refunds of at most 200 EUR.
@@ -177,10 +185,11 @@ func body(t *testing.T, res *mcp.CallToolResult) string {
 // upstreamServer is the MCP server behind mandate-mcp: a Go SDK server
 // whose refund tool inserts a ledger row every time it runs.
 type upstreamServer struct {
-	URL   string
-	srv   *httptest.Server
-	calls atomic.Int64 // refund calls that reached the tool
-	delay atomic.Int64 // nanoseconds the refund takes after its insert
+	URL    string
+	srv    *httptest.Server
+	calls  atomic.Int64 // refund calls that reached the tool
+	quotes atomic.Int64 // quote calls that reached the tool
+	delay  atomic.Int64 // nanoseconds the refund takes after its insert
 }
 
 type refundIn struct {
@@ -188,7 +197,8 @@ type refundIn struct {
 	OrderID     string `json:"order_id" jsonschema:"the order to refund"`
 	AmountCents int64  `json:"amount_cents" jsonschema:"the amount in cents"`
 	Reference   string `json:"reference" jsonschema:"the caller's reference (regenerated on restore)"`
-	Pad         int    `json:"pad,omitempty" jsonschema:"bytes of padding in the answer"`
+	Pad         int    `json:"pad,omitempty" jsonschema:"bytes of padding in the answer's structured content"`
+	PadText     int    `json:"pad_text,omitempty" jsonschema:"bytes of padding in the answer's text"`
 }
 
 type refundOut struct {
@@ -196,6 +206,17 @@ type refundOut struct {
 	OrderID     string `json:"order_id"`
 	AmountCents int64  `json:"amount_cents"`
 	Note        string `json:"note,omitempty"`
+}
+
+type quoteIn struct {
+	CaseID  string `json:"case_id"`
+	OrderID string `json:"order_id"`
+}
+
+type quoteOut struct {
+	OrderID    string `json:"order_id"`
+	Quote      int64  `json:"quote"` // the how-manieth quote of this server
+	PriceCents int64  `json:"price_cents"`
 }
 
 type balanceIn struct {
@@ -244,7 +265,12 @@ func newUpstreamServer(pool *pgxpool.Pool, u *upstreamServer) *mcp.Server {
 			}
 			out := refundOut{LedgerID: id, OrderID: in.OrderID, AmountCents: in.AmountCents, Note: strings.Repeat("é", in.Pad/2)}
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{
-				Text: fmt.Sprintf("Refunded %d cents on order %s.\nLedger entry %d.\t(done)", in.AmountCents, in.OrderID, id)}}}, out, nil
+				Text: fmt.Sprintf("Refunded %d cents on order %s.\nLedger entry %d.\t(done)%s", in.AmountCents, in.OrderID, id, strings.Repeat(".", in.PadText))}}}, out, nil
+		})
+	mcp.AddTool(s, &mcp.Tool{Name: "quote", Description: "Quotes a refund's price now: another answer every call."},
+		func(ctx context.Context, _ *mcp.CallToolRequest, in quoteIn) (*mcp.CallToolResult, quoteOut, error) {
+			n := u.quotes.Add(1)
+			return nil, quoteOut{OrderID: in.OrderID, Quote: n, PriceCents: 1000 + n}, nil
 		})
 	mcp.AddTool(s, &mcp.Tool{Name: "balance", Description: "Counts the refunds of an order."},
 		func(ctx context.Context, _ *mcp.CallToolRequest, in balanceIn) (*mcp.CallToolResult, balanceOut, error) {

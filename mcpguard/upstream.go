@@ -82,24 +82,103 @@ func (u *upstream) drop(s *mcp.ClientSession) {
 	}
 }
 
-// ready checks that the upstream answers a ping (connecting again once if
-// the session was lost): called before a proposal, so that an upstream
-// that is down costs no authority.
+// ready checks that the upstream answers a ping, connecting when there is
+// no session: called before a proposal, so that an upstream that cannot be
+// reached costs no authority, and by /readyz. An upstream that answers the
+// ping with an error (a JSON-RPC error: it refuses pings, or this one) has
+// answered: it is reachable. A ping that fails never closes the session:
+// the calls forwarded on it are still running (a readiness probe must not
+// kill an effect); only a session that is gone already (its connection
+// closed, the server forgot it) is replaced, once.
 func (u *upstream) ready(ctx context.Context) error {
 	for attempt := 0; ; attempt++ {
 		pctx, cancel := context.WithTimeout(ctx, u.cfg.PingTimeout)
 		s, err := u.get(pctx)
 		if err == nil {
-			if err = s.Ping(pctx, nil); err != nil {
+			err = ping(pctx, s)
+			if err != nil && gone(err) {
 				u.drop(s)
+			}
+			if err != nil {
 				err = fmt.Errorf("upstream %s: ping: %w", u.describe(), err)
 			}
 		}
 		cancel()
-		if err == nil || attempt == 1 || ctx.Err() != nil {
+		if err == nil || attempt == 1 || ctx.Err() != nil || !gone(err) {
 			return err
 		}
 	}
+}
+
+// ping sends an MCP ping and reports whether the upstream answered. From
+// protocol 2026-07-28 on every request carries the per-request _meta
+// envelope (SEP-2575): the Go SDK adds it to its calls but not to Ping, so
+// it is added here. An answer that is a JSON-RPC error is still an answer:
+// the Python SDK 2.x refuses a ping without the envelope and answers one
+// with it "Method not found" (its MCPServer registers no ping handler).
+func ping(ctx context.Context, s *mcp.ClientSession) error {
+	var params *mcp.PingParams
+	if ir := s.InitializeResult(); ir != nil && ir.ProtocolVersion >= protocolEnvelope {
+		params = &mcp.PingParams{Meta: mcp.Meta{
+			mcp.MetaKeyProtocolVersion:    ir.ProtocolVersion,
+			mcp.MetaKeyClientCapabilities: map[string]any{},
+		}}
+	}
+	err := s.Ping(ctx, params)
+	if answered(err) != nil {
+		return nil
+	}
+	return err
+}
+
+// answered returns the JSON-RPC error the upstream answered with, if err
+// carries one: not the SDK's own codes for a request that never got an
+// answer (rejected by the transport: connection refused, a 5xx; the client
+// or the server closing).
+func answered(err error) *jsonrpc.Error {
+	var found *jsonrpc.Error
+	var walk func(error)
+	walk = func(e error) {
+		if e == nil || found != nil {
+			return
+		}
+		if je, ok := e.(*jsonrpc.Error); ok {
+			switch je.Code {
+			case codeRejected, codeClientClosing, codeServerClosing:
+			default:
+				found = je
+				return
+			}
+		}
+		switch u := e.(type) {
+		case interface{ Unwrap() error }:
+			walk(u.Unwrap())
+		case interface{ Unwrap() []error }:
+			for _, x := range u.Unwrap() {
+				walk(x)
+			}
+		}
+	}
+	walk(err)
+	return found
+}
+
+// The go-sdk's own JSON-RPC codes (internal/jsonrpc2) for requests that
+// were not answered by the peer.
+const (
+	codeClientClosing = -32003
+	codeServerClosing = -32004
+	codeRejected      = -32005
+)
+
+// protocolEnvelope is the first MCP protocol version whose requests carry
+// the per-request _meta envelope.
+const protocolEnvelope = "2026-07-28"
+
+// gone reports whether err says the session itself is lost: its
+// connection closed, or the server no longer knows it.
+func gone(err error) bool {
+	return errors.Is(err, mcp.ErrConnectionClosed) || errors.Is(err, mcp.ErrSessionMissing)
 }
 
 // tools lists every tool of the upstream, following cursors.
@@ -125,7 +204,7 @@ func (u *upstream) call(ctx context.Context, params *mcp.CallToolParams) (*mcp.C
 		return nil, &notSentError{err}
 	}
 	res, err := s.CallTool(ctx, params)
-	if err != nil && errors.Is(err, mcp.ErrConnectionClosed) {
+	if err != nil && gone(err) {
 		u.drop(s)
 	}
 	return res, err
@@ -148,8 +227,7 @@ func notExecuted(err error) bool {
 	if errors.As(err, &ns) || errors.Is(err, syscall.ECONNREFUSED) {
 		return true
 	}
-	var je *jsonrpc.Error
-	if errors.As(err, &je) {
+	if je := answered(err); je != nil {
 		switch je.Code {
 		case jsonrpc.CodeParseError, jsonrpc.CodeInvalidRequest, jsonrpc.CodeMethodNotFound, jsonrpc.CodeInvalidParams:
 			return true

@@ -117,6 +117,20 @@ type Config struct {
 	// partition). Defaults to TailCheckIntervalDefault; negative turns the
 	// periodic check off.
 	TailCheckInterval time.Duration
+	// Signer signs every record the relay publishes (the mandated-signature
+	// header over its chain hash, wire/decisionsig.go); its public key must
+	// be registered in decision_keys (processor.StartService does it).
+	// Defaults to a key generated here, for this relay alone: a database
+	// restored from a backup taken before it was registered cannot verify
+	// what it signed, so production gives mandated a key file
+	// (--decision-signing-key-file).
+	Signer *wire.RecordSigner
+	// DecisionKeys are the deployment's registered decision keys: the relay's
+	// tail reads check what they read back with them (a record past
+	// PostgreSQL's head signed by a registered key whose signature does not
+	// verify is foreign; signed epoch claims count in the tail's epoch).
+	// Defaults to none: nothing is checked.
+	DecisionKeys wire.DecisionKeyring
 
 	// Test holds knobs for tests only.
 	Test TestConfig
@@ -143,6 +157,9 @@ type TestConfig struct {
 	// commit, with the call's context (under the database deadline), the
 	// shard and the partitions it marks.
 	InMark func(ctx context.Context, shard string, partitions []int32)
+	// Unsigned publishes records without the mandated-signature header, as
+	// someone holding mandated's Kafka credential but not its key would.
+	Unsigned bool
 }
 
 // WithDefaults returns a copy with every zero field set to its default.
@@ -160,6 +177,9 @@ func (c Config) WithDefaults() Config {
 	c.MetadataMinAge = cmp.Or(c.MetadataMinAge, MetadataMinAgeDefault)
 	c.DatabaseTimeout = cmp.Or(c.DatabaseTimeout, DatabaseTimeoutDefault)
 	c.TailCheckInterval = cmp.Or(c.TailCheckInterval, TailCheckIntervalDefault)
+	if c.Signer == nil {
+		c.Signer = generatedSigner()
+	}
 	return c
 }
 

@@ -3,6 +3,7 @@ package outbox
 import (
 	"bytes"
 	"errors"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -38,13 +39,18 @@ type Entry struct {
 	ProducerID    int64
 	ProducerEpoch int16
 	Transactional bool
+	// Signature is its mandated-signature header (nil without one) and
+	// Timestamp its record timestamp (a dead letter's signature is checked
+	// at it; a decision's at its decided_at).
+	Signature []byte
+	Timestamp time.Time
 }
 
 // ReadEntry reads a committed record of a decisions (deadLetter false) or
 // dead-letter topic: its sequence header and its chain members, re-hashed.
 func ReadEntry(r *kgo.Record, deadLetter bool) Entry {
 	e := Entry{Topic: r.Topic, Offset: r.Offset, Seq: -1, Epoch: -1, DeadLetter: deadLetter, Key: r.Key, Value: r.Value,
-		ProducerID: r.ProducerID, ProducerEpoch: r.ProducerEpoch, Transactional: r.Attrs.IsTransactional()}
+		ProducerID: r.ProducerID, ProducerEpoch: r.ProducerEpoch, Transactional: r.Attrs.IsTransactional(), Timestamp: r.Timestamp}
 	var prevH, hashH []byte
 	hdr := map[string][]byte{}
 	for _, h := range r.Headers {
@@ -54,6 +60,10 @@ func ReadEntry(r *kgo.Record, deadLetter bool) Entry {
 			prevH = h.Value
 		case wire.HeaderHash:
 			hashH = h.Value
+		case wire.HeaderSignature:
+			if e.Signature == nil {
+				e.Signature = append([]byte{}, h.Value...)
+			}
 		}
 	}
 	seq, err := wire.ParseInt64Header(hdr[wire.HeaderSequence])

@@ -3,6 +3,7 @@ package outbox
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -115,13 +116,19 @@ type Tail struct {
 	Foreign      []ForeignRecord
 	Unverified   int
 	Read         int // records read
-	// Epoch is the highest epoch on the records read that are on the
-	// partition's chain (Ours and Ahead; 0 when none): the epochs that
-	// decided what the outside world has seen. A claim or a recovery takes
-	// an epoch above it (epochs only go up: the epoch is the fencing
-	// token), whatever a restored database's counter says. A foreign
-	// record's epoch is never believed.
+	// Epoch is the highest epoch believed: of the records read that are
+	// PostgreSQL's own chain (Ours: the epoch their hashed content carries,
+	// never a header alone), and of the epoch claims mandated signed on the
+	// partition since PostgreSQL's published mark (ReadTail, with
+	// TailConfig.Keys). A claim or a recovery takes an epoch above it
+	// (epochs only go up, and are never handed out twice: the epoch is the
+	// fencing token), whatever a restored database's counter says. A record
+	// past PostgreSQL's head (Ahead) counts only once recovery believed it
+	// (a claim refuses the partition meanwhile); a foreign record's epoch
+	// never counts.
 	Epoch int64
+	// Claimed is the highest epoch claim read (0 without TailConfig.Keys).
+	Claimed int64
 }
 
 // Behind is how many records Kafka holds past PostgreSQL's last sequence.
@@ -277,9 +284,7 @@ func Classify(head PostgresHead, rows map[int64]Row, entries []Entry, accept fun
 		switch verdicts[i] {
 		case Ours:
 			t.Published = max(t.Published, e.Seq)
-			t.Epoch = max(t.Epoch, e.Epoch)
-		case Ahead:
-			t.Epoch = max(t.Epoch, e.Epoch)
+			t.Epoch = max(t.Epoch, chainEpoch(e))
 		case Unverified:
 			t.Unverified++
 		case Foreign:
@@ -291,6 +296,51 @@ func Classify(head PostgresHead, rows map[int64]Row, entries []Entry, accept fun
 		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Offset, b.Offset))
 	})
 	return t, verdicts
+}
+
+// publishedOffset is the offset of the last decision read (entries, in
+// offset order, with their verdicts) that is on PostgreSQL's chain at or
+// below its published mark, or -1 when none was read.
+func publishedOffset(entries []Entry, verdicts []Verdict, published int64) int64 {
+	for i := len(entries) - 1; i >= 0; i-- {
+		if verdicts[i] != Foreign && entries[i].HasSeq && entries[i].Seq <= published {
+			return entries[i].Offset
+		}
+	}
+	return -1
+}
+
+// headSigned reports whether PostgreSQL's last record is among entries,
+// signed by a key of ring.
+func headSigned(ring wire.DecisionKeyring, head PostgresHead, entries []Entry) bool {
+	if !head.headKnown() {
+		return false
+	}
+	for i := range entries {
+		e := &entries[i]
+		if e.HasSeq && e.Seq == head.LastSeq && e.Is(head.Hash) {
+			if _, err := VerifyEntrySignature(e, ring, EntryTime(e)); err == nil {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// chainEpoch is the epoch of a record on PostgreSQL's chain: a decision's
+// as its JSON (which its hash covers) says, a dead letter's as its epoch
+// header (which its hash covers) says.
+func chainEpoch(e *Entry) int64 {
+	if e.DeadLetter {
+		return e.Epoch
+	}
+	var d struct {
+		Epoch *int64 `json:"epoch"`
+	}
+	if json.Unmarshal(e.Value, &d) == nil && d.Epoch != nil {
+		return *d.Epoch
+	}
+	return e.Epoch
 }
 
 // AsRelayWrites says why a record is not one the relay could have written,
@@ -374,6 +424,12 @@ type TailConfig struct {
 	// to none (the relay and the claim check read back as far as it
 	// takes; mandatectl recover bounds it).
 	MaxRead int64
+	// Keys are the deployment's registered decision keys. With them, a
+	// record past PostgreSQL's head that cannot be mandated's by its
+	// signature is foreign (continuationSigned), and the epoch claims
+	// mandated signed since PostgreSQL's published mark count in
+	// Tail.Epoch (epochs.go). Defaults to none: neither is checked.
+	Keys wire.DecisionKeyring
 }
 
 // SettleTimeoutDefault bounds ReadTail's wait for open transactions: more
@@ -409,19 +465,36 @@ func ReadTail(ctx context.Context, cfg TailConfig, partition int32, load HeadSou
 	window := cmp.Or(cfg.Window, TailWindowDefault)
 	// Each read back classifies everything read so far again: a record's
 	// acceptance (a JSON parse for a decision) is worked out once.
+	// With keys, a record past the head must not be one mandated cannot
+	// have written (strict: once PostgreSQL's last record is signed, an
+	// unsigned one cannot be mandated's either).
+	strict := false
 	accept := cfg.Accept
+	if cfg.Keys != nil {
+		base := cfg.Accept
+		accept = func(h *PostgresHead, e *Entry) string {
+			if base != nil {
+				if w := base(h, e); w != "" {
+					return w
+				}
+			}
+			return continuationSigned(cfg.Keys, e, strict)
+		}
+	}
 	if accept != nil {
 		type at struct {
 			topic  string
 			offset int64
+			strict bool
 		}
 		seen := map[at]string{}
+		inner := accept
 		accept = func(h *PostgresHead, e *Entry) string {
-			k := at{e.Topic, e.Offset}
+			k := at{e.Topic, e.Offset, strict}
 			if w, ok := seen[k]; ok {
 				return w
 			}
-			w := cfg.Accept(h, e)
+			w := inner(h, e)
 			seen[k] = w
 			return w
 		}
@@ -436,6 +509,7 @@ func ReadTail(ctx context.Context, cfg TailConfig, partition int32, load HeadSou
 		topic      string
 		dl         bool
 		start, lso int64
+		hwm        int64
 		from       int64 // read from here to lso
 		entries    []Entry
 		done       bool
@@ -477,7 +551,7 @@ func ReadTail(ctx context.Context, cfg TailConfig, partition int32, load HeadSou
 			return nil, fmt.Errorf("no last stable offset for %s/%d: %v", sd.topic, partition, end.Err)
 		}
 		start, _ := starts.Lookup(sd.topic, partition)
-		sd.start, sd.lso = max(start.Offset, 0), end.Offset
+		sd.start, sd.lso, sd.hwm = max(start.Offset, 0), end.Offset, hwm.Offset
 		sd.from = max(sd.lso, sd.start)
 		sd.done = sd.lso <= sd.start
 	}
@@ -514,18 +588,42 @@ func ReadTail(ctx context.Context, cfg TailConfig, partition int32, load HeadSou
 		if err != nil {
 			return nil, fmt.Errorf("read partition %d's head: %w", partition, err)
 		}
+		strict = false
 		tail, verdicts := Classify(head, rows, all, accept)
+		if cfg.Keys != nil && tail.State() == KafkaAhead && headSigned(cfg.Keys, head, all) {
+			strict = true
+			tail, verdicts = Classify(head, rows, all, accept)
+		}
 		finished := true
 		i := 0
+		claimsFrom := int64(-1) // the decisions topic's offset epoch claims are read from
 		for _, sd := range sides {
 			v := verdicts[i : i+len(sd.entries)]
 			i += len(sd.entries)
 			if !sd.done {
 				sd.done = sd.from <= sd.start || slices.ContainsFunc(v, func(v Verdict) bool { return v != Foreign })
 			}
+			if !sd.dl && cfg.Keys != nil {
+				claimsFrom = publishedOffset(sd.entries, v, head.Published)
+				// Read back until the record at PostgreSQL's published mark.
+				if claimsFrom < 0 && sd.from > sd.start && (cfg.MaxRead <= 0 || sd.lso-sd.from < cfg.MaxRead) {
+					sd.done = false
+				}
+				if claimsFrom < 0 {
+					claimsFrom = sd.from
+				}
+			}
 			finished = finished && sd.done
 		}
 		if finished {
+			if cfg.Keys != nil {
+				claimed, err := epochClaims(ctx, cfg.KafkaOpts, cfg.DecisionsTopic, partition, claimsFrom, sides[0].hwm, cfg.Keys)
+				if err != nil {
+					return nil, fmt.Errorf("read the epoch claims of %s/%d: %w", cfg.DecisionsTopic, partition, err)
+				}
+				tail.Claimed = claimed
+				tail.Epoch = max(tail.Epoch, claimed)
+			}
 			return tail, nil
 		}
 		if cfg.MaxRead > 0 {

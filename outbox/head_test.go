@@ -221,9 +221,9 @@ func TestClassifyRecognisesRowsWithoutChainMembersByTheirBytes(t *testing.T) {
 	require.Equal(t, outbox.PostgresAhead, tail.State())
 }
 
-// A tail reports the highest epoch on the records that are on the
-// partition's chain (PostgreSQL's and those continuing it), the floor of
-// every later claim's epoch; a forged record's epoch is not believed.
+// A tail reports the highest epoch on the records that are PostgreSQL's
+// chain, the floor of every later claim's epoch; a forged record's epoch is
+// not believed, nor one past the head before recovery re-derives it.
 func TestATailsEpochIsTheHighestOnThePartitionsChainNeverAForgerys(t *testing.T) {
 	t.Parallel()
 	rows := history(30)
@@ -244,17 +244,47 @@ func TestATailsEpochIsTheHighestOnThePartitionsChainNeverAForgerys(t *testing.T)
 	entries = append(entries, forgery)
 
 	for _, tc := range []struct {
-		name string
-		head int // PostgreSQL's last sequence
+		name  string
+		head  int // PostgreSQL's last sequence
+		epoch int64
 	}{
-		{"in step", 30},
-		{"PostgreSQL went back to before the highest epoch's records", 12},
-		{"PostgreSQL went back to before every record", 0},
+		{"in step", 30, 7},
+		{"PostgreSQL went back to before the highest epoch's last records", 12, 7},
+		// The records past the head are not believed until recover
+		// re-derives them (a claim refuses the partition meanwhile).
+		{"PostgreSQL went back to before every record", 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tail, _ := outbox.Classify(pgHead(rows[:tc.head], 0), outboxAbove(rows[:tc.head], 0), entries, nil)
-			require.Equal(t, int64(7), tail.Epoch)
+			require.Equal(t, tc.epoch, tail.Epoch)
 			require.Len(t, tail.Foreign, 1)
 		})
 	}
+}
+
+// A copy of one of PostgreSQL's own records, the same bytes and so the same
+// hash, with a forged epoch header: it is on the chain, but its epoch is
+// the one its hashed content says, never the header's.
+func TestACopyOfAChainRecordWithAForgedEpochHeaderDoesNotRaiseTheEpoch(t *testing.T) {
+	t.Parallel()
+	rows := history(3)
+	for i := range rows {
+		rows[i].Kind, rows[i].Epoch = outbox.KindDecision, 3
+		rows[i].Payload = fmt.Appendf(nil, `{"v":1,"sequence":%d,"epoch":3}`, i+1)
+	}
+	outbox.Chain(rows, wire.Anchor(0, 0))
+	entries := published(rows)
+	copied := rows[2].Record("d", "dl")
+	copied.Offset = 10
+	for i, h := range copied.Headers {
+		if h.Key == wire.HeaderEpoch {
+			copied.Headers[i].Value = []byte(fmt.Sprint(int64(1) << 62))
+		}
+	}
+	forgery := outbox.ReadEntry(copied, false)
+	forgery.Transactional = true
+	entries = append(entries, forgery)
+	tail, verdicts := outbox.Classify(pgHead(rows, 0), outboxAbove(rows, 0), entries, nil)
+	require.Equal(t, outbox.Ours, verdicts[3], "the same bytes are the same record")
+	require.Equal(t, int64(3), tail.Epoch)
 }

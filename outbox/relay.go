@@ -132,6 +132,7 @@ type Relay struct {
 	tails       map[int32]tailStatus
 
 	stages commitClock // when the processor committed what (stages.go)
+	claims claimWriter // epoch claims (epochs.go)
 
 	wake chan struct{}
 	// The run's, set by Start (under mu) before its goroutines: ctx ends
@@ -1145,7 +1146,7 @@ func (r *Relay) readTail(ctx context.Context, partition int32) (*Tail, error) {
 	tctx, cancel := context.WithTimeout(ctx, tailTimeout)
 	defer cancel()
 	tcfg := TailConfig{KafkaOpts: append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...)}, cfg.KafkaOpts...),
-		DecisionsTopic: cfg.DecisionsTopic, DeadLetterTopic: cfg.DeadLetterTopic}
+		DecisionsTopic: cfg.DecisionsTopic, DeadLetterTopic: cfg.DeadLetterTopic, Keys: r.DecisionKeys()}
 	if cfg.ProposalsTopic != "" {
 		tcfg.Accept = AnswersUndecided(cfg.ProposalsTopic, cfg.GrantsTopic)
 	}
@@ -1305,6 +1306,7 @@ func (r *Relay) produceTxn(ctx context.Context, cl *kgo.Client, rows []Row) (map
 	for i := range rows {
 		row := &rows[i]
 		rec := row.Record(cfg.DecisionsTopic, cfg.DeadLetterTopic)
+		r.sign(rec, row)
 		if row.TraceParent != "" {
 			// The decision carries the trace of the command it answers: with
 			// tracing on, the producer's hooks (tracing.KafkaHooks) make a

@@ -2,7 +2,6 @@ package processor
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -11,16 +10,17 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mandated/mandated/internal/tracing"
+	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/wire"
 )
 
-type itemKind int
+type itemKind = lifecycle.ItemKind
 
 const (
-	itemCommand    itemKind = iota // a valid command for a mandate at home here
-	itemReject                     // answered with a rejected decision
-	itemDeadLetter                 // no mandate key: to the dead-letter topic
+	itemCommand    = lifecycle.ItemCommand    // a valid command for a mandate at home here
+	itemReject     = lifecycle.ItemReject     // answered with a rejected decision
+	itemDeadLetter = lifecycle.ItemDeadLetter // no mandate key: to the dead-letter topic
 )
 
 // item is one record, classified before any transaction starts (decoding is
@@ -77,50 +77,27 @@ func (p *Processor) classify(r *kgo.Record) item {
 	return it
 }
 
-// classifyRecord is classify without the trace.
+// classifyRecord is classify without the trace: lifecycle.Classify, the
+// intake recovery re-decides records with too.
 func (p *Processor) classifyRecord(r *kgo.Record) item {
 	it := item{home: -1, rec: r, src: wire.Source{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset}}
 	if r.Topic == p.cfg.ProposalsTopic { // the gateway produces nothing else
 		it.request = requestOf(r)
 	}
-	cmd, rej := wire.Decode(r.Key, r.Value, wire.Limits{MaxRecordBytes: p.cfg.MaxRecordBytes})
-	var key *partitioner.MandateKey
-	if rej != nil {
-		key = rej.Key
-	} else {
-		key = &cmd.Key
-		it.sentAt = cmd.SentAt
-	}
-	if key != nil {
-		if home := key.Partition(p.partitions); home != r.Partition {
-			return p.reject(it, *key, &wire.Rejection{Reason: wire.ReasonMisrouted, Key: key, Type: typeOf(cmd, rej),
-				Detail: fmt.Sprintf("mandate %s lives on partition %d, not %d: produce with Kafka's default (murmur2) partitioner", key, home, r.Partition)}, home)
-		}
-	}
-	if rej != nil {
-		if rej.Key == nil {
-			it.kind, it.rej = itemDeadLetter, rej
-			return it
-		}
-		return p.reject(it, *rej.Key, rej, -1)
-	}
-	switch {
-	case r.Topic == p.cfg.ProposalsTopic && cmd.Type.IsGrantorCommand():
+	c := lifecycle.Classify(lifecycle.IntakeConfig{ProposalsTopic: p.cfg.ProposalsTopic, GrantsTopic: p.cfg.GrantsTopic,
+		Partitions: p.partitions, Limits: wire.Limits{MaxRecordBytes: p.cfg.MaxRecordBytes}}, it.src, r.Key, r.Value)
+	it.kind, it.cmd, it.rej, it.key, it.home, it.sentAt = c.Kind, c.Cmd, c.Rej, c.Key, c.Home, c.SentAt
+	if it.rej != nil && (it.rej.Reason == wire.ReasonGrantOnProposals || it.rej.Reason == wire.ReasonResolveOnProposals) {
 		p.metrics.GrantsOnProposals.Inc()
-		reason := wire.ReasonGrantOnProposals
-		if cmd.Type == wire.CmdResolve {
-			reason = wire.ReasonResolveOnProposals
-		}
-		return p.reject(it, cmd.Key, &wire.Rejection{Reason: reason, Key: key, Type: cmd.Type,
-			IdempotencyKey: cmd.IdempotencyKey, AuthorizationID: cmd.AuthorizationID(),
-			Detail: fmt.Sprintf("%s is accepted only from the grants topic %s (the privileged control plane)", cmd.Type, p.cfg.GrantsTopic)}, -1)
-	case r.Topic == p.cfg.GrantsTopic && !cmd.Type.IsGrantorCommand():
-		return p.reject(it, cmd.Key, &wire.Rejection{Reason: wire.ReasonProposalOnGrants, Key: key, Type: cmd.Type,
-			IdempotencyKey: cmd.IdempotencyKey, AuthorizationID: cmd.AuthorizationID(),
-			Detail: fmt.Sprintf("%s belongs on the proposals topic %s", cmd.Type, p.cfg.ProposalsTopic)}, -1)
 	}
-	it.kind, it.cmd = itemCommand, cmd
 	return it
+}
+
+// lc is the item as the intake classified it, to be answered by
+// lifecycle.State.Answer.
+func (it *item) lc() lifecycle.Item {
+	return lifecycle.Item{Kind: it.kind, Cmd: it.cmd, Rej: it.rej, Key: it.key, Home: it.home,
+		Source: it.src, SentAt: it.sentAt, SignedBy: it.signedBy}
 }
 
 // requestOf reads the gateway request a record names; a header that is

@@ -84,7 +84,7 @@ func (p *Processor) readTail(ctx context.Context, n int32, epoch int64) (*outbox
 	tail, err := outbox.ReadTail(ctx, outbox.TailConfig{
 		KafkaOpts:      append([]kgo.Opt{kgo.SeedBrokers(p.cfg.Brokers...)}, p.cfg.KafkaOpts...),
 		DecisionsTopic: p.cfg.DecisionsTopic, DeadLetterTopic: p.cfg.DeadLetterTopic,
-		Accept: outbox.AnswersUndecided(p.cfg.ProposalsTopic, p.cfg.GrantsTopic),
+		Accept: outbox.AnswersUndecided(p.cfg.ProposalsTopic, p.cfg.GrantsTopic), Keys: p.decisionKeys(),
 	}, n, func(ctx context.Context, partition int32, seqs []int64) (outbox.PostgresHead, map[int64]outbox.Row, error) {
 		return outbox.LoadHead(ctx, pool, partition, seqs)
 	})
@@ -146,6 +146,9 @@ func (p *Processor) checkClaim(ctx context.Context, path string, c sink.Claim) (
 			p.metrics.EpochsRaised.Inc()
 			p.log.Warn().Int32("partition", c.Partition).Str("path", path).Int64("claimed_epoch", prev).Int64("published_epoch", tail.Epoch).
 				Int64("epoch", c.Epoch).Msg("the partition's decisions carry an epoch at or above the one PostgreSQL handed out (a restored backup, a promoted replica): claimed above it, epochs only go up")
+		}
+		if err == nil {
+			err = p.recordEpoch(ctx, c)
 		}
 		if errors.Is(err, sink.ErrEpochMoved) {
 			err = fmt.Errorf("%w: %w", errEpochMoved, err)

@@ -83,12 +83,19 @@ func StartService(ctx context.Context, cfg ServiceConfig, log zerolog.Logger) (s
 		rcfg.DeadLetterTopic = pcfg.DeadLetterTopic
 	}
 	rcfg.ProposalsTopic, rcfg.GrantsTopic = pcfg.ProposalsTopic, pcfg.GrantsTopic
+	if rcfg.DecisionKeys == nil {
+		rcfg.DecisionKeys = sink.NewDecisionKeyCache(s.Control().Pool())
+	}
 	if rcfg.DecisionsTopic != pcfg.DecisionsTopic || rcfg.DeadLetterTopic != pcfg.DeadLetterTopic {
 		s.Close()
 		return nil, errors.New("service: the relay and the processor must name the same decisions and dead-letter topics")
 	}
 	relay, err := outbox.NewSharded(rcfg, relayShards{s}, log, outbox.NewMetrics(cfg.Registerer))
 	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	if err := s.Control().RegisterSigner(ctx, relay.Signer(), pcfg.Owner); err != nil {
 		s.Close()
 		return nil, err
 	}

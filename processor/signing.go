@@ -2,11 +2,11 @@ package processor
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"time"
 
 	"github.com/mandated/mandated/internal/backoff"
+	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/wire"
 )
@@ -48,37 +48,12 @@ func (k *keyring) get(ctx context.Context, force bool) (*sink.Keyring, error) {
 	return ring, nil
 }
 
-// verifyCommand checks a signable command's signature against ring at now.
-// It returns the key id that signed it ("" for an accepted unsigned
-// command), or the rejection that answers it. It is pure.
+// verifyCommand checks a signable command's signature against ring at now
+// (lifecycle.VerifyGrantorSignature, which recovery checks with too). It
+// returns the key id that signed it ("" for an accepted unsigned command),
+// or the rejection that answers it. It is pure.
 func verifyCommand(ring *sink.Keyring, cmd *wire.Command, now time.Time) (string, *wire.Rejection) {
-	org := cmd.Key.Org
-	refuse := func(reason wire.Reason, format string, args ...any) (string, *wire.Rejection) {
-		key := cmd.Key
-		return "", &wire.Rejection{Reason: reason, Key: &key, Type: cmd.Type, IdempotencyKey: cmd.IdempotencyKey,
-			AuthorizationID: cmd.AuthorizationID(), Detail: fmt.Sprintf(format, args...)}
-	}
-	sig := cmd.Signature
-	if sig == nil {
-		if ring.Modes[org] == sink.SigningRequired {
-			return refuse(wire.ReasonSignatureMissing, "org %s requires signed %s commands (grant_signing=required): sign it with a grantor key registered for the org", org, cmd.Type)
-		}
-		return "", nil
-	}
-	k, ok := ring.Keys[org][sig.KeyID]
-	switch {
-	case !ok:
-		return refuse(wire.ReasonSignatureUnknownKey, "no grantor key %q is registered for org %s", sig.KeyID, org)
-	case !k.RevokedAt.IsZero() && !now.Before(k.RevokedAt):
-		return refuse(wire.ReasonSignatureKeyRevoked, "grantor key %q of org %s was revoked at %s", sig.KeyID, org, k.RevokedAt.UTC().Format(time.RFC3339))
-	case now.Before(k.ValidFrom):
-		return refuse(wire.ReasonSignatureKeyExpired, "grantor key %q of org %s is not valid before %s", sig.KeyID, org, k.ValidFrom.UTC().Format(time.RFC3339))
-	case !k.ValidUntil.IsZero() && !now.Before(k.ValidUntil):
-		return refuse(wire.ReasonSignatureKeyExpired, "grantor key %q of org %s expired at %s", sig.KeyID, org, k.ValidUntil.UTC().Format(time.RFC3339))
-	case !cmd.VerifySignature(k.PublicKey):
-		return refuse(wire.ReasonSignatureInvalid, "the signature by grantor key %q does not verify over this command's canonical form", sig.KeyID)
-	}
-	return sig.KeyID, nil
+	return lifecycle.VerifyGrantorSignature(ring, cmd, now)
 }
 
 // verifySignatures checks every signable command of a batch before it is

@@ -523,26 +523,16 @@ func (w *worker) needsOf(items []item, due []lifecycle.AuthKey, now time.Time) (
 		if it.kind != itemCommand {
 			continue
 		}
-		c := it.cmd
-		needs.Mandates[c.Key] = struct{}{}
-		if scope, ok := lifecycle.ScopeOf(c); ok {
-			needs.Idem[scope] = struct{}{}
+		// An org's replay setting is read once per batch, so the check and
+		// its load agree on every retry.
+		rs, seen := needs.Replay[it.cmd.Key.Org]
+		if !seen {
+			rs = w.store.ReplaySetting(it.cmd.Key.Org)
 		}
-		if recordNeeds(&needs, c) {
-			continue
-		}
-		w.replayNeeds(&needs, c, now)
-		switch c.Type {
-		case wire.CmdPropose, wire.CmdGrant:
-		case wire.CmdRevoke:
-			needs.Reserved[c.Key] = struct{}{}
-		default:
-			needs.Auths[lifecycle.AuthKey{Mandate: c.Key, ID: c.AuthorizationID()}] = struct{}{}
-		}
+		needs.AddCommand(it.cmd, rs, now)
 	}
 	for _, k := range due {
-		needs.Mandates[k.Mandate] = struct{}{}
-		needs.Auths[k] = struct{}{}
+		needs.AddDeadline(k)
 	}
 
 	return needs, to
@@ -575,21 +565,8 @@ func (w *worker) decide(st *lifecycle.State, items []item, due []lifecycle.AuthK
 		var err error
 		first := len(rows)
 		switch it.kind {
-		case itemCommand:
-			ds := st.Decide(lifecycle.Input{Cmd: it.cmd, Source: it.src}, now)
-			if it.signedBy != "" {
-				for i := range ds {
-					ds[i].SignedBy = it.signedBy
-				}
-			}
-			err = emit(ds...)
-		case itemReject:
-			d := st.Reject(it.key, it.rej, it.src, it.sentAt, now)
-			if it.home >= 0 {
-				home := it.home
-				d.HomePartition = &home
-			}
-			err = emit(d)
+		case itemCommand, itemReject:
+			err = emit(st.Answer(it.lc(), now)...)
 		case itemDeadLetter:
 			rows = append(rows, deadLetterRow(st, w.partition, w.epoch, it, now))
 		}
@@ -732,31 +709,6 @@ func (w *worker) committed(b *sink.Batch, res sink.Result, items []item, due []l
 	}
 }
 
-// replayNeeds adds what deciding a propose needs for intents and possible
-// replays: its intent, or the org's replay setting and the mandate's recent
-// authorizations. An org's setting is read once per batch.
-func (w *worker) replayNeeds(needs *sink.Needs, c *wire.Command, now time.Time) {
-	if c.Type != wire.CmdPropose {
-		return
-	}
-	if scope, ok := lifecycle.IntentScopeOf(c); ok {
-		needs.Intents[scope] = struct{}{}
-		return
-	}
-	rs, seen := needs.Replay[c.Key.Org]
-	if !seen {
-		rs = w.store.ReplaySetting(c.Key.Org)
-		needs.Replay[c.Key.Org] = rs
-	}
-	if rs.Window <= 0 {
-		return
-	}
-	since := now.Add(-rs.Window)
-	if t, ok := needs.Recent[c.Key]; !ok || since.Before(t) {
-		needs.Recent[c.Key] = since
-	}
-}
-
 // countIntents counts a committed decision's intent replay, fork or
 // possible replay.
 func countIntents(m *Metrics, d *wire.Decision) {
@@ -790,18 +742,11 @@ func answer(rows []outbox.Row, ds []wire.Decision, it item, retention func(strin
 // deadLetterRow makes the outbox row for a record no mandate can be read
 // from: the original bytes (capped) with the reason and source in headers.
 func deadLetterRow(st *lifecycle.State, partition int32, epoch int64, it item, now time.Time) outbox.Row {
-	seq := st.NextSeq
-	st.NextSeq++
-	capped := func(b []byte) []byte {
-		if len(b) > wire.DeadLetterMaxByte {
-			return b[:wire.DeadLetterMaxByte]
-		}
-		return b
-	}
+	dl := st.DeadLetter(it.lc(), it.rec.Key, it.rec.Value)
 	return outbox.Row{
-		Partition: partition, Seq: seq, Epoch: epoch, Kind: outbox.KindDeadLetter,
-		Key: capped(it.rec.Key), Payload: capped(it.rec.Value), Reason: string(it.rej.Reason), Detail: it.rej.Detail,
-		SourceTopic: it.rec.Topic, SourcePartition: it.rec.Partition, SourceOffset: it.rec.Offset, CreatedAt: now,
+		Partition: partition, Seq: dl.Sequence, Epoch: epoch, Kind: outbox.KindDeadLetter,
+		Key: dl.Key, Payload: dl.Value, Reason: dl.Reason, Detail: dl.Detail,
+		SourceTopic: dl.SourceTopic, SourcePartition: dl.SourcePartition, SourceOffset: dl.SourceOffset, CreatedAt: now,
 	}
 }
 

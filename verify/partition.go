@@ -3,6 +3,7 @@ package verify
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/wire"
 )
 
@@ -42,6 +44,7 @@ type partitionVerifier struct {
 	skipping bool // SinceHash: looking for the start
 	rb       *rebuild
 	lastProg time.Time
+	signed   bool // a signed record of the partition was read
 }
 
 // recentMax bounds the window of accepted entries a later record may
@@ -327,7 +330,8 @@ func (pv *partitionVerifier) checkpoint(e *entry) Checkpoint {
 // and it is counted in none of the partition's totals.
 func (pv *partitionVerifier) notOnChain(e *entry, detail string) {
 	pv.rep.Breaks = slices.DeleteFunc(pv.rep.Breaks, func(b Break) bool {
-		return b.Partition == pv.p && b.Topic == e.Topic && b.Offset == e.Offset && (b.Kind == BreakSequence || b.Kind == BreakPrevHash)
+		return b.Partition == pv.p && b.Topic == e.Topic && b.Offset == e.Offset &&
+			(b.Kind == BreakSequence || b.Kind == BreakPrevHash || b.Kind == BreakSignature)
 	})
 	pv.brk(e, BreakNotOnChain, "%s", detail)
 	switch {
@@ -349,6 +353,7 @@ func (pv *partitionVerifier) notOnChain(e *entry, detail string) {
 // accept makes e the chain's head; the entry that leaves the window of
 // recent ones is applied to the rebuild.
 func (pv *partitionVerifier) accept(e *entry) {
+	pv.checkSignature(e)
 	pv.started, pv.head, pv.expect = true, e.Link.Claimed, e.Seq+1
 	pv.pr.Head = pv.checkpoint(e)
 	if e.Seq == pv.snap.LastSeq {
@@ -405,4 +410,27 @@ func (pv *partitionVerifier) finish() {
 	pv.pr.Mandates = len(pv.rb.mandates)
 	pv.rep.Drifts = append(pv.rep.Drifts, pv.rb.history...)
 	pv.rep.Drifts = append(pv.rep.Drifts, pv.rb.compare(s, pv.pr.Complete)...)
+}
+
+// checkSignature checks the signature of a published record on the chain:
+// a key of the deployment valid when it was made signed its hash. A record
+// without one is counted (Unsigned) until the partition's first signed
+// record: published before decision signatures. After it, and for any
+// signature that does not verify, it is a break: mandated did not write it.
+func (pv *partitionVerifier) checkSignature(e *entry) {
+	if e.Topic == "outbox_parked" || !e.Chained {
+		return
+	}
+	_, err := outbox.VerifyEntrySignature(e, pv.cfg.DecisionKeys, outbox.EntryTime(e))
+	var ue *wire.UnverifiedError
+	switch {
+	case err == nil:
+		pv.signed = true
+	case errors.As(err, &ue) && ue.Kind == wire.UnverifiedNoHeader && !pv.signed:
+		pv.pr.Unsigned++
+	case errors.As(err, &ue) && ue.Kind == wire.UnverifiedNoHeader:
+		pv.brk(e, BreakSignature, "sequence %d carries no %s, after signed records of the partition: mandated did not write it", e.Seq, wire.HeaderSignature)
+	default:
+		pv.brk(e, BreakSignature, "sequence %d: %v", e.Seq, err)
+	}
 }

@@ -21,21 +21,6 @@ type rebuild struct {
 	history  []Drift
 	toCheck  map[string]string // mandate key → the first decision of the current group that changed it
 	order    []string
-
-	// Recovering: what the decisions bound, in order, and the last input
-	// offset each input topic's records were answered up to.
-	recovering bool
-	keys       []binding
-	intents    []binding
-	sources    map[string]int64
-}
-
-// binding is a decision that bound a key or an intent.
-type binding struct {
-	d       *wire.Decision
-	key     *wire.KeyBinding
-	intent  *wire.IntentBinding
-	mandate string
 }
 
 type rbMandate struct {
@@ -58,15 +43,7 @@ type rbAuth struct {
 }
 
 func newRebuild() *rebuild {
-	return &rebuild{mandates: map[string]*rbMandate{}, toCheck: map[string]string{}, sources: map[string]int64{}}
-}
-
-// source notes that an input record was answered (a decision's source or
-// a dead letter's).
-func (rb *rebuild) source(src *wire.Source) {
-	if src != nil {
-		rb.sources[src.Topic] = max(rb.sources[src.Topic], src.Offset+1)
-	}
+	return &rebuild{mandates: map[string]*rbMandate{}, toCheck: map[string]string{}}
 }
 
 // apply folds one decision into the rebuild.
@@ -77,15 +54,6 @@ func (rb *rebuild) apply(d *wire.Decision) {
 	// at the next decision that answers a record or a deadline.
 	if d.Source != nil || d.Command == wire.CommandTimer {
 		rb.flushChecks()
-	}
-	if rb.recovering {
-		rb.source(d.Source)
-		if b := d.Binds; b != nil && b.Idempotency != nil {
-			rb.keys = append(rb.keys, binding{d: d, key: b.Idempotency, mandate: d.MandateKey})
-		}
-		if b := d.Binds; b != nil && b.Intent != nil {
-			rb.intents = append(rb.intents, binding{d: d, intent: b.Intent, mandate: d.MandateKey})
-		}
 	}
 	m := rb.mandates[d.MandateKey]
 	if m == nil && (d.Mandate != nil || d.Authorization != nil) {

@@ -3,7 +3,6 @@ package verify
 import (
 	"cmp"
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -15,9 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/mandated/mandated/lifecycle"
 	"github.com/mandated/mandated/outbox"
-	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/sink/shardmap"
 	"github.com/mandated/mandated/wire"
@@ -52,6 +49,10 @@ type RecoverConfig struct {
 	// Pool holds every partition.
 	ShardMap   *shardmap.Map
 	ShardPools []*pgxpool.Pool
+	// KeysPool reaches the control shard's database, where the decision
+	// keys, the grantor keys and the org settings live. Defaults to Pool,
+	// or with ShardMap to its control shard's pool.
+	KeysPool *pgxpool.Pool
 	// The four topics. Required.
 	DecisionsTopic, DeadLetterTopic, ProposalsTopic, GrantsTopic string
 	// Partitions to recover. Defaults to every partition of the decisions
@@ -75,6 +76,16 @@ type RecoverConfig struct {
 	// flood of records another producer appended after mandated's last).
 	// Defaults to MaxReadDefault.
 	MaxRead int64
+	// MaxRecordBytes is the processors' --max-record-bytes: inputs are
+	// decoded again as they decoded them. Defaults to
+	// wire.MaxRecordBytesDefault.
+	MaxRecordBytes int
+	// Retention is the processors' --idempotency-retention, for orgs
+	// without their own (keys and intents bound by a decision expire by
+	// it). Defaults to sink.RetentionDefault.
+	Retention time.Duration
+
+	partitions int32 // the topics' partition count (read by Recover)
 }
 
 // MaxReadDefault is RecoverConfig.MaxRead's default: far more than the
@@ -133,22 +144,25 @@ func Recover(ctx context.Context, cfg RecoverConfig) ([]PartitionRecovery, error
 		host, _ := os.Hostname()
 		cfg.Owner = "mandatectl-recover@" + cmp.Or(host, "unknown")
 	}
+	cfg.MaxRecordBytes = cmp.Or(cfg.MaxRecordBytes, wire.MaxRecordBytesDefault)
+	cfg.Retention = cmp.Or(cfg.Retention, sink.RetentionDefault)
+	cl, err := kgo.NewClient(cfg.KafkaOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("verify: kafka client: %w", err)
+	}
+	details, err := kadm.NewClient(cl).ListTopics(ctx, cfg.DecisionsTopic)
+	cl.Close()
+	if err != nil {
+		return nil, fmt.Errorf("verify: describe %s: %w", cfg.DecisionsTopic, err)
+	}
+	td, ok := details[cfg.DecisionsTopic]
+	if !ok || td.Err != nil {
+		return nil, fmt.Errorf("verify: describe %s: %v", cfg.DecisionsTopic, td.Err)
+	}
+	cfg.partitions = int32(len(td.Partitions))
 	parts := cfg.Partitions
 	if len(parts) == 0 {
-		cl, err := kgo.NewClient(cfg.KafkaOpts...)
-		if err != nil {
-			return nil, fmt.Errorf("verify: kafka client: %w", err)
-		}
-		details, err := kadm.NewClient(cl).ListTopics(ctx, cfg.DecisionsTopic)
-		cl.Close()
-		if err != nil {
-			return nil, fmt.Errorf("verify: describe %s: %w", cfg.DecisionsTopic, err)
-		}
-		td, ok := details[cfg.DecisionsTopic]
-		if !ok || td.Err != nil {
-			return nil, fmt.Errorf("verify: describe %s: %v", cfg.DecisionsTopic, td.Err)
-		}
-		for p := range int32(len(td.Partitions)) {
+		for p := range cfg.partitions {
 			parts = append(parts, p)
 		}
 	}
@@ -220,6 +234,9 @@ func (rec *PartitionRecovery) foreign(fs ...outbox.ForeignRecord) {
 
 // keysPool is where the grantor keys live: the control shard's database.
 func (cfg *RecoverConfig) keysPool() *pgxpool.Pool {
+	if cfg.KeysPool != nil {
+		return cfg.KeysPool
+	}
 	if cfg.ShardMap != nil {
 		return cfg.ShardPools[cfg.ShardMap.Control()]
 	}
@@ -229,9 +246,13 @@ func (cfg *RecoverConfig) keysPool() *pgxpool.Pool {
 func recoverPartition(ctx context.Context, cfg RecoverConfig, pool *pgxpool.Pool, p int32) (PartitionRecovery, error) {
 	start := time.Now()
 	rec := PartitionRecovery{Partition: p, Foreign: []outbox.ForeignRecord{}}
+	keys, err := sink.LoadDecisionKeys(ctx, cfg.keysPool())
+	if err != nil {
+		return rec, err
+	}
 	tail, err := outbox.ReadTail(ctx, outbox.TailConfig{KafkaOpts: cfg.KafkaOpts, DecisionsTopic: cfg.DecisionsTopic,
 		DeadLetterTopic: cfg.DeadLetterTopic, Accept: outbox.AnswersUndecided(cfg.ProposalsTopic, cfg.GrantsTopic),
-		SettleTimeout: cfg.SettleTimeout, MaxRead: cmp.Or(cfg.MaxRead, MaxReadDefault)}, p,
+		SettleTimeout: cfg.SettleTimeout, MaxRead: cmp.Or(cfg.MaxRead, MaxReadDefault), Keys: keys}, p,
 		func(ctx context.Context, partition int32, seqs []int64) (outbox.PostgresHead, map[int64]outbox.Row, error) {
 			return outbox.LoadHead(ctx, pool, partition, seqs)
 		})
@@ -253,14 +274,26 @@ func recoverPartition(ctx context.Context, cfg RecoverConfig, pool *pgxpool.Pool
 		return rec, nil
 	}
 
-	// Each record past the head must answer what it says it answers; the
-	// first that does not ends the recovery (the rest continue from it).
+	// Each record past the head must be mandated's and re-derive from the
+	// inputs; the first that does not ends the recovery (the rest continue
+	// from it).
 	checkStart := time.Now()
-	n, decs, why, err := checkSources(ctx, &cfg, cfg.keysPool(), p, tail.AheadRecords)
-	rec.CheckSeconds = time.Since(checkStart).Seconds()
+	rd, err := rederive(ctx, &cfg, pool, cfg.keysPool(), tail.Head, tail.Claimed, tail.AheadRecords)
 	if err != nil {
-		return rec, fmt.Errorf("check what the records past PostgreSQL's head answer: %w", err)
+		return rec, fmt.Errorf("re-decide the records past PostgreSQL's head: %w", err)
 	}
+	n, why := rd.believed, rd.why
+	if n > 0 && n < len(tail.AheadRecords) {
+		// The machine decided the refused record's input on the way: the
+		// state written is the one of the records believed alone.
+		if rd, err = rederive(ctx, &cfg, pool, cfg.keysPool(), tail.Head, tail.Claimed, tail.AheadRecords[:n]); err != nil {
+			return rec, fmt.Errorf("re-decide the records past PostgreSQL's head: %w", err)
+		}
+		if rd.believed != n {
+			return rec, fmt.Errorf("re-deciding the %d records believed believes %d of them: %s", n, rd.believed, rd.why)
+		}
+	}
+	rec.CheckSeconds = time.Since(checkStart).Seconds()
 	var refused error
 	if n < len(tail.AheadRecords) {
 		for i, e := range tail.AheadRecords[n:] {
@@ -282,31 +315,19 @@ func recoverPartition(ctx context.Context, cfg RecoverConfig, pool *pgxpool.Pool
 		last := tail.AheadRecords[n-1]
 		tail.AheadSeq, tail.AheadHash = last.Seq, last.Link.Claimed
 	}
-
-	// The records past PostgreSQL's head, in sequence order, each
-	// continuing the chain from the one before (ReadTail checked it).
-	rb := newRebuild()
-	rb.recovering = true
-	for i := range tail.AheadRecords {
-		e := &tail.AheadRecords[i]
+	for _, e := range tail.AheadRecords {
 		if e.DeadLetter {
 			rec.DeadLetters++
-			rb.source(e.Source)
-			continue
+		} else {
+			rec.Decisions++
 		}
-		d := decs[i] // parsed by checkSources (every one it believed parses)
-		if d.Mandate != nil && len(d.Mandate.Operations) == 0 {
-			return rec, fmt.Errorf("decision %s (%s offset %d) predates the fields recovery needs (its mandate view has no operations): it cannot be rebuilt from",
-				d.DecisionID, e.Topic, e.Offset)
-		}
-		rec.Decisions++
-		rb.apply(d)
 	}
-	r, err := rb.recovery(tail, cfg)
-	if err != nil {
-		return rec, err
-	}
-	r.EpochAbove = tail.Epoch // epochs only go up: above every epoch the partition published (issue 32)
+	r := recovery(tail, rd, cfg.Owner)
+	// Epochs only go up, and come from believed records only: above every
+	// epoch of the chain PostgreSQL wrote, of the records believed here,
+	// and of the epoch claims mandated signed (outbox.Tail.Epoch counts
+	// only those).
+	r.EpochAbove = max(tail.Epoch, rd.epoch)
 	rec.To = tail.AheadSeq
 	rec.Mandates, rec.Authorizations, rec.Keys, rec.Intents = len(r.Mandates), len(r.Auths), len(r.Keys), len(r.Intents)
 	rec.ProposalsOffset, rec.GrantsOffset = max(rec.ProposalsOffset, r.ProposalsOffset), max(rec.GrantsOffset, r.GrantsOffset)
@@ -362,90 +383,33 @@ func openTransactions(ctx context.Context, cfg RecoverConfig, p int32) string {
 	return strings.Join(out, "; ") + "; the broker aborts it after that producer's transaction timeout, or run recover again once it ends"
 }
 
-// recovery turns the rebuild into the rows sink.Recover writes.
-func (rb *rebuild) recovery(tail *outbox.Tail, cfg RecoverConfig) (sink.Recovery, error) {
-	p := tail.Head.Partition
-	r := sink.Recovery{Partition: p, FromSeq: tail.Head.LastSeq, FromHead: tail.Head.Hash, ToSeq: tail.AheadSeq, ToHead: tail.AheadHash,
-		ProposalsOffset: rb.sources[cfg.ProposalsTopic], GrantsOffset: rb.sources[cfg.GrantsTopic], Owner: cfg.Owner}
-	for key, m := range rb.mandates {
-		k, err := partitioner.ParseMandateKey(key)
-		if err != nil {
-			return r, fmt.Errorf("mandate %q: %w", key, err)
-		}
-		if m.viewAt != "" {
-			v := m.view
-			lm := &lifecycle.Mandate{Key: k, Partition: p, Version: v.Version, TermsVersion: v.TermsVersion, Status: v.Status, Operations: v.Operations,
-				Targets: v.Targets, Currency: v.Currency, MaxAmount: v.MaxAmount, UsesAllowed: v.UsesAllowed, UsesHeld: v.UsesHeld,
-				UsesSpent: v.UsesSpent, UsesInDoubt: v.UsesInDoubt, AmountHeld: v.AmountHeld, AmountSpent: v.AmountSpent,
-				ReleaseOnCancel: v.ReleaseCancel, HoldWindow: time.Duration(v.HoldSeconds) * time.Second,
-				ExecutionTimeout: time.Duration(v.ExecutionTimeout) * time.Second, LastAuthID: v.LastAuthID, Executions: v.Executions,
-				CreatedAt: m.firstTime, UpdatedAt: m.viewTime}
-			if v.TotalLimit != nil {
-				lm.TotalLimit = *v.TotalLimit
-			}
-			if v.ValidFrom != nil {
-				lm.ValidFrom = *v.ValidFrom
-			}
-			if v.ValidUntil != nil {
-				lm.ValidUntil = *v.ValidUntil
-			}
-			if lm.UpdatedAt.IsZero() {
-				lm.UpdatedAt = m.firstTime
-			}
-			r.Mandates = append(r.Mandates, lm)
-		}
-		for id, a := range m.auths {
-			v := a.view
-			la := &lifecycle.Authorization{Key: lifecycle.AuthKey{Mandate: k, ID: id}, State: v.State, Version: v.Version,
-				Operation: v.Operation, Target: v.Target, Amount: v.Amount.MinorUnits, Currency: v.Amount.Currency,
-				IdempotencyKey: v.IdempotencyKey, MandateVersion: v.MandateVersion, Deadline: v.Deadline, Executor: v.Executor,
-				ExecutionToken: v.ExecutionToken, ExternalRef: v.ExternalRef, Resolved: v.Resolved, Detail: v.Detail,
-				Reported: v.Reported, ResolvedBy: v.ResolvedBy,
-				DecisionID: a.first, CreatedAt: v.CreatedAt, UpdatedAt: v.UpdatedAt, ForkOf: v.ForkOf}
-			if v.ExecutionDeadline != nil {
-				la.ExecutionDeadline = *v.ExecutionDeadline
-			}
-			if len(v.Result) > 0 {
-				la.Result = []byte(v.Result)
-			}
-			r.Auths = append(r.Auths, la)
+// recovery is what sink.Recover writes: the rows the machine changed while
+// re-deciding the believed records (mandates and authorizations at their
+// new versions, keys and intents it bound), the head they end at and the
+// input offsets they answered up to.
+func recovery(tail *outbox.Tail, rd rederived, owner string) sink.Recovery {
+	r := sink.Recovery{Partition: tail.Head.Partition, FromSeq: tail.Head.LastSeq, FromHead: tail.Head.Hash, ToSeq: tail.AheadSeq,
+		ToHead: tail.AheadHash, ProposalsOffset: rd.proposals, GrantsOffset: rd.grants, Owner: owner}
+	st := rd.st
+	for _, m := range st.Mandates {
+		if m.Dirty {
+			r.Mandates = append(r.Mandates, m)
 		}
 	}
-	keys := map[lifecycle.IdemScope]*lifecycle.IdemRecord{}
-	for _, b := range rb.keys {
-		k, err := partitioner.ParseMandateKey(b.mandate)
-		if err != nil {
-			return r, fmt.Errorf("mandate %q: %w", b.mandate, err)
+	for _, a := range st.Auths {
+		if a.Dirty {
+			r.Auths = append(r.Auths, a)
 		}
-		fp, err := hex.DecodeString(b.key.Fingerprint)
-		if err != nil || len(fp) != 32 {
-			return r, fmt.Errorf("decision %s binds a key with fingerprint %q: not 64 hex digits", b.d.DecisionID, b.key.Fingerprint)
+	}
+	for _, k := range st.Idem {
+		if k.New {
+			r.Keys = append(r.Keys, k)
 		}
-		scope := lifecycle.IdemScope{Org: k.Org, MandateID: k.MandateID, Operation: b.key.Operation, Key: b.d.IdempotencyKey}
-		keys[scope] = &lifecycle.IdemRecord{Scope: scope, Fingerprint: fp, Mandate: k, AuthorizationID: b.d.AuthorizationID,
-			DecisionID: b.d.DecisionID, Outcome: b.d.Outcome, Reason: b.d.Reason, CreatedAt: b.d.DecidedAt, ExpiresAt: b.key.ExpiresAt}
 	}
-	for _, k := range keys {
-		r.Keys = append(r.Keys, k)
-	}
-	intents := map[lifecycle.IntentScope]*lifecycle.IntentRecord{}
-	for _, b := range rb.intents {
-		k, err := partitioner.ParseMandateKey(b.mandate)
-		if err != nil {
-			return r, fmt.Errorf("mandate %q: %w", b.mandate, err)
+	for _, in := range st.Intents {
+		if in.New || in.Dirty {
+			r.Intents = append(r.Intents, in)
 		}
-		scope := lifecycle.IntentScope{Org: k.Org, MandateID: k.MandateID, Operation: b.intent.Operation,
-			Intent: wire.Intent{RunID: b.intent.RunID, Step: b.intent.Step, Action: b.intent.Action}}
-		head := lifecycle.AuthKey{Mandate: k, ID: b.d.AuthorizationID}
-		if in := intents[scope]; in != nil {
-			in.Head, in.UpdatedAt, in.ExpiresAt = head, b.d.DecidedAt, b.intent.ExpiresAt
-			continue
-		}
-		intents[scope] = &lifecycle.IntentRecord{Scope: scope, Root: head, DecisionID: b.d.DecisionID, Head: head, Partition: p,
-			CreatedAt: b.d.DecidedAt, UpdatedAt: b.d.DecidedAt, ExpiresAt: b.intent.ExpiresAt}
 	}
-	for _, in := range intents {
-		r.Intents = append(r.Intents, in)
-	}
-	return r, nil
+	return r
 }

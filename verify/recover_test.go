@@ -37,6 +37,13 @@ func forger(t *testing.T, h *harness.Harness) *kgo.Client {
 // head and with the headers the relay writes (sequence, epoch).
 func continueChain(t *testing.T, cl *kgo.Client, topic string, head harness.Record, mutate func(*wire.Decision)) int64 {
 	t.Helper()
+	return continueChainSigned(t, cl, topic, head, nil, mutate)
+}
+
+// continueChainSigned is continueChain, the record signed by signer (nil:
+// unsigned), as someone holding mandated's decision key as well would.
+func continueChainSigned(t *testing.T, cl *kgo.Client, topic string, head harness.Record, signer *wire.RecordSigner, mutate func(*wire.Decision)) int64 {
+	t.Helper()
 	f := *head.Decision
 	f.Sequence++
 	f.DecisionID = wire.DecisionID(f.Partition, f.Sequence)
@@ -53,10 +60,13 @@ func continueChain(t *testing.T, cl *kgo.Client, topic string, head harness.Reco
 	require.NoError(t, err)
 	prev, err := wire.ParseChainHash(head.Decision.Hash)
 	require.NoError(t, err)
-	sealed, _ := wire.Seal(enc, prev)
+	sealed, hash := wire.Seal(enc, prev)
 	r := &kgo.Record{Topic: topic, Partition: f.Partition, Key: []byte(f.MandateKey), Value: sealed,
 		Headers: []kgo.RecordHeader{{Key: wire.HeaderSequence, Value: []byte(fmt.Sprint(f.Sequence))},
 			{Key: wire.HeaderEpoch, Value: []byte(fmt.Sprint(f.Epoch))}}}
+	if signer != nil {
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: wire.HeaderSignature, Value: signer.SignRecord(hash)})
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	require.NoError(t, cl.BeginTransaction())
@@ -136,21 +146,24 @@ func TestRecoverRefusesAChainContinuationThatAnswersNoInputItNames(t *testing.T)
 	for p := range int32(3) {
 		before[p] = b.partitionRow(t, p)
 	}
-	continueChain(t, cl, b.h.Spec.Decisions, lastOn(b.h, 0), func(d *wire.Decision) {
+	// Signed with mandated's own key (stolen too): only re-deciding the
+	// inputs can refuse them.
+	key := b.h.Signer
+	continueChainSigned(t, cl, b.h.Spec.Decisions, lastOn(b.h, 0), key, func(d *wire.Decision) {
 		d.Source = &wire.Source{Topic: b.h.Spec.Proposals, Partition: 0, Offset: 1 << 62}
 	})
-	continueChain(t, cl, b.h.Spec.Decisions, lastOn(b.h, 1), func(d *wire.Decision) {
+	continueChainSigned(t, cl, b.h.Spec.Decisions, lastOn(b.h, 1), key, func(d *wire.Decision) {
 		d.Source = &wire.Source{Topic: b.h.Spec.Proposals, Partition: 1, Offset: proposal.Offset}
 	})
-	continueChain(t, cl, b.h.Spec.Decisions, lastOn(b.h, 2), func(d *wire.Decision) {
+	continueChainSigned(t, cl, b.h.Spec.Decisions, lastOn(b.h, 2), key, func(d *wire.Decision) {
 		d.Source = &wire.Source{Topic: b.h.Spec.Grants, Partition: 2, Offset: unsigned.Offset}
 		d.SignedBy = "forged-key"
 	})
 
 	want := map[int32]string{
 		0: "at or past the last stable offset",
-		1: "is not what the record it answers says",
-		2: "signed by grantor key \"forged-key\"",
+		1: "gives another decision: reserved (no reason), the record says granted",
+		2: "signed_by",
 	}
 	for _, dry := range []bool{true, false} {
 		start := time.Now()
@@ -281,7 +294,7 @@ func TestRecoverRebuildsTheLostDecisionsUpToTheFirstRefusedRecord(t *testing.T) 
 	require.Equal(t, wire.OutcomeReserved, b.h.SendAwait(propose("acme", "m", "k2", 100)).Outcome)
 	b.h.Stop(a)
 	genuine := lastOn(b.h, 0)
-	forged := continueChain(t, forger(t, b.h), b.h.Spec.Decisions, genuine, func(d *wire.Decision) {
+	forged := continueChainSigned(t, forger(t, b.h), b.h.Spec.Decisions, genuine, b.h.Signer, func(d *wire.Decision) {
 		d.Source = &wire.Source{Topic: b.h.Spec.Proposals, Partition: 0, Offset: 1 << 62}
 	})
 

@@ -64,6 +64,9 @@ type Config struct {
 	CatchUpTimeout time.Duration
 	// Progress, when set, is called now and then on long runs.
 	Progress func(Progress)
+	// DecisionKeys check every record's signature (mandated-signature).
+	// Defaults to the keys registered in Pool's database.
+	DecisionKeys wire.DecisionKeyring
 
 	// Test holds knobs for tests only.
 	Test TestConfig
@@ -149,6 +152,7 @@ const (
 	BreakHead        = "head"         // the topic's record at PostgreSQL's head is not the head PostgreSQL recorded
 	BreakUnpublished = "unpublished"  // PostgreSQL holds records the topic does not show (within the catch-up timeout)
 	BreakSince       = "since"        // the --since checkpoint is not on the chain
+	BreakSignature   = "signature"    // a record on the chain no key of the deployment signed (or unsigned after signed ones)
 )
 
 // Drift is a difference between what the decisions say and PostgreSQL (or,
@@ -178,8 +182,12 @@ type PartitionReport struct {
 	DeadLetters int64      `json:"dead_letters"`
 	Parked      int64      `json:"parked"`
 	PreChain    int64      `json:"pre_chain"` // records from before the chain began (sequence checked only)
-	Complete    bool       `json:"complete"`  // the history read starts at sequence 1
-	Mandates    int        `json:"mandates"`
+	// Unsigned counts the records on the chain without a signature before
+	// the partition's first signed one (published before decision
+	// signatures); one after a signed one is a break.
+	Unsigned int64 `json:"unsigned"`
+	Complete bool  `json:"complete"` // the history read starts at sequence 1
+	Mandates int   `json:"mandates"`
 }
 
 // Report is a run's result.
@@ -244,6 +252,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		slices.Sort(parts)
 		parts = slices.Compact(parts)
+	}
+	if cfg.DecisionKeys == nil {
+		keys, err := sink.LoadDecisionKeys(ctx, cfg.Pool)
+		if err != nil {
+			return nil, fmt.Errorf("verify: %w", err)
+		}
+		cfg.DecisionKeys = keys
 	}
 	cl, err := kgo.NewClient(cfg.KafkaOpts...)
 	if err != nil {

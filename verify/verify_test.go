@@ -443,11 +443,28 @@ func setMaxMessageBytes(t *testing.T, h *harness.Harness, v string) {
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	resp, err := kadm.NewClient(cl).AlterTopicConfigs(ctx, []kadm.AlterConfig{{Op: kadm.SetConfig, Name: "max.message.bytes", Value: &v}}, h.Spec.Decisions)
+	adm := kadm.NewClient(cl)
+	resp, err := adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Op: kadm.SetConfig, Name: "max.message.bytes", Value: &v}}, h.Spec.Decisions)
 	require.NoError(t, err)
 	for _, r := range resp {
 		require.NoError(t, r.Err)
 	}
+	// The broker applies a topic's new config asynchronously: wait until it
+	// reports it, so that what is produced next meets it.
+	testenv.WaitFor(t, 30*time.Second, func() bool {
+		rcs, err := adm.DescribeTopicConfigs(ctx, h.Spec.Decisions)
+		if err != nil {
+			return false
+		}
+		for _, rc := range rcs {
+			for _, c := range rc.Configs {
+				if c.Key == "max.message.bytes" && c.Value != nil && *c.Value == v {
+					return true
+				}
+			}
+		}
+		return false
+	}, "the broker applies max.message.bytes="+v)
 }
 
 // copyHistory copies the records of h's decisions partition 0 from

@@ -75,6 +75,8 @@ type scanner struct {
 	// may hold line breaks and tabs (checkData); everywhere else strings
 	// are ids, names and reasons (checkString).
 	data bool
+	// text: every string is free text, as in data (ParseData).
+	text bool
 }
 
 // dataMember is the one top-level member whose strings are a provider's
@@ -134,7 +136,7 @@ func (p *scanner) value(depth int) (any, *parseError) {
 			return nil, perr
 		}
 		check := checkString
-		if p.data {
+		if p.data || p.text {
 			check = checkData
 		}
 		if perr := check(s); perr != nil {

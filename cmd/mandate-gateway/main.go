@@ -253,7 +253,7 @@ func run(args []string) int {
 
 	cl, ok := connectClient(ctx, client.Config{Brokers: brokers, KafkaOpts: kopts, ProposalsTopic: c.proposalsTopic,
 		GrantsTopic: c.grantsTopic, DecisionsTopic: c.decisionsTopic, MaxRecordBytes: gcfg.MaxRecordBytes,
-		DeliveryTimeout: gcfg.MaxWait, Logger: &log}, &st, log)
+		DeliveryTimeout: gcfg.MaxWait, Logger: &log, DecisionKeys: sink.NewDecisionKeyCache(pool)}, &st, log)
 	if !ok {
 		return 0
 	}

@@ -67,6 +67,7 @@ type config struct {
 	grantsTopic     string
 	decisionsTopic  string
 	callTimeout     time.Duration
+	loserWait       time.Duration
 	upstreamTimeout time.Duration
 	maxResultBytes  int
 	sessionTimeout  time.Duration
@@ -87,6 +88,7 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.grantsTopic, "grants-topic", client.GrantsTopicDefault, "topic of grantors' commands (never written)")
 	fs.StringVar(&c.decisionsTopic, "decisions-topic", client.DecisionsTopicDefault, "topic of decisions")
 	fs.DurationVar(&c.callTimeout, "call-timeout", mcpguard.CallTimeoutDefault, "bound on one guarded call (decisions, upstream, waiting for a concurrent call's result)")
+	fs.DurationVar(&c.loserWait, "loser-wait", client.LoserWaitDefault, "bound on waiting for another executor's execution of the same intent (a concurrent call, or a mandate-mcp that died before its commit): then the call answers in progress, naming the executor, since when, and when it becomes reconcilable")
 	fs.DurationVar(&c.upstreamTimeout, "upstream-timeout", mcpguard.UpstreamTimeoutDefault, "bound on the forwarded call: past it the outcome is unknown and the call in doubt (keep it below the mandates' execution timeout)")
 	fs.IntVar(&c.maxResultBytes, "max-result-bytes", mcpguard.MaxResultBytesDefault, "largest recorded result; above it a repeat gets the result's beginning, size and SHA-256")
 	fs.DurationVar(&c.sessionTimeout, "session-timeout", mcpguard.SessionTimeoutDefault, "with --http-addr: close an agent's session idle this long")
@@ -139,7 +141,7 @@ func run(args []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	cl, ok := connectClient(ctx, client.Config{Brokers: brokers, KafkaOpts: kopts, ProposalsTopic: c.proposalsTopic,
-		GrantsTopic: c.grantsTopic, DecisionsTopic: c.decisionsTopic, DeliveryTimeout: c.callTimeout, Logger: &log}, log)
+		GrantsTopic: c.grantsTopic, DecisionsTopic: c.decisionsTopic, DeliveryTimeout: c.callTimeout, LoserWait: c.loserWait, Logger: &log}, log)
 	if !ok {
 		return 0
 	}

@@ -32,10 +32,12 @@ func TestInspectShowsAnAuthorizationAsBefore(t *testing.T) {
 		`"execution_deadline":"2026-11-30T12:01:00Z","external_ref":"re_1","executor":"worker-1","execution_token":7,"result":{"ok":true},`+
 		`"detail":"a detail","decision_id":"d_1","fork_of":"au_0","created_at":"2026-11-30T12:00:00Z","updated_at":"2026-11-30T12:00:01Z"}`, string(b))
 
+	// A recorded read names no amount and may name no target: those members
+	// are absent (an effect always has both).
 	b, err = json.Marshal(toAuthorizationJSON(&lifecycle.Authorization{Key: lifecycle.AuthKey{Mandate: key, ID: "au_2"},
-		State: wire.StateReserved, Deadline: at, CreatedAt: at, UpdatedAt: at}))
+		State: wire.StateRecorded, Operation: "price.lookup", Deadline: at, CreatedAt: at, UpdatedAt: at}))
 	require.NoError(t, err)
-	require.Equal(t, `{"id":"au_2","state":"reserved","version":0,"operation":"","target":"","amount":{"minor_units":0,"currency":""},`+
+	require.Equal(t, `{"id":"au_2","state":"recorded","version":0,"operation":"price.lookup",`+
 		`"idempotency_key":"","mandate_version":0,"deadline":"2026-11-30T12:00:00Z","decision_id":"",`+
 		`"created_at":"2026-11-30T12:00:00Z","updated_at":"2026-11-30T12:00:00Z"}`, string(b))
 }

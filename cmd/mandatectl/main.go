@@ -141,6 +141,7 @@ func commands() map[string]command {
 		"parked":         {"list outbox rows the broker refused for good", groups[2], runParked},
 		"org-settings":   {"show or change an org's settings (idempotency-key retention, possible-replay window and policy)", groups[2], runOrgSettings},
 		"acls":           {"print or create the Kafka ACLs of each role (plan, apply)", groups[0], runACLs},
+		"decision-keys":  {"the deployment's keys that sign every published record (generate, add, revoke, list)", groups[0], runDecisionKeys},
 		"grantor-keys":   {"grantor signing keys and each org's grant_signing (generate, add, revoke, list, require, relax)", groups[0], runGrantorKeys},
 		"shards":         {"move a partition to another shard; drop the copy a move left (move, drop-moved, moves)", groups[2], runShards},
 		"verify":         {"prove the decisions' hash chain and find drift from PostgreSQL", groups[2], runVerify},

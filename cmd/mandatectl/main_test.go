@@ -598,9 +598,10 @@ func TestEveryCommandHasHelpWithExamples(t *testing.T) {
 	t.Parallel()
 	names := []string{"topics create", "topics check", "org-settings get", "org-settings set", "grantor-keys generate", "grantor-keys add",
 		"grantor-keys revoke", "grantor-keys list", "grantor-keys require", "grantor-keys relax", "acls plan", "acls apply",
-		"tokens", "tokens create", "tokens revoke", "tokens list"}
+		"tokens", "tokens create", "tokens revoke", "tokens list",
+		"decision-keys generate", "decision-keys add", "decision-keys revoke", "decision-keys list"}
 	for n := range commands() {
-		if n != "topics" && n != "grantor-keys" && n != "acls" && n != "tokens" {
+		if n != "topics" && n != "grantor-keys" && n != "acls" && n != "tokens" && n != "decision-keys" {
 			names = append(names, n)
 		}
 	}

@@ -9,8 +9,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/mandated/mandated/outbox"
+	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/sink/shardmap"
 	"github.com/mandated/mandated/verify"
+	"github.com/mandated/mandated/wire"
 )
 
 func runRecover(a *app, args []string) int {
@@ -22,24 +24,31 @@ partitions until they are recovered (/readyz, mandated_partition_rewound and
 its log name them and this command).
 
 For each partition it reads the decisions and dead letters past
-PostgreSQL's head — believing only records that continue the partition's
-hash chain from the head PostgreSQL recorded, link by link, written as the
-relay writes and answering inputs PostgreSQL had not decided — and checks
-what each answers against the input topic itself: the input record it
-names is below that partition's last stable offset, read back it is what
-the decision says it answers (mandate, command, proposal key,
-authorization; a dead letter, the same bytes), and a grantor command's
-signature verifies again with the grantor keys PostgreSQL holds. The first
-record that fails a check, and every record after it, is refused (another
-producer wrote it): listed, never applied; the partition is then
-"refused" and the exit code 1. It rebuilds the mandates, authorizations,
-idempotency keys and intents the believed decisions show, and writes them
-in one transaction that takes a new epoch (a processor still deciding the
+PostgreSQL's head — records that continue the partition's hash chain from
+the head PostgreSQL recorded, link by link — and believes one only where it
+can re-derive it: a key of the deployment signed it (mandated-signature;
+re-apply the decision keys added after the backup first), and deciding again
+what it says it answers — the partition's input records, from the offsets
+PostgreSQL stores, each in order, none skipped, through the processor's own
+decoding, grantor-signature check and state machine, at the time the
+record says it was decided — gives that very record (a deadline's decision:
+the authorization it names is due then, and applying its deadline gives
+it). The first record refused, and every record after it, is listed with
+why and never applied; the partition is then "refused" and the exit code 1.
+What it writes is the state the machine re-derived — the mandates,
+authorizations, idempotency keys and intents — in one transaction that takes
+a new epoch above every epoch believed (a processor still deciding the
 partition is fenced), moves the head, the next sequence and the input
-offsets to the end of those decisions and records them as published. The
-processors claim the partition again once it is in step and go on after
-the last published decision: no input is decided twice. Partitions in
-step are left alone. --dry-run runs every check and writes nothing.
+offsets to the end of the believed records and records them as published.
+The processors claim the partition again once it is in step and go on after
+the last published decision: no input is decided twice. A record past the
+head that cannot be mandated's by its signature (unsigned after signed ones,
+or a signature a registered key did not make) is foreign: listed, and the
+partition is in step. Partitions in step are left alone. --dry-run runs
+every check and writes nothing. Org settings (retention, replay window) and
+the grantor keys must be what they were when the decisions were made:
+re-apply what changed after the backup first; --max-record-bytes and
+--idempotency-retention are the processors'.
 
 With --shard-map a partition is recovered in the database of the shard
 the map routes it to, as the processors do, and only if that database's
@@ -74,6 +83,8 @@ recovered (or nothing to recover), 1 a failure, 2 a usage error.`,
 	timeout := f.Duration("timeout", 0, "bound on the whole run (0: none)")
 	settle := f.Duration("settle-timeout", outbox.SettleTimeoutDefault, "bound on the wait for a transaction open on a partition's decisions or dead-letter topic to end")
 	maxRead := f.Int64("max-read", verify.MaxReadDefault, "bound on the offsets of a topic read back without reaching the partition's chain")
+	maxRecord := f.Int("max-record-bytes", wire.MaxRecordBytesDefault, "the processors' --max-record-bytes: inputs are decoded again as they decoded them")
+	retention := f.Duration("idempotency-retention", sink.RetentionDefault, "the processors' --idempotency-retention (for orgs without their own): keys the decisions bound expire by it")
 	pos, code, ok := f.parse(args)
 	if !ok {
 		return code
@@ -85,7 +96,8 @@ recovered (or nothing to recover), 1 a failure, 2 a usage error.`,
 		return f.usageErr("name the partitions to recover (--partition P) or --all")
 	}
 	cfg := verify.RecoverConfig{DecisionsTopic: topics.decisions, DeadLetterTopic: topics.deadLetter,
-		ProposalsTopic: topics.proposals, GrantsTopic: topics.grants, DryRun: *dryRun, SettleTimeout: *settle, MaxRead: *maxRead}
+		ProposalsTopic: topics.proposals, GrantsTopic: topics.grants, DryRun: *dryRun, SettleTimeout: *settle, MaxRead: *maxRead,
+		MaxRecordBytes: *maxRecord, Retention: *retention}
 	if *settle <= 0 || *maxRead <= 0 {
 		return f.usageErr("--settle-timeout and --max-read must be positive")
 	}

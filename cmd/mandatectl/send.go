@@ -21,7 +21,7 @@ import (
 func outcomeExit(o wire.Outcome) int {
 	switch o {
 	case wire.OutcomeReserved, wire.OutcomeGranted, wire.OutcomeExecuting, wire.OutcomeCommitted,
-		wire.OutcomeCancelled, wire.OutcomeRevoked, wire.OutcomeReplayed:
+		wire.OutcomeCancelled, wire.OutcomeRevoked, wire.OutcomeReplayed, wire.OutcomeRecorded:
 		return exitOK
 	case wire.OutcomeRejected:
 		return exitUsage

@@ -58,6 +58,7 @@ type config struct {
 	logFormat       string
 	logLevel        string
 	failpoints      string
+	decisionKeyFile string
 }
 
 func (c *config) register(fs *flag.FlagSet) {
@@ -105,6 +106,7 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.logFormat, "log-format", "auto", "json, console, or auto (console on a terminal)")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.DurationVar(&pr.GrantorKeyRefresh, "grantor-key-refresh", processor.GrantorKeyRefreshDefault, "how old the cached grantor keys and grant_signing settings may be (a key revocation takes effect within it)")
+	fs.StringVar(&c.decisionKeyFile, "decision-signing-key-file", "", "the deployment's Ed25519 private key (PKCS#8 PEM, a mounted secret) the relay signs every published record with (docs/security.md, \"Decisions only mandated could have written\"); default: a key generated at start, which a database restored from an older backup does not know")
 	fs.StringVar(&c.failpoints, "failpoints", "", "fault injection for tests: name=action;... (see internal/failpoint)")
 }
 
@@ -142,6 +144,19 @@ func (c *config) serviceConfig(log zerolog.Logger, reg prometheus.Registerer) (p
 	// The relay publishes to the processor's decisions and dead-letter topics.
 	cfg.Relay.DecisionsTopic, cfg.Relay.DeadLetterTopic = cfg.Processor.DecisionsTopic, cfg.Processor.DeadLetterTopic
 	cfg.Registerer = reg
+	if c.decisionKeyFile != "" {
+		b, err := os.ReadFile(c.decisionKeyFile)
+		if err != nil {
+			return cfg, fmt.Errorf("--decision-signing-key-file: %w", err)
+		}
+		priv, err := wire.ParsePrivateKeyPEM(b)
+		if err != nil {
+			return cfg, fmt.Errorf("--decision-signing-key-file %s: %w", c.decisionKeyFile, err)
+		}
+		cfg.Relay.Signer = wire.NewRecordSigner(priv)
+	} else {
+		log.Warn().Msg("no --decision-signing-key-file: signing published records with a key generated now (registered at start); a database restored from a backup taken before this start cannot verify them, so production deployments give mandated a key file (mandatectl decision-keys generate)")
+	}
 	// Validate every component now, so a bad flag is named before anything connects.
 	if err := cfg.Sink.WithDefaults().Validate(); err != nil {
 		return cfg, err

@@ -14,8 +14,9 @@
 -- shard map, --shard-user mandated_gateway --shard-password-file FILE.
 
 GRANT USAGE ON SCHEMA public TO mandated_gateway;
--- Tokens and the partition count (read on the control shard).
-GRANT SELECT ON gateway_tokens, mandated_meta TO mandated_gateway;
+-- Tokens, the partition count and the decision keys the gateway checks
+-- every decision's signature with (read on the control shard).
+GRANT SELECT ON gateway_tokens, mandated_meta, decision_keys TO mandated_gateway;
 -- Status reads: an authorization, a proposal's key, a request's answer and
 -- how far its partition is consumed; a partition moved to another shard.
 GRANT SELECT ON authorizations, idempotency_keys, request_answers, mandated_partitions, mandated_moves TO mandated_gateway;

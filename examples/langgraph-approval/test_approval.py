@@ -318,16 +318,16 @@ def readme_snippet():
 
 
 def test_the_readme_langgraph_snippet_runs_as_written_and_refunds_once(dsn, gw, grant):
-    grant(uses=1, mandate_id="refund-case-1842")
+    grant(uses=1, mandate_id="refund-case-1843")  # make dev grants it for this snippet
     provider = Provider(dsn)
     with PostgresSaver.from_conn_string(dsn) as checkpointer:
         ns = {"gw": gw, "provider": provider, "checkpointer": checkpointer}
         exec(compile(readme_snippet(), "README.md (LangGraph snippet)", "exec"), ns)  # noqa: S102 - the README's own code
         state = ns["app"].get_state(ns["cfg"])
-        assert state.values["status"] == "refunded" and state.values["refund"]["order_id"] == "order-1842"
+        assert state.values["status"] == "refunded" and state.values["refund"]["order_id"] == "order-1843"
         again = ns["app"].invoke(Command(resume="approve"), ns["cfg"])  # a late resumer: nothing more happens
         assert again["refund"] == state.values["refund"]
-    assert provider.effects("order-1842") == 1
+    assert provider.effects("order-1843") == 1
 
 
 def test_the_decorator_guards_a_function_the_same_way(dsn, gw, grant):

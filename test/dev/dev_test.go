@@ -144,6 +144,18 @@ func TestMakeDevRunsTheREADMEsFirstExamplesAndStopsOnCtrlC(t *testing.T) {
 	again := run(ctx, t, "bash", "-c", "source "+env+"\nexec "+venv+" "+filepath.Join(repo, "examples", "quickstart.py"))
 	require.Equal(t, out, again, "a second run of the block gets the winner's recorded result")
 
+	// The LangGraph snippet, as the program examples/langgraph_quickstart.py
+	// (refund-case-1843; its checkpointer on make dev's PostgreSQL): the first
+	// run pauses and is resumed once, the second finds the thread as recorded.
+	lgRun := func() string {
+		out := run(ctx, t, "bash", "-c", "source "+env+"\nexec "+venv+" "+filepath.Join(repo, "examples", "langgraph_quickstart.py"))
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		return lines[len(lines)-1]
+	}
+	lgFirst := lgRun()
+	require.Regexp(t, `^refunded \{.*'order_id': 'order-1843'`, lgFirst)
+	require.Equal(t, lgFirst, lgRun(), "the restored thread prints the same recorded refund")
+
 	// The Go snippet is examples/go-quickstart's, run with go run as the
 	// README says: the same intent, so a replay with the recorded effect.
 	require.Equal(t, goSnippet(t), firstBlock(t, readme, "go", ""), "the README's Go block is examples/go-quickstart's, between its markers")
@@ -250,15 +262,18 @@ func run(ctx context.Context, t *testing.T, name string, args ...string) string 
 	return string(out)
 }
 
-// installPackage pip-installs a copy of clients/python into a virtual
-// environment, as `pip install ./clients/python` would, and returns its python.
+// installPackage pip-installs a copy of clients/python with its [langgraph]
+// extra into a virtual environment, as `pip install "./clients/python[langgraph]"`
+// would, and returns its python.
 func installPackage(ctx context.Context, t *testing.T, py string) string {
 	t.Helper()
 	dir := t.TempDir()
 	run(ctx, t, "cp", "-r", filepath.Join(repo, "clients", "python"), filepath.Join(dir, "src"))
 	run(ctx, t, py, "-m", "venv", filepath.Join(dir, "venv"))
 	venv := filepath.Join(dir, "venv", "bin", "python")
-	run(ctx, t, venv, "-m", "pip", "install", "--quiet", filepath.Join(dir, "src"))
+	// As the README says for the LangGraph snippet: the package with its
+	// [langgraph] extra (the plain package is part of it).
+	run(ctx, t, venv, "-m", "pip", "install", "--quiet", filepath.Join(dir, "src")+"[langgraph]")
 	return venv
 }
 

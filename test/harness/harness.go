@@ -7,6 +7,7 @@ package harness
 
 import (
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"os"
 	"sync"
@@ -46,6 +47,9 @@ type Harness struct {
 	TxnPrefix   string
 	Timeout     time.Duration
 	Log         zerolog.Logger
+	// Signer is the deployment's decision key every instance signs with
+	// (registered by the first start, so a backup taken after it knows it).
+	Signer *wire.RecordSigner
 
 	configure func(*processor.ServiceConfig)
 	producer  *kgo.Client
@@ -87,6 +91,9 @@ func New(t testing.TB, o Options) *Harness {
 		Log:       zerolog.New(zerolog.NewTestWriter(t)).Level(level).With().Timestamp().Logger(),
 		configure: o.Configure, instances: map[string]*Instance{},
 	}
+	_, priv, err := ed25519.GenerateKey(nil)
+	require.NoError(t, err)
+	h.Signer = wire.NewRecordSigner(priv)
 	h.Spec = processor.TopicSpec{
 		Proposals: testenv.Name(t, "proposals"), Grants: testenv.Name(t, "grants"),
 		Decisions: testenv.Name(t, "decisions"), DeadLetter: testenv.Name(t, "deadletter"),
@@ -94,7 +101,7 @@ func New(t testing.TB, o Options) *Harness {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	_, err := processor.EnsureTopics(ctx, h.Brokers, h.KafkaOpts, h.Spec)
+	_, err = processor.EnsureTopics(ctx, h.Brokers, h.KafkaOpts, h.Spec)
 	require.NoError(t, err)
 	t.Cleanup(h.deleteTopics)
 
@@ -134,7 +141,7 @@ func (h *Harness) ServiceConfig(name string) processor.ServiceConfig {
 			Owner: name, SessionTimeout: 6 * time.Second, RebalanceTimeout: 20 * time.Second,
 			OffsetCommitInterval: time.Second, StatsInterval: time.Second,
 		},
-		Relay: outbox.Config{TransactionalIDPrefix: h.TxnPrefix, IdlePoll: 200 * time.Millisecond, StatsInterval: time.Second},
+		Relay: outbox.Config{TransactionalIDPrefix: h.TxnPrefix, IdlePoll: 200 * time.Millisecond, StatsInterval: time.Second, Signer: h.Signer},
 	}
 	if h.configure != nil {
 		h.configure(&cfg)

@@ -12,6 +12,14 @@ with:
   MANDATED_TEST_CONTROL_URL the test's control plane: POST {"mandate_id", "uses", ...}
                             grants a mandate and answers once it is granted
   MANDATED_REQUIRE_GATEWAY  1: a missing variable fails instead of skipping
+
+and, for decision signatures (test_signatures_gateway.py; gateway/sigclients_test.go):
+
+  MANDATED_DECISION_KEYS         what `mandatectl decision-keys list --json` printed
+                                 (the gw fixture checks every decision with it)
+  MANDATED_UNCHECKED_GATEWAY_URL a gateway that does not check signatures
+  MANDATED_TEST_FORGER_URL       POST /hold, POST /forge {"count": n}: answers on the
+                                 topic, before mandated, the next n commands
 """
 
 import json
@@ -41,12 +49,16 @@ def gateway_env():
         "org": _env("MANDATED_GATEWAY_ORG"),
         "other_token": _env("MANDATED_OTHER_TOKEN"),
         "control": _env("MANDATED_TEST_CONTROL_URL"),
+        "decision_keys": _env("MANDATED_DECISION_KEYS"),
     }
 
 
 @pytest.fixture
 def gw(gateway_env):
-    return mandated.Client(gateway_env["url"], gateway_env["token"], gateway_env["org"], timeout=30)
+    """A client of the real gateway that acts only on decisions a key of the
+    deployment signed."""
+    return mandated.Client(gateway_env["url"], gateway_env["token"], gateway_env["org"], timeout=30,
+                           decision_keys=gateway_env["decision_keys"])
 
 
 @pytest.fixture

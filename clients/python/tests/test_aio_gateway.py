@@ -12,6 +12,7 @@ import mandated.aio
 
 
 def aclient(gateway_env, **kw):
+    kw.setdefault("decision_keys", gateway_env["decision_keys"])
     return mandated.aio.Client(gateway_env["url"], gateway_env["token"], gateway_env["org"], timeout=30, **kw)
 
 

@@ -33,10 +33,12 @@ import {
   TooManyInFlightError,
   UnauthenticatedError,
   UnavailableError,
+  UnverifiedDecisionError,
   problemError,
   type Problem,
 } from "./errors.js";
 import type { Intent } from "./intent.js";
+import { SIGNATURE_HEADER, decisionKeys, verifyDecision, type DecisionKeys, type DecisionKeysLike } from "./signatures.js";
 
 const USER_AGENT = "mandated-typescript/0.1.0";
 
@@ -71,6 +73,15 @@ export interface ClientOptions {
   headers?: () => Record<string, string>;
   /** The fetch to use. Defaults to the global one (Node ≥ 20). */
   fetch?: typeof fetch;
+  /**
+   * The deployment's decision keys (what `mandatectl decision-keys list
+   * --json` prints: a path to its file, its content parsed, or
+   * `DecisionKeys`). With them every decision read from the topic (a 200,
+   * a problem carrying a decision) must be signed by one, valid at its
+   * `decided_at`, or the call throws `UnverifiedDecisionError`; `execute`
+   * runs `fn` only on a signed licence naming its own executor.
+   */
+  decisionKeys?: DecisionKeysLike;
 }
 
 /** What every call takes besides its own arguments. */
@@ -153,6 +164,8 @@ export class Client {
   readonly settleTimeout: number;
   readonly pollInterval: number;
   readonly maxWait: number;
+  /** The keys this client checks decisions with (undefined: it does not check). */
+  readonly decisionKeys: DecisionKeys | undefined;
   readonly #token: string;
   readonly #headers: (() => Record<string, string>) | undefined;
   readonly #fetch: typeof fetch;
@@ -171,6 +184,7 @@ export class Client {
     this.maxWait = options.maxWait ?? MAX_WAIT_SECONDS_DEFAULT;
     this.#headers = options.headers;
     this.#fetch = options.fetch ?? globalThis.fetch;
+    this.decisionKeys = options.decisionKeys === undefined ? undefined : decisionKeys(options.decisionKeys);
   }
 
   // ---- paths
@@ -196,6 +210,20 @@ export class Client {
     timeout: number,
     signal: AbortSignal | undefined,
   ): Promise<{ status: number; headers: Headers; payload: unknown }> {
+    const res = await this.#send(method, path, body, headers, timeout, signal);
+    if (res.status >= 400) throw problemOf(res.status, res.payload, res.text, res.headers);
+    return res;
+  }
+
+  /** One exchange, its answer as bytes and decoded. */
+  async #send(
+    method: string,
+    path: string,
+    body: JSONObject | undefined,
+    headers: Record<string, string>,
+    timeout: number,
+    signal: AbortSignal | undefined,
+  ): Promise<{ status: number; headers: Headers; payload: unknown; bytes: Buffer; text: string }> {
     signal?.throwIfAborted();
     const url = path.startsWith("http") ? path : this.baseUrl + path;
     const h: Record<string, string> = {
@@ -208,7 +236,7 @@ export class Client {
     const timer = AbortSignal.timeout(Math.max(timeout, 1000));
     const both = signal ? AbortSignal.any([signal, timer]) : timer;
     let res: Response;
-    let text: string;
+    let bytes: Buffer;
     try {
       res = await this.#fetch(url, {
         method,
@@ -216,7 +244,7 @@ export class Client {
         body: body === undefined ? undefined : JSON.stringify(body),
         signal: both,
       });
-      text = await res.text();
+      bytes = Buffer.from(await res.arrayBuffer()); // the bytes as sent: a decision's signature covers them
     } catch (err) {
       if (signal?.aborted) throw signal.reason;
       // Nothing was answered: the command may or may not have been produced.
@@ -224,15 +252,41 @@ export class Client {
         cause: err,
       });
     }
-    const payload = parseJSON(text);
-    if (res.status >= 400) {
-      const problem: Problem =
-        payload !== null && typeof payload === "object" && !Array.isArray(payload)
-          ? (payload as Problem)
-          : { reason: `http_${res.status}`, detail: text.slice(0, 200) };
-      throw problemError(res.status, problem, retryAfter(res.headers));
+    const text = bytes.toString("utf8");
+    return { status: res.status, headers: res.headers, payload: parseJSON(text), bytes, text };
+  }
+
+  /**
+   * A command's answer, with decision keys: the decision it carries
+   * verified (a 200's body, a problem's `decision` member: the bytes
+   * mandated published), and the key that signed it.
+   */
+  #decisionAnswer(res: { status: number; headers: Headers; payload: unknown; bytes: Buffer }): string {
+    const keys = this.decisionKeys;
+    if (keys === undefined || (res.status > 200 && res.status < 400)) return "";
+    const signature = res.headers.get(SIGNATURE_HEADER);
+    const body = trim(res.bytes);
+    if (res.status === 200) return verifyDecision(keys, body, signature);
+    const payload = res.payload;
+    if (payload === null || typeof payload !== "object" || Array.isArray(payload) || !("decision" in payload)) {
+      return ""; // a problem of the gateway's own: no decision to act on
     }
-    return { status: res.status, headers: res.headers, payload };
+    const member = Buffer.from(',"decision":');
+    const i = body.indexOf(member);
+    if (i < 0 || body[body.length - 1] !== 0x7d) {
+      throw new UnverifiedDecisionError("unverified decision: the problem's decision member is not the last one, as published", "malformed", "", res.bytes);
+    }
+    const raw = trim(body.subarray(i + member.length, body.length - 1));
+    const signedBy = verifyDecision(keys, raw, signature);
+    if (!sameJSON((payload as JSONObject).decision, JSON.parse(raw.toString("utf8")))) {
+      throw new UnverifiedDecisionError(
+        "unverified decision: the problem carries another decision member than the one signed",
+        "malformed",
+        signedBy,
+        res.bytes,
+      );
+    }
+    return signedBy;
   }
 
   /**
@@ -247,19 +301,40 @@ export class Client {
     headers: Record<string, string>,
     opts: CallOptions,
     proposed?: ProposedTerms,
+    signedOnly = false,
   ): Promise<Decision> {
     const deadline = Date.now() + (opts.timeout ?? this.timeout);
     let delay = this.pollInterval;
+    // With decision keys, the licence to call the provider (a begin's
+    // answer) is only ever a signed one: an answer read back from the
+    // status URL carries no signature, so the begin is sent again once
+    // decided — the same headers: mandated answers it as a replay, from the
+    // topic, signed.
+    signedOnly = signedOnly && this.decisionKeys !== undefined;
+    let again = false;
     for (;;) {
       const remaining = Math.max(0, deadline - Date.now());
-      const wait = Math.max(0, Math.min(Math.floor(remaining / 1000), this.maxWait));
+      let wait = Math.max(0, Math.min(Math.floor(remaining / 1000), this.maxWait));
+      if (again) wait = Math.max(wait, 1); // a replay is decided at once: a wait of 0 would be answered 202 again
       try {
-        const res = await this.#http("POST", path, body, { ...headers, Prefer: `wait=${wait}` }, wait * 1000 + 10_000, opts.signal);
+        const res = await this.#send("POST", path, body, { ...headers, Prefer: `wait=${wait}` }, wait * 1000 + 10_000, opts.signal);
+        const signedBy = this.#decisionAnswer(res);
+        if (res.status >= 400) {
+          const err = problemOf(res.status, res.payload, res.text, res.headers);
+          if (err.decision !== undefined) err.decision.signedBy = signedBy;
+          throw err;
+        }
         const payload = asObject(res.payload);
-        if (res.status === 200) return new Decision(payload, proposed);
+        if (res.status === 200) {
+          const d = new Decision(payload, proposed);
+          d.signedBy = signedBy;
+          return d;
+        }
         // 202: accepted, not decided within the wait.
         const statusUrl = str(payload.status_url) || res.headers.get("location") || "";
-        return await this.#awaitRequest(statusUrl, str(payload.request_id), deadline, opts.signal, proposed);
+        const decided = await this.#awaitRequest(statusUrl, str(payload.request_id), deadline, opts.signal, proposed, signedOnly);
+        if (decided !== undefined) return decided;
+        again = true;
       } catch (err) {
         if (!(err instanceof UnavailableError || err instanceof TooManyInFlightError)) throw err;
         const left = deadline - Date.now();
@@ -276,7 +351,8 @@ export class Client {
     deadline: number,
     signal: AbortSignal | undefined,
     proposed?: ProposedTerms,
-  ): Promise<Decision> {
+    decidedOnly = false,
+  ): Promise<Decision | undefined> {
     let delay = this.pollInterval;
     for (;;) {
       let st: JSONObject = { status: "pending" };
@@ -286,6 +362,7 @@ export class Client {
         if (!(err instanceof UnavailableError)) throw err;
       }
       if (st.status === "decided") {
+        if (decidedOnly) return undefined;
         const raw = asObject(st.decision);
         const d = new Decision(raw, proposed);
         const code = typeof st.http_status === "number" && st.http_status ? st.http_status : 200;
@@ -344,7 +421,7 @@ export class Client {
   async begin(approval: Approval, opts: CallOptions & { executor?: string } = {}): Promise<Decision> {
     const ref = refOf(approval);
     const headers: Record<string, string> = opts.executor ? { Executor: opts.executor } : {};
-    return this.#command(`${this.#authPath(ref)}/begin`, undefined, headers, opts);
+    return this.#command(`${this.#authPath(ref)}/begin`, undefined, headers, opts, undefined, true);
   }
 
   /** Records the effect: the provider's reference and an optional result every later caller is shown. */
@@ -521,6 +598,17 @@ export class Client {
       begun.outcome === "executing" ||
       (begun.outcome === "replayed" && begun.originalOutcome === "executing" && begun.state === "executing")
     ) {
+      const wonBy = begun.authorization.executor;
+      if (this.decisionKeys !== undefined && wonBy !== executor) {
+        // Signed, but not the answer to this begin: mandated's answer to
+        // another executor's, handed to this one. Never a licence.
+        throw new UnverifiedDecisionError(
+          `unverified decision: a decision signed by ${begun.signedBy} lets executor ${JSON.stringify(wonBy)} execute, ` +
+            `not this call's ${JSON.stringify(executor)}: it answers another begin`,
+          "not_this_command",
+          begun.signedBy,
+        );
+      }
       return this.#runWinner(ref, begun, fn, opts.signal);
     }
     if (begun.terminal || begun.state === "in_doubt" || begun.state === "executing") {
@@ -573,7 +661,8 @@ export class Client {
       }
     } catch (err) {
       if (err instanceof InDoubtError) throw err;
-      if (err instanceof NoDecisionError || err instanceof ProblemError) {
+      // (An answer to the commit that is not mandated's says nothing of whether it was recorded.)
+      if (err instanceof NoDecisionError || err instanceof ProblemError || err instanceof UnverifiedDecisionError) {
         const ex = newExecution({ ran: true, externalRef: effect?.externalRef ?? "", result: effect?.result });
         throw new InDoubtError(`fn ran but its outcome was not recorded: ${describe(err)}`, ex, { cause: err });
       }
@@ -792,6 +881,35 @@ function describe(err: unknown): string {
     return cause instanceof Error && cause.message && !err.message.includes(cause.message) ? `${err.message} (${cause.message})` : err.message;
   }
   return String(err);
+}
+
+/** The typed error of a problem answer. */
+function problemOf(status: number, payload: unknown, text: string, headers: Headers): ProblemError {
+  const problem: Problem =
+    payload !== null && typeof payload === "object" && !Array.isArray(payload)
+      ? (payload as Problem)
+      : { reason: `http_${status}`, detail: text.slice(0, 200) };
+  return problemError(status, problem, retryAfter(headers));
+}
+
+/** b without the ASCII white space around it (a decision starts with `{` and ends with `}`). */
+function trim(b: Buffer): Buffer {
+  let i = 0;
+  let j = b.length;
+  while (i < j && (b[i] === 0x20 || b[i] === 0x0a || b[i] === 0x0d || b[i] === 0x09)) i++;
+  while (j > i && (b[j - 1] === 0x20 || b[j - 1] === 0x0a || b[j - 1] === 0x0d || b[j - 1] === 0x09)) j--;
+  return b.subarray(i, j);
+}
+
+/** Whether two parsed JSON values are equal (objects by members, in any order). */
+function sameJSON(a: unknown, b: unknown): boolean {
+  if (a === b) return true;
+  if (a === null || b === null || typeof a !== "object" || typeof b !== "object") return false;
+  if (Array.isArray(a) !== Array.isArray(b)) return false;
+  const ka = Object.keys(a as object);
+  const kb = Object.keys(b as object);
+  if (ka.length !== kb.length) return false;
+  return ka.every((k) => Object.hasOwn(b as object, k) && sameJSON((a as Record<string, unknown>)[k], (b as Record<string, unknown>)[k]));
 }
 
 function parseJSON(text: string): unknown {

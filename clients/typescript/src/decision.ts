@@ -14,6 +14,12 @@ export type TermField = "amount" | "currency" | "operation" | "target";
 export class Decision {
   readonly raw: JSONObject;
   readonly #proposed: ProposedTerms | undefined;
+  /**
+   * The id of the deployment's key whose signature this client verified
+   * ("" when it checked none: a client without `decisionKeys`, or an answer
+   * read back from a status URL).
+   */
+  signedBy = "";
 
   /**
    * `proposed` is what the proposal this decision answers asked for: a

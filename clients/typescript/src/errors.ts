@@ -218,6 +218,51 @@ export class ReplayDiffersError extends MandatedError {
   }
 }
 
+/** Which check an `UnverifiedDecisionError` failed. */
+export type UnverifiedKind =
+  | "no_header"
+  | "malformed"
+  | "hash_mismatch"
+  | "unknown_key"
+  | "bad_signature"
+  | "key_not_valid"
+  | "not_this_command";
+
+/**
+ * An answer that claims to be mandated's decision and is not signed by a
+ * key of the deployment valid when it was decided (a client configured with
+ * `decisionKeys`): someone other than mandated wrote it — a producer holding
+ * mandated's Kafka credential, behind a gateway that does not check — or
+ * the bytes were changed on the way. Nothing acts on it (Python
+ * `mandated.UnverifiedDecision`, Go `client.ErrUnverifiedDecision`).
+ *
+ * `kind`: `no_header` (no `Mandated-Signature`), `malformed` (a header or a
+ * decision that does not parse), `hash_mismatch` (the bytes do not hash to
+ * the decision's `hash`: changed after mandated published them),
+ * `unknown_key` (a key id the configured keys do not have), `bad_signature`
+ * (that key did not sign this decision), `key_not_valid` (the key was not
+ * valid at the decision's `decided_at`), `not_this_command` (a decision a
+ * key of the deployment signed that does not answer this call: `execute`'s
+ * begin answered with another executor's licence). `keyId` is the key the
+ * header named; `body` the answer's bytes, for the log — never to act on.
+ *
+ * After `execute`'s begin: this call never ran the function; its begin may
+ * still be decided by mandated (the authorization then goes in doubt at its
+ * execution deadline, for a reconciler).
+ */
+export class UnverifiedDecisionError extends MandatedError {
+  readonly kind: UnverifiedKind;
+  readonly keyId: string;
+  readonly body: Uint8Array;
+
+  constructor(message: string, kind: UnverifiedKind, keyId = "", body: Uint8Array = new Uint8Array(), options?: { cause?: unknown }) {
+    super(message, options);
+    this.kind = kind;
+    this.keyId = keyId;
+    this.body = body;
+  }
+}
+
 /**
  * A guard cannot tell this effect from another one with the facts it has
  * (two guarded calls of one action in one task, a subgraph run by one of

@@ -63,9 +63,22 @@ export {
   TooManyInFlightError,
   UnauthenticatedError,
   UnavailableError,
+  UnverifiedDecisionError,
   problemError,
   type Problem,
+  type UnverifiedKind,
 } from "./errors.js";
+export {
+  DecisionKeys,
+  SIGNATURE_HEADER,
+  keyId,
+  loadDecisionKeys,
+  parseTime,
+  publicKeyFromPEM,
+  verifyDecision,
+  type DecisionKey,
+  type DecisionKeysLike,
+} from "./signatures.js";
 export { intentKey, type Intent } from "./intent.js";
 
 export const VERSION = "0.1.0";

@@ -12,6 +12,14 @@
 //   MANDATED_TEST_CONTROL_URL the test's control plane: POST {"mandate_id", "uses", ...}
 //                             grants a mandate and answers once it is granted
 //   MANDATED_REQUIRE_GATEWAY  1: a missing variable fails instead of skipping
+//
+// and, for decision signatures (signatures/gateway.test.mjs; gateway/sigclients_test.go):
+//
+//   MANDATED_DECISION_KEYS         what `mandatectl decision-keys list --json` printed
+//                                  (client() checks every decision with it)
+//   MANDATED_UNCHECKED_GATEWAY_URL a gateway that does not check signatures
+//   MANDATED_TEST_FORGER_URL       POST /hold, POST /forge {"count": n}: answers on the
+//                                  topic, before mandated, the next n commands
 import { randomBytes } from "node:crypto";
 
 import { Client } from "@mandated/client";
@@ -38,9 +46,11 @@ export function env() {
   };
 }
 
+/** A client of the real gateway that acts only on decisions a key of the deployment signed (when the keys are given). */
 export function client(opts = {}) {
   const e = env();
-  return new Client({ baseUrl: e.url, token: e.token, org: e.org, timeout: 30_000, ...opts });
+  const keys = process.env.MANDATED_DECISION_KEYS;
+  return new Client({ baseUrl: e.url, token: e.token, org: e.org, timeout: 30_000, ...(keys ? { decisionKeys: keys } : {}), ...opts });
 }
 
 export function uid(n = 6) {

@@ -38,7 +38,9 @@ from .errors import (
     TooManyInFlight,
     Unauthenticated,
     Unavailable,
+    UnverifiedDecision,
 )
+from .signatures import DecisionKey, DecisionKeys, load_decision_keys, verify_decision
 
 __version__ = "0.2.0"
 
@@ -47,5 +49,6 @@ __all__ = [
     "Execution", "Forbidden", "IdempotencyConflict", "InDoubt", "InProgress", "InvalidCommand", "InvalidEffect",
     "JSONObject", "MandatedError", "MethodNotAllowed", "NoDecision", "NotCommitted", "NotExecuted",
     "NotFound", "OutcomeUnknown", "ProblemError", "Refused", "ReplayDiffers", "TERMINAL_STATES", "TooManyInFlight",
-    "Unauthenticated", "Unavailable", "intent_key", "read_target", "ref",
+    "Unauthenticated", "Unavailable", "UnverifiedDecision", "DecisionKey", "DecisionKeys", "intent_key",
+    "load_decision_keys", "read_target", "ref", "verify_decision",
 ]

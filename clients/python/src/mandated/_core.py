@@ -43,8 +43,10 @@ from .errors import (
     TooManyInFlight,
     Unauthenticated,
     Unavailable,
+    UnverifiedDecision,
     problem_error,
 )
+from .signatures import HEADER, DecisionKeys, DecisionKeysLike, decision_keys, verify_decision
 
 USER_AGENT = "mandated-python/0.2.0"
 
@@ -119,6 +121,7 @@ class Config:
     settle_timeout: float = 30.0
     max_wait: int = 30
     loser_wait: float = 5.0
+    decision_keys: DecisionKeysLike | None = None
 
     def __post_init__(self) -> None:
         if not self.base_url:
@@ -126,6 +129,14 @@ class Config:
         if not self.token:
             raise ValueError("token is required (mandatectl tokens create ORG)")
         self.base_url = self.base_url.rstrip("/")
+        if self.decision_keys is not None:
+            self.decision_keys = decision_keys(self.decision_keys)
+
+    @property
+    def keys(self) -> DecisionKeys | None:
+        """The deployment's keys every decision read from the topic must be
+        signed with (None: not checked)."""
+        return self.decision_keys if isinstance(self.decision_keys, DecisionKeys) else None
 
     def mandate_path(self, mandate_id: str) -> str:
         return "/v1/orgs/" + _q(self.org) + "/mandates/" + _q(mandate_id)
@@ -171,6 +182,15 @@ def exchange(cfg: Config, method: str, path: str, body: JSONObject | None = None
              timeout: float = 30.0) -> Flow[tuple[int, dict[str, str], Any]]:
     """One request: its status, headers and decoded JSON answer. A problem
     answer raises its typed error; no answer raises ``Unavailable``."""
+    resp = yield from _send(cfg, method, path, body, headers, timeout)
+    payload = _json(resp.body)
+    if resp.status >= 400:
+        raise _problem(resp, payload)
+    return resp.status, resp.headers, payload
+
+
+def _send(cfg: Config, method: str, path: str, body: JSONObject | None, headers: Mapping[str, str] | None,
+          timeout: float) -> Flow[Response]:
     url = path if path.startswith("http") else cfg.base_url + path
     data = None if body is None else json.dumps(body, separators=(",", ":")).encode("utf-8")
     hdrs = {"Authorization": "Bearer " + cfg.token, "Accept": "application/json, application/problem+json",
@@ -181,35 +201,88 @@ def exchange(cfg: Config, method: str, path: str, body: JSONObject | None = None
         hdrs.update(cfg.headers())
     hdrs.update(headers or {})
     try:
-        resp = yield Request(method, url, hdrs, data, max(timeout, 1.0))
+        resp: Response = yield Request(method, url, hdrs, data, max(timeout, 1.0))
     except OSError as err:
         # Nothing was answered: the command may or may not have been produced.
         raise Unavailable(503, {"reason": "unavailable", "detail": f"the gateway did not answer: {err}"}, 1.0) from None
-    payload = _json(resp.body)
-    if resp.status >= 400:
-        problem = payload if isinstance(payload, dict) else {"reason": f"http_{resp.status}",
-                                                             "detail": str(payload)[:200]}
-        raise problem_error(resp.status, problem, _retry_after(resp.headers))
-    return resp.status, resp.headers, payload
+    return resp
+
+
+def _problem(resp: Response, payload: Any) -> ProblemError:
+    problem = payload if isinstance(payload, dict) else {"reason": f"http_{resp.status}", "detail": str(payload)[:200]}
+    return problem_error(resp.status, problem, _retry_after(resp.headers))
 
 
 def command(cfg: Config, mandate_id: str, path: str, body: JSONObject | None, headers: Mapping[str, str],
-            timeout: float | None) -> Flow[Decision]:
+            timeout: float | None, signed_only: bool = False) -> Flow[Decision]:
     """Sends one command and returns its decision: 200 at once, or after a
-    202 from the request's status URL, polled until the deadline."""
+    202 from the request's status URL, polled until the deadline.
+
+    With decision keys, an answer read from the topic (a 200, a problem
+    carrying a decision) must be signed by one (else ``UnverifiedDecision``).
+    An answer read back from the status URL carries no signature: with
+    ``signed_only`` (a begin: the licence to call the provider) the command
+    is sent again once the status says it is decided — the same headers,
+    so mandated answers it as a replay, from the topic, signed."""
     deadline = time.monotonic() + (cfg.timeout if timeout is None else timeout)
-    remaining = max(0.0, deadline - time.monotonic())
-    wait = max(0, min(int(remaining), cfg.max_wait))
-    status, hdrs, payload = yield from exchange(cfg, "POST", path, body, dict(headers, Prefer=f"wait={wait}"),
-                                                timeout=wait + 10)
-    if status == 200:
-        return Decision(payload)
-    # 202: accepted, not decided within the wait.
-    return (yield from await_request(cfg, payload.get("status_url") or hdrs.get("location", ""),
-                                     payload.get("request_id", ""), deadline))
+    signed_only = signed_only and cfg.keys is not None
+    again = False
+    while True:
+        remaining = max(0.0, deadline - time.monotonic())
+        wait = max(0, min(int(remaining), cfg.max_wait))
+        if again:
+            wait = max(wait, 1)  # the replay is decided at once: a wait of 0 would be answered 202 again
+        resp = yield from _send(cfg, "POST", path, body, dict(headers, Prefer=f"wait={wait}"), wait + 10)
+        payload, signed_by = _decision_answer(cfg, resp)
+        if resp.status >= 400:
+            err = _problem(resp, payload)
+            if err.decision is not None:
+                err.decision.signed_by = signed_by
+            raise err
+        if resp.status == 200:
+            return Decision(payload, signed_by=signed_by)
+        # 202: accepted, not decided within the wait.
+        status_url = payload.get("status_url") or resp.headers.get("location", "")
+        decided = yield from await_request(cfg, status_url, payload.get("request_id", ""), deadline,
+                                           decided_only=signed_only)
+        if decided is not None:
+            return decided
+        again = True
 
 
-def await_request(cfg: Config, status_url: str, request_id: str, deadline: float) -> Flow[Decision]:
+def _decision_answer(cfg: Config, resp: Response) -> tuple[Any, str]:
+    """A command's answer, decoded; with decision keys, the decision it
+    carries verified (a 200's body, a problem's ``decision`` member: the
+    bytes mandated published) and the key that signed it."""
+    keys = cfg.keys
+    payload = _json(resp.body)
+    if keys is None or 200 < resp.status < 400:
+        return payload, ""
+    signature = resp.headers.get(HEADER.lower())
+    body = resp.body.strip()
+    if resp.status == 200:
+        return payload, verify_decision(keys, body, signature)
+    if not isinstance(payload, dict) or "decision" not in payload:
+        return payload, ""  # a problem of the gateway's own: no decision to act on
+    member = b',"decision":'
+    i = body.find(member)
+    if i < 0 or not body.endswith(b"}"):
+        raise UnverifiedDecision("unverified decision: the problem's decision member is not the last one, as "
+                                 "published", "malformed", body=resp.body)
+    raw = body[i + len(member):-1].strip()
+    signed_by = verify_decision(keys, raw, signature)
+    decision = json.loads(raw)
+    if payload["decision"] != decision:
+        raise UnverifiedDecision("unverified decision: the problem carries another decision member than the one "
+                                 "signed", "malformed", signed_by, resp.body)
+    return payload, signed_by
+
+
+def await_request(cfg: Config, status_url: str, request_id: str, deadline: float,
+                  decided_only: bool = False) -> Flow[Decision | None]:
+    """Polls a request's status URL until it is decided (its decision,
+    read back from PostgreSQL; None with ``decided_only``) or the deadline
+    (``NoDecision``)."""
     delay = cfg.poll_interval
     while True:
         try:
@@ -217,6 +290,8 @@ def await_request(cfg: Config, status_url: str, request_id: str, deadline: float
         except Unavailable:
             st = {"status": "pending"}
         if st.get("status") == "decided":
+            if decided_only:
+                return None
             d = Decision(st["decision"])
             code = int(st.get("http_status") or 200)
             if code != 200:
@@ -257,7 +332,10 @@ def begin(cfg: Config, approval: Approval, *, executor: str | None = None,
           timeout: float | None = None) -> Flow[Decision]:
     r = ref(approval)
     headers = {"Executor": executor} if executor else {}
-    return (yield from command(cfg, r.mandate_id, cfg.auth_path(r) + "/begin", None, headers, timeout))
+    # The licence to call the provider: with decision keys, only ever a
+    # signed answer (one read back from the status URL is asked for again).
+    return (yield from command(cfg, r.mandate_id, cfg.auth_path(r) + "/begin", None, headers, timeout,
+                               signed_only=True))
 
 
 def commit(cfg: Config, approval: Approval, *, external_ref: str, execution_token: int = 0,
@@ -410,6 +488,13 @@ def _execute(cfg: Config, r: AuthorizationRef, fn: Callable[[str], Any], timeout
         raise InDoubt(f"no answer to begin before the deadline: {err}", Execution()) from err
     if begun.outcome == "executing" or (begun.outcome == "replayed" and begun.original_outcome == "executing"
                                        and begun.state == "executing"):
+        won_by = begun.authorization.get("executor")
+        if cfg.keys is not None and won_by != executor:
+            # Signed, but not the answer to this begin: mandated's answer to
+            # another executor's, handed to this one. Never a licence.
+            raise UnverifiedDecision(f"unverified decision: a decision signed by {begun.signed_by} lets executor "
+                                     f"{won_by!r} execute, not this call's {executor!r}: it answers another begin",
+                                     "not_this_command", begun.signed_by)
         return (yield from _run_winner(cfg, r, begun, fn))
     if begun.terminal or begun.state in ("in_doubt", "executing"):
         return settled(begun)
@@ -462,7 +547,9 @@ def _run_winner(cfg: Config, r: AuthorizationRef, begun: Decision, fn: Callable[
                                     Execution(ran=True, decision=d)) from None
             raise InDoubt(f"the effect's outcome is unknown and was reported so: {fn_error}",
                           Execution(ran=True, decision=d)) from fn_error
-    except (NoDecision, ProblemError) as err:
+    except (NoDecision, ProblemError, UnverifiedDecision) as err:
+        # (An answer to the commit that is not mandated's says nothing of
+        # whether it was recorded.)
         ex = Execution(ran=True, external_ref=effect.external_ref if effect else "",
                        result=effect.result if effect else None)
         raise InDoubt(f"fn ran but its outcome was not recorded: {err}", ex) from err

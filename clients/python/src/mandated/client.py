@@ -16,6 +16,7 @@ from . import _core
 from ._core import Approval, Intent, Op
 from .decision import Decision, Effect, Execution, JSONObject
 from .errors import NotExecuted
+from .signatures import DecisionKeys, DecisionKeysLike
 
 EffectFn = Callable[[str], Effect | str]
 
@@ -39,9 +40,11 @@ class Client:
     def __init__(self, base_url: str, token: str, org: str, *, timeout: float = 30.0,
                  headers: Callable[[], Mapping[str, str]] | None = None,
                  poll_interval: float = 0.05, settle_timeout: float = 30.0, max_wait: int = 30,
-                 loser_wait: float = 5.0):
+                 loser_wait: float = 5.0,
+                 decision_keys: DecisionKeysLike | None = None):
         self._cfg = _core.Config(base_url, token, org, timeout=timeout, headers=headers, poll_interval=poll_interval,
-                                 settle_timeout=settle_timeout, max_wait=max_wait, loser_wait=loser_wait)
+                                 settle_timeout=settle_timeout, max_wait=max_wait, loser_wait=loser_wait,
+                                 decision_keys=decision_keys)
 
     @property
     def base_url(self) -> str:
@@ -54,6 +57,12 @@ class Client:
     @property
     def timeout(self) -> float:
         return self._cfg.timeout
+
+    @property
+    def decision_keys(self) -> DecisionKeys | None:
+        """The deployment's keys this client checks decisions with (None:
+        it does not check)."""
+        return self._cfg.keys
 
     def _run(self, flow: _core.Flow[_core.T]) -> _core.T:
         return _core.run(flow, perform)

@@ -41,10 +41,14 @@ def _obj(v: Any) -> JSONObject:
 
 class Decision:
     """One decision as published on the decisions topic (wire v1). ``raw``
-    is the whole JSON object; the common members are attributes."""
+    is the whole JSON object; the common members are attributes.
+    ``signed_by`` is the id of the deployment's key whose signature this
+    client verified ("" when it checked none: a client without
+    ``decision_keys``, or an answer read back from a status URL)."""
 
-    def __init__(self, raw: JSONObject):
+    def __init__(self, raw: JSONObject, signed_by: str = ""):
         self.raw = raw
+        self.signed_by = signed_by
 
     def __repr__(self) -> str:
         return (f"Decision(outcome={self.outcome!r}, reason={self.reason!r}, "

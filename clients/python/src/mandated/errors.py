@@ -150,6 +150,41 @@ class ReplayDiffers(MandatedError):
         self.authorization_id = decision.authorization_id if decision is not None else ""
 
 
+class UnverifiedDecision(MandatedError):
+    """An answer that claims to be mandated's decision and is not signed by
+    a key of the deployment valid when it was decided (a client configured
+    with ``decision_keys``): someone other than mandated wrote it — a
+    producer holding mandated's Kafka credential, behind a gateway that does
+    not check; or the bytes were changed on the way. Nothing acts on it.
+
+    ``kind`` says which check failed: ``no_header`` (no
+    ``Mandated-Signature``), ``malformed`` (a header or a decision that does
+    not parse), ``hash_mismatch`` (the decision's bytes do not hash to its
+    ``hash``: changed after mandated published them), ``unknown_key`` (a key
+    id the configured keys do not have), ``bad_signature`` (that key did not
+    sign this decision), ``key_not_valid`` (the key was not valid at the
+    decision's ``decided_at``: revoked, expired or not yet valid).
+    ``not_this_command`` is a decision a key of the deployment signed that
+    does not answer this call's command (``execute``'s begin answered with
+    another executor's licence: a gateway replaying mandated's answers).
+    ``key_id`` is the key the header named ("" when none); ``body`` the
+    answer's bytes as received, for the log — never to act on.
+
+    After ``execute``'s begin it means: this call never ran the function;
+    its begin may still be decided by mandated (then the authorization goes
+    in doubt at its execution deadline, for a reconciler)."""
+
+    #: What a decision's bytes and signature can fail (``not_this_command``
+    #: is about which command a signed decision answers).
+    KINDS = ("no_header", "malformed", "hash_mismatch", "unknown_key", "bad_signature", "key_not_valid")
+
+    def __init__(self, message: str, kind: str, key_id: str = "", body: bytes = b""):
+        super().__init__(message)
+        self.kind = kind
+        self.key_id = key_id
+        self.body = body
+
+
 class NotCommitted(MandatedError):
     """``execute``: the authorization ended without an effect (cancelled,
     expired, revoked) or could not be begun."""

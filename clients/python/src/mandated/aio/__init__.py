@@ -28,6 +28,7 @@ from typing import Any
 from .. import _core
 from .._core import Approval, Intent, Op
 from ..decision import Decision, Effect, Execution, JSONObject
+from ..signatures import DecisionKeys, DecisionKeysLike
 from . import _http
 
 AsyncEffectFn = Callable[[str], Awaitable[Effect | str] | Effect | str]
@@ -45,9 +46,11 @@ class Client:
                  headers: Callable[[], Mapping[str, str]] | None = None,
                  poll_interval: float = 0.05, settle_timeout: float = 30.0, max_wait: int = 30,
                  loser_wait: float = 5.0,
+                 decision_keys: DecisionKeysLike | None = None,
                  ssl_context: ssl.SSLContext | None = None):
         self._cfg = _core.Config(base_url, token, org, timeout=timeout, headers=headers, poll_interval=poll_interval,
-                                 settle_timeout=settle_timeout, max_wait=max_wait, loser_wait=loser_wait)
+                                 settle_timeout=settle_timeout, max_wait=max_wait, loser_wait=loser_wait,
+                                 decision_keys=decision_keys)
         self._ssl = ssl_context
 
     @property
@@ -61,6 +64,12 @@ class Client:
     @property
     def timeout(self) -> float:
         return self._cfg.timeout
+
+    @property
+    def decision_keys(self) -> DecisionKeys | None:
+        """The deployment's keys this client checks decisions with (None:
+        it does not check)."""
+        return self._cfg.keys
 
     async def _run(self, flow: _core.Flow[_core.T]) -> _core.T:
         return await run(flow, self._perform)
