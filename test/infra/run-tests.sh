@@ -154,7 +154,7 @@ if [ -z "${MANDATED_TEST_KAFKA_SASL_BROKERS:-}" ]; then
 	MANDATED_TEST_KAFKA_SASL_BROKERS=$(svc kafka-sasl brokers)
 fi
 MANDATED_TEST_CLUSTER=${MANDATED_TEST_CLUSTER:-1}
-if [ "$MANDATED_TEST_CLUSTER" = 1 ]; then
+if [ "$MANDATED_TEST_CLUSTER" = 1 ] && [ -z "${MANDATED_TEST_CLUSTER_BROKERS:-}" ]; then
 	want cluster
 	MANDATED_TEST_CLUSTER_BROKERS=$(svc cluster brokers)
 fi
