@@ -13,9 +13,12 @@ help: ## Show this list of targets
 
 ##@ Tests
 
-.PHONY: test
+.PHONY: test test-short
 test: ## Run every test under -race, starting (and afterwards stopping) the test servers not already running
 	@$(INFRA)/run-tests.sh
+
+test-short: ## The everyday loop (~3 min): the same under -short — no fault suite, e2e, deploy, cluster, private servers, npm/pip or browser (docs/tests.md)
+	@MANDATED_TEST_CLUSTER=0 GO_TEST_FLAGS="-short $${GO_TEST_FLAGS:-}" $(INFRA)/run-tests.sh
 
 ##@ Test servers (ports, dirs and env vars: test/infra/README.md)
 

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mandated/mandated/sink"
-	"github.com/mandated/mandated/test/testenv"
+	"github.com/mandated/mandated/test/testdb"
 )
 
 // TestTheMoveCopiesEveryTableWithAPartitionColumn: a table added later
@@ -17,7 +17,7 @@ import (
 func TestTheMoveCopiesEveryTableWithAPartitionColumn(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, testenv.Database(t))
+	conn, err := pgx.Connect(ctx, testdb.Migrated(t))
 	require.NoError(t, err)
 	defer conn.Close(ctx)
 	_, err = sink.Migrate(ctx, conn)

@@ -24,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mandated/mandated/client"
+	"github.com/mandated/mandated/test/testenv"
 	"github.com/mandated/mandated/wire"
 )
 
@@ -38,6 +39,7 @@ import (
 // installs them); MANDATED_TEST_PYTHON=skip skips it on purpose.
 func TestPythonPackage(t *testing.T) {
 	t.Parallel()
+	testenv.SkipInShortTier(t, "pip-installs the Python package, ruff and mypy into a virtual environment and runs its pytest suite")
 	if os.Getenv("MANDATED_TEST_PYTHON") == "skip" {
 		t.Skip("MANDATED_TEST_PYTHON=skip")
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/sink/shardmap"
 	"github.com/mandated/mandated/test/harness"
+	"github.com/mandated/mandated/test/testdb"
 	"github.com/mandated/mandated/test/testenv"
 	"github.com/mandated/mandated/wire"
 )
@@ -118,7 +119,7 @@ func writeMap(t *testing.T, path string, shards [][3]string) {
 func TestGatewayReadsEachStatusOnItsMandatesShardAsTheDocumentedRole(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	urls := map[string]string{"ctl": testenv.Database(t), "a": testenv.Database(t), "b": testenv.Database(t)}
+	urls := map[string]string{"ctl": testdb.Migrated(t), "a": testdb.Migrated(t), "b": testdb.Migrated(t)}
 	dir := t.TempDir()
 	procMap := filepath.Join(dir, "processors.yaml")
 	writeMap(t, procMap, [][3]string{{"ctl", "0", urls["ctl"]}, {"a", "1", urls["a"]}, {"b", "2-3", urls["b"]}})

@@ -17,6 +17,7 @@ import (
 	"github.com/mandated/mandated/gateway"
 	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/test/testdb"
 	"github.com/mandated/mandated/test/testenv"
 )
 
@@ -32,7 +33,7 @@ func TestGatewayKafkaDownIs503WithinTheWaitAndFreesTheSlot(t *testing.T) {
 		Decisions: testenv.Name(t, "decisions"), DeadLetter: testenv.Name(t, "deadletter"), Partitions: 2, ReplicationFactor: 1}
 	_, err := processor.EnsureTopics(ctx, k.Brokers, nil, spec)
 	require.NoError(t, err)
-	dbURL := testenv.Database(t)
+	dbURL := testdb.Migrated(t)
 	rw, err := pgx.Connect(ctx, dbURL)
 	require.NoError(t, err)
 	defer rw.Close(context.Background())

@@ -20,6 +20,7 @@ import (
 	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/test/testdb"
 	"github.com/mandated/mandated/test/testenv"
 	"github.com/mandated/mandated/wire"
 )
@@ -37,7 +38,7 @@ type testBundle struct {
 
 func setup(t *testing.T, partitions int32) *testBundle {
 	t.Helper()
-	return setupOn(t, partitions, testenv.KafkaBrokers(t), testenv.Database(t))
+	return setupOn(t, partitions, testenv.KafkaBrokers(t), testdb.Migrated(t))
 }
 
 func setupOn(t *testing.T, partitions int32, brokers []string, dbURL string) *testBundle {
@@ -48,7 +49,7 @@ func setupOn(t *testing.T, partitions int32, brokers []string, dbURL string) *te
 // setupWith is setup with a sink configuration of the test's own.
 func setupWith(t *testing.T, partitions int32, cfg sink.Config) *testBundle {
 	t.Helper()
-	cfg.DatabaseURL = testenv.Database(t)
+	cfg.DatabaseURL = testdb.Migrated(t)
 	return setupOnWith(t, partitions, testenv.KafkaBrokers(t), cfg)
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/sink/shardmap"
+	"github.com/mandated/mandated/test/testdb"
 	"github.com/mandated/mandated/test/testenv"
 )
 
@@ -42,7 +43,7 @@ func setupShards(t *testing.T) *shardsBundle {
 	urlB, err := pgB.Database(ctx, "relay")
 	require.NoError(t, err)
 	m, err := shardmap.Parse(fmt.Appendf(nil, `{shards: [{name: a, partitions: 0-1, url: %q}, {name: b, partitions: 2-3, url: %q}]}`,
-		testenv.Database(t), urlB))
+		testdb.Migrated(t), urlB))
 	require.NoError(t, err)
 	shards, err := sink.OpenShards(ctx, sink.Config{}, m, zerolog.Nop())
 	require.NoError(t, err)

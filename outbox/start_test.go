@@ -11,6 +11,7 @@ import (
 
 	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/test/testdb"
 	"github.com/mandated/mandated/test/testenv"
 )
 
@@ -19,7 +20,7 @@ import (
 func TestRelayRunsGoroutinesOnlyBetweenStartAndStop(t *testing.T) {
 	// Not parallel: it compares the process's goroutines before and after.
 	ctx := context.Background()
-	s, err := sink.Open(ctx, sink.Config{DatabaseURL: testenv.Database(t)}, zerolog.Nop())
+	s, err := sink.Open(ctx, sink.Config{DatabaseURL: testdb.Migrated(t)}, zerolog.Nop())
 	require.NoError(t, err)
 	t.Cleanup(s.Close)
 	before := goleak.IgnoreCurrent()
@@ -48,7 +49,7 @@ func TestRelayRunsGoroutinesOnlyBetweenStartAndStop(t *testing.T) {
 func TestRelayStoppedBeforeStartNeverRuns(t *testing.T) {
 	t.Parallel()
 	cfg := outbox.Config{Brokers: testenv.KafkaBrokers(t), DecisionsTopic: testenv.Name(t, "d"), DeadLetterTopic: testenv.Name(t, "dl")}
-	s, err := sink.Open(context.Background(), sink.Config{DatabaseURL: testenv.Database(t)}, zerolog.Nop())
+	s, err := sink.Open(context.Background(), sink.Config{DatabaseURL: testdb.Migrated(t)}, zerolog.Nop())
 	require.NoError(t, err)
 	t.Cleanup(s.Close)
 	r, err := outbox.New(cfg, s.Pool(), zerolog.Nop(), nil)

@@ -14,6 +14,7 @@ import (
 	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/sink/shardmap"
 	"github.com/mandated/mandated/test/harness"
+	"github.com/mandated/mandated/test/testdb"
 	"github.com/mandated/mandated/test/testenv"
 	"github.com/mandated/mandated/wire"
 )
@@ -32,7 +33,7 @@ type shardsBundle struct {
 
 func newShardsBundle(t *testing.T) *shardsBundle {
 	t.Helper()
-	b := &shardsBundle{urlA: testenv.Database(t), urlB: testenv.Database(t), mandates: mandatePerPartition("m", 8), handoffAfter: 2 * time.Second}
+	b := &shardsBundle{urlA: testdb.Migrated(t), urlB: testenv.Database(t), mandates: mandatePerPartition("m", 8), handoffAfter: 2 * time.Second}
 	u, err := url.Parse(b.urlB)
 	require.NoError(t, err)
 	b.proxy = testenv.StartProxy(t, u.Host)

@@ -16,7 +16,7 @@ import (
 	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/sink"
-	"github.com/mandated/mandated/test/testenv"
+	"github.com/mandated/mandated/test/testdb"
 	"github.com/mandated/mandated/wire"
 )
 
@@ -37,7 +37,7 @@ var dueT0 = time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
 func setupDue(t *testing.T) *dueBundle {
 	t.Helper()
 	ctx := context.Background()
-	s, err := sink.Open(ctx, sink.Config{DatabaseURL: testenv.Database(t), MaxConns: 4}, zerolog.Nop())
+	s, err := sink.Open(ctx, sink.Config{DatabaseURL: testdb.Migrated(t), MaxConns: 4}, zerolog.Nop())
 	require.NoError(t, err)
 	t.Cleanup(s.Close)
 	require.NoError(t, s.EnsurePartitionCount(ctx, 1))

@@ -15,6 +15,7 @@ import (
 	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/sink/shardmap"
 	"github.com/mandated/mandated/test/harness"
+	"github.com/mandated/mandated/test/testdb"
 	"github.com/mandated/mandated/test/testenv"
 	"github.com/mandated/mandated/wire"
 )
@@ -35,7 +36,7 @@ func TestAShardMapReloadMovesAPartitionStuckOnItsShardsOldAddressToTheNewOne(t *
 	t.Parallel()
 	ctx := context.Background()
 	const n = 4
-	urlA, urlB := testenv.Database(t), testenv.Database(t)
+	urlA, urlB := testdb.Migrated(t), testenv.Database(t)
 	u, err := url.Parse(urlB)
 	require.NoError(t, err)
 	oldAddr, newAddr := testenv.StartProxy(t, u.Host), testenv.StartProxy(t, u.Host)

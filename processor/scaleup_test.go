@@ -113,6 +113,7 @@ func (l *resumeLog) get(p int32) int {
 // shared machine).
 func TestAScaleUpKeepsPublishingThePartitionsThatDidNotMoveWithoutPause(t *testing.T) {
 	t.Parallel()
+	testenv.SkipInShortTier(t, "a steady state, then a scale-up rebalance under load, measured")
 	const partitions = 6
 	h := harness.New(t, harness.Options{Partitions: partitions})
 	resumes := map[string]*resumeLog{}

@@ -13,7 +13,7 @@ import (
 	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/sink/shardmap"
 	"github.com/mandated/mandated/test/harness"
-	"github.com/mandated/mandated/test/testenv"
+	"github.com/mandated/mandated/test/testdb"
 	"github.com/mandated/mandated/wire"
 )
 
@@ -97,7 +97,7 @@ func TestTheSameKeyAndIntentOnTwoMandatesAreAnsweredAlikeOnOneDatabaseAndOnTwoSh
 
 	one := harness.New(t, harness.Options{Partitions: 4})
 	one.Start("one-database")
-	urlA, urlB := testenv.Database(t), testenv.Database(t)
+	urlA, urlB := testdb.Migrated(t), testdb.Migrated(t)
 	m, err := shardmap.Parse(fmt.Appendf(nil, `{shards: [{name: a, partitions: 0-1, url: %q}, {name: b, partitions: 2-3, url: %q}]}`, urlA, urlB))
 	require.NoError(t, err)
 	two := harness.New(t, harness.Options{Partitions: 4, Configure: func(c *processor.ServiceConfig) { c.Shards = m }})
@@ -135,7 +135,7 @@ func TestAConsolidationOfTwoShardsThatBoundTheSameKeyOnTwoMandatesMovesAndReplay
 	t.Parallel()
 	ctx := context.Background()
 	m1, m2 := twoMandatesOnTwoShards()
-	urlA, urlB := testenv.Database(t), testenv.Database(t)
+	urlA, urlB := testdb.Migrated(t), testdb.Migrated(t)
 	mapPath := filepath.Join(t.TempDir(), "shards.yaml")
 	require.NoError(t, os.WriteFile(mapPath, fmt.Appendf(nil,
 		"shards:\n  - name: a\n    partitions: 0-1\n    url: %q\n  - name: b\n    partitions: 2-3\n    url: %q\n", urlA, urlB), 0o644))

@@ -11,6 +11,7 @@ import (
 
 	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/test/testdb"
 	"github.com/mandated/mandated/test/testenv"
 )
 
@@ -21,7 +22,7 @@ func TestAFailedStartCanBeTriedAgainWithTheSameRegistry(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
 	cfg := processor.ServiceConfig{
-		Sink: sink.Config{DatabaseURL: testenv.Database(t)},
+		Sink: sink.Config{DatabaseURL: testdb.Migrated(t)},
 		Processor: processor.Config{Brokers: testenv.KafkaBrokers(t), Group: testenv.Name(t, "group"),
 			ProposalsTopic: testenv.Name(t, "missing-p"), GrantsTopic: testenv.Name(t, "missing-g"),
 			DecisionsTopic: testenv.Name(t, "missing-d"), DeadLetterTopic: testenv.Name(t, "missing-dl")},

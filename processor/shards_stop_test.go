@@ -13,6 +13,7 @@ import (
 	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/sink/shardmap"
 	"github.com/mandated/mandated/test/harness"
+	"github.com/mandated/mandated/test/testdb"
 	"github.com/mandated/mandated/test/testenv"
 	"github.com/mandated/mandated/wire"
 )
@@ -34,7 +35,7 @@ func TestAStoppedShardServerStallsOnlyItsPartitionsForDecidingAndPublishing(t *t
 	urlB, err := pgB.Database(ctx, "mandated")
 	require.NoError(t, err)
 	m, err := shardmap.Parse(fmt.Appendf(nil, `{shards: [{name: a, partitions: 0-2, url: %q}, {name: b, partitions: 3-5, url: %q}]}`,
-		testenv.Database(t), urlB))
+		testdb.Migrated(t), urlB))
 	require.NoError(t, err)
 	h := harness.New(t, harness.Options{Partitions: n, Configure: func(c *processor.ServiceConfig) {
 		c.Shards = m
@@ -100,7 +101,7 @@ func TestAMemberJoiningWhileAShardServerIsStoppedDecidesTheOtherShardsPartitions
 	urlB, err := pgB.Database(ctx, "mandated")
 	require.NoError(t, err)
 	m, err := shardmap.Parse(fmt.Appendf(nil, `{shards: [{name: a, partitions: 0-3, url: %q}, {name: b, partitions: 4-5, url: %q}]}`,
-		testenv.Database(t), urlB))
+		testdb.Migrated(t), urlB))
 	require.NoError(t, err)
 	h := harness.New(t, harness.Options{Partitions: n, Configure: func(c *processor.ServiceConfig) {
 		c.Shards = m

@@ -14,6 +14,7 @@ import (
 	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/sink/shardmap"
 	"github.com/mandated/mandated/test/harness"
+	"github.com/mandated/mandated/test/testdb"
 	"github.com/mandated/mandated/test/testenv"
 	"github.com/mandated/mandated/wire"
 )
@@ -127,7 +128,7 @@ func TestTwoShardsDecideTheirOwnPartitionsAndAShardDownStallsOnlyItsOwn(t *testi
 func TestAPodRestartedDuringAShardOutageDecidesTheOtherShardsPartitionsAtOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	urlA := testenv.Database(t)
+	urlA := testdb.Migrated(t)
 	pgB := testenv.PrivatePostgres(t)
 	urlB, err := pgB.Database(ctx, "mandated")
 	require.NoError(t, err)

@@ -17,6 +17,7 @@ import (
 	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/sink/shardmap"
+	"github.com/mandated/mandated/test/testdb"
 	"github.com/mandated/mandated/test/testenv"
 )
 
@@ -65,7 +66,7 @@ func writeMap(t *testing.T, yaml string) (string, *sink.Shards) {
 func TestAMovedPartitionIsCopiedWhole_FencedAndReadOnlyAtTheSource_AndContinuesOnTheTarget(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	urlA, urlB := testenv.Database(t), testenv.Database(t)
+	urlA, urlB := testdb.Migrated(t), testdb.Migrated(t)
 	path, sh := writeMap(t, fmt.Sprintf("# two shards\nshards:\n  - name: a  # the first\n    partitions: 0-1\n    url: %q\n  - name: b\n    partitions: 2-3\n    url: %q\n", urlA, urlB))
 	a := sh.For(1)
 	c, err := a.Claim(ctx, 1, "owner")
@@ -176,7 +177,7 @@ func TestAMovedPartitionIsCopiedWhole_FencedAndReadOnlyAtTheSource_AndContinuesO
 
 	// To a new shard: a migrated database the map does not name yet; a
 	// reload opens it.
-	urlC := testenv.Database(t)
+	urlC := testdb.Migrated(t)
 	fresh, err := sink.Open(ctx, sink.Config{DatabaseURL: urlC}, zerolog.Nop())
 	require.NoError(t, err)
 	fresh.Close()
@@ -201,7 +202,7 @@ func TestAMovedPartitionIsCopiedWhole_FencedAndReadOnlyAtTheSource_AndContinuesO
 func TestAMoveIsRefusedWithNothingChanged(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	urlA, urlB := testenv.Database(t), testenv.Database(t)
+	urlA, urlB := testdb.Migrated(t), testdb.Migrated(t)
 	_, sh := writeMap(t, fmt.Sprintf("shards: [{name: a, partitions: 0-1, url: %q}, {name: b, partitions: 2-3, url: %q}]", urlA, urlB))
 	_, err := sh.For(1).Claim(ctx, 1, "owner")
 	require.NoError(t, err)
@@ -221,7 +222,7 @@ func TestAMoveIsRefusedWithNothingChanged(t *testing.T) {
 	require.NoError(t, other.EnsurePartitionCount(ctx, 8))
 	other.Close()
 
-	single := testenv.Database(t)
+	single := testdb.Migrated(t)
 	one, err := sink.Open(ctx, sink.Config{DatabaseURL: single}, zerolog.Nop())
 	require.NoError(t, err)
 	require.NoError(t, one.EnsurePartitionCount(ctx, 4))

@@ -15,6 +15,7 @@ import (
 
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/sink/shardmap"
+	"github.com/mandated/mandated/test/testdb"
 	"github.com/mandated/mandated/test/testenv"
 )
 
@@ -69,7 +70,7 @@ shards:
 // databases of the test server.
 func twoShards(t *testing.T) (*sink.Shards, string, string) {
 	t.Helper()
-	urlA, urlB := testenv.Database(t), testenv.Database(t)
+	urlA, urlB := testdb.Migrated(t), testdb.Migrated(t)
 	m := shardMap(t, fmt.Sprintf(`{shards: [{name: a, partitions: 0-1, url: %q}, {name: b, partitions: 2-3, url: %q}]}`, urlA, urlB))
 	sh, err := openShards(t, m)
 	require.NoError(t, err)
@@ -158,7 +159,7 @@ func openPool(t *testing.T, url string) *pgxpool.Pool {
 func TestAReloadThatChangesAShardsURLReplacesItsSink(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	urlA, urlB := testenv.Database(t), testenv.Database(t)
+	urlA, urlB := testdb.Migrated(t), testdb.Migrated(t)
 	proxyA, proxyB := testenv.StartProxy(t, hostOf(t, urlA)), testenv.StartProxy(t, hostOf(t, urlB))
 	path := filepath.Join(t.TempDir(), "shards.yaml")
 	write := func(a, b string) {

@@ -15,6 +15,7 @@ import (
 	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/test/testdb"
 	"github.com/mandated/mandated/test/testenv"
 	"github.com/mandated/mandated/wire"
 )
@@ -32,7 +33,7 @@ func setup(t *testing.T, mods ...func(*sink.Config)) *testBundle {
 // setupN is setup for topics of n partitions.
 func setupN(t *testing.T, n int32, mods ...func(*sink.Config)) *testBundle {
 	t.Helper()
-	url := testenv.Database(t)
+	url := testdb.Migrated(t)
 	cfg := sink.Config{DatabaseURL: url, TakeoverGrace: 500 * time.Millisecond, IdleInTxTimeout: 30 * time.Second}
 	for _, m := range mods {
 		m(&cfg)

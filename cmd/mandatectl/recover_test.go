@@ -17,7 +17,7 @@ import (
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/sink/shardmap"
 	"github.com/mandated/mandated/test/harness"
-	"github.com/mandated/mandated/test/testenv"
+	"github.com/mandated/mandated/test/testdb"
 	"github.com/mandated/mandated/verify"
 	"github.com/mandated/mandated/wire"
 )
@@ -63,7 +63,7 @@ func partitionRow(t *testing.T, url string, p int32) bool {
 func TestRecoverWithAShardMapRoutesEachPartitionToItsShard(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	urlA, urlB, urlRestored := testenv.Database(t), testenv.Database(t), testenv.Database(t)
+	urlA, urlB, urlRestored := testdb.Migrated(t), testdb.Migrated(t), testdb.Migrated(t)
 	dir := t.TempDir()
 	// The backup of shard b: its layout recorded, partition 1 never claimed.
 	restoredMap := filepath.Join(dir, "restored.yaml")

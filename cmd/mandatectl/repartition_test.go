@@ -16,6 +16,7 @@ import (
 	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/sink/shardmap"
+	"github.com/mandated/mandated/test/testdb"
 	"github.com/mandated/mandated/test/testenv"
 )
 
@@ -96,7 +97,7 @@ func TestRepartitionGrowsFrom3To6OnceAndARunAgainFindsItDone(t *testing.T) {
 func TestRepartitionOfAShardMapRefusesPartitionsOnTwoShards(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	urlA, urlB := testenv.Database(t), testenv.Database(t)
+	urlA, urlB := testdb.Migrated(t), testdb.Migrated(t)
 	path := filepath.Join(t.TempDir(), "shards.yaml")
 	mapFile := fmt.Appendf(nil, "shards:\n  - name: a\n    partitions: 0-2\n    url: %q\n  - name: b\n    partitions: 3-5\n    url: %q\n", urlA, urlB)
 	require.NoError(t, os.WriteFile(path, mapFile, 0o644))

@@ -23,6 +23,7 @@ import (
 	"github.com/mandated/mandated/internal/failpoint"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/sink/shardmap"
+	"github.com/mandated/mandated/test/testdb"
 	"github.com/mandated/mandated/test/testenv"
 )
 
@@ -35,7 +36,7 @@ import (
 func TestShardsMoveRewritesTheMapAndRefusesClearly(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	urlA, urlB, urlC := testenv.Database(t), testenv.Database(t), testenv.Database(t)
+	urlA, urlB, urlC := testdb.Migrated(t), testdb.Migrated(t), testenv.Database(t)
 	path := filepath.Join(t.TempDir(), "shards.yaml")
 	require.NoError(t, os.WriteFile(path, fmt.Appendf(nil, "shards:\n  - name: a\n    partitions: 0-1\n    url: %q\n  - name: b\n    partitions: 2-3\n    url: %q\n", urlA, urlB), 0o444))
 	m, err := shardmap.Read(path)
@@ -248,7 +249,7 @@ func TestAShardsMoveKilledAtAnyPointIsCompletedByRunningItAgain(t *testing.T) {
 		for _, again := range [][]string{nil, {"--resume"}} {
 			t.Run(fmt.Sprintf("killed at %s, run again %v", c.point, again), func(t *testing.T) {
 				t.Parallel()
-				f := newMoveFixture(t, testenv.Database(t), testenv.Database(t))
+				f := newMoveFixture(t, testdb.Migrated(t), testdb.Migrated(t))
 				args := []string{"shards", "move", "1", "--to", "b", "--shard-map", f.path}
 				r, killed := ctlProcess(t, []string{"MANDATED_FAILPOINTS=" + c.point + "=kill"}, args...)
 				require.True(t, killed, "killed at %s: %s", c.point, r)
@@ -280,7 +281,7 @@ func TestAShardsMoveKilledAtAnyPointIsCompletedByRunningItAgain(t *testing.T) {
 // map file; the second says it waited for the map's lock.
 func TestTwoConcurrentShardsMovesBothLandInTheMap(t *testing.T) {
 	t.Parallel()
-	f := newMoveFixture(t, testenv.Database(t), testenv.Database(t))
+	f := newMoveFixture(t, testdb.Migrated(t), testdb.Migrated(t))
 	secondReady := make(chan struct{})
 	var once sync.Once
 	ready := func() { once.Do(func() { close(secondReady) }) }
@@ -342,8 +343,8 @@ func withPassword(t *testing.T, raw, password string) (string, string) {
 // completed by running it again.
 func TestShardsMoveNeverPrintsTheSecretsOfAMap(t *testing.T) {
 	t.Parallel()
-	urlA, secretA := withPassword(t, testenv.Database(t), "pw-s3cret-a")
-	urlB, secretB := withPassword(t, testenv.Database(t), "pw-s3cret-b")
+	urlA, secretA := withPassword(t, testdb.Migrated(t), "pw-s3cret-a")
+	urlB, secretB := withPassword(t, testdb.Migrated(t), "pw-s3cret-b")
 	f := newMoveFixture(t, urlA, urlB)
 	secrets := []string{secretA, secretB, "pw-s3cret-d", "pw-s3cret-e", "pw-s3cret-f"}
 	noSecret := func(r result) {

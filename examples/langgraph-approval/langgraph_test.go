@@ -30,7 +30,10 @@ import (
 	"github.com/mandated/mandated/wire"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	testenv.SkipPackageInShortTier("pip-installs LangGraph and runs the example's pytest suite against the real stack")
+	goleak.VerifyTestMain(m)
+}
 
 // The seed's experiment (seeds/002) with a real LangGraph agent: the pinned
 // langgraph and langgraph-checkpoint-postgres are pip-installed with

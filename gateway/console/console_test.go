@@ -33,6 +33,7 @@ import (
 	"github.com/mandated/mandated/gateway/console"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/test/harness"
+	"github.com/mandated/mandated/test/testenv"
 	"github.com/mandated/mandated/verify"
 	"github.com/mandated/mandated/wire"
 )
@@ -187,6 +188,7 @@ func (b *testBundle) forked(t *testing.T, org, mandate string) {
 // browser starts Debian's chromium, headless, with an empty profile.
 func browser(t *testing.T) context.Context {
 	t.Helper()
+	testenv.SkipInShortTier(t, "drives a headless chromium")
 	if os.Getenv("MANDATED_TEST_BROWSER") == "skip" {
 		t.Skip("MANDATED_TEST_BROWSER=skip")
 	}

@@ -30,11 +30,14 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/mandated/mandated/test/testenv"
 )
 
 var binDir string
 
 func TestMain(m *testing.M) {
+	testenv.SkipPackageInShortTier("the deployment's binaries, images and manifests, built and run")
 	dir, err := os.MkdirTemp("", "mandated-deploy-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -26,7 +26,10 @@ import (
 	"github.com/mandated/mandated/test/testenv"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	testenv.SkipPackageInShortTier("make dev started for real, with the README's examples in a fresh virtual environment")
+	goleak.VerifyTestMain(m)
+}
 
 const repo = "../.."
 

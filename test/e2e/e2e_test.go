@@ -11,9 +11,14 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/mandated/mandated/test/harness"
+
+	"github.com/mandated/mandated/test/testenv"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	testenv.SkipPackageInShortTier("end to end with real mandated processes")
+	goleak.VerifyTestMain(m)
+}
 
 // mandatedArgs are the flags that point a mandated process at a harness's
 // database, topics, group and transactional ids.

@@ -108,12 +108,12 @@ func (c *Cluster) Close() {
 // Add starts a new member with extra env (failpoints).
 func (c *Cluster) Add(env ...string) string {
 	c.mu.Lock()
+	defer c.mu.Unlock() // startLocked may end the goroutine (t.Fatal): Close must still lock
 	c.next++
 	name := fmt.Sprintf("w%d", c.next)
 	m := &member{name: name, env: env, wanted: true}
 	c.members[name] = m
 	c.startLocked(m)
-	c.mu.Unlock()
 	return name
 }
 
@@ -221,16 +221,23 @@ func (c *Cluster) supervise() {
 			c.scrape()
 		case <-t.C:
 		}
-		c.mu.Lock()
-		for _, m := range c.members {
-			if m.wanted && m.p.Exited() {
-				code := m.p.ExitCode()
-				c.events.Add("process_exit", "restart", m.name, fmt.Errorf("exit code %d: %s", code, lastLine(m.p.Log())))
-				m.restarts++
-				c.startLocked(m)
-			}
+		c.restartExited()
+	}
+}
+
+// restartExited starts again every wanted member that exited. Once the
+// test is over, starting one fails the test and ends this goroutine
+// (t.Fatal): the deferred unlock lets Close finish then.
+func (c *Cluster) restartExited() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, m := range c.members {
+		if m.wanted && m.p.Exited() {
+			code := m.p.ExitCode()
+			c.events.Add("process_exit", "restart", m.name, fmt.Errorf("exit code %d: %s", code, lastLine(m.p.Log())))
+			m.restarts++
+			c.startLocked(m)
 		}
-		c.mu.Unlock()
 	}
 }
 

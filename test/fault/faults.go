@@ -68,7 +68,7 @@ var (
 			var app string
 			err := s.admin(ctx, func(c *pgx.Conn) error {
 				return c.QueryRow(ctx, `SELECT application_name FROM pg_stat_activity
-					WHERE application_name LIKE 'mandated/%' AND state = 'idle in transaction'
+					WHERE application_name LIKE 'mandated/%' AND datname = current_database() AND state = 'idle in transaction'
 					AND now() - state_change > interval '100 milliseconds' LIMIT 1`).Scan(&app)
 			})
 			if err == nil && len(app) > len("mandated/") {
@@ -146,7 +146,7 @@ var (
 		var n int
 		err := s.admin(ctx, func(c *pgx.Conn) error {
 			return c.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
-				WHERE application_name LIKE 'mandated/%'`).Scan(&n)
+				WHERE application_name LIKE 'mandated/%' AND datname = current_database()`).Scan(&n)
 		})
 		s.Events.Add("terminate_sessions", fmt.Sprintf("pg_terminate_backend x%d", n), "postgres", err)
 		return err

@@ -24,6 +24,7 @@ import (
 	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/test/harness"
 	"github.com/mandated/mandated/test/procs"
+	"github.com/mandated/mandated/test/testdb"
 	"github.com/mandated/mandated/test/testenv"
 	"github.com/mandated/mandated/verify"
 	"github.com/mandated/mandated/wire"
@@ -53,7 +54,7 @@ func TestS13dARepointedShardNeverStalls(t *testing.T) {
 	const n = 8
 	start := time.Now()
 	h := harness.New(t, harness.Options{Partitions: n, Timeout: 3 * time.Minute})
-	urlA := testenv.Database(t)
+	urlA := testdb.Migrated(t)
 	primary := PrivatePostgres(t)
 	urlB, err := primary.Database(ctx, "mandated")
 	require.NoError(t, err)

@@ -232,6 +232,7 @@ func startResumer(t *testing.T, s *System, cfg resumerConfig) *resumerProc {
 // One effect at a provider ledger that does not deduplicate; every live
 // loser failed closed or saw the reconciled outcome.
 func TestS12bEightResumerProcessesOnePausedBySIGSTOPOneKilled(t *testing.T) {
+	t.Parallel() // its own topics, group and database (or private servers)
 	res := Run(t, scenario(Options{Name: "S-12b", NoCanary: true, Schedule: func(ctx context.Context, s *System, rng *rand.Rand) {
 		must(t, ctx, s, grantCmd("s12b", "m", 1, map[string]any{"hold_seconds": 120, "execution_timeout_seconds": 3}))
 		r := must(t, ctx, s, proposeCmd("s12b", "m", "approval", 10))

@@ -18,6 +18,7 @@ import (
 	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/test/harness"
 	"github.com/mandated/mandated/test/procs"
+	"github.com/mandated/mandated/test/testdb"
 	"github.com/mandated/mandated/test/testenv"
 	"github.com/mandated/mandated/verify"
 	"github.com/mandated/mandated/wire"
@@ -39,10 +40,11 @@ import (
 // again, and the run ends with every proposal answered exactly once,
 // epochs that never go down on any partition, and verify clean.
 func TestS13cTwoShardsAPromotedStandbyAndAMemberStillOnTheDeadPrimary(t *testing.T) {
+	t.Parallel() // its own topics, group and database (or private servers)
 	ctx := context.Background()
 	const n = 8
 	h := harness.New(t, harness.Options{Partitions: n, Timeout: 3 * time.Minute})
-	urlA := testenv.Database(t)
+	urlA := testdb.Migrated(t)
 	primary := PrivatePostgres(t)
 	urlB, err := primary.Database(ctx, "mandated")
 	require.NoError(t, err)

@@ -98,6 +98,7 @@ func backupDir(t *testing.T) string {
 }
 
 func TestS13ADatabaseRestoredFromABackupIsRefusedThenRecoveredFromTheDecisions(t *testing.T) {
+	t.Parallel() // its own topics, group and database (or private servers)
 	var detect, took time.Duration
 	var recovered []verify.PartitionRecovery
 	var sys *System
@@ -144,6 +145,7 @@ func reportRecovery(t *testing.T, what string, detect, took time.Duration, recov
 // moved to it (the proxy mandated connects through). The promoted replica
 // holds less than the decisions topic: refused, recovered, every invariant.
 func TestS13bAnAsynchronousStandbyPromotedAfterThePrimaryIsKilledIsRecovered(t *testing.T) {
+	t.Parallel() // its own topics, group and database (or private servers)
 	var detect, took time.Duration
 	var recovered []verify.PartitionRecovery
 	var sys *System

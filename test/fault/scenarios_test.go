@@ -91,6 +91,7 @@ func scenario(o Options) Options {
 }
 
 func TestS01TwoEligibleProposalsAtOnceLeaveExactlyOneExecutable(t *testing.T) {
+	t.Parallel() // its own topics, group and database (or private servers)
 	Run(t, scenario(Options{Name: "S-01", Schedule: func(ctx context.Context, s *System, rng *rand.Rand) {
 		for i := range 40 {
 			id := fmt.Sprint("m", i)
@@ -121,6 +122,7 @@ func TestS01TwoEligibleProposalsAtOnceLeaveExactlyOneExecutable(t *testing.T) {
 }
 
 func TestS02ARetryAfterATimeoutGetsTheSameAuthorization(t *testing.T) {
+	t.Parallel() // its own topics, group and database (or private servers)
 	Run(t, scenario(Options{Name: "S-02", Workload: WorkloadConfig{AgentTimeout: 300 * time.Millisecond, Agents: 4},
 		Schedule: func(ctx context.Context, s *System, rng *rand.Rand) {
 			for range 3 {
@@ -137,6 +139,7 @@ func TestS02ARetryAfterATimeoutGetsTheSameAuthorization(t *testing.T) {
 }
 
 func TestS03TheSameKeyWithAnotherPayloadIsAConflictAndCanonicalEqualsReplay(t *testing.T) {
+	t.Parallel() // its own topics, group and database (or private servers)
 	Run(t, scenario(Options{Name: "S-03", Schedule: func(ctx context.Context, s *System, rng *rand.Rand) {
 		raw := func(id, body string) wire.Decision {
 			d, ok, err := s.Workload.SendRaw(ctx, s.Spec.Proposals, []byte("s03/"+id), []byte(body), answer)
@@ -174,6 +177,7 @@ func TestS03TheSameKeyWithAnotherPayloadIsAConflictAndCanonicalEqualsReplay(t *t
 }
 
 func TestS04CommitAndCancelAtOnceLeaveOneTerminalState(t *testing.T) {
+	t.Parallel() // its own topics, group and database (or private servers)
 	Run(t, scenario(Options{Name: "S-04", ProcessEnv: []string{"MANDATED_FAILPOINTS=before_commit=20%sleep(5ms)"},
 		Schedule: func(ctx context.Context, s *System, rng *rand.Rand) {
 			must(t, ctx, s, grantCmd("s04", "m", 200, nil))
@@ -202,6 +206,7 @@ func TestS04CommitAndCancelAtOnceLeaveOneTerminalState(t *testing.T) {
 }
 
 func TestS05ARevokeRacingReservationsLeavesNoneAfterItInCommitOrder(t *testing.T) {
+	t.Parallel() // its own topics, group and database (or private servers)
 	Run(t, scenario(Options{Name: "S-05", Schedule: func(ctx context.Context, s *System, rng *rand.Rand) {
 		for round := range 10 {
 			id := fmt.Sprint("m", round)
@@ -240,6 +245,7 @@ func TestS05ARevokeRacingReservationsLeavesNoneAfterItInCommitOrder(t *testing.T
 }
 
 func TestS06ADeadlineIsJudgedWhenTheCommandIsDecided(t *testing.T) {
+	t.Parallel() // its own topics, group and database (or private servers)
 	res := Run(t, scenario(Options{Name: "S-06", ProcessEnv: []string{"MANDATED_FAILPOINTS=before_commit=30%sleep(20ms)"},
 		Schedule: func(ctx context.Context, s *System, rng *rand.Rand) {
 			must(t, ctx, s, grantCmd("s06", "m", 200, map[string]any{"hold_seconds": 1}))
@@ -262,6 +268,7 @@ func TestS06ADeadlineIsJudgedWhenTheCommandIsDecided(t *testing.T) {
 }
 
 func TestS07ADownstreamTimeoutIsReconciledWithoutReleasingAuthority(t *testing.T) {
+	t.Parallel() // its own topics, group and database (or private servers)
 	Run(t, scenario(Options{Name: "S-07", Workload: WorkloadConfig{Agents: 4},
 		Provider: ProviderFaults{LostReply: 0.25, FailBefore: 0.1, Delay: 8 * time.Second},
 		Schedule: func(ctx context.Context, s *System, rng *rand.Rand) {
@@ -288,6 +295,7 @@ func TestS07ADownstreamTimeoutIsReconciledWithoutReleasingAuthority(t *testing.T
 // in hand must show that batch refused a stale epoch. No process restarts:
 // a fenced member drops its partitions and rejoins.
 func TestS08aAProcessorPausedPastItsSessionBetweenTransactionsIsFenced(t *testing.T) {
+	t.Parallel() // its own topics, group and database (or private servers)
 	type pause struct {
 		member string
 		epochs map[int32]int64 // the partitions it had claimed before the pause, and their epochs
@@ -376,6 +384,7 @@ func claimingMember(ctx context.Context, t *testing.T, s *System, rng *rand.Rand
 }
 
 func TestS08bAProcessorPausedInsideItsTransactionIsTerminatedByTheTakeover(t *testing.T) {
+	t.Parallel() // its own topics, group and database (or private servers)
 	res := Run(t, scenario(Options{Name: "S-08b", Workload: WorkloadConfig{Agents: 4}, RequireFenced: true,
 		ProcessEnv: []string{"MANDATED_FAILPOINTS=before_commit=25%sleep(400ms)"},
 		// PostgreSQL's own idle-in-transaction timeout is far away: the
@@ -392,6 +401,7 @@ func TestS08bAProcessorPausedInsideItsTransactionIsTerminatedByTheTakeover(t *te
 }
 
 func TestS09AnIntentDeliveredAgainAfterItsKeyIsGoneIsNeverASecondUse(t *testing.T) {
+	t.Parallel() // its own topics, group and database (or private servers)
 	Run(t, scenario(Options{Name: "S-09", Reanswers: true, NoCanary: true, Schedule: func(ctx context.Context, s *System, rng *rand.Rand) {
 		var firsts []wire.Decision
 		for i := range 12 {
@@ -430,6 +440,7 @@ func TestS09AnIntentDeliveredAgainAfterItsKeyIsGoneIsNeverASecondUse(t *testing.
 }
 
 func TestS10ReorderedWorkflowEventsAreRefusedAndNeverActWithoutApproval(t *testing.T) {
+	t.Parallel() // its own topics, group and database (or private servers)
 	perms := permutations([]string{"grant", "propose", "begin", "commit", "cancel"})
 	Run(t, scenario(Options{Name: "S-10", NoCanary: true, NoEffectOrgs: []string{"s10"}, Partitions: 2,
 		Schedule: func(ctx context.Context, s *System, rng *rand.Rand) {
@@ -503,6 +514,7 @@ func TestS10ReorderedWorkflowEventsAreRefusedAndNeverActWithoutApproval(t *testi
 }
 
 func TestS11RetriedBatchesApplyOnceUnderInjectedFailuresAndKeyRaces(t *testing.T) {
+	t.Parallel() // its own topics, group and database (or private servers)
 	res := Run(t, scenario(Options{Name: "S-11", Workload: WorkloadConfig{Agents: 3},
 		ProcessEnv: []string{"MANDATED_FAILPOINTS=before_commit=20%error"},
 		Schedule: func(ctx context.Context, s *System, rng *rand.Rand) {
@@ -564,6 +576,7 @@ func s12Resume(t *testing.T, ctx context.Context, s *System, mandate string, r w
 }
 
 func TestS12EightConcurrentResumesOfOneApprovalExecuteOnce(t *testing.T) {
+	t.Parallel() // its own topics, group and database (or private servers)
 	res := Run(t, scenario(Options{Name: "S-12", Schedule: func(ctx context.Context, s *System, rng *rand.Rand) {
 		// A long hold: the kill below delays answers past a short one.
 		must(t, ctx, s, grantCmd("s12", "m", 100, map[string]any{"hold_seconds": 120}))

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/mandated/mandated/processor"
+	"github.com/mandated/mandated/test/testdb"
 	"github.com/mandated/mandated/test/testenv"
 	"github.com/mandated/mandated/wire"
 )
@@ -131,7 +132,7 @@ func Run(t *testing.T, o Options) *Result {
 			s.DatabaseURL = s.Proxy.URL(url)
 		}
 	} else {
-		s.DatabaseURL = testenv.Database(t)
+		s.DatabaseURL = testdb.Migrated(t)
 	}
 	s.Spec = processor.TopicSpec{Proposals: testenv.Name(t, "p"), Grants: testenv.Name(t, "g"), Decisions: testenv.Name(t, "d"),
 		DeadLetter: testenv.Name(t, "dl"), Partitions: o.Partitions, ReplicationFactor: rf, MinInsyncReplicas: minISR}

@@ -22,6 +22,7 @@ import (
 	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/sink"
+	"github.com/mandated/mandated/test/testdb"
 	"github.com/mandated/mandated/test/testenv"
 	"github.com/mandated/mandated/wire"
 )
@@ -85,7 +86,7 @@ func New(t testing.TB, o Options) *Harness {
 		level = zerolog.DebugLevel
 	}
 	h := &Harness{
-		T: t, Brokers: o.Brokers, KafkaOpts: o.KafkaOpts, DatabaseURL: testenv.Database(t),
+		T: t, Brokers: o.Brokers, KafkaOpts: o.KafkaOpts, DatabaseURL: testdb.Migrated(t),
 		Group: testenv.Name(t, "group"), TxnPrefix: testenv.Name(t, "relay"), Timeout: o.Timeout,
 		Log:       zerolog.New(zerolog.NewTestWriter(t)).Level(level).With().Timestamp().Logger(),
 		configure: o.Configure, instances: map[string]*Instance{},

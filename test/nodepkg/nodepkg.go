@@ -27,12 +27,15 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/mandated/mandated/test/testenv"
 )
 
 // Tools returns the paths of node and npm; the test fails when either is
 // missing or node is older than 20.3.
 func Tools(t testing.TB) (node, npm string) {
 	t.Helper()
+	testenv.SkipInShortTier(t, "installs the TypeScript package and its peers with npm and runs them under node")
 	node, err := exec.LookPath("node")
 	require.NoError(t, err, "node (Node.js ≥ 20.3) is required by the TypeScript package's tests: install Node.js (test/infra/run-tests.sh checks for it)")
 	npm, err = exec.LookPath("npm")

@@ -26,14 +26,25 @@ func scriptDir() string {
 	return filepath.Join(filepath.Dir(file), "..", "infra")
 }
 
-// FreeRange returns the first of n consecutive free loopback ports.
+// FreeRange returns the first of n consecutive free loopback ports. The
+// base is random (the kernel's own choice for port 0 is the same port again
+// and again once it is closed, so two processes started at once would be
+// given one port), and no port is handed out twice by one test process:
+// parallel tests that pick a port, then start a server on it, never pick
+// the same one.
 func FreeRange(t testing.TB, n int) int {
 	t.Helper()
+	portsMu.Lock()
+	defer portsMu.Unlock()
 	for range 200 {
 		base := 40000 + rand.IntN(20000)
 		ok := true
 		var lns []net.Listener
 		for i := range n {
+			if portsGiven[base+i] {
+				ok = false
+				break
+			}
 			ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", base+i))
 			if err != nil {
 				ok = false
@@ -45,12 +56,20 @@ func FreeRange(t testing.TB, n int) int {
 			ln.Close()
 		}
 		if ok {
+			for i := range n {
+				portsGiven[base+i] = true
+			}
 			return base
 		}
 	}
 	t.Fatal("testenv: no free port range")
 	return 0
 }
+
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[int]bool{} // every port FreeRange handed out in this process
+)
 
 // Script runs a test/infra script with env and returns its output.
 func Script(ctx context.Context, name string, env []string, args ...string) (string, error) {
@@ -77,6 +96,7 @@ type Kafka struct {
 // of this test's own, on free ports, and removes it at cleanup.
 func PrivateKafka(t testing.TB, nodes int) *Kafka {
 	t.Helper()
+	SkipInShortTier(t, "starts a private Kafka of its own")
 	dir, err := os.MkdirTemp("", "mandated-kafka-")
 	if err != nil {
 		t.Fatal(err)
@@ -135,6 +155,7 @@ type Postgres struct {
 // PrivatePostgres starts a PostgreSQL of this test's own.
 func PrivatePostgres(t testing.TB) *Postgres {
 	t.Helper()
+	SkipInShortTier(t, "starts a private PostgreSQL of its own")
 	return privatePostgres(t)
 }
 
