@@ -9,6 +9,7 @@
 
 import json
 import threading
+import urllib.error
 import urllib.request
 import uuid
 
@@ -42,8 +43,11 @@ def grant():
         body = json.dumps(dict(terms, mandate_id=mandate_id, uses=uses)).encode()
         req = urllib.request.Request(env("MANDATED_TEST_CONTROL_URL"), data=body, method="POST",
                                      headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            assert json.loads(resp.read())["outcome"] == "granted"
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                assert json.loads(resp.read())["outcome"] == "granted"
+        except urllib.error.HTTPError as e:
+            raise AssertionError(f"grant {mandate_id}: {e.code} {e.read().decode(errors='replace')}") from e
         return mandate_id
 
     return make
