@@ -22,7 +22,12 @@ func TestAPartitionWhoseWorkerNeverGoesIdleStillPurgesExpiredKeys(t *testing.T) 
 	var once sync.Once
 	h := harness.New(t, harness.Options{Partitions: 1, Configure: func(c *processor.ServiceConfig) {
 		c.Processor.Test.Clock = clk
-		c.Processor.PurgeInterval = 100 * time.Millisecond
+		// Each kind of purge gets an eighth of the interval as its deadline:
+		// at 100 ms (12.5 ms) a loaded CI machine cancelled every purge
+		// query (a cancelled query closes its connection), and once the
+		// first grant was not published within a minute; a second keeps
+		// the purge's deadline above a loaded machine's query time.
+		c.Processor.PurgeInterval = time.Second
 		c.Processor.Test.OnCommitted = func(r processor.BatchReport) {
 			for _, d := range r.Decisions {
 				if d.MandateID == "busy" {
