@@ -72,8 +72,8 @@ chaos: ## 10-minute rotating-fault soak on a private three-node Kafka cluster (M
 
 rebalance: ## Measured rebalances with real processes, one test at a time, no -race (scale 3→4→3, kill -9, static rolling restart, 60 s PostgreSQL cut; ~6 min); figures in .infra/rebalance-report.md
 	@mkdir -p .infra && MANDATED_REBALANCE_LONG=1 MANDATED_REBALANCE_REPORT=$${MANDATED_REBALANCE_REPORT:-$$PWD/.infra/rebalance-report.md} \
-		MANDATED_TEST_CLUSTER=0 GO_TEST_RACE= TEST_PKGS=./test/e2e \
-		GO_TEST_FLAGS="-v -parallel 1 -timeout 20m -run TestOperators(ScaleThreeFourThree|RollAStaticFleet)" $(INFRA)/run-tests.sh
+		MANDATED_TEST_CLUSTER=0 GO_TEST_RACE= TEST_PKGS="./test/e2e ./processor" \
+		GO_TEST_FLAGS="-v -parallel 1 -timeout 20m -run TestOperators(ScaleThreeFourThree|RollAStaticFleet)|TestAScaleUpKeepsPublishing" $(INFRA)/run-tests.sh
 
 .PHONY: bench
 bench: ## Benchmark vs same-run baselines on servers of its own (49092, 55499); QUICK=1: about 4 min; report in test/bench/results/
