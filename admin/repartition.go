@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mandated/mandated/outbox"
+	"github.com/mandated/mandated/outbox/outboxrow"
 	"github.com/mandated/mandated/sink/shardmap"
 	"github.com/mandated/mandated/wire"
 )
@@ -264,7 +265,7 @@ func drained(ctx context.Context, tx pgx.Tx, adm *kadm.Client, cfg RepartitionCo
 		// the topics says what else is published.
 		tail, err := outbox.ReadTail(ctx, outbox.TailConfig{KafkaOpts: append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...)}, cfg.KafkaOpts...),
 			DecisionsTopic: cfg.DecisionsTopic, DeadLetterTopic: cfg.DeadLetterTopic}, p.Partition,
-			func(ctx context.Context, partition int32, seqs []int64) (outbox.PostgresHead, map[int64]outbox.Row, error) {
+			func(ctx context.Context, partition int32, seqs []int64) (outbox.PostgresHead, map[int64]outboxrow.Row, error) {
 				return outbox.ReadHead(ctx, tx, partition, seqs)
 			})
 		if err != nil {

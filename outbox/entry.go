@@ -7,6 +7,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mandated/mandated/outbox/outboxrow"
 	"github.com/mandated/mandated/wire"
 )
 
@@ -126,8 +127,8 @@ func (e *Entry) Is(hash wire.ChainHash) bool {
 // key and value (and, for a dead letter, the same chain members). It is
 // how a record of a row written without chain members (before migration
 // 0008) is recognised.
-func (e *Entry) SameAs(row *Row) bool {
-	if e.DeadLetter != (row.Kind == KindDeadLetter) || !bytes.Equal(e.Key, row.Key) || !bytes.Equal(e.Value, row.Payload) {
+func (e *Entry) SameAs(row *outboxrow.Row) bool {
+	if e.DeadLetter != (row.Kind == outboxrow.KindDeadLetter) || !bytes.Equal(e.Key, row.Key) || !bytes.Equal(e.Value, row.Payload) {
 		return false
 	}
 	if row.Chained() {

@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mandated/mandated/outbox/outboxrow"
 	"github.com/mandated/mandated/wire"
 )
 
@@ -159,7 +160,7 @@ func (t *Tail) State() HeadState {
 // also look like what the relay writes (AsRelayWrites); accept, when set,
 // may refuse it too (it returns why; the record is then Foreign). The
 // verdicts are in entries' order.
-func Classify(head PostgresHead, rows map[int64]Row, entries []Entry, accept func(*PostgresHead, *Entry) string) (*Tail, []Verdict) {
+func Classify(head PostgresHead, rows map[int64]outboxrow.Row, entries []Entry, accept func(*PostgresHead, *Entry) string) (*Tail, []Verdict) {
 	t := &Tail{Head: head, AheadSeq: head.LastSeq, AheadHash: head.Hash, Read: len(entries)}
 	verdicts := make([]Verdict, len(entries))
 	why := make([]string, len(entries))
@@ -400,7 +401,7 @@ func AnswersUndecided(proposalsTopic, grantsTopic string) func(*PostgresHead, *E
 
 // HeadSource reads a partition's head and the outbox and parked rows it
 // holds at some sequences, in one snapshot (LoadHead).
-type HeadSource func(ctx context.Context, partition int32, seqs []int64) (PostgresHead, map[int64]Row, error)
+type HeadSource func(ctx context.Context, partition int32, seqs []int64) (PostgresHead, map[int64]outboxrow.Row, error)
 
 // TailConfig says where to read a partition's tail.
 type TailConfig struct {

@@ -9,30 +9,31 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mandated/mandated/outbox"
+	"github.com/mandated/mandated/outbox/outboxrow"
 	"github.com/mandated/mandated/wire"
 )
 
 // history is one partition's chain as the single writer writes it: rows
 // 1..n, decisions and (every seventh) dead letters, chained from the
 // partition's anchor.
-func history(n int) []outbox.Row {
-	rows := make([]outbox.Row, n)
+func history(n int) []outboxrow.Row {
+	rows := make([]outboxrow.Row, n)
 	for i := range rows {
 		s := int64(i + 1)
-		rows[i] = outbox.Row{Partition: 0, Seq: s, Epoch: 1, Key: []byte("acme/m"),
+		rows[i] = outboxrow.Row{Partition: 0, Seq: s, Epoch: 1, Key: []byte("acme/m"),
 			Payload: fmt.Appendf(nil, `{"v":1,"sequence":%d,"outcome":"reserved"}`, s)}
 		if s%7 == 0 {
-			rows[i].Kind, rows[i].Reason, rows[i].SourceTopic, rows[i].SourceOffset = outbox.KindDeadLetter, "malformed_json", "p", s
+			rows[i].Kind, rows[i].Reason, rows[i].SourceTopic, rows[i].SourceOffset = outboxrow.KindDeadLetter, "malformed_json", "p", s
 			rows[i].Payload = []byte(`{"v":`)
 		}
 	}
-	outbox.Chain(rows, wire.Anchor(0, 0))
+	outboxrow.Chain(rows, wire.Anchor(0, 0))
 	return rows
 }
 
 // published turns rows into entries as a tail read finds them (offsets in
 // order of publication, per topic).
-func published(rows []outbox.Row) []outbox.Entry {
+func published(rows []outboxrow.Row) []outbox.Entry {
 	var out []outbox.Entry
 	next := map[string]int64{}
 	for i := range rows {
@@ -49,7 +50,7 @@ func published(rows []outbox.Row) []outbox.Entry {
 
 // pgHead is PostgreSQL's head after rows (the last of them is its last
 // sequence), with the relay's mark at published.
-func pgHead(rows []outbox.Row, mark int64) outbox.PostgresHead {
+func pgHead(rows []outboxrow.Row, mark int64) outbox.PostgresHead {
 	h := outbox.PostgresHead{Partition: 0, Claimed: true, Anchor: wire.Anchor(0, 0), Hash: wire.Anchor(0, 0), Published: mark}
 	if len(rows) > 0 {
 		h.LastSeq, h.Hash = rows[len(rows)-1].Seq, rows[len(rows)-1].Hash
@@ -59,8 +60,8 @@ func pgHead(rows []outbox.Row, mark int64) outbox.PostgresHead {
 
 // outboxAbove is what the outbox still holds: the rows after the mark
 // (housekeeping deleted the published ones).
-func outboxAbove(rows []outbox.Row, mark int64) map[int64]outbox.Row {
-	out := map[int64]outbox.Row{}
+func outboxAbove(rows []outboxrow.Row, mark int64) map[int64]outboxrow.Row {
+	out := map[int64]outboxrow.Row{}
 	for _, r := range rows {
 		if r.Seq > mark {
 			out[r.Seq] = r
@@ -91,7 +92,7 @@ func TestClassifyBelievesOnlyRecordsOnThePartitionsOwnChain(t *testing.T) {
 	rows := history(30)
 	// A forgery well made: a decision at the next sequence, correctly
 	// hashed onto the head as the topic shows it.
-	chainedOnto := func(prev outbox.Row, seq int64, detail ...string) []byte {
+	chainedOnto := func(prev outboxrow.Row, seq int64, detail ...string) []byte {
 		b, _ := wire.Seal(fmt.Appendf(nil, `{"v":1,"sequence":%d,"outcome":"granted","detail":"forged%s"}`, seq, detail), prev.Hash)
 		return b
 	}
@@ -104,7 +105,7 @@ func TestClassifyBelievesOnlyRecordsOnThePartitionsOwnChain(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		head    outbox.PostgresHead
-		rows    map[int64]outbox.Row
+		rows    map[int64]outboxrow.Row
 		entries []outbox.Entry
 		want    want
 	}{{
@@ -209,9 +210,9 @@ func TestClassifyBelievesOnlyRecordsOnThePartitionsOwnChain(t *testing.T) {
 // by their bytes while the outbox holds them.
 func TestClassifyRecognisesRowsWithoutChainMembersByTheirBytes(t *testing.T) {
 	t.Parallel()
-	rows := make([]outbox.Row, 5)
+	rows := make([]outboxrow.Row, 5)
 	for i := range rows {
-		rows[i] = outbox.Row{Partition: 0, Seq: int64(i + 1), Epoch: 1, Key: []byte("acme/m"), Payload: fmt.Appendf(nil, `{"n":%d}`, i)}
+		rows[i] = outboxrow.Row{Partition: 0, Seq: int64(i + 1), Epoch: 1, Key: []byte("acme/m"), Payload: fmt.Appendf(nil, `{"n":%d}`, i)}
 	}
 	head := outbox.PostgresHead{Partition: 0, Claimed: true, LastSeq: 5, Published: 2, AnchorSeq: 5, Anchor: wire.Anchor(0, 5), Hash: wire.Anchor(0, 5)}
 	entries := append(published(rows[:4]), forged("4", []byte(`{"n":"other"}`), 100))
@@ -237,7 +238,7 @@ func TestATailsEpochIsTheHighestOnThePartitionsChainNeverAForgerys(t *testing.T)
 			rows[i].Epoch = 4 // published before epochs only went up
 		}
 	}
-	outbox.Chain(rows, wire.Anchor(0, 0))
+	outboxrow.Chain(rows, wire.Anchor(0, 0))
 	entries := published(rows)
 	forgery := asRelay(forged("31", []byte(`{"v":1,"sequence":31}`), 26))
 	forgery.Epoch = 1 << 40
@@ -269,10 +270,10 @@ func TestACopyOfAChainRecordWithAForgedEpochHeaderDoesNotRaiseTheEpoch(t *testin
 	t.Parallel()
 	rows := history(3)
 	for i := range rows {
-		rows[i].Kind, rows[i].Epoch = outbox.KindDecision, 3
+		rows[i].Kind, rows[i].Epoch = outboxrow.KindDecision, 3
 		rows[i].Payload = fmt.Appendf(nil, `{"v":1,"sequence":%d,"epoch":3}`, i+1)
 	}
-	outbox.Chain(rows, wire.Anchor(0, 0))
+	outboxrow.Chain(rows, wire.Anchor(0, 0))
 	entries := published(rows)
 	copied := rows[2].Record("d", "dl")
 	copied.Offset = 10

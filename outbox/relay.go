@@ -21,6 +21,7 @@ import (
 	"github.com/mandated/mandated/internal/backoff"
 	"github.com/mandated/mandated/internal/failpoint"
 	"github.com/mandated/mandated/internal/tracing"
+	"github.com/mandated/mandated/outbox/outboxrow"
 )
 
 // Relay publishes the outbox rows of every partition its process owns to
@@ -860,7 +861,7 @@ func (r *Relay) drop(ps *relayPartition, why string) {
 
 // batch is one transaction's rows, by partition.
 type batch struct {
-	rows     map[*relayPartition][]Row
+	rows     map[*relayPartition][]outboxrow.Row
 	skipped  map[*relayPartition]bool // held, but its shard does not answer: no rows this cycle
 	draining bool                     // a stopping partition has rows: no waiting
 	loadedAt time.Time                // when the rows were in hand
@@ -892,7 +893,7 @@ func (b batch) order() []*relayPartition {
 // or whose query (or parked-row check) fails or misses the deadline in this
 // cycle, contributes no row at all: its partitions are in skipped.
 func (r *Relay) load(ctx context.Context, held []*relayPartition, rotate int) batch {
-	b := batch{rows: map[*relayPartition][]Row{}, skipped: map[*relayPartition]bool{}}
+	b := batch{rows: map[*relayPartition][]outboxrow.Row{}, skipped: map[*relayPartition]bool{}}
 	var usable []*relayPartition
 	for _, ps := range held {
 		if r.gate.up(r.st.shard(ps.partition)) {
@@ -966,7 +967,7 @@ func (r *Relay) load(ctx context.Context, held []*relayPartition, rotate int) ba
 		// A revoked partition drains what its process committed: rows of
 		// a newer epoch are its next owner's, published after this relay
 		// releases it (handover.go).
-		if i := slices.IndexFunc(rows, func(row Row) bool { return row.Epoch > ps.epoch }); i >= 0 {
+		if i := slices.IndexFunc(rows, func(row outboxrow.Row) bool { return row.Epoch > ps.epoch }); i >= 0 {
 			rows = rows[:i]
 			b.rows[ps] = rows
 		}
@@ -999,7 +1000,7 @@ func (r *Relay) loadPass(ctx context.Context, b batch, limits map[*relayPartitio
 	type shardLoad struct {
 		sh   Shard
 		reqs []loadReq
-		rows []Row
+		rows []outboxrow.Row
 		err  error
 	}
 	byPool := map[*pgxpool.Pool]*shardLoad{}
@@ -1151,7 +1152,7 @@ func (r *Relay) readTail(ctx context.Context, partition int32) (*Tail, error) {
 		tcfg.Accept = AnswersUndecided(cfg.ProposalsTopic, cfg.GrantsTopic)
 	}
 	tail, err := ReadTail(tctx, tcfg, partition,
-		func(ctx context.Context, partition int32, seqs []int64) (PostgresHead, map[int64]Row, error) {
+		func(ctx context.Context, partition int32, seqs []int64) (PostgresHead, map[int64]outboxrow.Row, error) {
 			return r.st.head(ctx, partition, seqs)
 		})
 	if err != nil {
@@ -1189,7 +1190,7 @@ func (r *Relay) gap(ctx context.Context, ps *relayPartition, next int64) (bool, 
 // ends the session, which resumes from Kafka's tails; what was committed
 // before it (rows published one per transaction) is returned with it.
 func (r *Relay) publish(ctx context.Context, cl *kgo.Client, b batch, order []*relayPartition) ([]publishedRange, error) {
-	var rows []Row
+	var rows []outboxrow.Row
 	for _, ps := range order {
 		rows = append(rows, b.rows[ps]...)
 	}
@@ -1256,7 +1257,7 @@ func (r *Relay) publish(ctx context.Context, cl *kgo.Client, b batch, order []*r
 // publishRowByRow publishes rows one per transaction, in order, parking
 // each row the broker refuses alone. It returns how many rows it
 // published or parked, in order, before any error.
-func (r *Relay) publishRowByRow(ctx context.Context, cl *kgo.Client, ps *relayPartition, rows []Row) (int, error) {
+func (r *Relay) publishRowByRow(ctx context.Context, cl *kgo.Client, ps *relayPartition, rows []outboxrow.Row) (int, error) {
 	for i := range rows {
 		refused, err := r.produceTxn(ctx, cl, rows[i:i+1])
 		if err != nil {
@@ -1290,7 +1291,7 @@ type rowKey struct {
 // produceTxn produces rows in one Kafka transaction and commits it, or,
 // if the broker refused records for good, aborts it and returns them by
 // partition and sequence. Any other failure is an error.
-func (r *Relay) produceTxn(ctx context.Context, cl *kgo.Client, rows []Row) (map[rowKey]error, error) {
+func (r *Relay) produceTxn(ctx context.Context, cl *kgo.Client, rows []outboxrow.Row) (map[rowKey]error, error) {
 	cfg := r.cfg
 	start := time.Now()
 	if err := cl.BeginTransaction(); err != nil {
@@ -1373,7 +1374,7 @@ func (r *Relay) produceTxn(ctx context.Context, cl *kgo.Client, rows []Row) (map
 
 // partitionsOf lists the partitions rows belong to, in order of first
 // appearance.
-func partitionsOf(rows []Row) []int32 {
+func partitionsOf(rows []outboxrow.Row) []int32 {
 	var out []int32
 	for i := range rows {
 		if len(out) == 0 || out[len(out)-1] != rows[i].Partition && !slices.Contains(out, rows[i].Partition) {

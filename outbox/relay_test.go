@@ -18,6 +18,7 @@ import (
 
 	"github.com/mandated/mandated/internal/failpoint"
 	"github.com/mandated/mandated/outbox"
+	"github.com/mandated/mandated/outbox/outboxrow"
 	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/test/testdb"
@@ -107,7 +108,7 @@ func padded(size int) []byte {
 
 // write appends rows with these payloads to partition p's outbox in one
 // transaction, as a batch commit would: the next sequences, chained onto
-// the partition's head (outbox.Chain), and the partition's next sequence
+// the partition's head (outboxrow.Chain), and the partition's next sequence
 // and head advanced with them.
 func (b *testBundle) write(p int32, epoch int64, payloads [][]byte) (first, last int64) {
 	b.t.Helper()
@@ -126,13 +127,13 @@ func writeRows(ctx context.Context, tx pgx.Tx, p int32, epoch int64, payloads []
 	if err := tx.QueryRow(ctx, `SELECT next_seq, head_hash FROM mandated_partitions WHERE partition = $1 FOR UPDATE`, p).Scan(&first, &head); err != nil {
 		return 0, 0, err
 	}
-	rows := make([]outbox.Row, len(payloads))
+	rows := make([]outboxrow.Row, len(payloads))
 	for i, pl := range payloads {
-		rows[i] = outbox.Row{Partition: p, Seq: first + int64(i), Epoch: epoch, Key: []byte("acme/m"), Payload: pl}
+		rows[i] = outboxrow.Row{Partition: p, Seq: first + int64(i), Epoch: epoch, Key: []byte("acme/m"), Payload: pl}
 	}
 	var prev wire.ChainHash
 	copy(prev[:], head)
-	newHead := outbox.Chain(rows, prev)
+	newHead := outboxrow.Chain(rows, prev)
 	for chunk := range slices.Chunk(rows, 2000) {
 		seqs, data, prevs, hashes := make([]int64, len(chunk)), make([][]byte, len(chunk)), make([][]byte, len(chunk)), make([][]byte, len(chunk))
 		for i, r := range chunk {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mandated/mandated/outbox/outboxrow"
 	"github.com/mandated/mandated/wire"
 )
 
@@ -21,7 +22,7 @@ import (
 
 // sign puts row's signature on rec (a row written before the chain began
 // has no hash to sign: it goes out unsigned, as it always did).
-func (r *Relay) sign(rec *kgo.Record, row *Row) {
+func (r *Relay) sign(rec *kgo.Record, row *outboxrow.Row) {
 	if !row.Chained() || r.cfg.Test.Unsigned {
 		return
 	}

@@ -3,6 +3,8 @@ package outbox
 import (
 	"sync"
 	"time"
+
+	"github.com/mandated/mandated/outbox/outboxrow"
 )
 
 // commitClock remembers, per partition, when the processor in this process
@@ -72,7 +74,7 @@ func (c *commitClock) committed(partition int32, next int64, at time.Time) {
 // observe records the stages of the rows first..last of a partition,
 // loaded at loaded and published in a Kafka transaction committed at
 // published, and drops the marks of rows now published.
-func (c *commitClock) observe(m *Metrics, partition int32, rows []Row, first, last int64, loaded, published time.Time) {
+func (c *commitClock) observe(m *Metrics, partition int32, rows []outboxrow.Row, first, last int64, loaded, published time.Time) {
 	txn := published.Sub(loaded).Seconds()
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -7,6 +7,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
+
+	"github.com/mandated/mandated/outbox/outboxrow"
 )
 
 func histOf(t *testing.T, o prometheus.Observer) (uint64, float64) {
@@ -21,10 +23,10 @@ func TestStageMetricsTimeARowsWaitFromTheCommitOfItsBatch(t *testing.T) {
 	m := NewMetrics(nil)
 	var c commitClock
 	t0 := time.Now()
-	rows := func(from, to int64) []Row {
-		var out []Row
+	rows := func(from, to int64) []outboxrow.Row {
+		var out []outboxrow.Row
 		for s := from; s <= to; s++ {
-			out = append(out, Row{Partition: 3, Seq: s})
+			out = append(out, outboxrow.Row{Partition: 3, Seq: s})
 		}
 		return out
 	}

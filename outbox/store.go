@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/mandated/mandated/outbox/outboxrow"
 	"github.com/mandated/mandated/wire"
 )
 
@@ -61,12 +62,12 @@ type loadReq struct {
 
 // loadMany reads the rows reqs ask for from one shard, in partition and
 // sequence order.
-func (s store) loadMany(ctx context.Context, sh Shard, reqs []loadReq) ([]Row, error) {
+func (s store) loadMany(ctx context.Context, sh Shard, reqs []loadReq) ([]outboxrow.Row, error) {
 	parts, afters, limits := make([]int32, len(reqs)), make([]int64, len(reqs)), make([]int32, len(reqs))
 	for i, q := range reqs {
 		parts[i], afters[i], limits[i] = q.partition, q.after, int32(q.limit)
 	}
-	return call(ctx, s, sh, func(ctx context.Context, pool *pgxpool.Pool) ([]Row, error) {
+	return call(ctx, s, sh, func(ctx context.Context, pool *pgxpool.Pool) ([]outboxrow.Row, error) {
 		rows, err := pool.Query(ctx, loadManySQL, parts, afters, limits)
 		if err != nil {
 			return nil, err
@@ -75,8 +76,8 @@ func (s store) loadMany(ctx context.Context, sh Shard, reqs []loadReq) ([]Row, e
 	})
 }
 
-func scanRow(r pgx.CollectableRow) (Row, error) {
-	var row Row
+func scanRow(r pgx.CollectableRow) (outboxrow.Row, error) {
+	var row outboxrow.Row
 	var kind int16
 	var prev, hash []byte
 	var traceParent *string
@@ -85,7 +86,7 @@ func scanRow(r pgx.CollectableRow) (Row, error) {
 	if traceParent != nil {
 		row.TraceParent = *traceParent
 	}
-	row.Kind = Kind(kind)
+	row.Kind = outboxrow.Kind(kind)
 	copy(row.PrevHash[:], prev)
 	copy(row.Hash[:], hash)
 	return row, err
@@ -371,7 +372,7 @@ func (s store) parked(ctx context.Context, sh Shard) (int64, error) {
 type ParkedRow struct {
 	Partition int32
 	Seq       int64
-	Kind      Kind
+	Kind      outboxrow.Kind
 	Key       string
 	Reason    string
 	Bytes     int
@@ -391,7 +392,7 @@ func ListParked(ctx context.Context, pool *pgxpool.Pool, limit int) ([]ParkedRow
 		var kind int16
 		var key []byte
 		err := r.Scan(&p.Partition, &p.Seq, &kind, &key, &p.Reason, &p.Bytes, &p.CreatedAt, &p.ParkedAt)
-		p.Kind = Kind(kind)
+		p.Kind = outboxrow.Kind(kind)
 		p.Key = string(key)
 		if !utf8.Valid(key) {
 			p.Key = strconv.Quote(string(key)) // a dead letter's key can be any bytes
@@ -424,10 +425,10 @@ SELECT seq, kind, record_key, CASE WHEN hash IS NULL THEN payload END, prev_hash
 FROM outbox_parked WHERE partition = $1 AND seq = ANY($2)`
 
 // head is LoadHead in partition's shard, under the deadline.
-func (s store) head(ctx context.Context, partition int32, seqs []int64) (PostgresHead, map[int64]Row, error) {
+func (s store) head(ctx context.Context, partition int32, seqs []int64) (PostgresHead, map[int64]outboxrow.Row, error) {
 	type loaded struct {
 		head PostgresHead
-		rows map[int64]Row
+		rows map[int64]outboxrow.Row
 	}
 	l, err := call(ctx, s, s.shard(partition), func(ctx context.Context, pool *pgxpool.Pool) (loaded, error) {
 		head, rows, err := LoadHead(ctx, pool, partition, seqs)
@@ -444,9 +445,9 @@ type Querier interface {
 
 // LoadHead reads a partition's head and the outbox and parked rows at seqs
 // in one snapshot (a HeadSource over one database).
-func LoadHead(ctx context.Context, pool *pgxpool.Pool, partition int32, seqs []int64) (PostgresHead, map[int64]Row, error) {
+func LoadHead(ctx context.Context, pool *pgxpool.Pool, partition int32, seqs []int64) (PostgresHead, map[int64]outboxrow.Row, error) {
 	var head PostgresHead
-	var rows map[int64]Row
+	var rows map[int64]outboxrow.Row
 	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		var err error
 		head, rows, err = ReadHead(ctx, tx, partition, seqs)
@@ -458,9 +459,9 @@ func LoadHead(ctx context.Context, pool *pgxpool.Pool, partition int32, seqs []i
 // ReadHead is LoadHead with the caller's querier (a transaction gives it
 // its snapshot). A partition never claimed has an empty head at its
 // anchor.
-func ReadHead(ctx context.Context, q Querier, partition int32, seqs []int64) (PostgresHead, map[int64]Row, error) {
+func ReadHead(ctx context.Context, q Querier, partition int32, seqs []int64) (PostgresHead, map[int64]outboxrow.Row, error) {
 	head := PostgresHead{Partition: partition, Hash: wire.Anchor(partition, 0), Anchor: wire.Anchor(partition, 0)}
-	rows := map[int64]Row{}
+	rows := map[int64]outboxrow.Row{}
 	var hash, anchor []byte
 	err := q.QueryRow(ctx, headSQL, partition).Scan(&head.LastSeq, &hash, &head.AnchorSeq, &anchor, &head.Published,
 		&head.Epoch, &head.ProposalsOffset, &head.GrantsOffset)
@@ -492,13 +493,13 @@ func ReadHead(ctx context.Context, q Querier, partition int32, seqs []int64) (Po
 	}
 	defer res.Close()
 	for res.Next() {
-		row := Row{Partition: partition}
+		row := outboxrow.Row{Partition: partition}
 		var kind int16
 		var prev, h []byte
 		if err := res.Scan(&row.Seq, &kind, &row.Key, &row.Payload, &prev, &h); err != nil {
 			return head, nil, err
 		}
-		row.Kind = Kind(kind)
+		row.Kind = outboxrow.Kind(kind)
 		copy(row.PrevHash[:], prev)
 		copy(row.Hash[:], h)
 		rows[row.Seq] = row

@@ -13,7 +13,7 @@ import (
 
 	"github.com/mandated/mandated/internal/clock"
 	"github.com/mandated/mandated/lifecycle"
-	"github.com/mandated/mandated/outbox"
+	"github.com/mandated/mandated/outbox/outboxrow"
 	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/test/testdb"
@@ -62,7 +62,7 @@ func (b *dueBundle) seed(t *testing.T, mandates map[string][]time.Time) {
 	require.NoError(t, err)
 	pos := sink.Position{ProposalsOffset: c.ProposalsOffset, GrantsOffset: c.GrantsOffset, NextSeq: c.NextSeq}
 	_, err = b.sink.Commit(ctx, &sink.Batch{Partition: 0, Epoch: c.Epoch, From: pos, To: pos, Needs: sink.NewNeeds(),
-		Decide: func(st *lifecycle.State) ([]outbox.Row, error) {
+		Decide: func(st *lifecycle.State) ([]outboxrow.Row, error) {
 			for id, deadlines := range mandates {
 				key := partitioner.MandateKey{Org: "acme", MandateID: id}
 				n := int64(len(deadlines))

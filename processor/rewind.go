@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mandated/mandated/outbox"
+	"github.com/mandated/mandated/outbox/outboxrow"
 	"github.com/mandated/mandated/sink"
 )
 
@@ -85,7 +86,7 @@ func (p *Processor) readTail(ctx context.Context, n int32, epoch int64) (*outbox
 		KafkaOpts:      append([]kgo.Opt{kgo.SeedBrokers(p.cfg.Brokers...)}, p.cfg.KafkaOpts...),
 		DecisionsTopic: p.cfg.DecisionsTopic, DeadLetterTopic: p.cfg.DeadLetterTopic,
 		Accept: outbox.AnswersUndecided(p.cfg.ProposalsTopic, p.cfg.GrantsTopic), Keys: p.decisionKeys(),
-	}, n, func(ctx context.Context, partition int32, seqs []int64) (outbox.PostgresHead, map[int64]outbox.Row, error) {
+	}, n, func(ctx context.Context, partition int32, seqs []int64) (outbox.PostgresHead, map[int64]outboxrow.Row, error) {
 		return outbox.LoadHead(ctx, pool, partition, seqs)
 	})
 	if err != nil {

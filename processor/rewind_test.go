@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mandated/mandated/outbox"
+	"github.com/mandated/mandated/outbox/outboxrow"
 	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/test/harness"
 	"github.com/mandated/mandated/test/testenv"
@@ -288,7 +289,7 @@ func TestRecoveryTimePerHundredThousandDecisions(t *testing.T) {
 			ts := time.Now()
 			tail, err := outbox.ReadTail(ctx, outbox.TailConfig{KafkaOpts: append([]kgo.Opt{kgo.SeedBrokers(h.Brokers...)}, h.KafkaOpts...),
 				DecisionsTopic: h.Spec.Decisions, DeadLetterTopic: h.Spec.DeadLetter, Accept: outbox.AnswersUndecided(h.Spec.Proposals, h.Spec.Grants)}, p,
-				func(ctx context.Context, partition int32, seqs []int64) (outbox.PostgresHead, map[int64]outbox.Row, error) {
+				func(ctx context.Context, partition int32, seqs []int64) (outbox.PostgresHead, map[int64]outboxrow.Row, error) {
 					return outbox.LoadHead(ctx, pool, partition, seqs)
 				})
 			require.NoError(t, err)

@@ -20,7 +20,7 @@ import (
 	"github.com/mandated/mandated/internal/failpoint"
 	"github.com/mandated/mandated/internal/tracing"
 	"github.com/mandated/mandated/lifecycle"
-	"github.com/mandated/mandated/outbox"
+	"github.com/mandated/mandated/outbox/outboxrow"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/wire"
 )
@@ -422,7 +422,7 @@ func (w *worker) commit(items []item, due []lifecycle.AuthKey, now time.Time) er
 	var decisions []wire.Decision
 	b := &sink.Batch{
 		Partition: w.partition, Epoch: w.epoch, From: w.pos, To: to, Needs: needs,
-		Decide: func(st *lifecycle.State) ([]outbox.Row, error) {
+		Decide: func(st *lifecycle.State) ([]outboxrow.Row, error) {
 			decisions = decisions[:0]
 			return w.decide(st, items, due, now, &decisions)
 		},
@@ -542,8 +542,8 @@ func (w *worker) needsOf(items []item, due []lifecycle.AuthKey, now time.Time) (
 // transaction on the loaded state (again when the batch is retried): the
 // due deadlines, then every item in order, as outbox rows; decisions
 // collects what the rows carry.
-func (w *worker) decide(st *lifecycle.State, items []item, due []lifecycle.AuthKey, now time.Time, decisions *[]wire.Decision) ([]outbox.Row, error) {
-	var rows []outbox.Row
+func (w *worker) decide(st *lifecycle.State, items []item, due []lifecycle.AuthKey, now time.Time, decisions *[]wire.Decision) ([]outboxrow.Row, error) {
+	var rows []outboxrow.Row
 	emit := func(ds ...wire.Decision) error {
 		for i := range ds {
 			payload, err := ds[i].Encode()
@@ -551,8 +551,8 @@ func (w *worker) decide(st *lifecycle.State, items []item, due []lifecycle.AuthK
 				return err
 			}
 			*decisions = append(*decisions, ds[i])
-			rows = append(rows, outbox.Row{Partition: w.partition, Seq: ds[i].Sequence, Epoch: w.epoch,
-				Kind: outbox.KindDecision, Key: []byte(ds[i].MandateKey), Payload: payload, CreatedAt: now})
+			rows = append(rows, outboxrow.Row{Partition: w.partition, Seq: ds[i].Sequence, Epoch: w.epoch,
+				Kind: outboxrow.KindDecision, Key: []byte(ds[i].MandateKey), Payload: payload, CreatedAt: now})
 		}
 		return nil
 	}
@@ -728,12 +728,12 @@ func countIntents(m *Metrics, d *wire.Decision) {
 // answer marks the row of the decision answering a gateway request's
 // record (the one whose source is the record) as that request's record,
 // kept for the org's idempotency retention.
-func answer(rows []outbox.Row, ds []wire.Decision, it item, retention func(string) time.Duration, now time.Time) {
+func answer(rows []outboxrow.Row, ds []wire.Decision, it item, retention func(string) time.Duration, now time.Time) {
 	for i := range ds {
 		if ds[i].Source == nil || *ds[i].Source != it.src {
 			continue
 		}
-		rows[i].Answer = &outbox.Answer{RequestID: it.request, Org: ds[i].Org, MandateID: ds[i].MandateID, Source: it.src,
+		rows[i].Answer = &outboxrow.Answer{RequestID: it.request, Org: ds[i].Org, MandateID: ds[i].MandateID, Source: it.src,
 			ExpiresAt: now.Add(retention(ds[i].Org))}
 		return
 	}
@@ -741,10 +741,10 @@ func answer(rows []outbox.Row, ds []wire.Decision, it item, retention func(strin
 
 // deadLetterRow makes the outbox row for a record no mandate can be read
 // from: the original bytes (capped) with the reason and source in headers.
-func deadLetterRow(st *lifecycle.State, partition int32, epoch int64, it item, now time.Time) outbox.Row {
+func deadLetterRow(st *lifecycle.State, partition int32, epoch int64, it item, now time.Time) outboxrow.Row {
 	dl := st.DeadLetter(it.lc(), it.rec.Key, it.rec.Value)
-	return outbox.Row{
-		Partition: partition, Seq: dl.Sequence, Epoch: epoch, Kind: outbox.KindDeadLetter,
+	return outboxrow.Row{
+		Partition: partition, Seq: dl.Sequence, Epoch: epoch, Kind: outboxrow.KindDeadLetter,
 		Key: dl.Key, Payload: dl.Value, Reason: dl.Reason, Detail: dl.Detail,
 		SourceTopic: dl.SourceTopic, SourcePartition: dl.SourcePartition, SourceOffset: dl.SourceOffset, CreatedAt: now,
 	}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/mandated/mandated/internal/backoff"
 	"github.com/mandated/mandated/lifecycle"
-	"github.com/mandated/mandated/outbox"
+	"github.com/mandated/mandated/outbox/outboxrow"
 	"github.com/mandated/mandated/sink/pgerr"
 	"github.com/mandated/mandated/wire"
 )
@@ -34,7 +34,7 @@ type Batch struct {
 	// Decide decides the batch against the loaded state and returns the
 	// outbox rows to write. It is called again, from scratch, on every
 	// retry, so it must be pure.
-	Decide func(st *lifecycle.State) ([]outbox.Row, error)
+	Decide func(st *lifecycle.State) ([]outboxrow.Row, error)
 	// BeforeCommit runs after every write, before COMMIT (a failpoint).
 	BeforeCommit func(ctx context.Context) error
 	// Retry says an earlier Commit of this batch failed with an unknown
@@ -46,7 +46,7 @@ type Batch struct {
 type Result struct {
 	Position      Position // the stored position after the batch
 	State         *lifecycle.State
-	Rows          []outbox.Row
+	Rows          []outboxrow.Row
 	Attempts      int
 	Retries       []string // the cause of each retry (see RetryCause)
 	AlreadyStored bool     // an earlier attempt's ambiguous COMMIT had in fact committed
@@ -101,7 +101,7 @@ func (s *Sink) attempt(ctx context.Context, b *Batch, res *Result) error {
 type written struct {
 	Position      Position
 	State         *lifecycle.State
-	Rows          []outbox.Row
+	Rows          []outboxrow.Row
 	AlreadyStored bool
 }
 
@@ -117,7 +117,7 @@ type batchPart struct {
 	fence   error    // ErrFenced: the partition is not this owner's
 	st      *lifecycle.State
 	tids    rowTIDs // the loaded rows' addresses, for the updates
-	out     []outbox.Row
+	out     []outboxrow.Row
 	to      Position
 	newHead []byte   // the chain head after out
 	w       writeSet // phase two, unmerged
@@ -268,7 +268,7 @@ func (p *batchPart) decide() error {
 	if copy(prev[:], p.head) != len(prev) {
 		return fmt.Errorf("partition %d: stored chain head is %d bytes, not %d", b.Partition, len(p.head), len(prev))
 	}
-	newHead := outbox.Chain(out, prev)
+	newHead := outboxrow.Chain(out, prev)
 
 	p.out, p.newHead = out, newHead[:]
 	p.to = Position{ProposalsOffset: b.To.ProposalsOffset, GrantsOffset: b.To.GrantsOffset, NextSeq: st.NextSeq}

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mandated/mandated/lifecycle"
-	"github.com/mandated/mandated/outbox"
+	"github.com/mandated/mandated/outbox/outboxrow"
 	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/test/testdb"
@@ -57,14 +57,14 @@ func grantBatch(c sink.Claim, key partitioner.MandateKey, now time.Time) *sink.B
 		Partition: c.Partition, Epoch: c.Epoch, From: from,
 		To:    sink.Position{ProposalsOffset: c.ProposalsOffset, GrantsOffset: c.GrantsOffset + 1},
 		Needs: needs,
-		Decide: func(st *lifecycle.State) ([]outbox.Row, error) {
-			var rows []outbox.Row
+		Decide: func(st *lifecycle.State) ([]outboxrow.Row, error) {
+			var rows []outboxrow.Row
 			for _, d := range st.Decide(lifecycle.Input{Cmd: cmd, Source: wire.Source{Topic: "g", Partition: c.Partition, Offset: c.GrantsOffset}}, now) {
 				b, err := d.Encode()
 				if err != nil {
 					return nil, err
 				}
-				rows = append(rows, outbox.Row{Partition: c.Partition, Seq: d.Sequence, Epoch: c.Epoch, Key: []byte(d.MandateKey), Payload: b, CreatedAt: now})
+				rows = append(rows, outboxrow.Row{Partition: c.Partition, Seq: d.Sequence, Epoch: c.Epoch, Key: []byte(d.MandateKey), Payload: b, CreatedAt: now})
 			}
 			return rows, nil
 		},
@@ -403,7 +403,7 @@ func TestAKeyTakenBetweenTheLoadAndTheWritesMakesTheBatchDecideAgainWithNothingO
 	batch := &sink.Batch{
 		Partition: p, Epoch: c.Epoch, From: res.Position, Needs: needs,
 		To: sink.Position{ProposalsOffset: res.Position.ProposalsOffset + 1, GrantsOffset: res.Position.GrantsOffset},
-		Decide: func(st *lifecycle.State) ([]outbox.Row, error) {
+		Decide: func(st *lifecycle.State) ([]outboxrow.Row, error) {
 			attempts++
 			if attempts == 1 {
 				// The other writer, after the load.
@@ -415,13 +415,13 @@ func TestAKeyTakenBetweenTheLoadAndTheWritesMakesTheBatchDecideAgainWithNothingO
 					return nil, err
 				}
 			}
-			var rows []outbox.Row
+			var rows []outboxrow.Row
 			for _, d := range st.Decide(lifecycle.Input{Cmd: cmd, Source: wire.Source{Topic: "p", Partition: p, Offset: res.Position.ProposalsOffset}}, now) {
 				enc, err := d.Encode()
 				if err != nil {
 					return nil, err
 				}
-				rows = append(rows, outbox.Row{Partition: p, Seq: d.Sequence, Epoch: c.Epoch, Key: []byte(d.MandateKey), Payload: enc, CreatedAt: now})
+				rows = append(rows, outboxrow.Row{Partition: p, Seq: d.Sequence, Epoch: c.Epoch, Key: []byte(d.MandateKey), Payload: enc, CreatedAt: now})
 			}
 			return rows, nil
 		},

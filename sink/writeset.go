@@ -7,7 +7,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/mandated/mandated/lifecycle"
-	"github.com/mandated/mandated/outbox"
+	"github.com/mandated/mandated/outbox/outboxrow"
 )
 
 // writeSet collects the writes of one batch — or of every batch of a
@@ -31,7 +31,7 @@ type writeSet struct {
 
 // add collects a decided batch's state changes, its outbox rows and the
 // advance of its partition.
-func (w *writeSet) add(st *lifecycle.State, tids rowTIDs, rows []outbox.Row, adv advance) {
+func (w *writeSet) add(st *lifecycle.State, tids rowTIDs, rows []outboxrow.Row, adv advance) {
 	w.addState(st, tids)
 	for _, r := range rows {
 		w.outbox.add(r)
@@ -286,7 +286,7 @@ type outboxCols struct {
 	traced                   bool      // some row has one (insertOutboxTracedSQL)
 }
 
-func (c *outboxCols) add(r outbox.Row) {
+func (c *outboxCols) add(r outboxrow.Row) {
 	var prev, hash []byte
 	if r.Chained() {
 		prev, hash = r.PrevHash[:], r.Hash[:]
@@ -314,7 +314,7 @@ type answerCols struct {
 	created, expires []pgtype.Timestamptz
 }
 
-func (c *answerCols) add(r outbox.Row) {
+func (c *answerCols) add(r outboxrow.Row) {
 	a := r.Answer
 	c.srcPart, c.srcOff, c.id = append(c.srcPart, a.Source.Partition), append(c.srcOff, a.Source.Offset), append(c.id, a.RequestID)
 	c.part, c.org, c.mid = append(c.part, r.Partition), append(c.org, a.Org), append(c.mid, a.MandateID)

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mandated/mandated/outbox"
+	"github.com/mandated/mandated/outbox/outboxrow"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/sink/shardmap"
 	"github.com/mandated/mandated/wire"
@@ -253,7 +254,7 @@ func recoverPartition(ctx context.Context, cfg RecoverConfig, pool *pgxpool.Pool
 	tail, err := outbox.ReadTail(ctx, outbox.TailConfig{KafkaOpts: cfg.KafkaOpts, DecisionsTopic: cfg.DecisionsTopic,
 		DeadLetterTopic: cfg.DeadLetterTopic, Accept: outbox.AnswersUndecided(cfg.ProposalsTopic, cfg.GrantsTopic),
 		SettleTimeout: cfg.SettleTimeout, MaxRead: cmp.Or(cfg.MaxRead, MaxReadDefault), Keys: keys}, p,
-		func(ctx context.Context, partition int32, seqs []int64) (outbox.PostgresHead, map[int64]outbox.Row, error) {
+		func(ctx context.Context, partition int32, seqs []int64) (outbox.PostgresHead, map[int64]outboxrow.Row, error) {
 			return outbox.LoadHead(ctx, pool, partition, seqs)
 		})
 	if errors.Is(err, outbox.ErrOpenTransaction) {

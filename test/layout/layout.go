@@ -1,7 +1,8 @@
 // Package layout is the floor plan of mandated's packages: which may import
 // which. The contract (wire) and the decision logic (lifecycle) are the
-// ground floor everything else stands on; storage (outbox, sink, with the
-// shard map and the SQLSTATE translation beneath sink) stands on them, the
+// ground floor everything else stands on; storage (the outbox row, the
+// relay, sink, with the shard map and the SQLSTATE translation beneath sink)
+// stands on them, the
 // auditor (verify) on storage, the processor on all of those, the operator
 // layer (admin) on the processor and storage — the runtime never imports
 // it; the client stands beside them on the contract alone, the gateway on
@@ -62,17 +63,19 @@ var Plan = []Floor{
 		Owns: "the one translation of PostgreSQL's errors (SQLSTATEs) that sink and admin share"},
 	{Name: "shardmap", Packages: []string{"sink/shardmap"}, Imports: []string{"internal"},
 		Owns: "the shard map: its file, its edits and their lock, never the driver", Never: []string{"github.com/jackc/"}},
-	{Name: "outbox", Packages: []string{"outbox"}, Imports: []string{"partitioner", "wire", "lifecycle", "internal"},
-		Owns: "outbox rows, their hash chain and the relay"},
-	{Name: "sink", Packages: []string{"sink"}, Imports: []string{"partitioner", "wire", "lifecycle", "internal", "outbox", "pgerr", "shardmap"},
-		Owns: "PostgreSQL at run time: the fenced batch transaction writes outbox rows, so sink stands on outbox"},
-	{Name: "verify", Packages: []string{"verify"}, Imports: []string{"partitioner", "wire", "lifecycle", "internal", "outbox", "pgerr", "shardmap", "sink"},
+	{Name: "outboxrow", Packages: []string{"outbox/outboxrow"}, Imports: []string{"partitioner", "wire"},
+		Owns: "the outbox row, its Kafka record and its hash chain: what the sink writes and the relay publishes"},
+	{Name: "outbox", Packages: []string{"outbox"}, Imports: []string{"partitioner", "wire", "lifecycle", "internal", "outboxrow"},
+		Owns: "the relay: publishes outbox rows, reads the tail back"},
+	{Name: "sink", Packages: []string{"sink"}, Imports: []string{"partitioner", "wire", "lifecycle", "internal", "outboxrow", "pgerr", "shardmap"},
+		Owns: "PostgreSQL at run time: the fenced batch transaction writes outbox rows (outboxrow), never the relay"},
+	{Name: "verify", Packages: []string{"verify"}, Imports: []string{"partitioner", "wire", "lifecycle", "internal", "outboxrow", "outbox", "pgerr", "shardmap", "sink"},
 		Owns: "the auditor: reads the published history and PostgreSQL, never imported by them"},
 	{Name: "processor", Packages: []string{"processor"},
-		Imports: []string{"partitioner", "wire", "lifecycle", "internal", "outbox", "pgerr", "shardmap", "sink", "verify"},
+		Imports: []string{"partitioner", "wire", "lifecycle", "internal", "outboxrow", "outbox", "pgerr", "shardmap", "sink", "verify"},
 		Owns:    "the consumer-group member that wires the floors below"},
 	{Name: "admin", Packages: []string{"admin"},
-		Imports: []string{"partitioner", "wire", "lifecycle", "internal", "outbox", "pgerr", "shardmap", "sink"},
+		Imports: []string{"partitioner", "wire", "lifecycle", "internal", "outboxrow", "outbox", "pgerr", "shardmap", "sink"},
 		Owns:    "the operator layer (kadm to the runtime's kgo): moves, repartition, org settings, grantor-key writes, verify-run records"},
 	{Name: "client", Packages: []string{"client"}, Imports: []string{"partitioner", "wire"},
 		Owns: "the Go client callers import: the contract alone, nothing that decides or stores"},
@@ -83,13 +86,13 @@ var Plan = []Floor{
 	{Name: "console", Packages: []string{"gateway/console"}, Imports: []string{"partitioner", "wire", "lifecycle", "internal", "client", "sink", "gateway"},
 		Owns: "the operators' web console of the gateway: reads PostgreSQL through sink's operator reads (lifecycle's row types, the decision history, the verify runs), produces resolves through client"},
 	{Name: "cmd", Packages: []string{"cmd/..."},
-		Imports: []string{"partitioner", "wire", "lifecycle", "internal", "outbox", "pgerr", "shardmap", "sink", "verify", "processor", "admin", "client", "gateway", "console", "mcpguard"},
+		Imports: []string{"partitioner", "wire", "lifecycle", "internal", "outboxrow", "outbox", "pgerr", "shardmap", "sink", "verify", "processor", "admin", "client", "gateway", "console", "mcpguard"},
 		Owns:    "the binaries: wiring and configuration"},
 	{Name: "test", Packages: []string{"test/..."},
-		Imports: []string{"partitioner", "wire", "lifecycle", "internal", "outbox", "pgerr", "shardmap", "sink", "verify", "processor", "admin", "client", "gateway", "console", "mcpguard", "cmd"},
+		Imports: []string{"partitioner", "wire", "lifecycle", "internal", "outboxrow", "outbox", "pgerr", "shardmap", "sink", "verify", "processor", "admin", "client", "gateway", "console", "mcpguard", "cmd"},
 		Owns:    "test servers, harnesses and suites: nothing else may import them"},
 	{Name: "examples", Packages: []string{"examples/..."},
-		Imports: []string{"partitioner", "wire", "lifecycle", "internal", "outbox", "pgerr", "shardmap", "sink", "verify", "processor", "admin", "client", "gateway", "console", "mcpguard", "cmd", "test"},
+		Imports: []string{"partitioner", "wire", "lifecycle", "internal", "outboxrow", "outbox", "pgerr", "shardmap", "sink", "verify", "processor", "admin", "client", "gateway", "console", "mcpguard", "cmd", "test"},
 		Owns:    "runnable examples of mandated where agents act (LangGraph) and the Go tests that run them against the real stack"},
 }
 
@@ -247,4 +250,45 @@ func List(dir string) (module string, pkgs []Package, err error) {
 		return "", nil, errors.New("go list: no package of the main module")
 	}
 	return module, pkgs, nil
+}
+
+// Edge is what a binary at the edge (the HTTP gateway, the MCP guard) must
+// never link: the runtime that decides and publishes (processor, the relay
+// in outbox) and the operator layer (admin). A caller's door links the
+// contract, the client and sink's reads, nothing that can decide.
+var Edge = map[string][]string{
+	"cmd/mandate-gateway": {"processor", "outbox", "admin"},
+	"cmd/mandate-mcp":     {"processor", "outbox", "admin"},
+}
+
+// Linked returns the module's packages (relative paths) that the package
+// rel links, directly or not: 'go list -deps' in dir.
+func Linked(dir, module, rel string) ([]string, error) {
+	cmd := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", "./"+rel)
+	cmd.Dir = dir
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("go list -deps ./%s: %w: %s", rel, err, stderr.String())
+	}
+	var deps []string
+	for _, line := range strings.Fields(string(out)) {
+		if r, ok := strings.CutPrefix(line, module+"/"); ok {
+			deps = append(deps, r)
+		}
+	}
+	return deps, nil
+}
+
+// CheckEdge returns one message per package a binary links and must not
+// (exact package paths: outbox/outboxrow is not outbox).
+func CheckEdge(binary string, linked, never []string) []string {
+	var msgs []string
+	for _, p := range linked {
+		if slices.Contains(never, p) {
+			msgs = append(msgs, fmt.Sprintf("%s links %s: a binary at the edge must never link %s", binary, p, strings.Join(never, ", ")))
+		}
+	}
+	return msgs
 }

@@ -81,10 +81,11 @@ func TestAnUpwardImportFailsNamingIt(t *testing.T) {
 		{ImportPath: m("lifecycle"), Imports: []string{m("partitioner"), m("wire")}},
 		{ImportPath: m("internal/clock")},
 		{ImportPath: m("internal/failpoint")},
-		{ImportPath: m("outbox"), Imports: []string{m("internal/failpoint"), m("wire")}},
+		{ImportPath: m("outbox/outboxrow"), Imports: []string{m("wire")}},
+		{ImportPath: m("outbox"), Imports: []string{m("internal/failpoint"), m("wire"), m("outbox/outboxrow")}},
 		{ImportPath: m("sink/pgerr"), Imports: []string{m("internal/failpoint"), "github.com/jackc/pgx/v5"}},
 		{ImportPath: m("sink/shardmap"), Imports: []string{m("internal/failpoint"), "go.yaml.in/yaml/v3"}},
-		{ImportPath: m("sink"), Imports: []string{m("outbox"), m("lifecycle"), m("wire"), m("sink/pgerr"), m("sink/shardmap"), "github.com/jackc/pgx/v5"}},
+		{ImportPath: m("sink"), Imports: []string{m("outbox/outboxrow"), m("lifecycle"), m("wire"), m("sink/pgerr"), m("sink/shardmap"), "github.com/jackc/pgx/v5"}},
 		{ImportPath: m("verify"), Imports: []string{m("outbox"), m("sink"), m("wire")}},
 		{ImportPath: m("processor"), Imports: []string{m("internal/clock"), m("outbox"), m("sink"), m("lifecycle")}},
 		{ImportPath: m("admin"), Imports: []string{m("sink"), m("sink/pgerr"), m("sink/shardmap"), m("outbox"), "github.com/jackc/pgx/v5"}},
@@ -100,7 +101,7 @@ func TestAnUpwardImportFailsNamingIt(t *testing.T) {
 	planted := map[string][]string{
 		"client":        {m("sink")},
 		"wire":          {m("internal/failpoint")},
-		"sink":          {m("verify"), m("admin")},
+		"sink":          {m("verify"), m("admin"), m("outbox")},
 		"sink/shardmap": {"github.com/jackc/pgx/v5"},
 		"processor":     {m("test/testenv")},
 	}
@@ -117,11 +118,31 @@ func TestAnUpwardImportFailsNamingIt(t *testing.T) {
 	}
 	require.Equal(t, []string{
 		module + "/attic is on no floor of the layout plan (test/layout/layout.go): give it one",
-		module + "/client imports " + module + "/sink: floor client (the Go client callers import: the contract alone, nothing that decides or stores) may import only its own floor and partitioner, wire, not floor sink (PostgreSQL at run time: the fenced batch transaction writes outbox rows, so sink stands on outbox)",
-		module + "/processor imports " + module + "/test/testenv: floor processor (the consumer-group member that wires the floors below) may import only its own floor and partitioner, wire, lifecycle, internal, outbox, pgerr, shardmap, sink, verify, not floor test (test servers, harnesses and suites: nothing else may import them)",
-		module + "/sink imports " + module + "/admin: floor sink (PostgreSQL at run time: the fenced batch transaction writes outbox rows, so sink stands on outbox) may import only its own floor and partitioner, wire, lifecycle, internal, outbox, pgerr, shardmap, not floor admin (the operator layer (kadm to the runtime's kgo): moves, repartition, org settings, grantor-key writes, verify-run records)",
-		module + "/sink imports " + module + "/verify: floor sink (PostgreSQL at run time: the fenced batch transaction writes outbox rows, so sink stands on outbox) may import only its own floor and partitioner, wire, lifecycle, internal, outbox, pgerr, shardmap, not floor verify (the auditor: reads the published history and PostgreSQL, never imported by them)",
+		module + "/client imports " + module + "/sink: floor client (the Go client callers import: the contract alone, nothing that decides or stores) may import only its own floor and partitioner, wire, not floor sink (PostgreSQL at run time: the fenced batch transaction writes outbox rows (outboxrow), never the relay)",
+		module + "/processor imports " + module + "/test/testenv: floor processor (the consumer-group member that wires the floors below) may import only its own floor and partitioner, wire, lifecycle, internal, outboxrow, outbox, pgerr, shardmap, sink, verify, not floor test (test servers, harnesses and suites: nothing else may import them)",
+		module + "/sink imports " + module + "/admin: floor sink (PostgreSQL at run time: the fenced batch transaction writes outbox rows (outboxrow), never the relay) may import only its own floor and partitioner, wire, lifecycle, internal, outboxrow, pgerr, shardmap, not floor admin (the operator layer (kadm to the runtime's kgo): moves, repartition, org settings, grantor-key writes, verify-run records)",
+		module + "/sink imports " + module + "/outbox: floor sink (PostgreSQL at run time: the fenced batch transaction writes outbox rows (outboxrow), never the relay) may import only its own floor and partitioner, wire, lifecycle, internal, outboxrow, pgerr, shardmap, not floor outbox (the relay: publishes outbox rows, reads the tail back)",
+		module + "/sink imports " + module + "/verify: floor sink (PostgreSQL at run time: the fenced batch transaction writes outbox rows (outboxrow), never the relay) may import only its own floor and partitioner, wire, lifecycle, internal, outboxrow, pgerr, shardmap, not floor verify (the auditor: reads the published history and PostgreSQL, never imported by them)",
 		module + "/sink/shardmap imports github.com/jackc/pgx/v5: floor shardmap (the shard map: its file, its edits and their lock, never the driver) must never import github.com/jackc/",
 		module + "/wire imports " + module + "/internal/failpoint: floor wire (the contract: decoder, encoder, reasons, schemas, chain form, intent keys) may import only its own floor and partitioner, not floor internal (the test seams (clock, failpoint) and the tracing plumbing: they import nothing of ours)",
+	}, got)
+}
+
+// TestTheEdgeLinksOnlyTheEdge: mandate-gateway and mandate-mcp link neither
+// the processor, the relay nor the operator layer (issue 44 item 2); a
+// planted dependency is reported naming the binary and the package.
+func TestTheEdgeLinksOnlyTheEdge(t *testing.T) {
+	t.Parallel()
+	for binary, never := range Edge {
+		linked, err := Linked(filepath.Join("..", ".."), module, binary)
+		require.NoError(t, err)
+		require.Contains(t, linked, "wire", "%s: go list -deps lists the module's packages", binary)
+		require.Empty(t, CheckEdge(binary, linked, never))
+	}
+
+	got := CheckEdge("cmd/mandate-gateway", []string{"wire", "outbox/outboxrow", "sink", "outbox", "admin"}, Edge["cmd/mandate-gateway"])
+	require.Equal(t, []string{
+		"cmd/mandate-gateway links outbox: a binary at the edge must never link processor, outbox, admin",
+		"cmd/mandate-gateway links admin: a binary at the edge must never link processor, outbox, admin",
 	}, got)
 }

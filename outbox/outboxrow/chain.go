@@ -1,4 +1,4 @@
-package outbox
+package outboxrow
 
 import "github.com/mandated/mandated/wire"
 
