@@ -26,10 +26,17 @@ type Metrics struct {
 	// Handovers counts, by outcome, how a relay taking a partition dealt
 	// with the other relay recorded as its publisher (handover.go).
 	Handovers *prometheus.CounterVec
+	// FromMemory counts the rows published from memory (handed over by
+	// the processor at its commit), not loaded from PostgreSQL.
+	FromMemory prometheus.Counter
+	// MarkSeconds is the time of the marks (published sequences and
+	// housekeeping), written off the path between Kafka transactions.
+	MarkSeconds prometheus.Histogram
 	// Stages is where a published row waited, by stage: relay_wait (its
-	// batch's PostgreSQL commit → the relay loaded it for the transaction
-	// that published it) and relay_txn (that load → the Kafka transaction
-	// committed). One observation per row; see stages.go.
+	// batch's PostgreSQL commit → the relay took it, from memory or
+	// PostgreSQL, for the transaction that published it) and relay_txn
+	// (→ the Kafka transaction committed). One observation per row; see
+	// stages.go.
 	Stages *prometheus.HistogramVec
 
 	relayWait, relayTxn prometheus.Observer
@@ -114,9 +121,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "mandated_outbox_handovers_total",
 			Help: "Partitions taken from another relay, by outcome: released (it drained and released the partition: not fenced), not_released_in_time (fenced once its drain deadline passed), not_released (no release under way, a dead, paused or lost owner: fenced at once), earlier_version (a per-partition id of an earlier version fenced).",
 		}, []string{"outcome"}),
+		FromMemory: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mandated_outbox_rows_from_memory_total",
+			Help: "Outbox rows the relay took from memory (handed over by this process's processor at its commit) rather than loading them from PostgreSQL.",
+		}),
+		MarkSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "mandated_outbox_mark_seconds",
+			Help:    "Time to record published sequences and delete published rows (one round trip per shard), off the path: the next Kafka transaction is taken and produced meanwhile, and its commit waits for it.",
+			Buckets: prometheus.ExponentialBuckets(0.00025, 2, 16),
+		}),
 		Stages: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "mandated_outbox_stage_seconds",
-			Help:    "Where a published outbox row waited, per row, by stage: relay_wait (its batch's PostgreSQL commit to the relay loading it for the transaction that published it; only rows committed by this process's processor since the relay took the partition) and relay_txn (that load to the Kafka transaction's commit). The processor's stages are mandated_stage_seconds.",
+			Help:    "Where a published outbox row waited, per row, by stage: relay_wait (its batch's PostgreSQL commit to the relay taking it, from memory or PostgreSQL, for the transaction that published it; only rows committed by this process's processor since the relay took the partition) and relay_txn (that to the Kafka transaction's commit). The processor's stages are mandated_stage_seconds.",
 			Buckets: StageBuckets(),
 		}, []string{"stage"}),
 	}
@@ -125,7 +141,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		reg.MustRegister(m.Handovers)
 		reg.MustRegister(m.Stages)
 		reg.MustRegister(m.Published, m.PublishSeconds, m.TxnSeconds, m.PublishErrors, m.Parked, m.RowByRow, m.ParkedRows,
-			m.Backlog, m.OldestAge, m.Resumes, m.Fenced, m.Deleted, m.Gaps, m.ForeignRecords, m.ShardErrors, m.ShardSkipped)
+			m.Backlog, m.OldestAge, m.Resumes, m.Fenced, m.Deleted, m.Gaps, m.ForeignRecords, m.ShardErrors, m.ShardSkipped,
+			m.FromMemory, m.MarkSeconds)
 	}
 	return m
 }

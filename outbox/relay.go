@@ -97,7 +97,24 @@ import (
 // and writes the mark once the shard answers; were the relay to restart
 // first, it resumes from the topics' tails, which hold the transaction.
 //
-// Relay implements processor.PartitionListener.
+// Rows in memory. The processor of the relay's process hands it the rows
+// each commit wrote (CommittedRows): a transaction takes a partition's rows
+// from memory when they follow what it published, and loads from
+// PostgreSQL only what memory does not hold — after a partition is taken
+// (its backlog, up to PostgreSQL's last sequence read then), rows committed
+// without being handed over (Committed), or, on an idle poll, whatever may
+// be there. The rows are the ones the commit wrote, byte for byte.
+//
+// Marks off the path. After a Kafka transaction commits, the published
+// sequences are recorded (and published rows deleted) by a goroutine of
+// the relay, one round trip per shard, while the next transaction is taken
+// and produced; that transaction's EndTransaction waits for the mark (one
+// at most is outstanding, so a relay stuck inside a mark commits nothing
+// more). The mark was never the authority: a relay that restarts, or a new
+// owner, resumes after the higher of the topic's committed tail and the
+// mark.
+//
+// Relay implements processor.PartitionListener and processor.RowsListener.
 type Relay struct {
 	cfg     Config
 	st      store
@@ -134,6 +151,9 @@ type Relay struct {
 
 	stages commitClock // when the processor committed what (stages.go)
 	claims claimWriter // epoch claims (epochs.go)
+
+	// The mark in flight (owned by the loop): at most one.
+	marking *markOp
 
 	wake chan struct{}
 	// The run's, set by Start (under mu) before its goroutines: ctx ends
@@ -214,6 +234,11 @@ type relayPartition struct {
 	// Guarded by Relay.mu.
 	stopping bool
 	drainBy  time.Time
+	// mem holds rows the processor handed over (CommittedRows), in
+	// sequence order, without a gap, not yet published (trimmed as they
+	// are); known is the highest sequence known committed.
+	mem   []Row
+	known int64
 
 	published atomic.Int64 // highest sequence known published (for the backlog gauge)
 
@@ -224,6 +249,7 @@ type relayPartition struct {
 	retryAt   time.Time
 	last      int64 // highest sequence known published
 	housekept int64 // rows up to here are deleted
+	poll      bool  // load it from PostgreSQL in the next transaction whatever it knows (an idle poll)
 }
 
 func (r *Relay) poke() {
@@ -248,16 +274,40 @@ func (r *Relay) Assigned(partition int32, epoch int64) {
 }
 
 // Committed wakes the relay: new rows of a partition are committed, those
-// below nextSeq.
+// below nextSeq; it loads them from PostgreSQL.
 func (r *Relay) Committed(partition int32, epoch int64, nextSeq int64) {
+	r.CommittedRows(partition, epoch, nextSeq, nil)
+}
+
+// CommittedRows is Committed with the rows the commit wrote (in sequence
+// order, ending at nextSeq-1): the relay publishes them without reading
+// them back, as long as they follow what it holds in memory for the
+// partition (up to memRows rows; past that, or after a gap, they are
+// loaded from PostgreSQL when their turn comes).
+func (r *Relay) CommittedRows(partition int32, epoch int64, nextSeq int64, rows []Row) {
 	r.mu.Lock()
 	ps := r.parts[partition]
-	r.mu.Unlock()
-	if ps != nil && ps.epoch == epoch {
-		r.stages.committed(partition, nextSeq, time.Now())
-		r.poke()
+	if ps == nil || ps.epoch != epoch {
+		r.mu.Unlock()
+		return
 	}
+	ps.known = max(ps.known, nextSeq-1)
+	if n := len(rows); n > 0 {
+		switch m := len(ps.mem); {
+		case m == 0:
+			ps.mem = append(make([]Row, 0, n), rows...)
+		case ps.mem[m-1].Seq+1 == rows[0].Seq && m+n <= r.memRows():
+			ps.mem = append(ps.mem, rows...)
+		}
+	}
+	r.mu.Unlock()
+	r.stages.committed(partition, nextSeq, time.Now())
+	r.poke()
 }
+
+// memRows bounds the rows kept in memory per partition (a relay far
+// behind: Kafka down, say).
+func (r *Relay) memRows() int { return 2 * r.cfg.MaxRows }
 
 // Revoked stops publishing a partition after what its process committed
 // is published (bounded by RevokeDrain), then releases it to its next
@@ -484,6 +534,7 @@ func (r *Relay) session() (progressed bool, err error) {
 		return false, err
 	}
 	defer cl.Close()
+	defer r.awaitMark()
 	idle := time.NewTimer(r.cfg.IdlePoll)
 	defer idle.Stop()
 	var lastEnd time.Time // when the last Kafka transaction ended
@@ -590,7 +641,9 @@ func (r *Relay) endStopping(ctx context.Context, held []*relayPartition, b batch
 // IdlePoll (50 ms while a partition waits for admission), the next shard
 // probe or the relay's end; false at the end.
 func (r *Relay) idle(ctx context.Context, idle *time.Timer, held []*relayPartition, pending int) bool {
-	r.recordAll(ctx, held, nil, true)
+	if r.marking == nil {
+		r.startMark(ctx, held, nil, true)
+	}
 	wait := r.cfg.IdlePoll
 	if pending > 0 {
 		wait = min(wait, 50*time.Millisecond)
@@ -599,11 +652,22 @@ func (r *Relay) idle(ctx context.Context, idle *time.Timer, held []*relayPartiti
 		wait = min(wait, next)
 	}
 	idle.Reset(wait)
+	var marked <-chan struct{}
+	if r.marking != nil {
+		marked = r.marking.done
+	}
 	select {
 	case <-ctx.Done():
 		return false
 	case <-r.wake:
+	case <-marked:
+		r.awaitMark()
 	case <-idle.C:
+		// Nothing woke it: read every partition from PostgreSQL once
+		// (what memory and the commits it heard of may not say).
+		for _, ps := range held {
+			ps.poll = true
+		}
 	}
 	return true
 }
@@ -640,14 +704,65 @@ func (r *Relay) publishAndMark(ctx context.Context, cl *kgo.Client, held []*rela
 	for _, s := range done {
 		s.ps.last = s.last
 		s.ps.published.Store(s.last)
+		r.trimMemory(s.ps)
 	}
-	r.recordAll(ctx, held, done, false)
-	if f := r.cfg.Test.OnPublished; f != nil {
-		for _, s := range done {
-			f(s.ps.partition, s.first, s.last)
-		}
-	}
+	r.startMark(ctx, held, done, false)
 	return true, nil
+}
+
+// trimMemory drops the rows of ps's memory it published.
+func (r *Relay) trimMemory(ps *relayPartition) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	i := 0
+	for i < len(ps.mem) && ps.mem[i].Seq <= ps.last {
+		i++
+	}
+	if i == len(ps.mem) {
+		ps.mem = nil
+	} else if i > 0 {
+		ps.mem = append(ps.mem[:0:0], ps.mem[i:]...)
+	}
+}
+
+// markOp is a mark running: recordAll's round trips, off the loop.
+type markOp struct {
+	done   chan struct{}
+	byPart map[int32]*relayPartition
+	recs   []*shardRecord
+	ranges []publishedRange // published: OnPublished once marked
+}
+
+// startMark records what the last transaction published (done), or, idle,
+// housekeeps every held partition, in the background; awaitMark applies
+// its outcome. One at most runs: the one before is applied first.
+func (r *Relay) startMark(ctx context.Context, held []*relayPartition, done []publishedRange, idle bool) {
+	r.awaitMark()
+	op := r.prepareMarks(held, done, idle)
+	op.ranges = done
+	if len(op.recs) == 0 {
+		r.applyMarks(op)
+		return
+	}
+	op.done = make(chan struct{})
+	r.marking = op
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		defer close(op.done)
+		r.runMarks(ctx, op)
+	}()
+}
+
+// awaitMark waits for the mark in flight, if any, and applies its outcome.
+func (r *Relay) awaitMark() {
+	op := r.marking
+	if op == nil {
+		return
+	}
+	<-op.done
+	r.marking = nil
+	r.applyMarks(op)
 }
 
 // admit (re)admits every held partition that is not admitted in this
@@ -810,6 +925,10 @@ func (r *Relay) admitOne(ctx context.Context, ps *relayPartition, floor int64) (
 	}
 	ps.last, ps.housekept = last, housekept
 	ps.published.Store(last)
+	r.mu.Lock()
+	ps.known = max(ps.known, tail.Head.LastSeq)
+	r.mu.Unlock()
+	r.trimMemory(ps)
 	r.metrics.Resumes.Inc()
 	ps.log.Info().Int64("after_seq", last).Int64("last_seq", tail.Head.LastSeq).Int64("recorded_seq", tail.Head.Published).
 		Int64("kafka_seq", tail.Published).Int("foreign_records", len(tail.Foreign)).Msg("relay resumed the partition")
@@ -917,7 +1036,7 @@ func (r *Relay) load(ctx context.Context, held []*relayPartition, rotate int) ba
 		limits[usable[(rotate+i)%len(usable)]] = limit
 	}
 	after := func(ps *relayPartition) int64 { return ps.last }
-	r.loadPass(ctx, b, limits, after)
+	r.fill(ctx, b, limits, after)
 	// Second pass: what the partitions with fewer rows than their share
 	// left goes to the ones that filled theirs.
 	if left := maxRows - b.total(); left > 0 {
@@ -940,7 +1059,7 @@ func (r *Relay) load(ctx context.Context, held []*relayPartition, rotate int) ba
 				}
 			}
 			lastLoaded := func(ps *relayPartition) int64 { rows := b.rows[ps]; return rows[len(rows)-1].Seq }
-			r.loadPass(ctx, b, more, lastLoaded)
+			r.fill(ctx, b, more, lastLoaded)
 		}
 	}
 	for ps, rows := range b.rows {
@@ -979,6 +1098,51 @@ func (r *Relay) load(ctx context.Context, held []*relayPartition, rotate int) ba
 	}
 	b.loadedAt = time.Now()
 	return b
+}
+
+// fill adds to b, for each partition, at most limits[ps] rows after
+// after(ps): from memory when it holds the next ones (rows handed over by
+// the processor), else from PostgreSQL when rows may be there (a commit
+// said so, the partition's backlog when it was taken, an idle poll).
+func (r *Relay) fill(ctx context.Context, b batch, limits map[*relayPartition]int, after func(*relayPartition) int64) {
+	db := map[*relayPartition]int{}
+	for ps, limit := range limits {
+		from := after(ps)
+		if rows := r.fromMemory(ps, from, limit); len(rows) > 0 {
+			b.rows[ps] = append(b.rows[ps], rows...)
+			r.metrics.FromMemory.Add(float64(len(rows)))
+			continue
+		}
+		r.mu.Lock()
+		maybe := ps.poll || ps.known > from
+		r.mu.Unlock()
+		if maybe {
+			db[ps] = limit
+		}
+	}
+	if len(db) == 0 {
+		return
+	}
+	r.loadPass(ctx, b, db, after)
+	for ps := range db {
+		ps.poll = false
+	}
+}
+
+// fromMemory returns at most limit of ps's rows in memory that follow
+// sequence from without a gap.
+func (r *Relay) fromMemory(ps *relayPartition, from int64, limit int) []Row {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(ps.mem) == 0 {
+		return nil
+	}
+	i := from + 1 - ps.mem[0].Seq
+	if i < 0 || i >= int64(len(ps.mem)) {
+		return nil
+	}
+	rows := ps.mem[i:min(int(i)+limit, len(ps.mem))]
+	return append(make([]Row, 0, len(rows)), rows...)
 }
 
 // skipShard takes every row of sh out of b (a transaction never carries
@@ -1048,15 +1212,25 @@ type publishedRange struct {
 // deletes them (deleting in chunks costs PostgreSQL less per row).
 const housekeepChunk = 256
 
-// recordAll notes each partition's last published sequence and deletes
+// The marks note each partition's last published sequence and delete
 // published rows, a bounded range at a time, once a chunk has accumulated
 // or whenever the relay is idle: one round trip per shard, the shards
 // concurrently, each under the deadline. With idle, every held partition
-// is considered; otherwise the ones in done. A shard that fails is
-// skipped; its partitions' marks are written once it answers again (the
-// published sequence is kept in memory, and housekept stays behind it, so
-// the next idle pass writes them).
-func (r *Relay) recordAll(ctx context.Context, held []*relayPartition, done []publishedRange, idle bool) {
+// is considered; otherwise the ones a transaction published. A shard that
+// fails is skipped; its partitions' marks are written once it answers
+// again (the published sequence is kept in memory, and housekept stays
+// behind it, so the next idle pass writes them).
+
+// shardRecord is one shard's part of a mark.
+type shardRecord struct {
+	sh   Shard
+	reqs []recordReq
+	err  error
+}
+
+// prepareMarks builds a mark's requests (on the loop: it reads the
+// partitions' state).
+func (r *Relay) prepareMarks(held []*relayPartition, done []publishedRange, idle bool) *markOp {
 	var parts []*relayPartition
 	if idle {
 		parts = held
@@ -1065,13 +1239,10 @@ func (r *Relay) recordAll(ctx context.Context, held []*relayPartition, done []pu
 			parts = append(parts, s.ps)
 		}
 	}
-	type shardRecord struct {
-		sh   Shard
-		reqs []recordReq
-		err  error
-	}
+	op := &markOp{byPart: map[int32]*relayPartition{}}
 	byPool := map[*pgxpool.Pool]*shardRecord{}
 	for _, ps := range parts {
+		op.byPart[ps.partition] = ps
 		if ps.last == 0 || idle && ps.housekept >= ps.last {
 			continue
 		}
@@ -1087,19 +1258,21 @@ func (r *Relay) recordAll(ctx context.Context, held []*relayPartition, done []pu
 		if rec == nil {
 			rec = &shardRecord{sh: sh}
 			byPool[sh.Pool] = rec
+			op.recs = append(op.recs, rec)
 		}
 		rec.reqs = append(rec.reqs, recordReq{partition: ps.partition, epoch: ps.epoch, seq: ps.last,
 			deleteAfter: ps.housekept, deleteTo: to})
 	}
-	if len(byPool) == 0 {
-		return
-	}
-	byPart := map[int32]*relayPartition{}
-	for _, ps := range parts {
-		byPart[ps.partition] = ps
-	}
+	return op
+}
+
+// runMarks writes a mark's requests, every shard concurrently (off the
+// loop: it touches nothing of the partitions').
+func (r *Relay) runMarks(ctx context.Context, op *markOp) {
+	start := time.Now()
+	defer func() { r.metrics.MarkSeconds.Observe(time.Since(start).Seconds()) }()
 	var wg sync.WaitGroup
-	for _, rec := range byPool {
+	for _, rec := range op.recs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -1117,7 +1290,12 @@ func (r *Relay) recordAll(ctx context.Context, held []*relayPartition, done []pu
 		}()
 	}
 	wg.Wait()
-	for _, rec := range byPool {
+}
+
+// applyMarks applies a mark's outcome (on the loop), then tells the test
+// hook what the transaction behind it published.
+func (r *Relay) applyMarks(op *markOp) {
+	for _, rec := range op.recs {
 		if locked(rec.err) {
 			r.log.Info().Err(rec.err).Str("shard", rec.sh.Name).
 				Msg("published sequences locked by another relay's mark (a predecessor paused inside its transaction); recording them on a later pass")
@@ -1133,8 +1311,13 @@ func (r *Relay) recordAll(ctx context.Context, held []*relayPartition, done []pu
 		for _, q := range rec.reqs {
 			r.metrics.Deleted.Add(float64(q.deleted))
 			if q.marked {
-				byPart[q.partition].housekept = q.deleteTo
+				op.byPart[q.partition].housekept = q.deleteTo
 			}
+		}
+	}
+	if f := r.cfg.Test.OnPublished; f != nil {
+		for _, s := range op.ranges {
+			f(s.ps.partition, s.first, s.last)
 		}
 	}
 }
@@ -1358,6 +1541,9 @@ func (r *Relay) produceTxn(ctx context.Context, cl *kgo.Client, rows []outboxrow
 		_ = abort(ctx, cl)
 		return nil, err
 	}
+	// The mark of the transaction before ends first: a relay stuck in it
+	// commits nothing more.
+	r.awaitMark()
 	if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
 		r.metrics.PublishErrors.WithLabelValues("commit").Inc()
 		_ = abort(ctx, cl)
