@@ -711,11 +711,14 @@ func (r *Relay) publishAndMark(ctx context.Context, cl *kgo.Client, held []*rela
 }
 
 // trimMemory drops the rows of ps's memory it published.
-func (r *Relay) trimMemory(ps *relayPartition) {
+func (r *Relay) trimMemory(ps *relayPartition) { r.forgetMemory(ps, ps.last) }
+
+// forgetMemory drops the rows of ps's memory up to sequence upTo.
+func (r *Relay) forgetMemory(ps *relayPartition, upTo int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	i := 0
-	for i < len(ps.mem) && ps.mem[i].Seq <= ps.last {
+	for i < len(ps.mem) && ps.mem[i].Seq <= upTo {
 		i++
 	}
 	if i == len(ps.mem) {
@@ -1462,6 +1465,10 @@ func (r *Relay) park(ctx context.Context, ps *relayPartition, seq int64, why err
 		return fmt.Errorf("park row %d/%d: %w", ps.partition, seq, err)
 	}
 	r.metrics.Parked.Inc()
+	// The row is in outbox_parked now, not in the outbox: the next load
+	// reads past it (parkedBetween accounts for the gap). Its copy in
+	// memory must go too, or the next transaction publishes it after all.
+	r.forgetMemory(ps, seq)
 	ps.log.Error().Int64("seq", seq).Err(why).Msg("the broker refused an outbox row for good; parked it (mandatectl parked lists it)")
 	return nil
 }
