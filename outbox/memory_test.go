@@ -12,20 +12,21 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mandated/mandated/outbox"
+	"github.com/mandated/mandated/outbox/outboxrow"
 	"github.com/mandated/mandated/test/testenv"
 )
 
 // committedRows writes n rows to partition p's outbox, as a commit would,
 // and returns them as the processor hands them to the relay (what the
 // commit wrote, read back here only to have them).
-func (b *testBundle) committedRows(p int32, epoch int64, n int) []outbox.Row {
+func (b *testBundle) committedRows(p int32, epoch int64, n int) []outboxrow.Row {
 	b.t.Helper()
 	first, last := b.insert(p, epoch, n, 200)
 	rows, err := b.pool.Query(context.Background(), `SELECT partition, seq, epoch, kind, record_key, payload, prev_hash, hash
 		FROM outbox WHERE partition = $1 AND seq BETWEEN $2 AND $3 ORDER BY seq`, p, first, last)
 	require.NoError(b.t, err)
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outbox.Row, error) {
-		var row outbox.Row
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxrow.Row, error) {
+		var row outboxrow.Row
 		var prev, hash []byte
 		err := r.Scan(&row.Partition, &row.Seq, &row.Epoch, &row.Kind, &row.Key, &row.Payload, &prev, &hash)
 		copy(row.PrevHash[:], prev)

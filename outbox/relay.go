@@ -237,7 +237,7 @@ type relayPartition struct {
 	// mem holds rows the processor handed over (CommittedRows), in
 	// sequence order, without a gap, not yet published (trimmed as they
 	// are); known is the highest sequence known committed.
-	mem   []Row
+	mem   []outboxrow.Row
 	known int64
 
 	published atomic.Int64 // highest sequence known published (for the backlog gauge)
@@ -284,7 +284,7 @@ func (r *Relay) Committed(partition int32, epoch int64, nextSeq int64) {
 // them back, as long as they follow what it holds in memory for the
 // partition (up to memRows rows; past that, or after a gap, they are
 // loaded from PostgreSQL when their turn comes).
-func (r *Relay) CommittedRows(partition int32, epoch int64, nextSeq int64, rows []Row) {
+func (r *Relay) CommittedRows(partition int32, epoch int64, nextSeq int64, rows []outboxrow.Row) {
 	r.mu.Lock()
 	ps := r.parts[partition]
 	if ps == nil || ps.epoch != epoch {
@@ -295,7 +295,7 @@ func (r *Relay) CommittedRows(partition int32, epoch int64, nextSeq int64, rows 
 	if n := len(rows); n > 0 {
 		switch m := len(ps.mem); {
 		case m == 0:
-			ps.mem = append(make([]Row, 0, n), rows...)
+			ps.mem = append(make([]outboxrow.Row, 0, n), rows...)
 		case ps.mem[m-1].Seq+1 == rows[0].Seq && m+n <= r.memRows():
 			ps.mem = append(ps.mem, rows...)
 		}
@@ -1134,7 +1134,7 @@ func (r *Relay) fill(ctx context.Context, b batch, limits map[*relayPartition]in
 
 // fromMemory returns at most limit of ps's rows in memory that follow
 // sequence from without a gap.
-func (r *Relay) fromMemory(ps *relayPartition, from int64, limit int) []Row {
+func (r *Relay) fromMemory(ps *relayPartition, from int64, limit int) []outboxrow.Row {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if len(ps.mem) == 0 {
@@ -1145,7 +1145,7 @@ func (r *Relay) fromMemory(ps *relayPartition, from int64, limit int) []Row {
 		return nil
 	}
 	rows := ps.mem[i:min(int(i)+limit, len(ps.mem))]
-	return append(make([]Row, 0, len(rows)), rows...)
+	return append(make([]outboxrow.Row, 0, len(rows)), rows...)
 }
 
 // skipShard takes every row of sh out of b (a transaction never carries

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mandated/mandated/internal/clock"
+	"github.com/mandated/mandated/outbox/outboxrow"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/wire"
 )
@@ -58,6 +59,14 @@ type PartitionListener interface {
 	Assigned(partition int32, epoch int64)
 	Committed(partition int32, epoch int64, nextSeq int64)
 	Revoked(partition int32)
+}
+
+// RowsListener is a PartitionListener that takes the rows each commit
+// wrote, in sequence order (the relay publishes them without reading them
+// back from PostgreSQL): it is called instead of Committed, with the same
+// rules.
+type RowsListener interface {
+	CommittedRows(partition int32, epoch int64, nextSeq int64, rows []outboxrow.Row)
 }
 
 // Config configures a Processor.

@@ -186,3 +186,6 @@ func (u *undoRegisterer) undo() {
 	}
 	u.registered = nil
 }
+
+// The relay takes each commit's rows in memory.
+var _ RowsListener = (*outbox.Relay)(nil)

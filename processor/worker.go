@@ -701,7 +701,11 @@ func (w *worker) committed(b *sink.Batch, res sink.Result, items []item, due []l
 		Int64("next_seq", w.pos.NextSeq).Int("attempts", res.Attempts).Dur("took", took).Msg("batch committed")
 	_ = failpoint.Inject(w.ctx, failpoint.AfterCommit)
 	if l := w.p.cfg.Listener; l != nil {
-		l.Committed(w.partition, w.epoch, w.pos.NextSeq)
+		if rl, ok := l.(RowsListener); ok && !res.AlreadyStored {
+			rl.CommittedRows(w.partition, w.epoch, w.pos.NextSeq, res.Rows)
+		} else {
+			l.Committed(w.partition, w.epoch, w.pos.NextSeq)
+		}
 	}
 	if f := w.p.cfg.Test.OnCommitted; f != nil {
 		f(BatchReport{Partition: w.partition, Epoch: w.epoch, Records: len(items), Timers: len(due),
