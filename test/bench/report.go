@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -676,9 +677,50 @@ plot "%s" using 0:2:xtic(1) with boxes lc rgb "#3b6ea8", "" using 0:2:(sprintf("
 		}
 	}
 	if len(r.Latency) > 0 {
+		script := latencyPlot(filepath.Join(dir, "latency.png"), b.work, slices.Concat(r.Latency, r.LatencyK2, r.LatencyP3, r.LatencyAlt))
+		if err := runGnuplot(gp, script); err == nil {
+			made = append(made, "latency.png")
+		} else {
+			b.logf("gnuplot: %v", err)
+		}
+	}
+	return made
+}
+
+// latencyPlot returns the gnuplot script of latency.png: one panel per
+// load level, in the order the levels ran, each with the systems measured
+// at it side by side (mandated, K2, P3, the experiment), so that a reader
+// sees each level at a glance. It writes each curve's data in work.
+func latencyPlot(out, work string, levels []LatencyResult) string {
+	var order []string
+	by := map[string][]LatencyResult{}
+	for _, l := range levels {
+		if _, seen := by[l.Level]; !seen {
+			order = append(order, l.Level)
+		}
+		by[l.Level] = append(by[l.Level], l)
+	}
+	colors := map[string]string{SysMandated: "#3b6ea8", SysK2: "#d9822b", SysP3: "#3a9a5b", SysExperiment: "#8e44ad"}
+	cols := min(len(order), 4)
+	rows := (len(order) + cols - 1) / cols
+	var b strings.Builder
+	fmt.Fprintf(&b, `set terminal png size %d,%d font ",9"
+set output "%s"
+set multiplot layout %d,%d title "Proposal → decision visible (read_committed), open loop, HDR histogram: one panel per load level" noenhanced
+set logscale x
+set xtics ("p0" 1, "p50" 2, "p90" 10, "p99" 100, "p99.9" 1000, "max" 100000)
+set ylabel "ms"
+set logscale y
+set grid
+set key top left
+`, 420*cols, 340*rows, out, rows, cols)
+	n := 0
+	for _, level := range order {
 		var plots []string
-		for i, l := range slices.Concat(r.Latency, r.LatencyK2, r.LatencyP3) {
-			dat := filepath.Join(b.work, fmt.Sprintf("latency-%d.dat", i))
+		rate := 0.0
+		for _, l := range by[level] {
+			dat := filepath.Join(work, fmt.Sprintf("latency-%d.dat", n))
+			n++
 			var data strings.Builder
 			for _, pt := range l.CDF {
 				q := pt[0]
@@ -688,26 +730,16 @@ plot "%s" using 0:2:xtic(1) with boxes lc rgb "#3b6ea8", "" using 0:2:(sprintf("
 				fmt.Fprintf(&data, "%g %g\n", 1/(1-q/100), pt[1])
 			}
 			_ = os.WriteFile(dat, []byte(data.String()), 0o644)
-			plots = append(plots, fmt.Sprintf(`"%s" using 1:2 with linespoints title "%s, %s load (%.0f/s)"`, dat, l.System, strings.ReplaceAll(l.Level, " %", "%"), l.OfferedRate))
+			color := cmp.Or(colors[l.System], "#555555")
+			plots = append(plots, fmt.Sprintf(`"%s" using 1:2 with linespoints lc rgb "%s" title "%s"`, dat, color, l.System))
+			if l.System == SysMandated || rate == 0 {
+				rate = l.OfferedRate
+			}
 		}
-		script := fmt.Sprintf(`set terminal png size 1000,520 font ",10"
-set output "%s"
-set title "Proposal → decision visible (read_committed), open loop, HDR histogram" noenhanced
-set logscale x
-set xtics ("p0" 1, "p50" 2, "p90" 10, "p99" 100, "p99.9" 1000, "p99.99" 10000, "max" 100000)
-set ylabel "ms"
-set logscale y
-set grid
-set key top left
-plot %s
-`, filepath.Join(dir, "latency.png"), strings.Join(plots, ", "))
-		if err := runGnuplot(gp, script); err == nil {
-			made = append(made, "latency.png")
-		} else {
-			b.logf("gnuplot: %v", err)
-		}
+		fmt.Fprintf(&b, "set title \"%s (%.0f/s)\" noenhanced\nplot %s\n", strings.ReplaceAll(level, " %", "%"), rate, strings.Join(plots, ", "))
 	}
-	return made
+	b.WriteString("unset multiplot\n")
+	return b.String()
 }
 
 func runGnuplot(gp, script string) error {
