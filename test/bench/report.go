@@ -442,6 +442,9 @@ func (r *Result) summary(dirName string, plots []string) string {
 		w("**NOISY RUN:** the 1-minute load average was above the %d cores before %d latency level(s) (%s), after waiting up to %s for it to fall: the figures below are ratios only, with no pass or miss. Judge the targets on a quiet run (nothing else running: no tests, no builds).\n\n",
 			r.Host.CPUs, len(r.Noisy), strings.Join(r.Noisy, ", "), cmp0(r.Config.SettleMax, SettleMaxDefault))
 	}
+	if line := r.headline(); line != "" {
+		w("%s\n\n", line)
+	}
 	w("## Targets\n\n| ratio | target | median | min – max | pairs | result |\n|---|---|---|---|---|---|\n")
 	for _, x := range r.Ratios {
 		res := "**miss**"
@@ -770,4 +773,48 @@ func (r *Result) machineTable(w func(string, ...any)) {
 		}
 		w("| %s | %s | %.2f | %.0f s | %.2f | %.0f %% | %s |\n", l.System, l.Level, l.Machine.LoadBefore, l.Machine.SettledSecs, l.Machine.LoadDuring, l.Machine.ForeignCPU*100, mark)
 	}
+}
+
+// headlineP99MS is the p99 the summary's headline holds a system to.
+const headlineP99MS = 100
+
+// highestWithin returns the latency level with the highest offered rate
+// whose p99 is at most p99MS, with nothing missing and no duplicate.
+func highestWithin(levels []LatencyResult, p99MS float64) (LatencyResult, bool) {
+	var best LatencyResult
+	ok := false
+	for _, l := range levels {
+		if l.Measured == 0 || l.Missing > 0 || l.Duplicates > 0 || l.P99MS > p99MS {
+			continue
+		}
+		if !ok || l.OfferedRate > best.OfferedRate {
+			best, ok = l, true
+		}
+	}
+	return best, ok
+}
+
+// headline is the summary's first figure: the highest offered load at
+// which mandated's p99 stays within headlineP99MS, beside P3's, and what
+// share of the burn-down capacity it is.
+func (r *Result) headline() string {
+	if len(r.Latency) == 0 {
+		return ""
+	}
+	say := func(levels []LatencyResult) string {
+		l, ok := highestWithin(levels, headlineP99MS)
+		if !ok {
+			return "none of the levels"
+		}
+		s := fmt.Sprintf("%.0f/s (level %s, p99 %.1f ms", l.OfferedRate, l.Level, l.P99MS)
+		if r.Capacity > 0 {
+			s += fmt.Sprintf(", %.0f %% of mandated's burn-down capacity %.0f/s", 100*l.OfferedRate/r.Capacity, r.Capacity)
+		}
+		return s + ")"
+	}
+	line := fmt.Sprintf("**Highest offered load with p99 ≤ %d ms** (of the levels run): mandated %s", headlineP99MS, say(r.Latency))
+	if len(r.LatencyP3) > 0 {
+		line += "; P3 (hand-written) " + say(r.LatencyP3)
+	}
+	return line + "."
 }

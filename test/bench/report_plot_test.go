@@ -45,3 +45,19 @@ func TestTheLatencyPlotDrawsOnePanelPerLevelWithEachSystemInIt(t *testing.T) {
 	require.NoError(t, err)
 	require.Positive(t, st.Size())
 }
+
+func TestTheHeadlineNamesTheHighestLevelWithinTheP99(t *testing.T) {
+	r := &Result{Capacity: 20000,
+		Latency: []LatencyResult{
+			{Level: "light", OfferedRate: 100, Measured: 10, P99MS: 20},
+			{Level: "25 %", OfferedRate: 5000, Measured: 10, P99MS: 90},
+			{Level: "50 %", OfferedRate: 10000, Measured: 10, P99MS: 150},
+			{Level: "75 %", OfferedRate: 15000, Measured: 10, P99MS: 50, Missing: 1},
+		},
+		LatencyP3: []LatencyResult{{Level: "75 %", OfferedRate: 15000, Measured: 10, P99MS: 60}}}
+	require.Equal(t, "**Highest offered load with p99 ≤ 100 ms** (of the levels run): mandated 5000/s (level 25 %, p99 90.0 ms, "+
+		"25 % of mandated's burn-down capacity 20000/s); P3 (hand-written) 15000/s (level 75 %, p99 60.0 ms, 75 % of mandated's "+
+		"burn-down capacity 20000/s).", r.headline())
+	r.Latency = r.Latency[2:]
+	require.Contains(t, r.headline(), "mandated none of the levels;")
+}
