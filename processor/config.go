@@ -12,7 +12,6 @@ import (
 
 	"github.com/mandated/mandated/internal/clock"
 	"github.com/mandated/mandated/outbox/outboxrow"
-	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/wire"
 )
 
@@ -136,18 +135,6 @@ type Config struct {
 	// MaxBatch caps the records decided in one transaction. Defaults to
 	// MaxBatchDefault.
 	MaxBatch int
-	// GroupCommit makes the workers of one process hand their batches to a
-	// committer per shard, which commits the ready batches of every
-	// partition in one transaction, each under its own fence (sink.Group):
-	// fewer PostgreSQL transactions and less PostgreSQL CPU per decision,
-	// at a latency cost under load (docs/performance.md, "Group commit
-	// across a process's partitions"). Defaults to false: each partition's
-	// batch commits in its own transaction.
-	GroupCommit bool
-	// GroupCommitsInFlight caps the group commits running at once per
-	// shard; batches handed over while that many are in flight wait and
-	// go together in the next. Defaults to sink.GroupMaxInFlightDefault.
-	GroupCommitsInFlight int
 	// MaxRecordBytes is the largest record value decoded. Defaults to
 	// wire.MaxRecordBytesDefault.
 	MaxRecordBytes int
@@ -214,10 +201,6 @@ type TestConfig struct {
 	OnCommitted func(BatchReport)
 	// OnFenced is called when a worker's commit is fenced.
 	OnFenced func(partition int32, epoch int64)
-	// OnGroupCommit is called after every group commit, from the shard's
-	// committers (concurrently when more than one is in flight); it must
-	// not block.
-	OnGroupCommit func(sink.GroupStats)
 	// ShardProbeInterval is how often every shard is probed. Defaults to
 	// a tenth of DBUnreachableHandoff, between 100 ms and 1 s.
 	ShardProbeInterval time.Duration
@@ -255,7 +238,6 @@ func (c Config) WithDefaults() Config {
 		c.Owner = fmt.Sprintf("%s-%d", cmp.Or(host, "mandated"), os.Getpid())
 	}
 	c.MaxBatch = cmp.Or(c.MaxBatch, MaxBatchDefault)
-	c.GroupCommitsInFlight = cmp.Or(c.GroupCommitsInFlight, sink.GroupMaxInFlightDefault)
 	c.MaxRecordBytes = cmp.Or(c.MaxRecordBytes, wire.MaxRecordBytesDefault)
 	c.SessionTimeout = cmp.Or(c.SessionTimeout, SessionTimeoutDefault)
 	c.RebalanceTimeout = cmp.Or(c.RebalanceTimeout, RebalanceTimeoutDefault)
@@ -285,8 +267,6 @@ func (c Config) Validate() error {
 		return errors.New("processor: DecisionsTopic must differ from the input topics")
 	case c.MaxBatch < 1 || c.MaxBatch > 10000:
 		return errors.New("processor: MaxBatch must be between 1 and 10000")
-	case c.GroupCommitsInFlight < 1:
-		return errors.New("processor: GroupCommitsInFlight must be positive")
 	case c.MaxRecordBytes < 1024:
 		return errors.New("processor: MaxRecordBytes must be at least 1024")
 	case c.SessionTimeout < time.Second:

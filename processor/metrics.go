@@ -25,7 +25,6 @@ type Metrics struct {
 	AmbiguousCommits   prometheus.Counter
 	BatchSize          prometheus.Histogram
 	CommitSeconds      prometheus.Histogram
-	GroupPartitions    prometheus.Histogram
 	DecisionLatency    prometheus.Histogram
 	ConsumerLag        *prometheus.GaugeVec
 	PartitionsOwned    prometheus.Gauge
@@ -131,18 +130,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		BatchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "mandated_batch_records",
-			Help:    "Records (plus due deadlines) decided per partition batch (one part of a group commit, or its own transaction).",
+			Help:    "Records (plus due deadlines) decided per partition batch (its own transaction).",
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024},
 		}),
 		CommitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "mandated_batch_commit_seconds",
-			Help:    "Time to commit one partition batch, retries included (with group commit: from handing it to its shard's committer to the group's COMMIT).",
+			Help:    "Time to commit one partition batch, retries included.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
-		}),
-		GroupPartitions: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "mandated_group_commit_partitions",
-			Help:    "Partition batches carried by one group commit (one PostgreSQL transaction per shard per cycle; see Config.GroupCommit).",
-			Buckets: []float64{1, 2, 3, 4, 6, 8, 12, 16, 24, 32},
 		}),
 		DecisionLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "mandated_proposal_decision_latency_seconds",
@@ -234,7 +228,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	})
 	m.Stages = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "mandated_stage_seconds",
-		Help:    "Where a record waited before its decision was committed, per record, by stage: fetch (its Kafka timestamp, the producer's send time, to its partition's worker having it), queue (to its batch starting), commit (to the batch's PostgreSQL COMMIT, retries and group commit included). Their sum is mandated_proposal_decision_latency_seconds; the relay's stages are mandated_outbox_stage_seconds.",
+		Help:    "Where a record waited before its decision was committed, per record, by stage: fetch (its Kafka timestamp, the producer's send time, to its partition's worker having it), queue (to its batch starting), commit (to the batch's PostgreSQL COMMIT, retries included). Their sum is mandated_proposal_decision_latency_seconds; the relay's stages are mandated_outbox_stage_seconds.",
 		Buckets: outbox.StageBuckets(),
 	}, []string{"stage"})
 	m.stageFetch, m.stageQueue, m.stageCommit = m.Stages.WithLabelValues("fetch"), m.Stages.WithLabelValues("queue"), m.Stages.WithLabelValues("commit")
@@ -248,7 +242,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		reg.MustRegister(m.Rebalance.collectors()...)
 		reg.MustRegister(m.Decisions, m.Rejections, m.DeadLetters, m.Misrouted, m.GrantsOnProposals, m.DeadlineMoves,
 			m.Fenced, m.Reclaims, m.BatchRetries, m.VersionConflicts, m.RecordFaults, m.AmbiguousCommits, m.BatchSize,
-			m.CommitSeconds, m.GroupPartitions, m.DecisionLatency, m.ConsumerLag, m.PartitionsOwned, m.PartitionEpoch,
+			m.CommitSeconds, m.DecisionLatency, m.ConsumerLag, m.PartitionsOwned, m.PartitionEpoch,
 			m.TakeoverSeconds, m.PredecessorsKilled, m.InDoubt, m.InDoubtOldest, m.KeysPurged, m.PendingDeadlines, m.Ready)
 		reg.MustRegister(m.Executions, m.StaleTokens)
 	}

@@ -30,8 +30,7 @@ type Processor struct {
 	log     zerolog.Logger
 	metrics *Metrics
 	keys    *keyring
-	tracer  trace.Tracer               // nil: tracing off
-	groups  map[*sink.Sink]*sink.Group // one committer per shard; nil without GroupCommit
+	tracer  trace.Tracer // nil: tracing off
 
 	partitions int32 // the topics' partition count
 
@@ -92,12 +91,7 @@ func NewSharded(cfg Config, shards *sink.Shards, log zerolog.Logger, m *Metrics)
 	if cfg.TracerProvider != nil {
 		p.tracer = cfg.TracerProvider.Tracer("github.com/mandated/mandated/processor")
 	}
-	if cfg.GroupCommit {
-		p.groups = map[*sink.Sink]*sink.Group{}
-		for _, s := range shards.All() {
-			p.groups[s] = s.NewGroup(sink.GroupConfig{MaxInFlight: cfg.GroupCommitsInFlight, Observe: p.observeGroup})
-		}
-	}
+
 	p.keys = &keyring{refresh: cfg.GrantorKeyRefresh, load: func(ctx context.Context) (*sink.Keyring, error) {
 		return p.shards.Control().LoadKeyring(ctx)
 	}}
@@ -245,9 +239,6 @@ func (p *Processor) Stop(ctx context.Context) error {
 	// started meanwhile (a fenced one's successor) ends now.
 	p.workCancel()
 	err = cmp.Or(err, p.waitOwned(ctx, "workers", p.running.Wait), p.waitOwned(ctx, "loops", p.loops.Wait))
-	for _, g := range p.groups {
-		err = cmp.Or(err, p.waitOwned(ctx, "group commits", g.Wait))
-	}
 	if err != nil {
 		p.log.Warn().Err(err).Msg("processor stopped, past its deadline: the batches still in flight were aborted")
 		return err

@@ -27,9 +27,8 @@ import (
 
 // worker decides one owned partition: it takes what the poll loop handed
 // it (up to MaxBatch, no lingering), adds the deadlines that are due, and
-// commits them under the partition's fence, again and again: as its part of
-// its shard's next group commit (groupcommit.go), or in a transaction of its
-// own unless Config.GroupCommit.
+// commits them under the partition's fence, in a transaction of its own,
+// again and again.
 type worker struct {
 	p         *Processor
 	partition int32
@@ -459,7 +458,7 @@ func (w *worker) commit(items []item, due []lifecycle.AuthKey, now time.Time) er
 		if !ok {
 			return errReleased
 		}
-		res, err := w.p.commitBatch(actx, w.store, b)
+		res, err := w.store.Commit(actx, b)
 		w.endAttempt()
 		w.countRetries(res.Retries)
 		if err == nil {

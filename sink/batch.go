@@ -78,35 +78,7 @@ func (s *Sink) Commit(ctx context.Context, b *Batch) (Result, error) {
 	}
 }
 
-// attempt runs the batch once: a group commit of one part (commitParts),
-// so that a batch of its own takes the same two round trips.
-func (s *Sink) attempt(ctx context.Context, b *Batch, res *Result) error {
-	outs, errs, err := s.commitParts(ctx, []*groupReq{{ctx: ctx, b: b, retried: res.Attempts > 1 || b.Retry}})
-	if err == nil {
-		err = errs[0]
-	}
-	if err != nil {
-		return err
-	}
-	out := outs[0]
-	if out.AlreadyStored {
-		res.Position, res.AlreadyStored = out.Position, true
-		return nil
-	}
-	res.Position, res.State, res.Rows = out.Position, out.State, out.Rows
-	return nil
-}
-
-// written is what one batch's writes did, before COMMIT.
-type written struct {
-	Position      Position
-	State         *lifecycle.State
-	Rows          []outboxrow.Row
-	AlreadyStored bool
-}
-
-// batchPart is one batch on its way through a transaction: the batch's own
-// transaction (write), or one batchPart of a group commit (Group).
+// batchPart is one batch on its way through its transaction (attempt).
 type batchPart struct {
 	b       *Batch
 	retried bool
@@ -120,7 +92,7 @@ type batchPart struct {
 	out     []outboxrow.Row
 	to      Position
 	newHead []byte   // the chain head after out
-	w       writeSet // phase two, unmerged
+	w       writeSet // phase two
 
 	// What phase one queued besides the mandates and the keys.
 	intents, auths, recent bool
@@ -176,6 +148,26 @@ func (p *batchPart) readLock(br pgx.BatchResults) error {
 	}
 	p.checkFence(err == nil, epoch)
 	return nil
+}
+
+// checkFence checks the part's fence against its partition row (found, at
+// epoch; p.stored read from it): p.fence, or p.already when an earlier
+// attempt's ambiguous COMMIT did commit.
+func (p *batchPart) checkFence(found bool, epoch int64) {
+	b := p.b
+	switch {
+	case !found:
+		p.fence = fmt.Errorf("%w: partition %d has never been claimed", ErrFenced, b.Partition)
+	case epoch != b.Epoch:
+		p.fence = fmt.Errorf("%w: partition %d is at epoch %d, this owner holds %d", ErrFenced, b.Partition, epoch, b.Epoch)
+	case p.stored != b.From:
+		if p.stored.ProposalsOffset == b.To.ProposalsOffset && p.stored.GrantsOffset == b.To.GrantsOffset && p.retried {
+			// An earlier attempt committed; its acknowledgement was lost.
+			p.already = true
+		} else {
+			p.fence = fmt.Errorf("%w: partition %d stores position %+v, this owner expected %+v", ErrFenced, b.Partition, p.stored, b.From)
+		}
+	}
 }
 
 // readLoads reads what queueLoads queued into the part's state (or passes
@@ -279,40 +271,6 @@ func (p *batchPart) decide() error {
 // its position.
 func (p *batchPart) addTo(w *writeSet) {
 	w.add(p.st, p.tids, p.out, advance{partition: p.b.Partition, epoch: p.b.Epoch, from: p.stored, to: p.to, head: p.newHead})
-}
-
-// bindsTwice reports an idempotency key or intent scope the part binds
-// that bound (the scopes earlier parts of its group bind) already holds,
-// and adds the part's scopes to bound otherwise.
-func (p *batchPart) bindsTwice(bound map[any]bool) (any, bool) {
-	var mine []any
-	for _, r := range p.st.Idem {
-		if r.New {
-			mine = append(mine, r.Scope)
-		}
-	}
-	for _, r := range p.st.Intents {
-		if r.New {
-			mine = append(mine, r.Scope)
-		}
-	}
-	for _, k := range mine {
-		if bound[k] {
-			return k, true
-		}
-	}
-	for _, k := range mine {
-		bound[k] = true
-	}
-	return nil, false
-}
-
-// written is what the part wrote, once committed.
-func (p *batchPart) written() written {
-	if p.already {
-		return written{Position: p.stored, AlreadyStored: true}
-	}
-	return written{Position: p.to, State: p.st, Rows: p.out}
 }
 
 // loadIntents reads the intents of phase one's batch.

@@ -151,18 +151,6 @@ WHERE i.ctid = u.tid AND i.org = u.org AND i.mandate_id = u.mandate_id AND i.ope
 const updateIntentsSQL = `WITH w AS (` + updateIntentsRows + ` RETURNING 1)
 SELECT mandated_expect_rows(count(*), $14, 'update intents') FROM w`
 
-// advancePartitionsRows is advancePartitionRows for the partitions of a
-// merged group commit, in one statement.
-const advancePartitionsRows = `UPDATE mandated_partitions p SET proposals_offset = u.to_proposals, grants_offset = u.to_grants,
-  next_seq = u.to_seq, head_hash = u.head_hash, updated_at = now()
-FROM unnest($1::int[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bytea[])
-  AS u(partition, epoch, to_proposals, to_grants, to_seq, from_proposals, from_grants, from_seq, head_hash)
-WHERE p.partition = u.partition AND p.epoch = u.epoch AND p.proposals_offset = u.from_proposals
-  AND p.grants_offset = u.from_grants AND p.next_seq = u.from_seq`
-
-const advancePartitionsSQL = `WITH w AS (` + advancePartitionsRows + ` RETURNING 1)
-SELECT mandated_expect_rows(count(*), $10, 'advance partitions') FROM w`
-
 // insertAnswersSQL keeps the decisions that answer gateway requests
 // (migration 0024), keyed by the record's position.
 const insertAnswersSQL = `INSERT INTO request_answers (source_partition, source_offset, request_id, partition, org, mandate_id,

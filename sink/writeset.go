@@ -10,9 +10,8 @@ import (
 	"github.com/mandated/mandated/outbox/outboxrow"
 )
 
-// writeSet collects the writes of one batch — or of every batch of a
-// merged group commit — as column arrays, one statement per table and
-// kind, which flush queues in an order the foreign keys accept (mandates
+// writeSet collects the writes of one batch as column arrays, one
+// statement per table and kind, which flush queues in an order the foreign keys accept (mandates
 // before their authorizations).
 type writeSet struct {
 	insMandates, updMandates mandateCols
@@ -23,7 +22,7 @@ type writeSet struct {
 	updIntents               intentUpdCols
 	outbox                   outboxCols
 	answers                  answerCols
-	advance                  advanceCols
+	advance                  *advance
 
 	batch pgx.Batch
 	n     int // statements queued by flush
@@ -39,7 +38,7 @@ func (w *writeSet) add(st *lifecycle.State, tids rowTIDs, rows []outboxrow.Row, 
 			w.answers.add(r)
 		}
 	}
-	w.advance.add(adv)
+	w.advance = &adv
 }
 
 // addState collects the state changes of st: the rows marked new or dirty,
@@ -81,8 +80,8 @@ func (w *writeSet) addState(st *lifecycle.State, tids rowTIDs) {
 }
 
 // flush queues every collected write, each checking the rows it touched
-// in the database (mandated_expect_rows): one advance names its partition
-// alone (advancePartitionSQL), several go in one statement.
+// in the database (mandated_expect_rows); the batch's advance names its
+// partition (advancePartitionSQL).
 func (w *writeSet) flush() {
 	q := func(sql string, args []any, want int) {
 		if want >= 0 {
@@ -139,12 +138,9 @@ func (w *writeSet) flush() {
 		// acknowledgement) keeps its first answer: no count.
 		q(insertAnswersSQL, []any{c.srcPart, c.srcOff, c.id, c.part, c.org, c.mid, c.payload, c.created, c.expires}, -1)
 	}
-	if c := &w.advance; len(c.part) == 1 {
-		q(advancePartitionSQL, []any{c.part[0], c.epoch[0], c.toProposals[0], c.toGrants[0], c.toSeq[0],
-			c.fromProposals[0], c.fromGrants[0], c.fromSeq[0], c.head[0]}, -1) // its count is fixed in the statement
-	} else if len(c.part) > 1 {
-		q(advancePartitionsSQL, []any{c.part, c.epoch, c.toProposals, c.toGrants, c.toSeq, c.fromProposals, c.fromGrants,
-			c.fromSeq, c.head}, len(c.part))
+	if a := w.advance; a != nil {
+		q(advancePartitionSQL, []any{a.partition, a.epoch, a.to.ProposalsOffset, a.to.GrantsOffset, a.to.NextSeq,
+			a.from.ProposalsOffset, a.from.GrantsOffset, a.from.NextSeq, a.head}, -1) // its count is fixed in the statement
 	}
 }
 
@@ -328,17 +324,4 @@ type advance struct {
 	epoch     int64
 	from, to  Position
 	head      []byte
-}
-
-type advanceCols struct {
-	part                                                                    []int32
-	epoch, toProposals, toGrants, toSeq, fromProposals, fromGrants, fromSeq []int64
-	head                                                                    [][]byte
-}
-
-func (c *advanceCols) add(a advance) {
-	c.part, c.epoch = append(c.part, a.partition), append(c.epoch, a.epoch)
-	c.toProposals, c.toGrants, c.toSeq = append(c.toProposals, a.to.ProposalsOffset), append(c.toGrants, a.to.GrantsOffset), append(c.toSeq, a.to.NextSeq)
-	c.fromProposals, c.fromGrants, c.fromSeq = append(c.fromProposals, a.from.ProposalsOffset), append(c.fromGrants, a.from.GrantsOffset), append(c.fromSeq, a.from.NextSeq)
-	c.head = append(c.head, a.head)
 }

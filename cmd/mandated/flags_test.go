@@ -61,7 +61,7 @@ func TestTheFlagsDefaultsAreTheComponentsDefaults(t *testing.T) {
 	pz := cfg.Processor
 	pz.ProposalsTopic, pz.GrantsTopic, pz.DecisionsTopic, pz.DeadLetterTopic, pz.Group, pz.GroupProtocol = "", "", "", "", "", ""
 	pz.RewindCheckInterval, pz.MinDecisionRetention, pz.DBUnreachableHandoff, pz.ShardHandoffAfter = 0, 0, 0, 0
-	pz.ShardHandoffProbes, pz.ShardTakeBackProbes, pz.MaxBatch, pz.GroupCommitsInFlight, pz.MaxRecordBytes = 0, 0, 0, 0, 0
+	pz.ShardHandoffProbes, pz.ShardTakeBackProbes, pz.MaxBatch, pz.MaxRecordBytes = 0, 0, 0, 0
 	pz.SessionTimeout, pz.RebalanceTimeout, pz.GrantorKeyRefresh = 0, 0, 0
 	sameDefaults(t, "processor.Config", cfg.Processor.WithDefaults(), pz.WithDefaults())
 	rz := cfg.Relay
@@ -75,13 +75,12 @@ func TestTheFlagsDefaultsAreTheComponentsDefaults(t *testing.T) {
 func TestAFlagSetsItsComponentsField(t *testing.T) {
 	c := parse(t, "--database-url", "postgres://x@127.0.0.1/db", "--brokers", "127.0.0.1:1,127.0.0.1:2",
 		"--db-max-conns", "3", "--max-batch", "7", "--relay-max-rows", "9", "--decisions-topic", "d", "--dead-letter-topic", "dl",
-		"--group-commit", "--relay-linger", "5ms")
+		"--relay-linger", "5ms")
 	cfg, err := c.serviceConfig(zerolog.Nop(), prometheus.NewRegistry())
 	require.NoError(t, err)
 	require.EqualValues(t, 3, cfg.Sink.MaxConns)
 	require.Equal(t, "postgres://x@127.0.0.1/db", cfg.Sink.DatabaseURL)
 	require.Equal(t, 7, cfg.Processor.MaxBatch)
-	require.True(t, cfg.Processor.GroupCommit)
 	require.Equal(t, 9, cfg.Relay.MaxRows)
 	require.Equal(t, "5ms", cfg.Relay.Linger.String())
 	require.Equal(t, []string{"d", "dl"}, []string{cfg.Relay.DecisionsTopic, cfg.Relay.DeadLetterTopic})

@@ -89,8 +89,6 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.IntVar(&pr.ShardHandoffProbes, "shard-handoff-probes", processor.ShardHandoffProbesDefault, "failed probes in a row (over --shard-handoff-after at least) before one shard's partitions are handed off")
 	fs.IntVar(&pr.ShardTakeBackProbes, "shard-takeback-probes", processor.ShardTakeBackProbesDefault, "answered probes in a row before the partitions of a shard handed off are claimed back")
 	fs.IntVar(&pr.MaxBatch, "max-batch", processor.MaxBatchDefault, "most records of one partition decided in one batch")
-	fs.BoolVar(&pr.GroupCommit, "group-commit", false, "commit the ready batches of every owned partition of a shard in one PostgreSQL transaction (each under its own fence): less PostgreSQL CPU per decision, more latency under load; false: one transaction per partition batch")
-	fs.IntVar(&pr.GroupCommitsInFlight, "group-commits-in-flight", sink.GroupMaxInFlightDefault, "most group commits running at once per shard (batches handed over meanwhile wait and go together in the next)")
 	fs.IntVar(&pr.MaxRecordBytes, "max-record-bytes", wire.MaxRecordBytesDefault, "largest command record decoded")
 	fs.DurationVar(&pr.SessionTimeout, "session-timeout", processor.SessionTimeoutDefault, "consumer group session timeout (classic protocol; with the consumer protocol the broker's group.consumer.session.timeout.ms applies)")
 	fs.DurationVar(&pr.RebalanceTimeout, "rebalance-timeout", processor.RebalanceTimeoutDefault, "consumer group rebalance timeout")

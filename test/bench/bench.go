@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -63,11 +62,6 @@ type Config struct {
 	// third system with this outbox.Config.MetadataMinAge (negative:
 	// franz-go's 5 s); with RelayRetryBackoff both apply to it.
 	RelayMetadataMinAge time.Duration
-	// ExpGroupCommit (experiment), when "on" or "in-flight=N", likewise
-	// adds the third system with group commit on (one PostgreSQL
-	// transaction per shard per cycle for every partition's batch), with
-	// its default or N group commits in flight per shard.
-	ExpGroupCommit string
 	// ExpDatabaseParams (experiment), when not empty, likewise adds the
 	// third system with these query parameters on its database URL
 	// ("plan_cache_mode=force_generic_plan": run-time settings of its
@@ -556,17 +550,13 @@ func (c Config) shareLevels() bool {
 // experiment reports whether the latency levels run a third system, mandated
 // with the experiment's settings.
 func (c Config) experiment() bool {
-	return c.RelayRetryBackoff != 0 || c.RelayMetadataMinAge != 0 || c.ExpGroupCommit != "" || c.ExpDatabaseParams != "" ||
+	return c.RelayRetryBackoff != 0 || c.RelayMetadataMinAge != 0 || c.ExpDatabaseParams != "" ||
 		c.ExpDatabaseSQL != "" || c.ExpServe != "" || c.ExpBinary != ""
 }
 
 // applyExperiment sets the experiment system's settings on its ServeConfig.
 func (c Config) applyExperiment(s *ServeConfig) error {
 	s.RelayRetryBackoff, s.RelayMetadataMinAge = c.RelayRetryBackoff, c.RelayMetadataMinAge
-	var err error
-	if s.GroupCommit, s.GroupCommitsInFlight, err = c.GroupCommitExperiment(); err != nil {
-		return err
-	}
 	if p := c.ExpDatabaseParams; p != "" {
 		s.DatabaseURL += "&" + p
 	}
@@ -576,22 +566,4 @@ func (c Config) applyExperiment(s *ServeConfig) error {
 		}
 	}
 	return nil
-}
-
-// GroupCommitExperiment parses ExpGroupCommit: "on", or "in-flight=N".
-func (c Config) GroupCommitExperiment() (on bool, inFlight int, err error) {
-	switch v := c.ExpGroupCommit; {
-	case v == "":
-		return false, 0, nil
-	case v == "on":
-		return true, 0, nil
-	default:
-		n, ok := strings.CutPrefix(v, "in-flight=")
-		if ok {
-			if inFlight, err = strconv.Atoi(n); err == nil && inFlight > 0 {
-				return true, inFlight, nil
-			}
-		}
-		return false, 0, fmt.Errorf("--exp-group-commit %q: want on or in-flight=N (N > 0)", v)
-	}
 }

@@ -279,7 +279,7 @@ var batchStatement = map[string]bool{
 	"lockPartitionSQL": true, "loadMandatesSQL": true, "loadIdemSQL": true, "loadIntentsSQL": true,
 	"loadAuthsSQL": true, "loadRecentSQL": true, "insertMandatesSQL": true, "updateMandatesSQL": true,
 	"insertAuthsSQL": true, "updateAuthsSQL": true, "insertIdemSQL": true, "insertIntentsSQL": true,
-	"updateIntentsSQL": true, "insertOutboxSQL": true, "advancePartitionSQL": true, "setPartitionSQL": true,
+	"updateIntentsSQL": true, "insertOutboxSQL": true, "advancePartitionSQL": true,
 }
 
 // profileLevel takes a CPU profile of the mandated child while the level

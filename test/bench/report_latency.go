@@ -94,14 +94,14 @@ func (r *Result) latencySummary(w func(string, ...any)) {
 	}
 	if len(r.LatencyAlt) > 0 {
 		c := r.Config
-		w("\n## Experiment\n\n`--relay-retry-backoff %s --relay-metadata-min-age %s --exp-group-commit %q --exp-database-params %q --exp-database-sql %q --exp-serve %q --exp-binary %q` (zero or empty: as shipped; relay MetadataMinAge %s): mandated as shipped vs mandated with these settings (or run by another build), same levels, adjacent runs.\n\n",
-			c.RelayRetryBackoff, c.RelayMetadataMinAge, c.ExpGroupCommit, c.ExpDatabaseParams, c.ExpDatabaseSQL, c.ExpServe, c.ExpBinary, outbox.MetadataMinAgeDefault)
+		w("\n## Experiment\n\n`--relay-retry-backoff %s --relay-metadata-min-age %s --exp-database-params %q --exp-database-sql %q --exp-serve %q --exp-binary %q` (zero or empty: as shipped; relay MetadataMinAge %s): mandated as shipped vs mandated with these settings (or run by another build), same levels, adjacent runs.\n\n",
+			c.RelayRetryBackoff, c.RelayMetadataMinAge, c.ExpDatabaseParams, c.ExpDatabaseSQL, c.ExpServe, c.ExpBinary, outbox.MetadataMinAgeDefault)
 		w("| load | p50 (shipped / experiment) | p99 | CPU µs per decision | PostgreSQL µs per decision | mean batch | relay txn p99 ≤ | row→published p99 ≤ | relay Produce requests per EndTxn | PostgreSQL txn per decision | Kafka txn per 100 decisions | cold-start p99 | missing / duplicates |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 		perTxn := func(l LatencyResult) float64 {
 			return float64(l.Requests["Produce"].Count) / float64(max(l.Requests["EndTxn"].Count, 1))
 		}
-		// What TestMeasureGroupCommit and TestTheRelayTransactionsPerHundredRows
-		// measured once, now at every level (docs/performance.md).
+		// PostgreSQL transactions and Kafka transactions per decision, at
+		// every level (docs/performance.md).
 		perDecision := func(l LatencyResult) (pg, kafka string) {
 			c := l.Costs
 			if c == nil || c.Decisions <= 0 {

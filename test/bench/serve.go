@@ -59,10 +59,6 @@ type ServeConfig struct {
 	// RelayRetryLog counts the relay producers' franz-go debug messages
 	// about retries (ServeStats.RelayRetries). Debug logging costs CPU.
 	RelayRetryLog bool `json:"relay_retry_log"`
-	// GroupCommit and GroupCommitsInFlight are processor.Config's (zero:
-	// the defaults, as cmd/mandated runs).
-	GroupCommit          bool `json:"group_commit"`
-	GroupCommitsInFlight int  `json:"group_commits_in_flight"`
 	// Shards, when set, is the shard map the service runs over, as
 	// cmd/mandated --shard-map runs it (DatabaseURL is then ignored).
 	Shards []ServeShard `json:"shards,omitempty"`
@@ -220,7 +216,6 @@ func Serve(cfg ServeConfig) error {
 			Brokers: cfg.Brokers, ClientHooks: hooks, Group: cfg.Group, Owner: "bench",
 			ProposalsTopic: cfg.Proposals, GrantsTopic: cfg.Grants,
 			DecisionsTopic: cfg.Decisions, DeadLetterTopic: cfg.DeadLetter,
-			GroupCommit: cfg.GroupCommit, GroupCommitsInFlight: cfg.GroupCommitsInFlight,
 		},
 		Relay:      relay,
 		Registerer: reg,

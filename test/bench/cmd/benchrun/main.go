@@ -98,9 +98,8 @@ func run(args []string) int {
 	fs.BoolVar(&over.RelayRetryLog, "relay-retry-log", false, "diagnosis: count the relay producers' franz-go retry messages in every latency level (debug logging costs CPU)")
 	fs.DurationVar(&over.RelayMetadataMinAge, "relay-metadata-min-age", 0, "experiment: add a third system to every latency level, mandated whose relay runs with this outbox MetadataMinAge (negative: franz-go's 5 s)")
 	fs.StringVar(&over.ExpDatabaseParams, "exp-database-params", "", "experiment: add a third system to every latency level, mandated whose database URL carries these query parameters (e.g. plan_cache_mode=force_generic_plan)")
-	fs.StringVar(&over.ExpGroupCommit, "exp-group-commit", "", "experiment: add a third system to every latency level, mandated with group commit on (\"on\"), or on with N group commits in flight per shard (\"in-flight=N\")")
 	fs.StringVar(&over.ExpDatabaseSQL, "exp-database-sql", "", "experiment: add a third system to every latency level, mandated whose database runs this SQL first (e.g. 'ALTER TABLE authorizations DISABLE TRIGGER USER')")
-	fs.StringVar(&over.ExpServe, "exp-serve", "", "experiment: add a third system to every latency level, mandated with this JSON merged into its serve configuration (e.g. '{\"group_commit\": true}')")
+	fs.StringVar(&over.ExpServe, "exp-serve", "", "experiment: add a third system to every latency level, mandated with this JSON merged into its serve configuration (e.g. '{\"relay_min_txn_interval\": 2000000}')")
 	fs.StringVar(&over.ExpBinary, "exp-binary", "", "experiment: add a third system to every latency level, mandated run by this benchrun executable (a build of another commit: two versions side by side)")
 	levels := fs.String("levels", strings.Join(bench.DefaultLevels, ","), "latency levels: light, N/s (a fixed rate), N% (a share of the measured capacity)")
 	diagnose := fs.String("diagnose", "25%", "levels run once more, mandated only, with PostgreSQL's statement CPU logging (empty: none)")
@@ -152,7 +151,6 @@ func run(args []string) int {
 	cfg.RelayRetryBackoff = over.RelayRetryBackoff
 	cfg.RelayRetryLog = over.RelayRetryLog
 	cfg.RelayMetadataMinAge = over.RelayMetadataMinAge
-	cfg.ExpGroupCommit = over.ExpGroupCommit
 	cfg.ExpDatabaseParams = over.ExpDatabaseParams
 	cfg.ExpDatabaseSQL, cfg.ExpServe, cfg.ExpBinary = over.ExpDatabaseSQL, over.ExpServe, over.ExpBinary
 	cfg.Levels, cfg.Systems = strings.Split(*levels, ","), strings.Split(*systems, ",")
@@ -164,10 +162,6 @@ func run(args []string) int {
 		os.Exit(2)
 	}
 	if err := bench.ParseSystems(cfg.Systems); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	if _, _, err := cfg.GroupCommitExperiment(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
