@@ -153,10 +153,12 @@ type TestConfig struct {
 	// carries (a test can pause the relay inside its open transaction).
 	InTransaction func(partitions []int32)
 	// InMark is called inside each PostgreSQL transaction that records
-	// published sequences (and deletes published rows), before its
-	// commit, with the call's context (under the database deadline), the
-	// shard and the partitions it marks.
+	// published sequences, before its commit, with the call's context
+	// (under the database deadline), the shard and the partitions it marks.
 	InMark func(ctx context.Context, shard string, partitions []int32)
+	// InHousekeep is called inside each PostgreSQL transaction that
+	// deletes published rows, before its commit, likewise.
+	InHousekeep func(ctx context.Context, shard string, partitions []int32)
 	// Unsigned publishes records without the mandated-signature header, as
 	// someone holding mandated's Kafka credential but not its key would.
 	Unsigned bool

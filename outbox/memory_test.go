@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -122,4 +123,54 @@ func TestTheNextTransactionIsProducedWhileTheMarkBeforeItIsWritten(t *testing.T)
 		require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT coalesce(max(published_seq), 0) FROM relay_progress WHERE partition = 0`).Scan(&seq))
 		return seq == 5
 	}, "both marked")
+}
+
+// Housekeeping (deleting published rows, which copies each decision into
+// the decision history) runs in a transaction of its own that publishing
+// never waits for: with a housekeeping pass held inside its transaction,
+// later rows are published and marked; released, the published rows are
+// deleted.
+func TestPublishingNeverWaitsForHousekeeping(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	e0 := b.claim(0)
+	var (
+		armed   atomic.Bool
+		held    = make(chan struct{})
+		release = make(chan struct{})
+		once    sync.Once
+	)
+	r := b.relay(func(c *outbox.Config) {
+		c.Test.InHousekeep = func(context.Context, string, []int32) {
+			if armed.CompareAndSwap(true, false) {
+				close(held)
+				<-release // past the database deadline too: this pass then fails, a later one deletes
+			}
+		}
+	})
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	armed.Store(true)
+	r.Assigned(0, e0)
+	first := b.committedRows(0, e0, 3)
+	r.CommittedRows(0, e0, 4, first)
+	<-held // the relay went idle after publishing them and housekeeps
+	marked := func(want int64) func() bool {
+		return func() bool {
+			var seq int64
+			require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT coalesce(max(published_seq), 0) FROM relay_progress WHERE partition = 0`).Scan(&seq))
+			return seq == want
+		}
+	}
+	for i, n := range []int{2, 4} {
+		rows := b.committedRows(0, e0, n)
+		r.CommittedRows(0, e0, rows[len(rows)-1].Seq+1, rows)
+		want := rows[len(rows)-1].Seq
+		testenv.WaitFor(t, time.Minute, func() bool { return int64(b.received.count(0)) == want }, fmt.Sprintf("round %d published while housekeeping is held", i))
+		testenv.WaitFor(t, time.Minute, marked(want), fmt.Sprintf("round %d marked while housekeeping is held", i))
+	}
+	require.Equal(t, int64(9), b.outboxRows(0), "nothing deleted while housekeeping is held")
+
+	once.Do(func() { close(release) })
+	testenv.WaitFor(t, time.Minute, func() bool { return b.outboxRows(0) == 0 }, "housekeeping deletes the published rows once released")
+	b.received.requireExactlyOnceInOrder(t, 0, 1, 9)
 }

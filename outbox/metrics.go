@@ -29,9 +29,13 @@ type Metrics struct {
 	// FromMemory counts the rows published from memory (handed over by
 	// the processor at its commit), not loaded from PostgreSQL.
 	FromMemory prometheus.Counter
-	// MarkSeconds is the time of the marks (published sequences and
-	// housekeeping), written off the path between Kafka transactions.
+	// MarkSeconds is the time of the marks (published sequences), written
+	// off the path between Kafka transactions.
 	MarkSeconds prometheus.Histogram
+	// HousekeepSeconds is the time of one housekeeping (published rows
+	// deleted, the decision history's copy included), which nothing waits
+	// for.
+	HousekeepSeconds prometheus.Histogram
 	// Stages is where a published row waited, by stage: relay_wait (its
 	// batch's PostgreSQL commit → the relay took it, from memory or
 	// PostgreSQL, for the transaction that published it) and relay_txn
@@ -127,7 +131,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		MarkSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "mandated_outbox_mark_seconds",
-			Help:    "Time to record published sequences and delete published rows (one round trip per shard), off the path: the next Kafka transaction is taken and produced meanwhile, and its commit waits for it.",
+			Help:    "Time to record published sequences (one round trip per shard), off the path: the next Kafka transaction is taken and produced meanwhile, and its commit waits for it.",
+			Buckets: prometheus.ExponentialBuckets(0.00025, 2, 16),
+		}),
+		HousekeepSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "mandated_outbox_housekeep_seconds",
+			Help:    "Time to delete a pass of published outbox rows (one transaction per shard; a trigger copies each deleted decision into decision_history): in the background, nothing waits for it.",
 			Buckets: prometheus.ExponentialBuckets(0.00025, 2, 16),
 		}),
 		Stages: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -142,7 +151,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		reg.MustRegister(m.Stages)
 		reg.MustRegister(m.Published, m.PublishSeconds, m.TxnSeconds, m.PublishErrors, m.Parked, m.RowByRow, m.ParkedRows,
 			m.Backlog, m.OldestAge, m.Resumes, m.Fenced, m.Deleted, m.Gaps, m.ForeignRecords, m.ShardErrors, m.ShardSkipped,
-			m.FromMemory, m.MarkSeconds)
+			m.FromMemory, m.MarkSeconds, m.HousekeepSeconds)
 	}
 	return m
 }

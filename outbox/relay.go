@@ -152,8 +152,9 @@ type Relay struct {
 	stages commitClock // when the processor committed what (stages.go)
 	claims claimWriter // epoch claims (epochs.go)
 
-	// The mark in flight (owned by the loop): at most one.
-	marking *markOp
+	// The mark in flight and the housekeeping in flight (owned by the
+	// loop): at most one of each.
+	marking, housekeeping *markOp
 
 	wake chan struct{}
 	// The run's, set by Start (under mu) before its goroutines: ctx ends
@@ -248,6 +249,7 @@ type relayPartition struct {
 	retry     backoff.Backoff // admission failures
 	retryAt   time.Time
 	last      int64 // highest sequence known published
+	marked    int64 // highest sequence whose mark PostgreSQL committed (housekeeping stays behind it)
 	housekept int64 // rows up to here are deleted
 	poll      bool  // load it from PostgreSQL in the next transaction whatever it knows (an idle poll)
 }
@@ -534,6 +536,7 @@ func (r *Relay) session() (progressed bool, err error) {
 		return false, err
 	}
 	defer cl.Close()
+	defer r.awaitHousekeeping()
 	defer r.awaitMark()
 	idle := time.NewTimer(r.cfg.IdlePoll)
 	defer idle.Stop()
@@ -644,6 +647,7 @@ func (r *Relay) idle(ctx context.Context, idle *time.Timer, held []*relayPartiti
 	if r.marking == nil {
 		r.startMark(ctx, held, nil, true)
 	}
+	r.housekeep(ctx, held, true)
 	wait := r.cfg.IdlePoll
 	if pending > 0 {
 		wait = min(wait, 50*time.Millisecond)
@@ -652,9 +656,12 @@ func (r *Relay) idle(ctx context.Context, idle *time.Timer, held []*relayPartiti
 		wait = min(wait, next)
 	}
 	idle.Reset(wait)
-	var marked <-chan struct{}
+	var marked, housekept <-chan struct{}
 	if r.marking != nil {
 		marked = r.marking.done
+	}
+	if r.housekeeping != nil {
+		housekept = r.housekeeping.done
 	}
 	select {
 	case <-ctx.Done():
@@ -662,6 +669,8 @@ func (r *Relay) idle(ctx context.Context, idle *time.Timer, held []*relayPartiti
 	case <-r.wake:
 	case <-marked:
 		r.awaitMark()
+	case <-housekept:
+		r.awaitHousekeeping()
 	case <-idle.C:
 		// Nothing woke it: read every partition from PostgreSQL once
 		// (what memory and the commits it heard of may not say).
@@ -707,6 +716,7 @@ func (r *Relay) publishAndMark(ctx context.Context, cl *kgo.Client, held []*rela
 		r.trimMemory(s.ps)
 	}
 	r.startMark(ctx, held, done, false)
+	r.housekeep(ctx, held, false)
 	return true, nil
 }
 
@@ -926,7 +936,7 @@ func (r *Relay) admitOne(ctx context.Context, ps *relayPartition, floor int64) (
 		r.metrics.PublishErrors.WithLabelValues("database").Inc()
 		return false, fmt.Errorf("find the housekeeping position: %w", err)
 	}
-	ps.last, ps.housekept = last, housekept
+	ps.last, ps.housekept, ps.marked = last, housekept, housekept
 	ps.published.Store(last)
 	r.mu.Lock()
 	ps.known = max(ps.known, tail.Head.LastSeq)
@@ -1215,14 +1225,21 @@ type publishedRange struct {
 // deletes them (deleting in chunks costs PostgreSQL less per row).
 const housekeepChunk = 256
 
-// The marks note each partition's last published sequence and delete
-// published rows, a bounded range at a time, once a chunk has accumulated
-// or whenever the relay is idle: one round trip per shard, the shards
-// concurrently, each under the deadline. With idle, every held partition
-// is considered; otherwise the ones a transaction published. A shard that
+// The marks note each partition's last published sequence: one round
+// trip per shard, the shards concurrently, each under the deadline. With
+// idle, every held partition not marked up to what it published is
+// considered; otherwise the ones a transaction published. A shard that
 // fails is skipped; its partitions' marks are written once it answers
-// again (the published sequence is kept in memory, and housekept stays
+// again (the published sequence is kept in memory, and marked stays
 // behind it, so the next idle pass writes them).
+//
+// Housekeeping deletes published rows behind the marks, a bounded range
+// at a time, once a chunk has accumulated or whenever the relay is idle,
+// in a transaction of its own that the publishing never waits for: a
+// deleted decision is copied into the decision history by a trigger
+// (migration 0051), which costs PostgreSQL more than the mark and the
+// Kafka transaction together; run inside the mark, it held every Kafka
+// transaction behind it.
 
 // shardRecord is one shard's part of a mark.
 type shardRecord struct {
@@ -1246,16 +1263,12 @@ func (r *Relay) prepareMarks(held []*relayPartition, done []publishedRange, idle
 	byPool := map[*pgxpool.Pool]*shardRecord{}
 	for _, ps := range parts {
 		op.byPart[ps.partition] = ps
-		if ps.last == 0 || idle && ps.housekept >= ps.last {
+		if ps.last == 0 || idle && ps.marked >= ps.last {
 			continue
 		}
 		sh := r.st.shard(ps.partition)
 		if !r.gate.up(sh) {
 			continue
-		}
-		to := ps.housekept
-		if idle || ps.last-ps.housekept >= housekeepChunk {
-			to = min(ps.last, ps.housekept+int64(r.cfg.HousekeepBatch))
 		}
 		rec := byPool[sh.Pool]
 		if rec == nil {
@@ -1263,8 +1276,7 @@ func (r *Relay) prepareMarks(held []*relayPartition, done []publishedRange, idle
 			byPool[sh.Pool] = rec
 			op.recs = append(op.recs, rec)
 		}
-		rec.reqs = append(rec.reqs, recordReq{partition: ps.partition, epoch: ps.epoch, seq: ps.last,
-			deleteAfter: ps.housekept, deleteTo: to})
+		rec.reqs = append(rec.reqs, recordReq{partition: ps.partition, epoch: ps.epoch, seq: ps.last})
 	}
 	return op
 }
@@ -1312,15 +1324,107 @@ func (r *Relay) applyMarks(op *markOp) {
 			continue
 		}
 		for _, q := range rec.reqs {
-			r.metrics.Deleted.Add(float64(q.deleted))
-			if q.marked {
-				op.byPart[q.partition].housekept = q.deleteTo
+			if ps := op.byPart[q.partition]; q.marked {
+				ps.marked = max(ps.marked, q.seq)
 			}
 		}
 	}
 	if f := r.cfg.Test.OnPublished; f != nil {
 		for _, s := range op.ranges {
 			f(s.ps.partition, s.first, s.last)
+		}
+	}
+}
+
+// housekeep applies the housekeeping in flight if it ended, and starts the
+// next one where published rows behind the marks have accumulated (a
+// chunk, or any with idle). It never waits.
+func (r *Relay) housekeep(ctx context.Context, held []*relayPartition, idle bool) {
+	if op := r.housekeeping; op != nil {
+		select {
+		case <-op.done:
+			r.awaitHousekeeping()
+		default:
+			return
+		}
+	}
+	op := &markOp{byPart: map[int32]*relayPartition{}}
+	byPool := map[*pgxpool.Pool]*shardRecord{}
+	for _, ps := range held {
+		if ps.marked <= ps.housekept || !idle && ps.marked-ps.housekept < housekeepChunk {
+			continue
+		}
+		sh := r.st.shard(ps.partition)
+		if !r.gate.up(sh) {
+			continue
+		}
+		op.byPart[ps.partition] = ps
+		rec := byPool[sh.Pool]
+		if rec == nil {
+			rec = &shardRecord{sh: sh}
+			byPool[sh.Pool] = rec
+			op.recs = append(op.recs, rec)
+		}
+		rec.reqs = append(rec.reqs, recordReq{partition: ps.partition, epoch: ps.epoch, seq: ps.marked,
+			deleteAfter: ps.housekept, deleteTo: min(ps.marked, ps.housekept+int64(r.cfg.HousekeepBatch))})
+	}
+	if len(op.recs) == 0 {
+		return
+	}
+	op.done = make(chan struct{})
+	r.housekeeping = op
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		defer close(op.done)
+		start := time.Now()
+		var wg sync.WaitGroup
+		for _, rec := range op.recs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rec.err = r.st.housekeepMany(ctx, rec.sh, rec.reqs, func(ctx context.Context) error {
+					if f := r.cfg.Test.InHousekeep; f != nil {
+						partitions := make([]int32, len(rec.reqs))
+						for i, q := range rec.reqs {
+							partitions[i] = q.partition
+						}
+						f(ctx, rec.sh.Name, partitions)
+					}
+					return nil
+				})
+			}()
+		}
+		wg.Wait()
+		r.metrics.HousekeepSeconds.Observe(time.Since(start).Seconds())
+	}()
+}
+
+// awaitHousekeeping waits for the housekeeping in flight, if any, and
+// applies its outcome: the ranges deleted (never past a committed mark, so
+// a range is deleted whole), or, for a shard that failed, nothing (the
+// range is deleted by a later pass).
+func (r *Relay) awaitHousekeeping() {
+	op := r.housekeeping
+	if op == nil {
+		return
+	}
+	<-op.done
+	r.housekeeping = nil
+	for _, rec := range op.recs {
+		if rec.err != nil {
+			if !locked(rec.err) && r.ctx.Err() == nil {
+				r.metrics.PublishErrors.WithLabelValues("database").Inc()
+				r.log.Warn().Err(rec.err).Str("shard", rec.sh.Name).
+					Msg("cannot delete published outbox rows; deleting them on a later pass")
+			}
+			continue
+		}
+		for _, q := range rec.reqs {
+			r.metrics.Deleted.Add(float64(q.deleted))
+			if ps := op.byPart[q.partition]; ps.housekept < q.deleteTo {
+				ps.housekept = q.deleteTo
+			}
 		}
 	}
 }

@@ -164,7 +164,8 @@ func (s store) release(ctx context.Context, partition int32, epoch int64, txnID 
 }
 
 // recordReq notes seq as a partition's published sequence (under epoch)
-// and deletes its published rows in (deleteAfter, deleteTo].
+// (recordMany), or deletes its published rows in (deleteAfter, deleteTo]
+// (housekeepMany).
 type recordReq struct {
 	partition             int32
 	epoch, seq            int64
@@ -173,8 +174,8 @@ type recordReq struct {
 	deleted               int64 // out: rows deleted
 }
 
-// recordMany is record for several partitions of one shard: one round
-// trip, one transaction with an asynchronous commit. inTx runs inside the
+// recordMany marks several partitions of one shard: one round trip, one
+// transaction with an asynchronous commit. inTx runs inside the
 // transaction before its COMMIT (failpoints, a test's pause); an error
 // from it rolls the transaction back.
 func (s store) recordMany(ctx context.Context, sh Shard, reqs []recordReq, inTx func(context.Context) error) error {
@@ -191,9 +192,6 @@ func (s store) recordTx(ctx context.Context, pool *pgxpool.Pool, reqs []recordRe
 		b.Queue(s.lockTimeoutSQL())
 		for _, q := range reqs {
 			b.Queue(markSQL, q.partition, q.epoch, q.seq)
-			if q.deleteTo > q.deleteAfter {
-				b.Queue(housekeepSQL, q.partition, q.deleteAfter, q.deleteTo)
-			}
 		}
 		br := tx.SendBatch(ctx, &b)
 		defer br.Close()
@@ -209,13 +207,6 @@ func (s store) recordTx(ctx context.Context, pool *pgxpool.Pool, reqs []recordRe
 				return err
 			}
 			q.marked = tag.RowsAffected() == 1
-			if q.deleteTo > q.deleteAfter {
-				tag, err := br.Exec()
-				if err != nil {
-					return err
-				}
-				q.deleted = tag.RowsAffected()
-			}
 		}
 		if err := br.Close(); err != nil {
 			return err
@@ -255,10 +246,48 @@ func locked(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }
 
+// housekeepMany deletes published rows of several partitions of one
+// shard, each in (deleteAfter, deleteTo] and never past the published
+// sequence PostgreSQL recorded (housekeepSQL): one round trip, one
+// transaction with an asynchronous commit. It takes no lock a mark takes
+// (relay_progress is only read), so a mark never waits for it, however
+// long the decision history's copy (migration 0051) makes it.
+func (s store) housekeepMany(ctx context.Context, sh Shard, reqs []recordReq, inTx func(context.Context) error) error {
+	_, err := call(ctx, s, sh, func(ctx context.Context, pool *pgxpool.Pool) (struct{}, error) {
+		return struct{}{}, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			var b pgx.Batch
+			b.Queue(`SET LOCAL synchronous_commit = off`)
+			b.Queue(s.lockTimeoutSQL())
+			for _, q := range reqs {
+				b.Queue(housekeepSQL, q.partition, q.deleteAfter, q.deleteTo)
+			}
+			br := tx.SendBatch(ctx, &b)
+			defer br.Close()
+			for range 2 {
+				if _, err := br.Exec(); err != nil {
+					return err
+				}
+			}
+			for i := range reqs {
+				tag, err := br.Exec()
+				if err != nil {
+					return err
+				}
+				reqs[i].deleted = tag.RowsAffected()
+			}
+			if err := br.Close(); err != nil {
+				return err
+			}
+			return inTx(ctx)
+		})
+	})
+	return err
+}
+
 // housekeepSQL deletes a range of published rows, never past the
-// published sequence PostgreSQL recorded (the mark is written first, in
-// the same transaction). A range predicate keeps the plan an index range
-// scan whatever the statistics: the earlier "seq IN (SELECT ... LIMIT n)"
+// published sequence PostgreSQL recorded (a committed mark; housekeeping
+// runs in a transaction of its own, after it). A range predicate keeps the
+// plan an index range scan whatever the statistics: the earlier "seq IN (SELECT ... LIMIT n)"
 // form, once its generic plan was cached on an empty outbox, read every
 // row of the partition on every call.
 const housekeepSQL = `DELETE FROM outbox WHERE partition = $1 AND seq > $2
