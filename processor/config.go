@@ -131,9 +131,10 @@ type Config struct {
 	// committer per shard, which commits the ready batches of every
 	// partition in one transaction, each under its own fence (sink.Group):
 	// fewer PostgreSQL transactions and less PostgreSQL CPU per decision,
-	// at a latency cost under load (docs/performance.md, "Group commit
-	// across a process's partitions"). Defaults to false: each partition's
-	// batch commits in its own transaction.
+	// at a latency cost under load ("Group commit across a process's
+	// partitions" in test/bench/results/2026-11-30-full-6/NOTES.md).
+	// Defaults to false: each partition's batch commits in its own
+	// transaction.
 	GroupCommit bool
 	// GroupCommitsInFlight caps the group commits running at once per
 	// shard; batches handed over while that many are in flight wait and

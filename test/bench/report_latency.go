@@ -101,7 +101,7 @@ func (r *Result) latencySummary(w func(string, ...any)) {
 			return float64(l.Requests["Produce"].Count) / float64(max(l.Requests["EndTxn"].Count, 1))
 		}
 		// What TestMeasureGroupCommit and TestTheRelayTransactionsPerHundredRows
-		// measured once, now at every level (docs/performance.md).
+		// measured once, now at every level (test/bench/results/2026-11-30-full-6/NOTES.md).
 		perDecision := func(l LatencyResult) (pg, kafka string) {
 			c := l.Costs
 			if c == nil || c.Decisions <= 0 {
