@@ -20,7 +20,7 @@ import (
 )
 
 // Moving a partition to another shard (docs/operating.md, "Scaling out PostgreSQL";
-// docs/operations.md, "Moving a partition to another shard"). A move is
+// docs/runbooks.md, "Moving a partition to another shard"). A move is
 // fenced like a takeover:
 //
 //  1. on the source, in one transaction, the partition's epoch is bumped and

@@ -89,7 +89,7 @@ type RepartitionReport struct {
 }
 
 // Repartition changes mandated's partition count to cfg.To (README,
-// "Changing the partition count"; the runbook is docs/operations.md). In
+// "Changing the partition count"; the runbook is docs/runbooks.md). In
 // order:
 //
 //  1. It refuses while the consumer group has a member (a live processor,
@@ -339,7 +339,7 @@ func growTopics(ctx context.Context, adm *kadm.Client, cfg RepartitionConfig, co
 }
 
 // RepartitionShards changes the partition count of a shard map m
-// (docs/operations.md, "Changing the partition count"). It runs only when
+// (docs/runbooks.md, "Changing the partition count"). It runs only when
 // one shard owns every partition and the others none
 // (PlanShardedRepartition, which refuses otherwise, naming the shards
 // that own partitions): it repartitions that shard as Repartition does one

@@ -141,7 +141,7 @@ func RepartitionDatabase(ctx context.Context, conn *pgx.Conn, cfg RepartitionDat
 		sharded := meta.name != shardmap.SingleShard || meta.first != 0 || meta.last != nil || meta.set != nil
 		if sharded && cfg.Shard != meta.name {
 			return fmt.Errorf("%w: this database is shard %q of a shard map: run the repartition with the shard map (--shard-map), "+
-				"which changes the other shards and the map file with it (docs/operations.md, \"Changing the partition count\")",
+				"which changes the other shards and the map file with it (docs/runbooks.md, \"Changing the partition count\")",
 				ErrRepartitionRefused, meta.name)
 		}
 		if meta.count == cfg.To {
@@ -239,7 +239,7 @@ func ownsEveryPartition(ctx context.Context, tx pgx.Tx, m *meta) error {
 		}
 	}
 	return fmt.Errorf("%w: shard %s owns partitions %s, not all of 0-%d (partitions %s are elsewhere): repartition runs on one database; "+
-		"move every partition to one shard first (docs/operations.md, \"Changing the partition count\")",
+		"move every partition to one shard first (docs/runbooks.md, \"Changing the partition count\")",
 		ErrRepartitionRefused, m.name, shardmap.FormatPartitions(owned), m.count-1, shardmap.FormatPartitions(missing))
 }
 

@@ -16,7 +16,7 @@ import (
 )
 
 // Changing the partition count of a shard map (docs/operating.md, "Scaling out
-// PostgreSQL"; docs/operations.md, "Changing the partition count"). A
+// PostgreSQL"; docs/runbooks.md, "Changing the partition count"). A
 // repartition rehashes every mandate in ONE PostgreSQL transaction; rows
 // that would change database cannot move atomically, so a shard map is
 // repartitioned by composition: every partition is first consolidated on
@@ -108,11 +108,11 @@ func PlanShardedRepartition(ctx context.Context, m *shardmap.Map, to int32, app 
 	case len(owners) > 1:
 		return plan, fmt.Errorf("%w: partitions are on more than one shard (%s); a repartition moves rows in one database transaction: "+
 			"move every partition to one shard (mandatectl shards move), drop the moved copies (mandatectl shards drop-moved), "+
-			"repartition, then spread the partitions again (docs/operations.md, \"Changing the partition count\")",
+			"repartition, then spread the partitions again (docs/runbooks.md, \"Changing the partition count\")",
 			ErrRepartitionRefused, strings.Join(owners, "; "))
 	case len(copies) > 0:
 		return plan, fmt.Errorf("%w: %s (moved out, read-only): drop them first with mandatectl shards drop-moved P --shard SHARD; "+
-			"after the repartition they would name partitions of the old count (docs/operations.md, \"Changing the partition count\")",
+			"after the repartition they would name partitions of the old count (docs/runbooks.md, \"Changing the partition count\")",
 			ErrRepartitionRefused, strings.Join(copies, "; "))
 	}
 	own := states[owner]

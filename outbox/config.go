@@ -82,7 +82,8 @@ type Config struct {
 	// after a metadata refresh, and with franz-go's default of 5 s the
 	// transaction waited up to 5 s for that refresh: the first decisions
 	// after a start and the relay-transaction tail under load
-	// (docs/performance.md, "Latency against an exactly-once Kafka pipe").
+	// (test/bench/results/2026-11-30-full-6/NOTES.md, "The lever taken: the
+	// relay's metadata min age").
 	// The relay's client knows one or two topics, so a refresh is cheap.
 	// Defaults to MetadataMinAgeDefault; negative keeps franz-go's default
 	// (or the one KafkaOpts sets).

@@ -180,5 +180,5 @@ func (p *Processor) reportRewound(err error) {
 	}
 	p.log.Error().Int32("partition", re.Partition).Str("claim", re.Path).Dur("check_took", re.Took).Int64("last_seq", re.LastSeq).Int64("kafka_seq", re.KafkaSeq).
 		Int64("behind", re.KafkaSeq-re.LastSeq).Str("run", fmt.Sprintf("mandatectl recover --partition %d", re.Partition)).
-		Msg("PostgreSQL went back in time: the decisions topic holds decisions it lost (a restored backup, a promoted asynchronous replica?); the partition is not decided until it is recovered (docs/operations.md, \"A database that went back in time\")")
+		Msg("PostgreSQL went back in time: the decisions topic holds decisions it lost (a restored backup, a promoted asynchronous replica?); the partition is not decided until it is recovered (docs/runbooks.md, \"A database that went back in time\")")
 }

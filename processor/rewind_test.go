@@ -244,7 +244,7 @@ func TestStartRefusesDecisionTopicsThatCannotBackARecovery(t *testing.T) {
 }
 
 // TestRecoveryTimePerHundredThousandDecisions is a measurement, not a check
-// (MANDATED_RECOVER_MEASURE=1 runs it; docs/operations.md has the figure):
+// (MANDATED_RECOVER_MEASURE=1 runs it; docs/runbooks.md has the figure):
 // a backup taken after the grants, then 100 000 reservations on 4
 // partitions decided and published, then verify.Recover of the backup
 // (mandatectl recover's implementation): the time to read the decisions

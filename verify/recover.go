@@ -104,7 +104,7 @@ const (
 	// continue its chain but that recovery refuses (they answer no input
 	// record they name, or a grant whose signature does not verify):
 	// another producer wrote them. Nothing was written from them; the
-	// partition stays refused (docs/operations.md).
+	// partition stays refused (docs/runbooks.md).
 	RecoveryRefused = "refused"
 )
 

@@ -47,7 +47,7 @@ refuses, naming the shards that own partitions; it also refuses while a
 shard keeps a moved-out copy (mandatectl shards drop-moved first). On a map,
 consolidate with 'mandatectl shards move', drop the copies, repartition,
 spread the partitions again with 'shards move'. The runbook is
-docs/operations.md, "Changing the partition count".`,
+docs/runbooks.md, "Changing the partition count".`,
 		"mandatectl repartition --to 12 --database-url-file /run/secrets/db-url --brokers kafka:9092",
 		"mandatectl repartition --to 12 --shard-map /etc/mandated/shards.yaml --brokers kafka:9092")
 	var kc kafkaConn

@@ -112,7 +112,7 @@ func TestRepartitionOfAShardMapRefusesPartitionsOnTwoShards(t *testing.T) {
 	require.Equal(t, exitFailed, r.code, "%s", r)
 	require.Contains(t, r.stderr, "partitions are on more than one shard (a owns 0-2; b owns 3-5)")
 	require.Contains(t, r.stderr, "mandatectl shards move")
-	require.Contains(t, r.stderr, `docs/operations.md, "Changing the partition count"`)
+	require.Contains(t, r.stderr, `docs/runbooks.md, "Changing the partition count"`)
 	after, err := os.ReadFile(path)
 	require.NoError(t, err)
 	require.Equal(t, string(mapFile), string(after), "the map file is unchanged")

@@ -44,7 +44,7 @@ Examples:
   mandatectl shards drop-moved 3 --shard a --shard-map /etc/mandated/shards.yaml
 
 Run 'mandatectl shards <subcommand> --help' for flags and examples
-(docs/operations.md, "Moving a partition to another shard").
+(docs/runbooks.md, "Moving a partition to another shard").
 `)
 		if sub == "" {
 			return exitUsage

@@ -577,7 +577,7 @@ func (r *Result) shardSummary(w func(string, ...any)) {
 			w("| #%d | %s | %.0f | %.0f | %.0f | %s | %.0f | %.0f | %.0f |\n", i+1, x.name, c.Mandated, c.Broker, c.Postgres, b2, c.Postgres+c.Postgres2, x.s.CPUMicrosSys, c.Bench)
 		}
 	}
-	w("\nWhat would show scale-out is PostgreSQL CPU per decision of the system, per server: on servers with cores of their own, the PostgreSQL-bound ceiling would rise by the single server's figure ÷ the busier shard's (2 if each shard cost half). On one machine both servers compete for the same cores and the same disk flushes, so B ÷ A measures this machine, not the design (docs/performance.md, \"Two shards\").\n\n")
+	w("\nWhat would show scale-out is PostgreSQL CPU per decision of the system, per server: on servers with cores of their own, the PostgreSQL-bound ceiling would rise by the single server's figure ÷ the busier shard's (2 if each shard cost half). On one machine both servers compete for the same cores and the same disk flushes, so B ÷ A measures this machine, not the design (test/bench/results/2026-11-30-full-6/NOTES.md, \"Two shards\").\n\n")
 	for i, p := range r.Shards {
 		a, b := p.A.CPUMicrosPerD, p.B.CPUMicrosPerD
 		if busier := max(b.Postgres, b.Postgres2); busier > 0 {

@@ -1,6 +1,7 @@
 // Package docs checks the documentation a newcomer reads: every relative
-// link of README.md and docs/ names a file that exists, and every #anchor a
-// heading of the file it points into.
+// link of README.md, docs/ and the bench's run notes names a file that
+// exists, and every #anchor a heading of the file it points into; the pages
+// a reader starts from stay short, and the index lists every page.
 package docs
 
 import (
@@ -63,8 +64,12 @@ func anchors(doc string) map[string]bool {
 // links into docs/; a section moved or renamed must not leave a link behind.
 func TestEveryLinkOfTheREADMEAndDocsResolves(t *testing.T) {
 	t.Parallel()
-	files, err := filepath.Glob(filepath.Join(repo, "docs", "*.md"))
-	require.NoError(t, err)
+	var files []string
+	for _, pattern := range []string{"docs/*.md", "docs/notes/*.md", "test/bench/results/*/NOTES.md"} {
+		matched, err := filepath.Glob(filepath.Join(repo, pattern))
+		require.NoError(t, err)
+		files = append(files, matched...)
+	}
 	files = append(files, filepath.Join(repo, "README.md"), filepath.Join(repo, "deploy", "README.md"),
 		filepath.Join(repo, "clients", "python", "README.md"), filepath.Join(repo, "test", "infra", "README.md"),
 		filepath.Join(repo, "examples", "langgraph-approval", "README.md"), filepath.Join(repo, "CHANGELOG.md"))
@@ -100,13 +105,53 @@ func TestEveryLinkOfTheREADMEAndDocsResolves(t *testing.T) {
 	require.Empty(t, broken, "links that lead nowhere")
 }
 
-func TestTheREADMEStartsSmall(t *testing.T) {
+// TestTheREADMEAndTheReferencePagesStaySmall: the pages a reader starts
+// from stay short; what grows (evidence, dated investigations) lives beside
+// them and is linked.
+func TestTheREADMEAndTheReferencePagesStaySmall(t *testing.T) {
 	t.Parallel()
+	for _, page := range []struct {
+		path     string
+		maxLines int
+		why      string
+	}{
+		{"README.md", 320, "the README is the short version: what it is, the two commands, make dev, the callers' snippets, the guarantees, links (the rest lives in docs/)"},
+		{"docs/README.md", 80, "the index is a line per page"},
+		{"docs/performance.md", 200, "performance.md is the reference: the capacity model, the settings, running and reading the bench, the history; each investigation lives beside its run (test/bench/results/<run>/NOTES.md) or in docs/notes/"},
+	} {
+		b, err := os.ReadFile(filepath.Join(repo, page.path))
+		require.NoError(t, err)
+		require.LessOrEqual(t, strings.Count(string(b), "\n"), page.maxLines, page.path+": "+page.why)
+	}
 	b, err := os.ReadFile(filepath.Join(repo, "README.md"))
 	require.NoError(t, err)
-	lines := strings.Count(string(b), "\n")
-	require.LessOrEqual(t, lines, 320, "the README is the short version: what it is, the two commands, make dev, the callers' snippets, the guarantees, links (the rest lives in docs/)")
 	require.True(t, strings.Contains(string(b), "make demo") && strings.Contains(string(b), "make test"), "the README's first commands")
+}
+
+// TestTheDocsIndexListsEveryPage: docs/README.md names every page under
+// docs/, so a page added there is found from the index.
+func TestTheDocsIndexListsEveryPage(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile(filepath.Join(repo, "docs", "README.md"))
+	require.NoError(t, err)
+	linked := map[string]bool{}
+	for _, m := range linkRE.FindAllStringSubmatch(stripCode(string(b)), -1) {
+		path, _, _ := strings.Cut(m[1], "#")
+		linked[filepath.Clean(path)] = true
+	}
+	var missing []string
+	for _, pattern := range []string{"*.md", "notes/*.md"} {
+		pages, err := filepath.Glob(filepath.Join(repo, "docs", pattern))
+		require.NoError(t, err)
+		for _, p := range pages {
+			r, err := filepath.Rel(filepath.Join(repo, "docs"), p)
+			require.NoError(t, err)
+			if r != "README.md" && !linked[r] {
+				missing = append(missing, r)
+			}
+		}
+	}
+	require.Empty(t, missing, "pages under docs/ that docs/README.md does not list")
 }
 
 // TestTheChangelogIsGroupedByReleaseWithEntriesOfOneToThreeLines: the
