@@ -5,7 +5,10 @@
 // (Repartition: the topics, the consumer group and the database together;
 // RepartitionDatabase, its one PostgreSQL transaction; the sharded plan),
 // the operators' writes of org settings (retention, possible-replay
-// window), grantor keys and grant signing, and the verify-run records.
+// window), grantor keys and grant signing, the verify-run records, the
+// Kafka ACLs each role needs (PlanACLs, ApplyACLs), and the partition
+// health view (Partitions: the stored progress against Kafka's end offsets
+// and the group's assignment).
 //
 // It stands on sink (the runtime's storage: the fence, the batch, the
 // moves it reads), sink/shardmap (the map file it edits), sink/pgerr (the

@@ -8,6 +8,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mandated/mandated/admin"
 	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/processor"
 )
@@ -65,7 +66,7 @@ Connect as a principal allowed to alter ACLs (a super user).`
 	}
 	var topics topicNames
 	topics.register(f)
-	var roles ACLRoles
+	var roles admin.ACLRoles
 	var agents, platforms, grantors, reconcilers, auditors, mandated listFlag
 	f.Var(&agents, "agent", "an agents' `principal` (write proposals)")
 	f.Var(&platforms, "platform", "a platforms' `principal` (write proposals, read decisions)")
@@ -73,7 +74,7 @@ Connect as a principal allowed to alter ACLs (a super user).`
 	f.Var(&reconcilers, "reconciler", "a reconcilers' `principal` (write grants, read decisions)")
 	f.Var(&auditors, "auditor", "an auditors' `principal` (read decisions and dead letters)")
 	f.Var(&mandated, "mandated", "mandated's own `principal`")
-	var scope ACLScope
+	var scope admin.ACLScope
 	f.env(func(fs *flag.FlagSet) {
 		fs.StringVar(&scope.Group, "group", processor.GroupDefault, "mandated's consumer group id")
 		fs.StringVar(&scope.TransactionalIDPrefix, "relay-transactional-id-prefix", outbox.TransactionalIDDefault, "prefix of the relay's transactional ids")
@@ -87,10 +88,10 @@ Connect as a principal allowed to alter ACLs (a super user).`
 	if len(pos) > 0 {
 		return f.usageErr("unexpected argument %q", pos[0])
 	}
-	roles = ACLRoles{Agents: agents, Platforms: platforms, Grantors: grantors, Reconcilers: reconcilers,
+	roles = admin.ACLRoles{Agents: agents, Platforms: platforms, Grantors: grantors, Reconcilers: reconcilers,
 		Auditors: auditors, Mandated: mandated}
 	scope.ProposalsTopic, scope.GrantsTopic, scope.DecisionsTopic, scope.DeadLetterTopic = topics.proposals, topics.grants, topics.decisions, topics.deadLetter
-	plan, err := PlanACLs(roles, scope)
+	plan, err := admin.PlanACLs(roles, scope)
 	if err != nil {
 		return f.usageErr("%v", err)
 	}
@@ -115,7 +116,7 @@ Connect as a principal allowed to alter ACLs (a super user).`
 		return exitFailed
 	}
 	defer cl.Close()
-	if err := ApplyACLs(ctx, kadm.NewClient(cl), plan); err != nil {
+	if err := admin.ApplyACLs(ctx, kadm.NewClient(cl), plan); err != nil {
 		a.errorf("acls apply: %v", err)
 		return exitFailed
 	}

@@ -1,4 +1,4 @@
-package main
+package admin
 
 import (
 	"context"
@@ -14,10 +14,9 @@ import (
 // Kafka ACLs: who may do what on mandated's topics. The list of ACLs each
 // role needs follows from the topic names, mandated's group and its relay's
 // transactional ids (processor.GroupDefault, outbox.TransactionalIDDefault);
-// 'mandatectl acls plan|apply' prints and creates them, and nothing else
-// uses it, so it lives here beside the other authority commands
-// (grantor-keys, tokens). Every entry is an ALLOW from any host; a broker
-// with allow.everyone.if.no.acl.found=false then refuses the rest.
+// 'mandatectl acls plan|apply' prints and creates them. Every entry is an
+// ALLOW from any host; a broker with allow.everyone.if.no.acl.found=false
+// then refuses the rest.
 
 // ACLRoles names the principals ("User:<name>") of each role.
 type ACLRoles struct {
