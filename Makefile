@@ -53,9 +53,12 @@ kafka-libs: ## Resolve the Kafka broker jars from Maven Central (cached per vers
 
 ##@ Build and lint
 
-.PHONY: build lint
+.PHONY: build lint cli-docs
 build: ## Build mandated, mandatectl, mandate-gateway, mandate-mcp and demo into bin/
 	@go build -o bin/ ./cmd/...
+
+cli-docs: ## Write docs/cli, mandatectl's reference, from its command tree (a test fails while it is stale)
+	@go run ./cmd/mandatectl docs --dir docs/cli
 
 lint: ## Check gofmt and run go vet
 	@files=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$files" ]; then echo "gofmt would change:"; echo "$$files"; exit 1; fi

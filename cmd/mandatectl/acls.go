@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"time"
@@ -13,9 +15,18 @@ import (
 	"github.com/mandated/mandated/processor"
 )
 
-const aclsUsage = `usage: mandatectl acls plan|apply [flags]
-
-  plan    print the Kafka ACLs each role needs (nothing is contacted)
+func aclsCommand() *command {
+	usage := "--agent P --platform P --grantor P --reconciler P --auditor P --mandated P [flags]"
+	example := func(name string) []string {
+		return []string{"mandatectl " + name + " --mandated User:mandated --agent User:agent-runner --platform User:platform \\\n" +
+			"    --grantor User:treasury --reconciler User:reconciler --auditor User:audit"}
+	}
+	return group(&command{
+		name:    "acls",
+		group:   groupSetup,
+		summary: "print or create the Kafka ACLs of each role (plan, apply)",
+		usage:   "plan|apply [flags]",
+		description: `  plan    print the Kafka ACLs each role needs (nothing is contacted)
   apply   create them on the broker (needs a principal allowed to alter ACLs)
 
 Roles: agents write proposals; platforms write proposals and read decisions;
@@ -25,102 +36,106 @@ writes (and reads back) decisions and dead letters under its relay's
 transactional ids. Run the broker with an authorizer and
 allow.everyone.if.no.acl.found=false, so that nothing else is allowed.
 
-Run 'mandatectl acls plan --help' for the flags.
-`
-
-func runACLs(a *app, args []string) int {
-	sub := ""
-	if len(args) > 0 {
-		sub, args = args[0], args[1:]
-	}
-	switch sub {
-	case "plan":
-		return runACLsCmd(a, args, false)
-	case "apply":
-		return runACLsCmd(a, args, true)
-	case "-h", "-help", "--help", "help":
-		fmt.Fprint(a.stdout, aclsUsage)
-		return exitOK
-	}
-	fmt.Fprint(a.stderr, aclsUsage)
-	return exitUsage
-}
-
-func runACLsCmd(a *app, args []string, apply bool) int {
-	name := "acls plan"
-	description := `Print the Kafka ACLs (all ALLOW, any host) that give each role exactly what
+Run 'mandatectl acls plan --help' for the flags.`,
+	},
+		leafWith(&command{
+			name:    "plan",
+			summary: "print the Kafka ACLs each role needs (nothing is contacted)",
+			usage:   usage,
+			description: `Print the Kafka ACLs (all ALLOW, any host) that give each role exactly what
 it needs on mandated's topics, group and transactional ids. A principal is
 "User:<name>" (a bare name means User:<name>); repeat a role flag or
-comma-separate. Nothing is contacted.`
-	if apply {
-		name = "acls apply"
-		description = `Create the ACLs 'mandatectl acls plan' prints with the same flags (creating
+comma-separate. Nothing is contacted.`,
+			examples: example("acls plan"),
+		}, func() *aclsOptions { return &aclsOptions{} }, runACLs),
+		leafWith(&command{
+			name:    "apply",
+			summary: "create them on the broker (needs a principal allowed to alter ACLs)",
+			usage:   usage,
+			description: `Create the ACLs 'mandatectl acls plan' prints with the same flags (creating
 an existing ACL again changes nothing), and print each one created.
-Connect as a principal allowed to alter ACLs (a super user).`
+Connect as a principal allowed to alter ACLs (a super user).`,
+			examples: example("acls apply"),
+		}, func() *aclsOptions { return &aclsOptions{apply: true} }, runACLs),
+	)
+}
+
+// aclsOptions are the flags of acls plan and acls apply (which also
+// connects).
+type aclsOptions struct {
+	apply   bool
+	kc      kafkaConn
+	topics  topicNames
+	roles   struct{ agents, platforms, grantors, reconcilers, auditors, mandated listFlag }
+	scope   admin.ACLScope
+	timeout time.Duration
+
+	plan  []admin.ACL
+	kopts []kgo.Opt
+}
+
+func (o *aclsOptions) register(f *flagSet) {
+	if o.apply {
+		o.kc.register(f)
 	}
-	f := a.newFlagSet(name, "--agent P --platform P --grantor P --reconciler P --auditor P --mandated P [flags]", description,
-		"mandatectl "+name+" --mandated User:mandated --agent User:agent-runner --platform User:platform \\\n    --grantor User:treasury --reconciler User:reconciler --auditor User:audit")
-	var kc kafkaConn
-	if apply {
-		kc.register(f)
-	}
-	var topics topicNames
-	topics.register(f)
-	var roles admin.ACLRoles
-	var agents, platforms, grantors, reconcilers, auditors, mandated listFlag
-	f.Var(&agents, "agent", "an agents' `principal` (write proposals)")
-	f.Var(&platforms, "platform", "a platforms' `principal` (write proposals, read decisions)")
-	f.Var(&grantors, "grantor", "a grantors' `principal` (write grants, read decisions)")
-	f.Var(&reconcilers, "reconciler", "a reconcilers' `principal` (write grants, read decisions)")
-	f.Var(&auditors, "auditor", "an auditors' `principal` (read decisions and dead letters)")
-	f.Var(&mandated, "mandated", "mandated's own `principal`")
-	var scope admin.ACLScope
+	o.topics.register(f)
+	r := &o.roles
+	f.Var(&r.agents, "agent", "an agents' `principal` (write proposals)")
+	f.Var(&r.platforms, "platform", "a platforms' `principal` (write proposals, read decisions)")
+	f.Var(&r.grantors, "grantor", "a grantors' `principal` (write grants, read decisions)")
+	f.Var(&r.reconcilers, "reconciler", "a reconcilers' `principal` (write grants, read decisions)")
+	f.Var(&r.auditors, "auditor", "an auditors' `principal` (read decisions and dead letters)")
+	f.Var(&r.mandated, "mandated", "mandated's own `principal`")
 	f.env(func(fs *flag.FlagSet) {
-		fs.StringVar(&scope.Group, "group", processor.GroupDefault, "mandated's consumer group id")
-		fs.StringVar(&scope.TransactionalIDPrefix, "relay-transactional-id-prefix", outbox.TransactionalIDDefault, "prefix of the relay's transactional ids")
+		fs.StringVar(&o.scope.Group, "group", processor.GroupDefault, "mandated's consumer group id")
+		fs.StringVar(&o.scope.TransactionalIDPrefix, "relay-transactional-id-prefix", outbox.TransactionalIDDefault, "prefix of the relay's transactional ids")
 	})
-	f.StringVar(&scope.ReaderGroupPrefix, "reader-group-prefix", "", "let platforms and auditors consume decisions in groups with this id prefix (default: none; they assign partitions)")
-	timeout := f.Duration("timeout", 30*time.Second, "bound on apply")
-	pos, code, ok := f.parse(args)
-	if !ok {
-		return code
+	f.StringVar(&o.scope.ReaderGroupPrefix, "reader-group-prefix", "", "let platforms and auditors consume decisions in groups with this id prefix (default: none; they assign partitions)")
+	f.DurationVar(&o.timeout, "timeout", 30*time.Second, "bound on apply")
+}
+
+func (o *aclsOptions) validate(in given) error {
+	if err := in.noArgs(); err != nil {
+		return err
 	}
-	if len(pos) > 0 {
-		return f.usageErr("unexpected argument %q", pos[0])
+	r := o.roles
+	roles := admin.ACLRoles{Agents: r.agents, Platforms: r.platforms, Grantors: r.grantors, Reconcilers: r.reconcilers,
+		Auditors: r.auditors, Mandated: r.mandated}
+	o.scope.ProposalsTopic, o.scope.GrantsTopic = o.topics.proposals, o.topics.grants
+	o.scope.DecisionsTopic, o.scope.DeadLetterTopic = o.topics.decisions, o.topics.deadLetter
+	var err error
+	if o.plan, err = admin.PlanACLs(roles, o.scope); err != nil {
+		return err
 	}
-	roles = admin.ACLRoles{Agents: agents, Platforms: platforms, Grantors: grantors, Reconcilers: reconcilers,
-		Auditors: auditors, Mandated: mandated}
-	scope.ProposalsTopic, scope.GrantsTopic, scope.DecisionsTopic, scope.DeadLetterTopic = topics.proposals, topics.grants, topics.decisions, topics.deadLetter
-	plan, err := admin.PlanACLs(roles, scope)
-	if err != nil {
-		return f.usageErr("%v", err)
+	if len(o.plan) == 0 {
+		return errors.New("name at least one principal (--agent, --platform, --grantor, --reconciler, --auditor, --mandated)")
 	}
-	if len(plan) == 0 {
-		return f.usageErr("name at least one principal (--agent, --platform, --grantor, --reconciler, --auditor, --mandated)")
+	if o.apply {
+		o.kopts, err = o.kc.opts()
 	}
-	if !apply {
-		for _, acl := range plan {
+	return err
+}
+
+func runACLs(ctx context.Context, a *app, o *aclsOptions) int {
+	if !o.apply {
+		for _, acl := range o.plan {
 			fmt.Fprintln(a.stdout, acl)
 		}
 		return exitOK
 	}
-	opts, err := kc.opts(a)
-	if err != nil {
-		return f.usageErr("%v", err)
-	}
-	ctx, cancel := withTimeout(a.ctx, *timeout)
+	ctx, cancel := withTimeout(ctx, o.timeout)
 	defer cancel()
-	cl, err := kgo.NewClient(opts...)
+	cl, err := kgo.NewClient(o.kopts...)
 	if err != nil {
 		a.errorf("acls apply: kafka client: %v", err)
 		return exitFailed
 	}
 	defer cl.Close()
-	if err := admin.ApplyACLs(ctx, kadm.NewClient(cl), plan); err != nil {
+	if err := admin.ApplyACLs(ctx, kadm.NewClient(cl), o.plan); err != nil {
 		a.errorf("acls apply: %v", err)
 		return exitFailed
 	}
-	for _, acl := range plan {
+	for _, acl := range o.plan {
 		fmt.Fprintf(a.stdout, "created %s\n", acl)
 	}
 	return exitOK

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -11,16 +10,13 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/rs/zerolog"
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/mandated/mandated/cmd/internal/cli"
-	"github.com/mandated/mandated/processor"
-	"github.com/mandated/mandated/sink"
-	"github.com/mandated/mandated/sink/shardmap"
 )
+
+// The flags: a command's flag set with its help text, the environment
+// fallback of the daemon's flags, and the value types mandatectl adds to
+// the standard flag package (lists, times, durations with days). What the
+// connection flags open is connect.go's.
 
 // flagSet is one command's flags with its help text. Flags registered
 // through env() also read their MANDATED_* environment variable, as the
@@ -34,6 +30,9 @@ type flagSet struct {
 	description string
 	examples    []string
 	envFlags    map[string]bool
+	// docDefaults are the defaults the reference (docs/cli) shows for
+	// flags whose default depends on who runs mandatectl.
+	docDefaults map[string]string
 }
 
 func (a *app) newFlagSet(name, synopsis, description string, examples ...string) *flagSet {
@@ -41,8 +40,12 @@ func (a *app) newFlagSet(name, synopsis, description string, examples ...string)
 	fs.Usage = func() {}
 	fs.SetOutput(a.stderr)
 	return &flagSet{FlagSet: fs, app: a, name: name, synopsis: synopsis, description: description,
-		examples: examples, envFlags: map[string]bool{}}
+		examples: examples, envFlags: map[string]bool{}, docDefaults: map[string]string{}}
 }
+
+// docDefault says what the reference shows as the default of flag name,
+// one the environment decides ("mandatectl:$USER"); --help shows the value.
+func (f *flagSet) docDefault(name, text string) { f.docDefaults[name] = text }
 
 // env registers flags that read MANDATED_<FLAG> when not given.
 func (f *flagSet) env(register func(fs *flag.FlagSet)) {
@@ -109,8 +112,7 @@ func (f *flagSet) parse(args []string) (positional []string, code int, ok bool) 
 		positional = append(positional, rest[0])
 		args = rest[1:]
 	}
-	set := map[string]bool{}
-	f.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	set := f.given()
 	var envErr error
 	f.VisitAll(func(fl *flag.Flag) {
 		if envErr != nil || set[fl.Name] || !f.envFlags[fl.Name] {
@@ -129,249 +131,12 @@ func (f *flagSet) parse(args []string) (positional []string, code int, ok bool) 
 	return positional, exitOK, true
 }
 
-// usageErr reports a usage error and returns its exit code.
-func (f *flagSet) usageErr(format string, args ...any) int {
-	f.app.errorf("%s: "+format, append([]any{f.name}, args...)...)
-	fmt.Fprintf(f.app.stderr, "run 'mandatectl %s --help' for usage\n", f.name)
-	return exitUsage
-}
-
-// kafkaConn holds how to reach Kafka, registered as the daemon's flags.
-type kafkaConn struct {
-	cli.Kafka
-	logLevel  string
-	logFormat string
-}
-
-func (k *kafkaConn) register(f *flagSet) {
-	f.env(func(fs *flag.FlagSet) {
-		k.Kafka.Register(fs)
-		fs.StringVar(&k.logLevel, "log-level", "warn", "log level of the Kafka client's own messages: debug, info, warn or error")
-		fs.StringVar(&k.logFormat, "log-format", "auto", "json, console, or auto (console on a terminal)")
-	})
-}
-
-// opts returns the seed brokers and client options (TLS, SASL, logging).
-func (k *kafkaConn) opts(a *app) ([]kgo.Opt, error) {
-	seeds, err := k.SeedBrokers()
-	if err != nil {
-		return nil, err
-	}
-	opts, err := k.Opts()
-	if err != nil {
-		return nil, err
-	}
-	log, err := logger(k.logFormat, k.logLevel, a.stderr)
-	if err != nil {
-		return nil, err
-	}
-	return append([]kgo.Opt{kgo.SeedBrokers(seeds...), kgo.ClientID("mandatectl"),
-		kgo.WithLogger(cli.KafkaLogger(log, kgoLevel(log.GetLevel())))}, opts...), nil
-}
-
-func logger(format, level string, w io.Writer) (zerolog.Logger, error) {
-	if f, ok := w.(*os.File); ok {
-		return cli.Logger(format, level, f)
-	}
-	lvl, err := zerolog.ParseLevel(strings.ToLower(level))
-	if err != nil || level == "" {
-		return zerolog.Logger{}, fmt.Errorf("--log-level %q is not one of debug, info, warn, error", level)
-	}
-	return zerolog.New(w).Level(lvl).With().Timestamp().Logger(), nil
-}
-
-func kgoLevel(l zerolog.Level) kgo.LogLevel {
-	switch {
-	case l <= zerolog.DebugLevel:
-		return kgo.LogLevelDebug
-	case l == zerolog.InfoLevel:
-		return kgo.LogLevelInfo
-	case l == zerolog.WarnLevel:
-		return kgo.LogLevelWarn
-	default:
-		return kgo.LogLevelError
-	}
-}
-
-// topicNames are the daemon's topic flags, with its defaults.
-type topicNames struct {
-	proposals, grants, decisions, deadLetter string
-}
-
-func (t *topicNames) register(f *flagSet) {
-	f.env(func(fs *flag.FlagSet) {
-		fs.StringVar(&t.proposals, "proposals-topic", processor.ProposalsTopicDefault, "topic of agents' commands")
-		fs.StringVar(&t.grants, "grants-topic", processor.GrantsTopicDefault, "topic of grantors' commands (grant, revoke)")
-		fs.StringVar(&t.decisions, "decisions-topic", processor.DecisionsTopicDefault, "topic of decisions")
-		fs.StringVar(&t.deadLetter, "dead-letter-topic", processor.DeadLetterTopicDefault, "topic of records no mandate can be read from")
-	})
-}
-
-// dbConn holds how to reach PostgreSQL, registered as the daemon's flags.
-type dbConn struct {
-	url      string
-	urlFile  string
-	shardMap string
-	shard    *shardmap.Shard // set on the per-shard copies shards returns
-}
-
-func (d *dbConn) register(f *flagSet) {
-	f.env(func(fs *flag.FlagSet) {
-		fs.StringVar(&d.url, "database-url", "", "PostgreSQL URL, e.g. postgres://mandated@db:5432/mandated?sslmode=verify-full (required unless --shard-map)")
-		fs.StringVar(&d.urlFile, "database-url-file", "", "file holding the PostgreSQL URL (a mounted secret); wins over --database-url")
-		fs.StringVar(&d.shardMap, "shard-map", "", "the daemon's shard map (YAML): partitions are read in their shard's database; org settings, grantor keys and gateway tokens in the control shard's")
-	})
-}
-
-// readMap reads --shard-map.
-func (d *dbConn) readMap() (*shardmap.Map, error) {
-	if d.url != "" || d.urlFile != "" {
-		return nil, errors.New("--shard-map and --database-url exclude each other: the map names every database")
-	}
-	m, err := shardmap.Read(d.shardMap)
-	if err != nil {
-		return nil, fmt.Errorf("--shard-map: %w", err)
-	}
-	return m, nil
-}
-
-// shards returns one connection per shard of --shard-map (each resolving
-// to its shard's database), or d itself without a map.
-func (d *dbConn) shards() ([]*dbConn, error) {
-	if d.shardMap == "" || d.shard != nil {
-		return []*dbConn{d}, nil
-	}
-	m, err := d.readMap()
-	if err != nil {
-		return nil, err
-	}
-	out := make([]*dbConn, len(m.Shards))
-	for i := range m.Shards {
-		out[i] = &dbConn{shard: &m.Shards[i]}
-	}
-	return out, nil
-}
-
-// name is the shard's name, or "" without a map.
-func (d *dbConn) name() string {
-	if d.shard == nil {
-		return ""
-	}
-	return d.shard.Name
-}
-
-// pools opens a read-only pool on every shard (pool); close closes them.
-func (d *dbConn) pools(ctx context.Context) (pools []*pgxpool.Pool, close func(), err error) {
-	close = func() {
-		for _, p := range pools {
-			p.Close()
-		}
-	}
-	all, err := d.shards()
-	if err != nil {
-		return nil, close, err
-	}
-	for _, one := range all {
-		p, err := one.pool(ctx)
-		if err != nil {
-			close()
-			if one.shard != nil {
-				err = fmt.Errorf("shard %s: %w", one.shard.Name, err)
-			}
-			return nil, func() {}, err
-		}
-		pools = append(pools, p)
-	}
-	return pools, close, nil
-}
-
-// operator answers operator queries across every shard.
-func (d *dbConn) operator(ctx context.Context) (*sink.Operator, func(), error) {
-	pools, close, err := d.pools(ctx)
-	if err != nil {
-		return nil, close, err
-	}
-	return sink.NewShardedOperator(pools...), close, nil
-}
-
-// applicationName is what mandatectl's sessions call themselves. It must
-// not be the daemon's: a takeover terminates blocking sessions by that name.
-const applicationName = "mandatectl"
-
-// resolve returns the database URL: with --shard-map, the control
-// shard's (where org settings, grantor keys and tokens live).
-func (d *dbConn) resolve() (string, error) {
-	if d.shard != nil {
-		return d.shard.URL, nil
-	}
-	if d.shardMap != "" {
-		m, err := d.readMap()
-		if err != nil {
-			return "", err
-		}
-		return m.Shards[m.Control()].URL, nil
-	}
-	u, err := cli.Secret(d.url, d.urlFile)
-	if err != nil {
-		return "", fmt.Errorf("--database-url-file: %w", err)
-	}
-	if u == "" {
-		return "", fmt.Errorf("--database-url (%s), --database-url-file or --shard-map is required", cli.EnvName("database-url"))
-	}
-	return u, nil
-}
-
-// pool opens a small pool whose transactions are read-only: operator
-// queries cannot change anything, whatever a bug in them would try.
-func (d *dbConn) pool(ctx context.Context) (*pgxpool.Pool, error) {
-	u, err := d.resolve()
-	if err != nil {
-		return nil, err
-	}
-	cfg, err := pgxpool.ParseConfig(u)
-	if err != nil {
-		return nil, fmt.Errorf("--database-url: %w", err)
-	}
-	cfg.MaxConns = 2
-	rp := cfg.ConnConfig.RuntimeParams
-	rp["application_name"] = applicationName
-	rp["default_transaction_read_only"] = "on"
-	rp["statement_timeout"] = "60000"
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
-	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
-	}
-	return pool, nil
-}
-
-// conn opens one read-write connection (for migrate).
-func (d *dbConn) conn(ctx context.Context) (*pgx.Conn, error) {
-	u, err := d.resolve()
-	if err != nil {
-		return nil, err
-	}
-	cfg, err := pgx.ParseConfig(u)
-	if err != nil {
-		return nil, fmt.Errorf("--database-url: %w", err)
-	}
-	cfg.RuntimeParams["application_name"] = applicationName
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
-	}
-	return conn, nil
-}
-
-// withTimeout bounds ctx by d when d is positive.
-func withTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
-	if d <= 0 {
-		return context.WithCancel(ctx)
-	}
-	return context.WithTimeout(ctx, d)
+// given returns the flags given on the command line (not those read from
+// the environment).
+func (f *flagSet) given() map[string]bool {
+	set := map[string]bool{}
+	f.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	return set
 }
 
 // listFlag is a repeatable flag that also splits on commas.

@@ -21,19 +21,13 @@ import (
 	"github.com/mandated/mandated/wire"
 )
 
-func runGrantorKeys(a *app, args []string) int {
-	subs := map[string]func(*app, []string) int{
-		"generate": runGrantorKeysGenerate, "add": runGrantorKeysAdd, "revoke": runGrantorKeysRevoke,
-		"list": runGrantorKeysList, "require": runSigningRequire, "relax": runSigningRelax,
-	}
-	if len(args) > 0 {
-		if f, ok := subs[args[0]]; ok {
-			return f(a, args[1:])
-		}
-	}
-	fmt.Fprint(a.stderr, `usage: mandatectl grantor-keys generate|add|revoke|list|require|relax [flags]
-
-Grantor keys sign grant, revoke and resolve commands (Ed25519). mandated
+func grantorKeysCommand() *command {
+	return group(&command{
+		name:    "grantor-keys",
+		group:   groupSetup,
+		summary: "grantor signing keys and each org's grant_signing (generate, add, revoke, list, require, relax)",
+		usage:   "generate|add|revoke|list|require|relax [flags]",
+		description: `Grantor keys sign grant, revoke and resolve commands (Ed25519). mandated
 verifies a signature against the keys registered for the command's org;
 with grant_signing required for the org, an unsigned grantor command is
 rejected, so writing the grants topic alone cannot mint authority.
@@ -48,49 +42,59 @@ rejected, so writing the grants topic alone cannot mint authority.
 Rotation: add the new key, move grantors to it (mandatectl grant
 --signing-key-file), then revoke the old one or let its --valid-until pass.
 Changes reach running processors within --grantor-key-refresh (5s); a new
-key is usable at once.
-`)
-	return exitUsage
-}
-
-func runGrantorKeysGenerate(a *app, args []string) int {
-	f := a.newFlagSet("grantor-keys generate", "--private-key-file FILE",
-		`Generate an Ed25519 key pair for a grantor. The private key is written to
+key is usable at once.`,
+	},
+		leaf(&command{
+			name:    "generate",
+			summary: "make a key pair; prints the public key (PEM)",
+			usage:   "--private-key-file FILE",
+			description: `Generate an Ed25519 key pair for a grantor. The private key is written to
 --private-key-file (PKCS#8 PEM, mode 0600; the file must not exist); the
 public key is printed (PKIX PEM) for 'mandatectl grantor-keys add'. The
 private key belongs to the grantor, never to mandated.`,
-		"mandatectl grantor-keys generate --private-key-file grantor-2026-11.pem > grantor-2026-11.pub.pem")
-	file := f.String("private-key-file", "", "where to write the private key (required)")
-	pos, code, ok := f.parse(args)
-	if !ok {
-		return code
-	}
-	if len(pos) > 0 {
-		return f.usageErr("unexpected argument %q", pos[0])
-	}
-	if *file == "" {
-		return f.usageErr("--private-key-file is required")
-	}
+			examples: []string{"mandatectl grantor-keys generate --private-key-file grantor-2026-11.pem > grantor-2026-11.pub.pem"},
+		}, runGrantorKeysGenerate),
+		leaf(&command{
+			name:    "add",
+			summary: "register a grantor's public key for an org",
+			usage:   "<org> <key-id> --public-key-file FILE [--valid-from T] [--valid-until T] [flags]",
+			description: `Register a grantor's public key for an org. Key ids are never reused
+within an org, so a decision's signed_by names one key forever. Times are
+RFC 3339 or a duration from now (90m, 30d).`,
+			examples: []string{"mandatectl grantor-keys add acme grantor-2026-11 --public-key-file grantor-2026-11.pub.pem --valid-until 400d"},
+		}, runGrantorKeysAdd),
+		leaf(&command{
+			name:    "revoke",
+			summary: "the key stops signing at once (kept on record)",
+			usage:   "<org> <key-id> [flags]",
+			description: `Revoke a grantor key now: commands it signs are rejected
+(signature_key_revoked) once processors refresh their keys (within
+--grantor-key-refresh). The key stays on record for the decisions it signed.`,
+			examples: []string{"mandatectl grantor-keys revoke acme grantor-2026-11"},
+		}, runGrantorKeysRevoke),
+		leaf(&command{
+			name:    "list",
+			summary: "keys with their validity and state",
+			usage:   "[<org>] [--json] [flags]",
+			description: `List grantor keys (of one org, or all) with their validity window, their
+state now (valid, not_yet_valid, expired, revoked) and each org's
+grant_signing setting.`,
+			examples: []string{"mandatectl grantor-keys list acme"},
+		}, runGrantorKeysList),
+		signingModeCommand(sink.SigningRequired, "grant_signing=required: unsigned grantor commands are rejected"),
+		signingModeCommand(sink.SigningOff, "grant_signing=off (the default)"),
+	)
+}
+
+func runGrantorKeysGenerate(_ context.Context, a *app, o *keyFileOptions) int {
 	pub, priv, err := ed25519.GenerateKey(nil)
-	if err != nil {
-		a.errorf("grantor-keys generate: %v", err)
-		return exitFailed
+	if err == nil {
+		err = writePrivateKey(o.file, priv)
 	}
-	der, err := x509.MarshalPKCS8PrivateKey(priv)
-	if err != nil {
-		a.errorf("grantor-keys generate: %v", err)
-		return exitFailed
+	var pubDER []byte
+	if err == nil {
+		pubDER, err = x509.MarshalPKIXPublicKey(pub)
 	}
-	out, err := os.OpenFile(*file, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		a.errorf("grantor-keys generate: %v", err)
-		return exitFailed
-	}
-	if err := errors.Join(pem.Encode(out, &pem.Block{Type: "PRIVATE KEY", Bytes: der}), out.Close()); err != nil {
-		a.errorf("grantor-keys generate: %v", err)
-		return exitFailed
-	}
-	pubDER, err := x509.MarshalPKIXPublicKey(pub)
 	if err != nil {
 		a.errorf("grantor-keys generate: %v", err)
 		return exitFailed
@@ -99,75 +103,84 @@ private key belongs to the grantor, never to mandated.`,
 	return exitOK
 }
 
-func runGrantorKeysAdd(a *app, args []string) int {
-	f := a.newFlagSet("grantor-keys add", "<org> <key-id> --public-key-file FILE [--valid-from T] [--valid-until T] [flags]",
-		`Register a grantor's public key for an org. Key ids are never reused
-within an org, so a decision's signed_by names one key forever. Times are
-RFC 3339 or a duration from now (90m, 30d).`,
-		"mandatectl grantor-keys add acme grantor-2026-11 --public-key-file grantor-2026-11.pub.pem --valid-until 400d")
-	var db dbConn
-	db.register(f)
-	pubFile := f.String("public-key-file", "", "the public key: PKIX PEM (openssl pkey -pubout) (required)")
-	var validFrom, validUntil timeFlag
-	f.Var(&validFrom, "valid-from", "the key signs from this `time` on (default: now)")
-	f.Var(&validUntil, "valid-until", "the key stops signing at this `time` (default: never)")
-	note := f.String("note", "", "free text kept with the key (who holds it)")
-	timeout := f.Duration("timeout", 30*time.Second, "bound on the whole command")
-	pos, code, ok := f.parse(args)
-	if !ok {
-		return code
+type grantorKeysAddOptions struct {
+	db                    dbConn
+	pubFile               string
+	validFrom, validUntil timeFlag
+	note                  string
+	timeout               time.Duration
+
+	org, keyID string
+	pub        ed25519.PublicKey
+	from       time.Time
+}
+
+func (o *grantorKeysAddOptions) register(f *flagSet) {
+	o.db.register(f)
+	f.StringVar(&o.pubFile, "public-key-file", "", "the public key: PKIX PEM (openssl pkey -pubout) (required)")
+	f.Var(&o.validFrom, "valid-from", "the key signs from this `time` on (default: now)")
+	f.Var(&o.validUntil, "valid-until", "the key stops signing at this `time` (default: never)")
+	f.StringVar(&o.note, "note", "", "free text kept with the key (who holds it)")
+	f.DurationVar(&o.timeout, "timeout", 30*time.Second, "bound on the whole command")
+}
+
+func (o *grantorKeysAddOptions) validate(in given) error {
+	var err error
+	if o.org, o.keyID, err = orgAndKeyID(in.args); err != nil {
+		return err
 	}
-	org, keyID, err := orgAndKeyID(pos)
-	if err != nil {
-		return f.usageErr("%v", err)
+	if o.pubFile == "" {
+		return errors.New("--public-key-file is required")
 	}
-	if *pubFile == "" {
-		return f.usageErr("--public-key-file is required")
+	if o.pub, err = readGrantorPublicKey(o.pubFile); err != nil {
+		return fmt.Errorf("--public-key-file: %w", err)
 	}
-	pub, err := readGrantorPublicKey(*pubFile)
-	if err != nil {
-		return f.usageErr("--public-key-file: %v", err)
+	if o.from, err = validFrom(o.validFrom, o.validUntil); err != nil {
+		return err
 	}
-	from := validFrom.t
-	if from.IsZero() {
-		from = time.Now()
-	}
-	if !validUntil.t.IsZero() && !validUntil.t.After(from) {
-		return f.usageErr("--valid-until must be after --valid-from")
-	}
-	return withGrantorKeysConn(a, f, &db, *timeout, "grantor-keys add", func(ctx context.Context, q sink.KeyQuerier) error {
-		if err := admin.AddGrantorKey(ctx, q, sink.GrantorKey{Org: org, KeyID: keyID, PublicKey: pub,
-			ValidFrom: from, ValidUntil: validUntil.t, Note: *note}); err != nil {
+	_, err = o.db.resolve()
+	return err
+}
+
+func runGrantorKeysAdd(ctx context.Context, a *app, o *grantorKeysAddOptions) int {
+	return withGrantorKeysConn(ctx, a, &o.db, o.timeout, func(ctx context.Context, q sink.KeyQuerier) error {
+		if err := admin.AddGrantorKey(ctx, q, sink.GrantorKey{Org: o.org, KeyID: o.keyID, PublicKey: o.pub,
+			ValidFrom: o.from, ValidUntil: o.validUntil.t, Note: o.note}); err != nil {
 			return err
 		}
-		fmt.Fprintf(a.stdout, "added grantor key %s for org %s, valid from %s until %s\n", keyID, org,
-			fmtTime(from), validUntilText(validUntil.t))
+		fmt.Fprintf(a.stdout, "added grantor key %s for org %s, valid from %s until %s\n", o.keyID, o.org,
+			fmtTime(o.from), validUntilText(o.validUntil.t))
 		return nil
 	})
 }
 
-func runGrantorKeysRevoke(a *app, args []string) int {
-	f := a.newFlagSet("grantor-keys revoke", "<org> <key-id> [flags]",
-		`Revoke a grantor key now: commands it signs are rejected
-(signature_key_revoked) once processors refresh their keys (within
---grantor-key-refresh). The key stays on record for the decisions it signed.`,
-		"mandatectl grantor-keys revoke acme grantor-2026-11")
-	var db dbConn
-	db.register(f)
-	timeout := f.Duration("timeout", 30*time.Second, "bound on the whole command")
-	pos, code, ok := f.parse(args)
-	if !ok {
-		return code
+type grantorKeysRevokeOptions struct {
+	db      dbConn
+	timeout time.Duration
+
+	org, keyID string
+}
+
+func (o *grantorKeysRevokeOptions) register(f *flagSet) {
+	o.db.register(f)
+	f.DurationVar(&o.timeout, "timeout", 30*time.Second, "bound on the whole command")
+}
+
+func (o *grantorKeysRevokeOptions) validate(in given) error {
+	var err error
+	if o.org, o.keyID, err = orgAndKeyID(in.args); err != nil {
+		return err
 	}
-	org, keyID, err := orgAndKeyID(pos)
-	if err != nil {
-		return f.usageErr("%v", err)
-	}
-	return withGrantorKeysConn(a, f, &db, *timeout, "grantor-keys revoke", func(ctx context.Context, q sink.KeyQuerier) error {
-		if err := admin.RevokeGrantorKey(ctx, q, org, keyID, time.Now()); err != nil {
+	_, err = o.db.resolve()
+	return err
+}
+
+func runGrantorKeysRevoke(ctx context.Context, a *app, o *grantorKeysRevokeOptions) int {
+	return withGrantorKeysConn(ctx, a, &o.db, o.timeout, func(ctx context.Context, q sink.KeyQuerier) error {
+		if err := admin.RevokeGrantorKey(ctx, q, o.org, o.keyID, time.Now()); err != nil {
 			return err
 		}
-		fmt.Fprintf(a.stdout, "revoked grantor key %s of org %s\n", keyID, org)
+		fmt.Fprintf(a.stdout, "revoked grantor key %s of org %s\n", o.keyID, o.org)
 		return nil
 	})
 }
@@ -196,37 +209,40 @@ func grantorKeyState(k sink.GrantorKey, now time.Time) string {
 	return "valid"
 }
 
-func runGrantorKeysList(a *app, args []string) int {
-	f := a.newFlagSet("grantor-keys list", "[<org>] [--json] [flags]",
-		`List grantor keys (of one org, or all) with their validity window, their
-state now (valid, not_yet_valid, expired, revoked) and each org's
-grant_signing setting.`,
-		"mandatectl grantor-keys list acme")
-	var db dbConn
-	db.register(f)
-	asJSON := f.Bool("json", false, "print JSON instead of a table")
-	timeout := f.Duration("timeout", 30*time.Second, "bound on the query")
-	pos, code, ok := f.parse(args)
-	if !ok {
-		return code
-	}
-	org := ""
-	switch len(pos) {
+type grantorKeysListOptions struct {
+	db      dbConn
+	asJSON  bool
+	timeout time.Duration
+
+	org string
+}
+
+func (o *grantorKeysListOptions) register(f *flagSet) {
+	o.db.register(f)
+	f.BoolVar(&o.asJSON, "json", false, "print JSON instead of a table")
+	f.DurationVar(&o.timeout, "timeout", 30*time.Second, "bound on the query")
+}
+
+func (o *grantorKeysListOptions) validate(in given) error {
+	switch len(in.args) {
 	case 0:
 	case 1:
-		org = pos[0]
-		if !partitioner.ValidOrg(org) {
-			return f.usageErr("org %q is outside [a-z0-9][a-z0-9-]{0,62}", org)
+		o.org = in.args[0]
+		if !partitioner.ValidOrg(o.org) {
+			return fmt.Errorf("org %q is outside [a-z0-9][a-z0-9-]{0,62}", o.org)
 		}
 	default:
-		return f.usageErr("unexpected argument %q", pos[1])
+		return fmt.Errorf("unexpected argument %q", in.args[1])
 	}
-	if _, err := db.resolve(); err != nil {
-		return f.usageErr("%v", err)
-	}
-	ctx, cancel := withTimeout(a.ctx, *timeout)
+	_, err := o.db.resolve()
+	return err
+}
+
+func runGrantorKeysList(ctx context.Context, a *app, o *grantorKeysListOptions) int {
+	org := o.org
+	ctx, cancel := withTimeout(ctx, o.timeout)
 	defer cancel()
-	pool, err := db.pool(ctx)
+	pool, err := o.db.pool(ctx)
 	if err != nil {
 		a.errorf("grantor-keys list: %v", err)
 		return exitFailed
@@ -243,7 +259,7 @@ grant_signing setting.`,
 		return exitFailed
 	}
 	now := time.Now()
-	if *asJSON {
+	if o.asJSON {
 		views := make([]grantorKeyView, 0, len(keys))
 		for _, k := range keys {
 			v := grantorKeyView{Org: k.Org, KeyID: k.KeyID, Alg: k.Alg, PublicKey: grantorPublicKeyPEM(k.PublicKey),
@@ -325,20 +341,17 @@ func validUntilText(t time.Time) string {
 }
 
 // withGrantorKeysConn runs fn on one read-write connection.
-func withGrantorKeysConn(a *app, f *flagSet, db *dbConn, timeout time.Duration, name string, fn func(context.Context, sink.KeyQuerier) error) int {
-	if _, err := db.resolve(); err != nil {
-		return f.usageErr("%v", err)
-	}
-	ctx, cancel := withTimeout(a.ctx, timeout)
+func withGrantorKeysConn(ctx context.Context, a *app, db *dbConn, timeout time.Duration, fn func(context.Context, sink.KeyQuerier) error) int {
+	ctx, cancel := withTimeout(ctx, timeout)
 	defer cancel()
 	conn, err := db.conn(ctx)
 	if err != nil {
-		a.errorf("%s: %v", name, err)
+		a.errorf("%s: %v", a.path, err)
 		return exitFailed
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	if err := fn(ctx, conn); err != nil {
-		a.errorf("%s: %v", name, err)
+		a.errorf("%s: %v", a.path, err)
 		return exitFailed
 	}
 	return exitOK

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -25,52 +27,71 @@ type inDoubtView struct {
 	ExecutionDeadline *time.Time `json:"execution_deadline,omitempty"`
 }
 
-func runInDoubt(a *app, args []string) int {
-	f := a.newFlagSet("in-doubt", "[--older-than D] [--org ORG] [--limit N] [--json] [flags]",
-		`List in-doubt authorizations: executions whose outcome is unknown (reported
+func inDoubtCommand() *command {
+	return leaf(&command{
+		name:    "in-doubt",
+		group:   groupOps,
+		summary: "list in-doubt authorizations older than a threshold",
+		usage:   "[--older-than D] [--org ORG] [--limit N] [--json] [flags]",
+		description: `List in-doubt authorizations: executions whose outcome is unknown (reported
 unknown, or past their execution timeout). Each keeps its mandate's use until
 someone reconciles with the provider and sends 'mandatectl resolve'. Oldest
 first; the age is how long it has been in doubt, by the database's clock.`,
-		"mandatectl in-doubt --older-than 10m",
-		"mandatectl in-doubt --org acme --json")
-	var db dbConn
-	db.register(f)
-	var olderThan durationFlag
-	f.Var(&olderThan, "older-than", "only those in doubt for at least this `duration` (e.g. 10m, 2h, 1d)")
-	org := f.String("org", "", "only this org")
-	limit := f.Int("limit", 1000, "show at most this many")
-	asJSON := f.Bool("json", false, "print JSON instead of a table")
-	timeout := f.Duration("timeout", 30*time.Second, "bound on the query")
-	pos, code, ok := f.parse(args)
-	if !ok {
-		return code
+		examples: []string{
+			"mandatectl in-doubt --older-than 10m",
+			"mandatectl in-doubt --org acme --json",
+		},
+	}, runInDoubt)
+}
+
+type inDoubtOptions struct {
+	db        dbConn
+	olderThan durationFlag
+	org       string
+	limit     int
+	asJSON    bool
+	timeout   time.Duration
+}
+
+func (o *inDoubtOptions) register(f *flagSet) {
+	o.db.register(f)
+	f.Var(&o.olderThan, "older-than", "only those in doubt for at least this `duration` (e.g. 10m, 2h, 1d)")
+	f.StringVar(&o.org, "org", "", "only this org")
+	f.IntVar(&o.limit, "limit", 1000, "show at most this many")
+	f.BoolVar(&o.asJSON, "json", false, "print JSON instead of a table")
+	f.DurationVar(&o.timeout, "timeout", 30*time.Second, "bound on the query")
+}
+
+func (o *inDoubtOptions) validate(in given) error {
+	if err := in.noArgs(); err != nil {
+		return err
 	}
-	if len(pos) > 0 {
-		return f.usageErr("unexpected argument %q", pos[0])
+	if o.org != "" && !partitioner.ValidOrg(o.org) {
+		return fmt.Errorf("--org %q is not a valid org", o.org)
 	}
-	if *org != "" && !partitioner.ValidOrg(*org) {
-		return f.usageErr("--org %q is not a valid org", *org)
+	if o.limit < 1 {
+		return errors.New("--limit must be at least 1")
 	}
-	if *limit < 1 {
-		return f.usageErr("--limit must be at least 1")
-	}
-	if _, err := db.resolve(); err != nil {
-		return f.usageErr("%v", err)
-	}
-	ctx, cancel := withTimeout(a.ctx, *timeout)
+	_, err := o.db.resolve()
+	return err
+}
+
+func runInDoubt(ctx context.Context, a *app, o *inDoubtOptions) int {
+	olderThan := o.olderThan
+	ctx, cancel := withTimeout(ctx, o.timeout)
 	defer cancel()
-	op, closeDB, err := db.operator(ctx)
+	op, closeDB, err := o.db.operator(ctx)
 	if err != nil {
 		a.errorf("in-doubt: %v", err)
 		return exitFailed
 	}
 	defer closeDB()
-	rows, err := op.InDoubt(ctx, olderThan.d, *org, *limit)
+	rows, err := op.InDoubt(ctx, olderThan.d, o.org, o.limit)
 	if err != nil {
 		a.errorf("in-doubt: %v", err)
 		return exitFailed
 	}
-	if *asJSON {
+	if o.asJSON {
 		views := make([]inDoubtView, 0, len(rows))
 		for _, r := range rows {
 			v := inDoubtView{Mandate: r.Mandate.String(), AuthorizationID: r.AuthorizationID, Partition: r.Partition,
@@ -103,8 +124,8 @@ first; the age is how long it has been in doubt, by the database's clock.`,
 			wire.FormatAmount(r.Amount, r.Currency), r.Operation, r.Target, dash(r.Detail))
 	}
 	_ = tw.Flush()
-	if len(rows) == *limit {
-		a.errorf("in-doubt: showing the oldest %d; there may be more (--limit)", *limit)
+	if len(rows) == o.limit {
+		a.errorf("in-doubt: showing the oldest %d; there may be more (--limit)", o.limit)
 	}
 	return exitOK
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -111,75 +112,100 @@ func toAuthorizationJSON(a *lifecycle.Authorization) authorizationJSON {
 	return v
 }
 
-func runInspect(a *app, args []string) int {
-	f := a.newFlagSet("inspect", "[mandate] <org>/<mandate_id> [flags]",
-		`Show one mandate: its state and counters and its authorizations (from
+func inspectCommand() *command {
+	return leaf(&command{
+		name:    "inspect",
+		group:   groupOps,
+		summary: "show a mandate, its authorizations and its decision history",
+		usage:   "[mandate] <org>/<mandate_id> [flags]",
+		description: `Show one mandate: its state and counters and its authorizations (from
 PostgreSQL), and its decision history, read from its home partition of the
 decisions topic with read_committed. The history scan reads at most --scan
 records back from the partition's end (0: the whole partition) and reports
 its progress on stderr when it takes longer than a second; it shows the last
 --history decisions of the mandate it found.`,
-		"mandatectl inspect acme/case-1842",
-		"mandatectl inspect acme/case-1842 -o wide",
-		"mandatectl inspect mandate acme/case-1842 --history 200 --scan 0",
-		"mandatectl inspect mandate acme/case-1842 --json | jq '.history[] | {decision_id, outcome}'")
-	var kc kafkaConn
-	kc.register(f)
-	var topics topicNames
-	topics.register(f)
-	var db dbConn
-	db.register(f)
-	authLimit := f.Int("authorizations", 100, "show at most this many authorizations, newest first")
-	historyN := f.Int("history", 50, "show at most this many decisions, the most recent")
-	scanN := f.Int64("scan", 1_000_000, "read at most this many records back from the end of the home partition (0: all)")
-	noHistory := f.Bool("no-history", false, "do not read the decisions topic")
-	asJSON := f.Bool("json", false, "print JSON instead of tables")
-	output := f.String("o", "", "`wide`: every column of the authorizations (the default fits 100 columns)")
-	timeout := f.Duration("timeout", 5*time.Minute, "bound on the queries and the history scan")
-	pos, code, ok := f.parse(args)
-	if !ok {
-		return code
-	}
-	if len(pos) == 2 && pos[0] == "mandate" {
+		examples: []string{
+			"mandatectl inspect acme/case-1842",
+			"mandatectl inspect acme/case-1842 -o wide",
+			"mandatectl inspect mandate acme/case-1842 --history 200 --scan 0",
+			"mandatectl inspect mandate acme/case-1842 --json | jq '.history[] | {decision_id, outcome}'",
+		},
+	}, runInspect)
+}
+
+type inspectOptions struct {
+	kc        kafkaConn
+	topics    topicNames
+	db        dbConn
+	authLimit int
+	historyN  int
+	scanN     int64
+	noHistory bool
+	asJSON    bool
+	output    string
+	timeout   time.Duration
+
+	key   partitioner.MandateKey
+	kopts []kgo.Opt
+}
+
+func (o *inspectOptions) register(f *flagSet) {
+	o.kc.register(f)
+	o.topics.register(f)
+	o.db.register(f)
+	f.IntVar(&o.authLimit, "authorizations", 100, "show at most this many authorizations, newest first")
+	f.IntVar(&o.historyN, "history", 50, "show at most this many decisions, the most recent")
+	f.Int64Var(&o.scanN, "scan", 1_000_000, "read at most this many records back from the end of the home partition (0: all)")
+	f.BoolVar(&o.noHistory, "no-history", false, "do not read the decisions topic")
+	f.BoolVar(&o.asJSON, "json", false, "print JSON instead of tables")
+	f.StringVar(&o.output, "o", "", "`wide`: every column of the authorizations (the default fits 100 columns)")
+	f.DurationVar(&o.timeout, "timeout", 5*time.Minute, "bound on the queries and the history scan")
+}
+
+func (o *inspectOptions) validate(in given) error {
+	pos := in.args
+	if len(pos) == 2 && pos[0] == "mandate" { // "inspect mandate X" says the same as "inspect X"
 		pos = pos[1:]
 	}
 	if len(pos) != 1 {
-		return f.usageErr("want 'inspect <org>/<mandate_id>' (or 'inspect mandate <org>/<mandate_id>')")
+		return errors.New("want 'inspect <org>/<mandate_id>' (or 'inspect mandate <org>/<mandate_id>')")
 	}
-	if *output != "" && *output != "wide" {
-		return f.usageErr("-o takes wide, not %q", *output)
+	if o.output != "" && o.output != "wide" {
+		return fmt.Errorf("-o takes wide, not %q", o.output)
 	}
-	key, err := partitioner.ParseMandateKey(pos[0])
-	if err != nil {
-		return f.usageErr("%v", err)
+	var err error
+	if o.key, err = partitioner.ParseMandateKey(pos[0]); err != nil {
+		return err
 	}
 	switch {
-	case *authLimit < 1:
-		return f.usageErr("--authorizations must be at least 1")
-	case *historyN < 1:
-		return f.usageErr("--history must be at least 1")
-	case *scanN < 0:
-		return f.usageErr("--scan must not be negative")
+	case o.authLimit < 1:
+		return errors.New("--authorizations must be at least 1")
+	case o.historyN < 1:
+		return errors.New("--history must be at least 1")
+	case o.scanN < 0:
+		return errors.New("--scan must not be negative")
 	}
-	if _, err := db.resolve(); err != nil {
-		return f.usageErr("%v", err)
+	if _, err := o.db.resolve(); err != nil {
+		return err
 	}
-	var opts []kgo.Opt
-	if !*noHistory {
-		if opts, err = kc.opts(a); err != nil {
-			return f.usageErr("%v", err)
-		}
+	if !o.noHistory {
+		o.kopts, err = o.kc.opts()
 	}
-	ctx, cancel := withTimeout(a.ctx, *timeout)
+	return err
+}
+
+func runInspect(ctx context.Context, a *app, o *inspectOptions) int {
+	key, opts, topics := o.key, o.kopts, o.topics
+	ctx, cancel := withTimeout(ctx, o.timeout)
 	defer cancel()
 
-	op, closeDB, err := db.operator(ctx)
+	op, closeDB, err := o.db.operator(ctx)
 	if err != nil {
 		a.errorf("inspect: %v", err)
 		return exitFailed
 	}
 	defer closeDB()
-	snap, err := op.Inspect(ctx, key, *authLimit)
+	snap, err := op.Inspect(ctx, key, o.authLimit)
 	found := err == nil
 	if err != nil && !errors.Is(err, sink.ErrNotFound) {
 		a.errorf("inspect: %v", err)
@@ -188,7 +214,7 @@ its progress on stderr when it takes longer than a second; it shows the last
 
 	var history []json.RawMessage
 	var scan *historyScan
-	if !*noHistory {
+	if !o.noHistory {
 		n, err := partitionCount(ctx, opts, topics.decisions)
 		if err != nil {
 			a.errorf("inspect: %v", err)
@@ -205,8 +231,8 @@ its progress on stderr when it takes longer than a second; it shows the last
 			return exitFailed
 		}
 		from := start
-		if *scanN > 0 {
-			from = max(start, end-*scanN)
+		if o.scanN > 0 {
+			from = max(start, end-o.scanN)
 		}
 		scan = &historyScan{Topic: topics.decisions, Partition: p, From: from, To: end, Complete: from == start}
 		prog := newProgress(func(format string, args ...any) { a.errorf("inspect: "+format, args...) },
@@ -217,7 +243,7 @@ its progress on stderr when it takes longer than a second; it shows the last
 			}
 			scan.Matched++
 			history = append(history, json.RawMessage(bytes.Clone(r.Value)))
-			if len(history) > *historyN {
+			if len(history) > o.historyN {
 				history = history[1:]
 			}
 		}, prog.report)
@@ -232,7 +258,7 @@ its progress on stderr when it takes longer than a second; it shows the last
 	if !found {
 		result = exitFailed
 	}
-	if *asJSON {
+	if o.asJSON {
 		out := inspectJSON{Authorizations: []authorizationJSON{}, History: history, HistoryScan: scan}
 		if out.History == nil {
 			out.History = []json.RawMessage{}
@@ -249,12 +275,12 @@ its progress on stderr when it takes longer than a second; it shows the last
 		return result
 	}
 	if found {
-		printMandate(a, snap, *output == "wide")
+		printMandate(a, snap, o.output == "wide")
 	} else {
 		fmt.Fprintf(a.stdout, "Mandate %s: not in the database (never granted, or granted on a partition that has not committed it)\n", key)
 	}
 	if scan != nil {
-		printHistory(a, scan, history, *historyN)
+		printHistory(a, scan, history, o.historyN)
 	}
 	return result
 }

@@ -8,48 +8,67 @@ import (
 	"github.com/mandated/mandated/sink"
 )
 
-func runMigrate(a *app, args []string) int {
-	f := a.newFlagSet("migrate", "[--print] [flags]",
-		`Apply the schema migrations embedded in this binary that the database has
+func migrateCommand() *command {
+	return leaf(&command{
+		name:    "migrate",
+		group:   groupSetup,
+		summary: "apply the embedded schema migrations (--print shows them)",
+		usage:   "[--print] [flags]",
+		description: `Apply the schema migrations embedded in this binary that the database has
 not recorded yet, each in its own transaction, under an advisory lock (so
 several migrators, or a migrator and starting daemons, apply each step once).
 The daemon applies them at start as well; running this first, as a one-shot
 job, keeps schema changes out of the rolling restart.
 
 --print prints the embedded schema instead and needs no database.`,
-		"mandatectl migrate --database-url postgres://mandated@db:5432/mandated?sslmode=verify-full",
-		"MANDATED_DATABASE_URL=postgres://... mandatectl migrate",
-		"mandatectl migrate --print > schema.sql")
-	var db dbConn
-	db.register(f)
-	print := f.Bool("print", false, "print the embedded migrations (SQL) and exit")
-	timeout := f.Duration("timeout", 5*time.Minute, "bound on the whole migration")
-	pos, code, ok := f.parse(args)
-	if !ok {
-		return code
+		examples: []string{
+			"mandatectl migrate --database-url postgres://mandated@db:5432/mandated?sslmode=verify-full",
+			"MANDATED_DATABASE_URL=postgres://... mandatectl migrate",
+			"mandatectl migrate --print > schema.sql",
+		},
+	}, runMigrate)
+}
+
+type migrateOptions struct {
+	db      dbConn
+	print   bool
+	timeout time.Duration
+}
+
+func (o *migrateOptions) register(f *flagSet) {
+	o.db.register(f)
+	f.BoolVar(&o.print, "print", false, "print the embedded migrations (SQL) and exit")
+	f.DurationVar(&o.timeout, "timeout", 5*time.Minute, "bound on the whole migration")
+}
+
+func (o *migrateOptions) validate(in given) error {
+	if err := in.noArgs(); err != nil {
+		return err
 	}
-	if len(pos) > 0 {
-		return f.usageErr("unexpected argument %q", pos[0])
+	if o.print { // needs no database
+		return nil
 	}
+	_, err := o.db.resolve()
+	return err
+}
+
+func runMigrate(ctx context.Context, a *app, o *migrateOptions) int {
 	migrations, err := sink.Migrations()
 	if err != nil {
 		a.errorf("migrate: %v", err)
 		return exitFailed
 	}
-	if *print {
+	if o.print {
 		for _, m := range migrations {
 			fmt.Fprintf(a.stdout, "-- migration %d: %s\n%s\n", m.Version, m.Name, m.SQL)
 		}
 		return exitOK
 	}
-	if _, err := db.resolve(); err != nil {
-		return f.usageErr("%v", err)
-	}
-	ctx, cancel := withTimeout(a.ctx, *timeout)
+	ctx, cancel := withTimeout(ctx, o.timeout)
 	defer cancel()
-	shards, err := db.shards()
+	shards, err := o.db.shards()
 	if err != nil {
-		return f.usageErr("%v", err)
+		return a.usageErr("%v", err)
 	}
 	names := map[int]string{}
 	for _, m := range migrations {

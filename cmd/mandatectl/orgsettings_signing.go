@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"time"
@@ -34,34 +35,49 @@ func (s *signingSetting) apply(ctx context.Context, q sink.KeyQuerier, org strin
 	return admin.SetSigningMode(ctx, q, org, mode)
 }
 
-func runSigningRequire(a *app, args []string) int {
-	return runSigningMode(a, args, sink.SigningRequired)
-}
-
-func runSigningRelax(a *app, args []string) int { return runSigningMode(a, args, sink.SigningOff) }
-
-func runSigningMode(a *app, args []string, mode sink.SigningMode) int {
+// signingModeCommand is 'grantor-keys require' (mode required) or
+// 'grantor-keys relax' (off).
+func signingModeCommand(mode sink.SigningMode, summary string) *command {
 	verb := map[sink.SigningMode]string{sink.SigningRequired: "require", sink.SigningOff: "relax"}[mode]
-	f := a.newFlagSet("grantor-keys "+verb, "<org> [flags]",
-		fmt.Sprintf(`Set the org's grant_signing to %s. With required, a grant, revoke or
+	return leafWith(&command{
+		name:    verb,
+		summary: summary,
+		usage:   "<org> [flags]",
+		description: fmt.Sprintf(`Set the org's grant_signing to %s. With required, a grant, revoke or
 resolve without a valid signature by one of the org's grantor keys is
 rejected (signature_missing, ...) and changes nothing; off accepts unsigned
 ones (a signature that is present is still verified). Running processors
 apply it within --grantor-key-refresh (5s).`, mode),
-		"mandatectl grantor-keys "+verb+" acme")
-	var db dbConn
-	db.register(f)
-	timeout := f.Duration("timeout", 30*time.Second, "bound on the whole command")
-	pos, code, ok := f.parse(args)
-	if !ok {
-		return code
+		examples: []string{"mandatectl grantor-keys " + verb + " acme"},
+	}, func() *signingModeOptions { return &signingModeOptions{mode: mode} }, runSigningMode)
+}
+
+type signingModeOptions struct {
+	mode    sink.SigningMode
+	db      dbConn
+	timeout time.Duration
+
+	org string
+}
+
+func (o *signingModeOptions) register(f *flagSet) {
+	o.db.register(f)
+	f.DurationVar(&o.timeout, "timeout", 30*time.Second, "bound on the whole command")
+}
+
+func (o *signingModeOptions) validate(in given) error {
+	if len(in.args) != 1 || !partitioner.ValidOrg(in.args[0]) {
+		return errors.New("want one <org> ([a-z0-9][a-z0-9-]{0,62})")
 	}
-	if len(pos) != 1 || !partitioner.ValidOrg(pos[0]) {
-		return f.usageErr("want one <org> ([a-z0-9][a-z0-9-]{0,62})")
-	}
-	org := pos[0]
+	o.org = in.args[0]
+	_, err := o.db.resolve()
+	return err
+}
+
+func runSigningMode(ctx context.Context, a *app, o *signingModeOptions) int {
+	org, mode := o.org, o.mode
 	s := signingSetting{mode: string(mode)}
-	return withGrantorKeysConn(a, f, &db, *timeout, "grantor-keys "+verb, func(ctx context.Context, q sink.KeyQuerier) error {
+	return withGrantorKeysConn(ctx, a, &o.db, o.timeout, func(ctx context.Context, q sink.KeyQuerier) error {
 		if mode == sink.SigningRequired {
 			keys, err := sink.GrantorKeys(ctx, q, org)
 			if err != nil {

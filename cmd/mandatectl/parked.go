@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -21,35 +23,53 @@ type parkedView struct {
 	ParkedAt  time.Time `json:"parked_at"`
 }
 
-func runParked(a *app, args []string) int {
-	f := a.newFlagSet("parked", "[--limit N] [--json] [flags]",
-		`List outbox rows the broker refused for good (too large, invalid) and the
+func parkedCommand() *command {
+	return leaf(&command{
+		name:    "parked",
+		group:   groupOps,
+		summary: "list outbox rows the broker refused for good",
+		usage:   "[--limit N] [--json] [flags]",
+		description: `List outbox rows the broker refused for good (too large, invalid) and the
 relay parked in outbox_parked so the rest of their partition kept flowing.
 Their decisions never reached the decisions topic: whoever waits on them
 needs to be told by other means.`,
-		"mandatectl parked",
-		"mandatectl parked --json --limit 10")
-	var db dbConn
-	db.register(f)
-	limit := f.Int("limit", 1000, "show at most this many, oldest first")
-	asJSON := f.Bool("json", false, "print JSON instead of a table")
-	timeout := f.Duration("timeout", 30*time.Second, "bound on the query")
-	pos, code, ok := f.parse(args)
-	if !ok {
-		return code
+		examples: []string{
+			"mandatectl parked",
+			"mandatectl parked --json --limit 10",
+		},
+	}, runParked)
+}
+
+type parkedOptions struct {
+	db      dbConn
+	limit   int
+	asJSON  bool
+	timeout time.Duration
+}
+
+func (o *parkedOptions) register(f *flagSet) {
+	o.db.register(f)
+	f.IntVar(&o.limit, "limit", 1000, "show at most this many, oldest first")
+	f.BoolVar(&o.asJSON, "json", false, "print JSON instead of a table")
+	f.DurationVar(&o.timeout, "timeout", 30*time.Second, "bound on the query")
+}
+
+func (o *parkedOptions) validate(in given) error {
+	if err := in.noArgs(); err != nil {
+		return err
 	}
-	if len(pos) > 0 {
-		return f.usageErr("unexpected argument %q", pos[0])
+	if o.limit < 1 {
+		return errors.New("--limit must be at least 1")
 	}
-	if *limit < 1 {
-		return f.usageErr("--limit must be at least 1")
-	}
-	if _, err := db.resolve(); err != nil {
-		return f.usageErr("%v", err)
-	}
-	ctx, cancel := withTimeout(a.ctx, *timeout)
+	_, err := o.db.resolve()
+	return err
+}
+
+func runParked(ctx context.Context, a *app, o *parkedOptions) int {
+	limit := o.limit
+	ctx, cancel := withTimeout(ctx, o.timeout)
 	defer cancel()
-	pools, closeDB, err := db.pools(ctx)
+	pools, closeDB, err := o.db.pools(ctx)
 	if err != nil {
 		a.errorf("parked: %v", err)
 		return exitFailed
@@ -57,7 +77,7 @@ needs to be told by other means.`,
 	defer closeDB()
 	var rows []outbox.ParkedRow
 	for _, pool := range pools {
-		more, err := outbox.ListParked(ctx, pool, *limit-len(rows))
+		more, err := outbox.ListParked(ctx, pool, limit-len(rows))
 		if err != nil {
 			a.errorf("parked: %v", err)
 			return exitFailed
@@ -71,11 +91,11 @@ needs to be told by other means.`,
 			}
 			more = slices.DeleteFunc(more, func(r outbox.ParkedRow) bool { return away[r.Partition] })
 		}
-		if rows = append(rows, more...); len(rows) >= *limit {
+		if rows = append(rows, more...); len(rows) >= limit {
 			break
 		}
 	}
-	if *asJSON {
+	if o.asJSON {
 		views := make([]parkedView, 0, len(rows))
 		for _, r := range rows {
 			views = append(views, parkedView{Partition: r.Partition, Seq: r.Seq, Kind: r.Kind.String(), Key: r.Key,
@@ -97,8 +117,8 @@ needs to be told by other means.`,
 			fmtTime(r.CreatedAt), fmtTime(r.ParkedAt), r.Reason)
 	}
 	_ = tw.Flush()
-	if len(rows) == *limit {
-		a.errorf("parked: showing the oldest %d; there may be more (--limit)", *limit)
+	if len(rows) == limit {
+		a.errorf("parked: showing the oldest %d; there may be more (--limit)", limit)
 	}
 	return exitOK
 }

@@ -17,9 +17,13 @@ import (
 // partitionView is one partition as 'mandatectl partitions --json' prints it.
 type partitionView = admin.PartitionView
 
-func runPartitions(a *app, args []string) int {
-	f := a.newFlagSet("partitions", "[--json] [flags]",
-		`Show every partition: its owner and epoch (from PostgreSQL, the source of
+func partitionsCommand() *command {
+	return leaf(&command{
+		name:    "partitions",
+		group:   groupOps,
+		summary: "per partition: owner, epoch, offsets, lag, outbox backlog, in-doubt",
+		usage:   "[--json] [flags]",
+		description: `Show every partition: its owner and epoch (from PostgreSQL, the source of
 truth for progress), the consumer-group member Kafka assigned it to, the
 stored proposals and grants offsets against the topics' read_committed end
 offsets and the lag between them, the outbox backlog (next_seq-1 minus the
@@ -33,37 +37,51 @@ it; with the consumer protocol only those pause.
 
 A partition whose owner is not its group member, that stays MOVING, whose lag
 grows, or whose last commit is old while it has lag, is the one to look at.`,
-		"mandatectl partitions",
-		"mandatectl partitions --json | jq '.[] | select(.proposals_lag > 1000)'")
-	var kc kafkaConn
-	kc.register(f)
-	var topics topicNames
-	topics.register(f)
-	var group string
+		examples: []string{
+			"mandatectl partitions",
+			"mandatectl partitions --json | jq '.[] | select(.proposals_lag > 1000)'",
+		},
+	}, runPartitions)
+}
+
+type partitionsOptions struct {
+	kc      kafkaConn
+	topics  topicNames
+	group   string
+	db      dbConn
+	asJSON  bool
+	timeout time.Duration
+
+	kopts []kgo.Opt
+}
+
+func (o *partitionsOptions) register(f *flagSet) {
+	o.kc.register(f)
+	o.topics.register(f)
 	f.env(func(fs *flag.FlagSet) {
-		fs.StringVar(&group, "group", processor.GroupDefault, "the processors' consumer group id")
+		fs.StringVar(&o.group, "group", processor.GroupDefault, "the processors' consumer group id")
 	})
-	var db dbConn
-	db.register(f)
-	asJSON := f.Bool("json", false, "print JSON instead of a table")
-	timeout := f.Duration("timeout", 30*time.Second, "bound on the queries")
-	pos, code, ok := f.parse(args)
-	if !ok {
-		return code
+	o.db.register(f)
+	f.BoolVar(&o.asJSON, "json", false, "print JSON instead of a table")
+	f.DurationVar(&o.timeout, "timeout", 30*time.Second, "bound on the queries")
+}
+
+func (o *partitionsOptions) validate(in given) error {
+	if err := in.noArgs(); err != nil {
+		return err
 	}
-	if len(pos) > 0 {
-		return f.usageErr("unexpected argument %q", pos[0])
+	var err error
+	if o.kopts, err = o.kc.opts(); err != nil {
+		return err
 	}
-	opts, err := kc.opts(a)
-	if err != nil {
-		return f.usageErr("%v", err)
-	}
-	if _, err := db.resolve(); err != nil {
-		return f.usageErr("%v", err)
-	}
-	ctx, cancel := withTimeout(a.ctx, *timeout)
+	_, err = o.db.resolve()
+	return err
+}
+
+func runPartitions(ctx context.Context, a *app, o *partitionsOptions) int {
+	ctx, cancel := withTimeout(ctx, o.timeout)
 	defer cancel()
-	views, warnings, err := gatherPartitions(ctx, opts, topics, group, &db)
+	views, warnings, err := gatherPartitions(ctx, o)
 	if err != nil {
 		a.errorf("partitions: %v", err)
 		return exitFailed
@@ -71,7 +89,7 @@ grows, or whose last commit is old while it has lag, is the one to look at.`,
 	for _, w := range warnings {
 		a.errorf("partitions: warning: %s", w)
 	}
-	if *asJSON {
+	if o.asJSON {
 		enc := json.NewEncoder(a.stdout)
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(views)
@@ -105,17 +123,17 @@ grows, or whose last commit is old while it has lag, is the one to look at.`,
 }
 
 // gatherPartitions opens the databases and a Kafka client and reads the view.
-func gatherPartitions(ctx context.Context, opts []kgo.Opt, topics topicNames, group string, db *dbConn) ([]partitionView, []string, error) {
-	op, closeDB, err := db.operator(ctx)
+func gatherPartitions(ctx context.Context, o *partitionsOptions) ([]partitionView, []string, error) {
+	op, closeDB, err := o.db.operator(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer closeDB()
-	cl, err := kgo.NewClient(opts...)
+	cl, err := kgo.NewClient(o.kopts...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("kafka client: %w", err)
 	}
 	defer cl.Close()
 	return admin.Partitions(ctx, op, kadm.NewClient(cl),
-		admin.PartitionsConfig{ProposalsTopic: topics.proposals, GrantsTopic: topics.grants, Group: group})
+		admin.PartitionsConfig{ProposalsTopic: o.topics.proposals, GrantsTopic: o.topics.grants, Group: o.group})
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,10 +22,13 @@ type reconcileView struct {
 	ExecutionToken int64  `json:"execution_token,omitempty"`
 }
 
-func runReconcile(a *app, args []string) int {
-	f := a.newFlagSet("reconcile",
-		"[--older-than D] [--org ORG] [--json] | --mandate ORG/ID --authorization AU (--committed REF [--result JSON | --result-file F] | --cancelled) [--evidence TEXT] [flags]",
-		`The reconciler's tool. Without a decision it lists in-doubt authorizations
+func reconcileCommand() *command {
+	return leaf(&command{
+		name:    "reconcile",
+		group:   groupOps,
+		summary: "list in-doubt executions with their tokens; resolve one on the operator's decision",
+		usage:   "[--older-than D] [--org ORG] [--json] | --mandate ORG/ID --authorization AU (--committed REF [--result JSON | --result-file F] | --cancelled) [--evidence TEXT] [flags]",
+		description: `The reconciler's tool. Without a decision it lists in-doubt authorizations
 older than --older-than with what the provider needs to be asked: the
 authorization id (the provider's idempotency key), the execution token, the
 executor whose begin won and the external reference if one was reported.
@@ -45,110 +49,140 @@ It exits 0 when the authorization was resolved (or already was, the same
 way), 1 when it was refused, 2 on bad usage (or a resolve mandated
 rejected, such as an unsigned one where signing is required), 3 when no
 decision came within --timeout.`,
-		"mandatectl reconcile --older-than 15m",
-		"mandatectl reconcile --mandate acme/case-1842 --authorization au_jd4myjhey7qd2migc457x36r \\\n    --committed re_3PqX9a2eZvKYlo2C1xQ --evidence \"provider lists the refund\"",
-		"mandatectl reconcile --mandate acme/case-1842 --authorization au_jd4myjhey7qd2migc457x36r \\\n    --committed re_3PqX9a2eZvKYlo2C1xQ --result-file refund.json --evidence \"GET /v1/refunds/re_3PqX9a2eZvKYlo2C1xQ\"",
-		"mandatectl reconcile --mandate acme/case-1842 --authorization au_jd4myjhey7qd2migc457x36r --cancelled \\\n    --evidence \"provider: no such refund; idempotency key voided\"",
-		"mandatectl reconcile --mandate acme/case-1842 --authorization au_jd4myjhey7qd2migc457x36r --committed re_3PqX9a2eZvKYlo2C1xQ \\\n    --signing-key-file reconciler.pem --signing-key-id reconciler-2026")
-	var db dbConn
-	db.register(f)
-	var kc kafkaConn
-	kc.register(f)
-	var topics topicNames
-	topics.register(f)
-	var olderThan durationFlag
-	f.Var(&olderThan, "older-than", "list those in doubt for at least this `duration` (e.g. 10m, 2h, 1d)")
-	org := f.String("org", "", "list only this org")
-	limit := f.Int("limit", 1000, "list at most this many")
-	asJSON := f.Bool("json", false, "print JSON instead of a table")
-	mandate := f.String("mandate", "", "the mandate, <org>/<mandate_id> (with a decision)")
-	auth := f.String("authorization", "", "the in-doubt authorization (with a decision)")
-	committed := f.String("committed", "", "the provider executed it: its external `reference`")
-	cancelled := f.Bool("cancelled", false, "the provider did not execute it (and will not: void the idempotency key first)")
-	evidence := f.String("evidence", "", "what the provider said (recorded with the decision)")
-	resultJSON := f.String("result", "", "with --committed: the provider's answer, a JSON `object` (recorded as the authorization's result)")
-	resultFile := f.String("result-file", "", "with --committed: read the provider's answer (a JSON object) from this `file`")
-	reconciler := f.String("reconciler", defaultReconciler(), "who resolves it, an `id` recorded with the authorization as resolved_by")
-	token := f.Int64("execution-token", 0, "the execution the decision is about (default: the in-doubt execution's token)")
-	timeout := f.Duration("timeout", 30*time.Second, "bound on the query, and on waiting for the decision")
-	var signing signingFlags
-	signing.register(f.FlagSet)
-	pos, code, ok := f.parse(args)
-	if !ok {
-		return code
-	}
-	if len(pos) > 0 {
-		return f.usageErr("unexpected argument %q", pos[0])
-	}
-	if _, err := db.resolve(); err != nil {
-		return f.usageErr("%v", err)
-	}
-	deciding := *committed != "" || *cancelled
-	if !deciding {
-		if *mandate != "" || *auth != "" {
-			return f.usageErr("--mandate and --authorization need a decision: --committed REF or --cancelled")
-		}
-		if *org != "" && !partitioner.ValidOrg(*org) {
-			return f.usageErr("--org %q is not a valid org", *org)
-		}
-		if *limit < 1 {
-			return f.usageErr("--limit must be at least 1")
-		}
-		if signing.keyFile != "" || signing.keyID != "" {
-			return f.usageErr("--signing-key-file and --signing-key-id sign a decision: --committed REF or --cancelled")
-		}
-		return reconcileList(a, &db, olderThan.d, *org, *limit, *asJSON, *timeout)
-	}
-	if *committed != "" && *cancelled {
-		return f.usageErr("--committed and --cancelled exclude each other")
-	}
-	result, err := readResult(*resultJSON, *resultFile)
-	if err != nil {
-		return f.usageErr("%v", err)
-	}
-	if result != nil && *cancelled {
-		return f.usageErr("--result and --result-file are a committed effect's: a resolve as cancelled carries none")
-	}
-	key, err := mandateKeyFromFlags(*org, *mandate)
-	if err != nil {
-		return f.usageErr("%v", err)
-	}
-	if *auth == "" {
-		return f.usageErr("--authorization is required with a decision")
-	}
+		examples: []string{
+			"mandatectl reconcile --older-than 15m",
+			"mandatectl reconcile --mandate acme/case-1842 --authorization au_jd4myjhey7qd2migc457x36r \\\n    --committed re_3PqX9a2eZvKYlo2C1xQ --evidence \"provider lists the refund\"",
+			"mandatectl reconcile --mandate acme/case-1842 --authorization au_jd4myjhey7qd2migc457x36r \\\n    --committed re_3PqX9a2eZvKYlo2C1xQ --result-file refund.json --evidence \"GET /v1/refunds/re_3PqX9a2eZvKYlo2C1xQ\"",
+			"mandatectl reconcile --mandate acme/case-1842 --authorization au_jd4myjhey7qd2migc457x36r --cancelled \\\n    --evidence \"provider: no such refund; idempotency key voided\"",
+			"mandatectl reconcile --mandate acme/case-1842 --authorization au_jd4myjhey7qd2migc457x36r --committed re_3PqX9a2eZvKYlo2C1xQ \\\n    --signing-key-file reconciler.pem --signing-key-id reconciler-2026",
+		},
+	}, runReconcile)
+}
 
-	ctx, cancel := withTimeout(a.ctx, *timeout)
+type reconcileOptions struct {
+	db         dbConn
+	kc         kafkaConn
+	topics     topicNames
+	olderThan  durationFlag
+	org        string
+	limit      int
+	asJSON     bool
+	mandate    string
+	auth       string
+	committed  string
+	cancelled  bool
+	evidence   string
+	resultJSON string
+	resultFile string
+	reconciler string
+	token      int64
+	timeout    time.Duration
+	signing    signingFlags
+
+	deciding bool
+	result   json.RawMessage
+	key      partitioner.MandateKey
+}
+
+func (o *reconcileOptions) register(f *flagSet) {
+	o.db.register(f)
+	o.kc.register(f)
+	o.topics.register(f)
+	f.Var(&o.olderThan, "older-than", "list those in doubt for at least this `duration` (e.g. 10m, 2h, 1d)")
+	f.StringVar(&o.org, "org", "", "list only this org")
+	f.IntVar(&o.limit, "limit", 1000, "list at most this many")
+	f.BoolVar(&o.asJSON, "json", false, "print JSON instead of a table")
+	f.StringVar(&o.mandate, "mandate", "", "the mandate, <org>/<mandate_id> (with a decision)")
+	f.StringVar(&o.auth, "authorization", "", "the in-doubt authorization (with a decision)")
+	f.StringVar(&o.committed, "committed", "", "the provider executed it: its external `reference`")
+	f.BoolVar(&o.cancelled, "cancelled", false, "the provider did not execute it (and will not: void the idempotency key first)")
+	f.StringVar(&o.evidence, "evidence", "", "what the provider said (recorded with the decision)")
+	f.StringVar(&o.resultJSON, "result", "", "with --committed: the provider's answer, a JSON `object` (recorded as the authorization's result)")
+	f.StringVar(&o.resultFile, "result-file", "", "with --committed: read the provider's answer (a JSON object) from this `file`")
+	f.StringVar(&o.reconciler, "reconciler", defaultReconciler(), "who resolves it, an `id` recorded with the authorization as resolved_by")
+	f.docDefault("reconciler", "mandatectl:$USER")
+	f.Int64Var(&o.token, "execution-token", 0, "the execution the decision is about (default: the in-doubt execution's token)")
+	f.DurationVar(&o.timeout, "timeout", 30*time.Second, "bound on the query, and on waiting for the decision")
+	o.signing.register(f.FlagSet)
+}
+
+func (o *reconcileOptions) validate(in given) error {
+	if err := in.noArgs(); err != nil {
+		return err
+	}
+	if _, err := o.db.resolve(); err != nil {
+		return err
+	}
+	o.deciding = o.committed != "" || o.cancelled
+	if !o.deciding {
+		switch {
+		case o.mandate != "" || o.auth != "":
+			return errors.New("--mandate and --authorization need a decision: --committed REF or --cancelled")
+		case o.org != "" && !partitioner.ValidOrg(o.org):
+			return fmt.Errorf("--org %q is not a valid org", o.org)
+		case o.limit < 1:
+			return errors.New("--limit must be at least 1")
+		case o.signing.keyFile != "" || o.signing.keyID != "":
+			return errors.New("--signing-key-file and --signing-key-id sign a decision: --committed REF or --cancelled")
+		}
+		return nil
+	}
+	if o.committed != "" && o.cancelled {
+		return errors.New("--committed and --cancelled exclude each other")
+	}
+	var err error
+	if o.result, err = readResult(o.resultJSON, o.resultFile); err != nil {
+		return err
+	}
+	if o.result != nil && o.cancelled {
+		return errors.New("--result and --result-file are a committed effect's: a resolve as cancelled carries none")
+	}
+	if o.key, err = mandateKeyFromFlags(o.org, o.mandate); err != nil {
+		return err
+	}
+	if o.auth == "" {
+		return errors.New("--authorization is required with a decision")
+	}
+	return nil
+}
+
+func runReconcile(ctx context.Context, a *app, o *reconcileOptions) int {
+	if !o.deciding {
+		return reconcileList(ctx, a, &o.db, o.olderThan.d, o.org, o.limit, o.asJSON, o.timeout)
+	}
+	key, auth, topics := o.key, o.auth, o.topics
+	ctx, cancel := withTimeout(ctx, o.timeout)
 	defer cancel()
-	op, closeDB, err := db.operator(ctx)
+	op, closeDB, err := o.db.operator(ctx)
 	if err != nil {
 		a.errorf("reconcile: %v", err)
 		return exitFailed
 	}
 	defer closeDB()
-	cur, err := op.Authorization(ctx, key, *auth)
+	cur, err := op.Authorization(ctx, key, auth)
 	switch {
 	case errors.Is(err, sink.ErrNotFound):
-		a.errorf("reconcile: no authorization %s under %s", *auth, key)
+		a.errorf("reconcile: no authorization %s under %s", auth, key)
 		return exitFailed
 	case err != nil:
 		a.errorf("reconcile: %v", err)
 		return exitFailed
 	}
 	if cur.State != wire.StateInDoubt && !cur.State.Terminal() {
-		a.errorf("reconcile: %s is %s, not in doubt: nothing to reconcile (only an in-doubt execution is resolved)", *auth, cur.State)
+		a.errorf("reconcile: %s is %s, not in doubt: nothing to reconcile (only an in-doubt execution is resolved)", auth, cur.State)
 		return exitFailed
 	}
-	resolve := client.Resolve{AuthorizationRef: client.AuthorizationRef{Org: key.Org, MandateID: key.MandateID, AuthorizationID: *auth},
-		Outcome: wire.ResolveCancelled, Evidence: *evidence, ExecutionToken: cur.ExecutionToken, Reconciler: *reconciler}
-	if *committed != "" {
-		resolve.Outcome, resolve.ExternalRef, resolve.Result = wire.ResolveCommitted, *committed, result
+	resolve := client.Resolve{AuthorizationRef: client.AuthorizationRef{Org: key.Org, MandateID: key.MandateID, AuthorizationID: auth},
+		Outcome: wire.ResolveCancelled, Evidence: o.evidence, ExecutionToken: cur.ExecutionToken, Reconciler: o.reconciler}
+	if o.committed != "" {
+		resolve.Outcome, resolve.ExternalRef, resolve.Result = wire.ResolveCommitted, o.committed, o.result
 	}
-	if *token != 0 {
-		resolve.ExecutionToken = *token
+	if o.token != 0 {
+		resolve.ExecutionToken = o.token
 	}
-	signer, err := signing.signer()
+	signer, err := o.signing.signer()
 	if err != nil {
-		return f.usageErr("%v", err)
+		return a.usageErr("%v", err)
 	}
 	// The same record the gateway's console sends (client.Record).
 	value, _, err := client.Record(resolve, signer)
@@ -161,9 +195,9 @@ decision came within --timeout.`,
 		a.errorf("reconcile: %v", err)
 		return exitFailed
 	}
-	opts, err := kc.opts(a)
+	opts, err := o.kc.opts()
 	if err != nil {
-		return f.usageErr("%v", err)
+		return a.usageErr("%v", err)
 	}
 	s := sender{opts: opts, topic: topics.grants, decisions: topics.decisions}
 	src, err := s.produce(ctx, key, value, a)
@@ -178,13 +212,13 @@ decision came within --timeout.`,
 	d, raw, err := s.await(ctx, src)
 	if err != nil {
 		if ctx.Err() != nil && a.ctx.Err() == nil {
-			a.errorf("reconcile: no decision for %s/%d@%d within %s; the resolve was produced and will still be decided", src.Topic, src.Partition, src.Offset, *timeout)
+			a.errorf("reconcile: no decision for %s/%d@%d within %s; the resolve was produced and will still be decided", src.Topic, src.Partition, src.Offset, o.timeout)
 			return exitTimeout
 		}
 		a.errorf("reconcile: waiting for the decision: %v", err)
 		return exitFailed
 	}
-	if *asJSON {
+	if o.asJSON {
 		fmt.Fprintf(a.stdout, "%s\n", raw)
 	} else {
 		printDecision(a.stdout, d)
@@ -225,8 +259,8 @@ func readResult(inline, file string) (json.RawMessage, error) {
 	return b, nil
 }
 
-func reconcileList(a *app, db *dbConn, olderThan time.Duration, org string, limit int, asJSON bool, timeout time.Duration) int {
-	ctx, cancel := withTimeout(a.ctx, timeout)
+func reconcileList(ctx context.Context, a *app, db *dbConn, olderThan time.Duration, org string, limit int, asJSON bool, timeout time.Duration) int {
+	ctx, cancel := withTimeout(ctx, timeout)
 	defer cancel()
 	op, closeDB, err := db.operator(ctx)
 	if err != nil {

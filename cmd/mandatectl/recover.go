@@ -3,10 +3,10 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
-
-	"github.com/jackc/pgx/v5/pgxpool"
+	"time"
 
 	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/sink"
@@ -15,9 +15,13 @@ import (
 	"github.com/mandated/mandated/wire"
 )
 
-func runRecover(a *app, args []string) int {
-	f := a.newFlagSet("recover", "--partition P... | --all [--dry-run] [--json] [flags]",
-		`Rebuild PostgreSQL's state of partitions whose database went back in time
+func recoverCommand() *command {
+	return leaf(&command{
+		name:    "recover",
+		group:   groupOps,
+		summary: "rebuild partitions whose database went back in time from the decisions topic",
+		usage:   "--partition P... | --all [--dry-run] [--json] [flags]",
+		description: `Rebuild PostgreSQL's state of partitions whose database went back in time
 (a restored backup, a promoted asynchronous replica): the decisions topic
 holds decisions PostgreSQL lost, and mandated refuses to decide those
 partitions until they are recovered (/readyz, mandated_partition_rewound and
@@ -66,65 +70,86 @@ keys and gateway tokens changed after the backup (re-apply them), and
 decisions PostgreSQL committed but the relay never published (their inputs
 are decided again). Run 'mandatectl verify' afterwards. Exit codes: 0
 recovered (or nothing to recover), 1 a failure, 2 a usage error.`,
-		"mandatectl recover --partition 3",
-		"mandatectl recover --all --dry-run",
-		"mandatectl recover --all --json")
-	var kc kafkaConn
-	kc.register(f)
-	var topics topicNames
-	topics.register(f)
-	var db dbConn
-	db.register(f)
-	var parts listFlag
-	f.Var(&parts, "partition", "recover this partition (repeatable, or comma-separated)")
-	all := f.Bool("all", false, "recover every partition of the decisions topic that needs it")
-	dryRun := f.Bool("dry-run", false, "read and rebuild, write nothing")
-	asJSON := f.Bool("json", false, "print the result as JSON")
-	timeout := f.Duration("timeout", 0, "bound on the whole run (0: none)")
-	settle := f.Duration("settle-timeout", outbox.SettleTimeoutDefault, "bound on the wait for a transaction open on a partition's decisions or dead-letter topic to end")
-	maxRead := f.Int64("max-read", verify.MaxReadDefault, "bound on the offsets of a topic read back without reaching the partition's chain")
-	maxRecord := f.Int("max-record-bytes", wire.MaxRecordBytesDefault, "the processors' --max-record-bytes: inputs are decoded again as they decoded them")
-	retention := f.Duration("idempotency-retention", sink.RetentionDefault, "the processors' --idempotency-retention (for orgs without their own): keys the decisions bound expire by it")
-	pos, code, ok := f.parse(args)
-	if !ok {
-		return code
+		examples: []string{
+			"mandatectl recover --partition 3",
+			"mandatectl recover --all --dry-run",
+			"mandatectl recover --all --json",
+		},
+	}, runRecover)
+}
+
+type recoverOptions struct {
+	kc        kafkaConn
+	topics    topicNames
+	db        dbConn
+	parts     listFlag
+	all       bool
+	dryRun    bool
+	asJSON    bool
+	timeout   time.Duration
+	settle    time.Duration
+	maxRead   int64
+	maxRecord int
+	retention time.Duration
+
+	cfg      verify.RecoverConfig
+	shardMap *shardmap.Map
+}
+
+func (o *recoverOptions) register(f *flagSet) {
+	o.kc.register(f)
+	o.topics.register(f)
+	o.db.register(f)
+	f.Var(&o.parts, "partition", "recover this partition (repeatable, or comma-separated)")
+	f.BoolVar(&o.all, "all", false, "recover every partition of the decisions topic that needs it")
+	f.BoolVar(&o.dryRun, "dry-run", false, "read and rebuild, write nothing")
+	f.BoolVar(&o.asJSON, "json", false, "print the result as JSON")
+	f.DurationVar(&o.timeout, "timeout", 0, "bound on the whole run (0: none)")
+	f.DurationVar(&o.settle, "settle-timeout", outbox.SettleTimeoutDefault, "bound on the wait for a transaction open on a partition's decisions or dead-letter topic to end")
+	f.Int64Var(&o.maxRead, "max-read", verify.MaxReadDefault, "bound on the offsets of a topic read back without reaching the partition's chain")
+	f.IntVar(&o.maxRecord, "max-record-bytes", wire.MaxRecordBytesDefault, "the processors' --max-record-bytes: inputs are decoded again as they decoded them")
+	f.DurationVar(&o.retention, "idempotency-retention", sink.RetentionDefault, "the processors' --idempotency-retention (for orgs without their own): keys the decisions bound expire by it")
+}
+
+func (o *recoverOptions) validate(in given) error {
+	if err := in.noArgs(); err != nil {
+		return err
 	}
-	if len(pos) > 0 {
-		return f.usageErr("unexpected argument %q", pos[0])
+	if (len(o.parts) == 0) == !o.all {
+		return errors.New("name the partitions to recover (--partition P) or --all")
 	}
-	if (len(parts) == 0) == !*all {
-		return f.usageErr("name the partitions to recover (--partition P) or --all")
+	t := o.topics
+	o.cfg = verify.RecoverConfig{DecisionsTopic: t.decisions, DeadLetterTopic: t.deadLetter,
+		ProposalsTopic: t.proposals, GrantsTopic: t.grants, DryRun: o.dryRun, SettleTimeout: o.settle, MaxRead: o.maxRead,
+		MaxRecordBytes: o.maxRecord, Retention: o.retention}
+	if o.settle <= 0 || o.maxRead <= 0 {
+		return errors.New("--settle-timeout and --max-read must be positive")
 	}
-	cfg := verify.RecoverConfig{DecisionsTopic: topics.decisions, DeadLetterTopic: topics.deadLetter,
-		ProposalsTopic: topics.proposals, GrantsTopic: topics.grants, DryRun: *dryRun, SettleTimeout: *settle, MaxRead: *maxRead,
-		MaxRecordBytes: *maxRecord, Retention: *retention}
-	if *settle <= 0 || *maxRead <= 0 {
-		return f.usageErr("--settle-timeout and --max-read must be positive")
-	}
-	for _, p := range parts {
+	for _, p := range o.parts {
 		n, err := strconv.ParseInt(p, 10, 32)
 		if err != nil || n < 0 {
-			return f.usageErr("--partition %q is not a partition number", p)
+			return fmt.Errorf("--partition %q is not a partition number", p)
 		}
-		cfg.Partitions = append(cfg.Partitions, int32(n))
+		o.cfg.Partitions = append(o.cfg.Partitions, int32(n))
 	}
-	opts, err := kc.opts(a)
-	if err != nil {
-		return f.usageErr("%v", err)
+	var err error
+	if o.cfg.KafkaOpts, err = o.kc.opts(); err != nil {
+		return err
 	}
-	cfg.KafkaOpts = opts
-	if _, err := db.resolve(); err != nil {
-		return f.usageErr("%v", err)
+	if _, err := o.db.resolve(); err != nil {
+		return err
 	}
-	ctx, cancel := withTimeout(a.ctx, *timeout)
+	if o.db.shardMap != "" {
+		o.shardMap, err = o.db.readMap()
+	}
+	return err
+}
+
+func runRecover(ctx context.Context, a *app, o *recoverOptions) int {
+	cfg, shardMap := o.cfg, o.shardMap
+	ctx, cancel := withTimeout(ctx, o.timeout)
 	defer cancel()
-	var shardMap *shardmap.Map
-	if db.shardMap != "" {
-		if shardMap, err = db.readMap(); err != nil {
-			return f.usageErr("%v", err)
-		}
-	}
-	pools, err := recoverPools(ctx, &db, shardMap)
+	pools, err := recoverPools(ctx, &o.db, shardMap)
 	defer func() {
 		for _, p := range pools {
 			p.Close()
@@ -140,7 +165,7 @@ recovered (or nothing to recover), 1 a failure, 2 a usage error.`,
 		cfg.Pool = pools[0]
 	}
 	res, err := verify.Recover(ctx, cfg)
-	if *asJSON {
+	if o.asJSON {
 		if res == nil {
 			res = []verify.PartitionRecovery{}
 		}
@@ -169,42 +194,4 @@ recovered (or nothing to recover), 1 a failure, 2 a usage error.`,
 		return exitFailed
 	}
 	return exitOK
-}
-
-// recoverPools opens a read-write pool on every shard of m, in its order
-// (on the one database without a map), without a statement timeout (a
-// large recovery writes for a while; --timeout bounds the run).
-func recoverPools(ctx context.Context, db *dbConn, m *shardmap.Map) ([]*pgxpool.Pool, error) {
-	all := []*dbConn{db}
-	if m != nil {
-		all = make([]*dbConn, len(m.Shards))
-		for i := range m.Shards {
-			all[i] = &dbConn{shard: &m.Shards[i]}
-		}
-	}
-	var pools []*pgxpool.Pool
-	for _, one := range all {
-		u, err := one.resolve()
-		if err != nil {
-			return pools, err
-		}
-		cfg, err := pgxpool.ParseConfig(u)
-		if err != nil {
-			return pools, fmt.Errorf("--database-url: %w", err)
-		}
-		cfg.MaxConns = 8 // up to four partitions at a time, each reading and writing
-		cfg.ConnConfig.RuntimeParams["application_name"] = applicationName
-		pool, err := pgxpool.NewWithConfig(ctx, cfg)
-		if err == nil {
-			err = pool.Ping(ctx)
-			pools = append(pools, pool)
-		}
-		if err != nil {
-			if one.shard != nil {
-				err = fmt.Errorf("shard %s: %w", one.shard.Name, err)
-			}
-			return pools, fmt.Errorf("connect to PostgreSQL: %w", err)
-		}
-	}
-	return pools, nil
 }

@@ -8,15 +8,21 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/mandated/mandated/admin"
 	"github.com/mandated/mandated/processor"
 	"github.com/mandated/mandated/sink"
 	"github.com/mandated/mandated/sink/shardmap"
 )
 
-func runRepartition(a *app, args []string) int {
-	f := a.newFlagSet("repartition", "--to M [flags]",
-		`Change the partition count from the one recorded in PostgreSQL to M: the
+func repartitionCommand() *command {
+	return leaf(&command{
+		name:    "repartition",
+		group:   groupOps,
+		summary: "change the partition count (fenced, drained, one transaction; then the topics grow)",
+		usage:   "--to M [flags]",
+		description: `Change the partition count from the one recorded in PostgreSQL to M: the
 migration Kafka Streams does not offer. Every mandate moves, with its
 authorizations (reserved, executing and in-doubt ones too), idempotency keys
 and intents, to its home under M (murmur2 of the mandate key modulo M, as
@@ -48,66 +54,85 @@ shard keeps a moved-out copy (mandatectl shards drop-moved first). On a map,
 consolidate with 'mandatectl shards move', drop the copies, repartition,
 spread the partitions again with 'shards move'. The runbook is
 docs/runbooks.md, "Changing the partition count".`,
-		"mandatectl repartition --to 12 --database-url-file /run/secrets/db-url --brokers kafka:9092",
-		"mandatectl repartition --to 12 --shard-map /etc/mandated/shards.yaml --brokers kafka:9092")
-	var kc kafkaConn
-	kc.register(f)
-	var topics topicNames
-	topics.register(f)
-	var group, appName string
+		examples: []string{
+			"mandatectl repartition --to 12 --database-url-file /run/secrets/db-url --brokers kafka:9092",
+			"mandatectl repartition --to 12 --shard-map /etc/mandated/shards.yaml --brokers kafka:9092",
+		},
+	}, runRepartition)
+}
+
+type repartitionOptions struct {
+	kc      kafkaConn
+	topics  topicNames
+	group   string
+	appName string
+	db      dbConn
+	to      int
+	timeout time.Duration
+
+	shardMap *shardmap.Map
+	cfg      admin.RepartitionConfig
+	log      zerolog.Logger
+}
+
+func (o *repartitionOptions) register(f *flagSet) {
+	o.kc.register(f)
+	o.topics.register(f)
 	f.env(func(fs *flag.FlagSet) {
-		fs.StringVar(&group, "group", processor.GroupDefault, "the processors' consumer group id")
-		fs.StringVar(&appName, "application-name", sink.ApplicationNameDefault,
+		fs.StringVar(&o.group, "group", processor.GroupDefault, "the processors' consumer group id")
+		fs.StringVar(&o.appName, "application-name", sink.ApplicationNameDefault,
 			"the daemons' PostgreSQL application_name: a session of that name (or name/instance) is a live processor")
 	})
-	var db dbConn
-	db.register(f)
-	to := f.Int("to", 0, "the new partition count (greater than the current one)")
-	timeout := f.Duration("timeout", 10*time.Minute, "bound on the whole procedure")
-	pos, code, ok := f.parse(args)
-	if !ok {
-		return code
+	o.db.register(f)
+	f.IntVar(&o.to, "to", 0, "the new partition count (greater than the current one)")
+	f.DurationVar(&o.timeout, "timeout", 10*time.Minute, "bound on the whole procedure")
+}
+
+func (o *repartitionOptions) validate(in given) error {
+	if err := in.noArgs(); err != nil {
+		return err
 	}
-	if len(pos) > 0 {
-		return f.usageErr("unexpected argument %q", pos[0])
+	if o.to < 1 {
+		return errors.New("--to M is required (the new partition count)")
 	}
-	if *to < 1 {
-		return f.usageErr("--to M is required (the new partition count)")
-	}
-	var shardMap *shardmap.Map
-	if db.shardMap != "" {
-		m, err := db.readMap()
-		if err != nil {
-			return f.usageErr("%v", err)
+	var err error
+	if o.db.shardMap != "" {
+		if o.shardMap, err = o.db.readMap(); err != nil {
+			return err
 		}
-		shardMap = m
-	} else if _, err := db.resolve(); err != nil {
-		return f.usageErr("%v", err)
+	} else if _, err := o.db.resolve(); err != nil {
+		return err
 	}
-	opts, err := kc.opts(a)
+	opts, err := o.kc.opts()
 	if err != nil {
-		return f.usageErr("%v", err)
+		return err
 	}
-	seeds, err := kc.SeedBrokers()
+	seeds, err := o.kc.SeedBrokers()
 	if err != nil {
-		return f.usageErr("%v", err)
+		return err
 	}
-	log, err := logger(kc.logFormat, "info", a.stderr)
-	if err != nil {
-		return f.usageErr("%v", err)
+	if o.log, err = logger(o.kc.logFormat, "info", o.kc.logTo); err != nil {
+		return err
 	}
-	ctx, cancel := withTimeout(a.ctx, *timeout)
+	t := o.topics
+	o.cfg = admin.RepartitionConfig{
+		To: int32(o.to), Brokers: seeds, KafkaOpts: opts, Group: o.group,
+		ProposalsTopic: t.proposals, GrantsTopic: t.grants, DecisionsTopic: t.decisions, DeadLetterTopic: t.deadLetter,
+		DaemonApplicationName: o.appName,
+	}
+	return nil
+}
+
+func runRepartition(ctx context.Context, a *app, o *repartitionOptions) int {
+	cfg, shardMap, log := o.cfg, o.shardMap, o.log
+	ctx, cancel := withTimeout(ctx, o.timeout)
 	defer cancel()
-	cfg := admin.RepartitionConfig{
-		To: int32(*to), Brokers: seeds, KafkaOpts: opts, Group: group,
-		ProposalsTopic: topics.proposals, GrantsTopic: topics.grants, DecisionsTopic: topics.decisions, DeadLetterTopic: topics.deadLetter,
-		DaemonApplicationName: appName,
-	}
 	var rep admin.RepartitionReport
+	var err error
 	if shardMap != nil {
 		rep, err = admin.RepartitionShards(ctx, shardMap, cfg, log)
 	} else {
-		conn, cerr := db.conn(ctx)
+		conn, cerr := o.db.conn(ctx)
 		if cerr != nil {
 			a.errorf("repartition: %v", cerr)
 			return exitFailed

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"strings"
 	"time"
@@ -30,17 +29,15 @@ func outcomeExit(o wire.Outcome) int {
 	}
 }
 
-// commandRunner turns a command spec into a mandatectl command: build the
+// sendCommand turns a command spec into a mandatectl command: build the
 // JSON command from flags, validate it as the processor will, produce it
 // keyed by its mandate, and wait for the decision that answers it.
-func commandRunner(spec commandSpec) func(a *app, args []string) int {
-	return func(a *app, args []string) int {
-		name := strings.ReplaceAll(string(spec.typ), "_", "-")
-		topicNote := "proposals topic"
-		if spec.typ.IsGrantorCommand() {
-			topicNote = "grants topic"
-		}
-		description := spec.description + `
+func sendCommand(spec commandSpec, summary string) *command {
+	topicNote := "proposals topic"
+	if spec.typ.IsGrantorCommand() {
+		topicNote = "grants topic"
+	}
+	description := spec.description + `
 
 The command is validated as mandated will decode it (an invalid flag exits 2
 and nothing is produced), produced to the ` + topicNote + ` keyed
@@ -52,124 +49,151 @@ granted, executing, committed, cancelled, revoked or replayed; 1 for denied,
 refused, conflict, stale_version, in_doubt or expired; 2 for rejected; 3 when
 no decision came within --timeout (the command was produced and will still be
 decided).`
-		f := a.newFlagSet(name, spec.synopsis, description, spec.examples...)
-		var kc kafkaConn
-		kc.register(f)
-		var topics topicNames
-		topics.register(f)
-		org := f.String("org", "", "the mandate's org (required unless --mandate is <org>/<mandate_id>)")
-		mandate := f.String("mandate", "", "the mandate id, or <org>/<mandate_id> (required)")
-		keyHelp := "idempotency key of this intent (optional: makes a retry a replay)"
-		if spec.needsKey {
-			keyHelp = "idempotency key of this business intent, the same on every retry (required)"
-		}
-		idemKey := f.String("key", "", keyHelp)
-		timeout := f.Duration("timeout", 30*time.Second, "how long to wait for the decision")
-		asJSON := f.Bool("json", false, "print the decision as published (JSON) instead of a table")
-		noWait := f.Bool("no-wait", false, "produce the command and exit 0 without waiting for its decision")
-		build := spec.flags(f.FlagSet)
-		var signing signingFlags
-		if spec.typ.Signable() {
-			signing.register(f.FlagSet)
-		}
-		var db dbConn
-		if spec.basedOn {
-			db.register(f)
-		}
+	return leafWith(&command{
+		name:        strings.ReplaceAll(string(spec.typ), "_", "-"),
+		group:       groupCommands,
+		summary:     summary,
+		usage:       spec.synopsis,
+		description: description,
+		examples:    spec.examples,
+	}, func() *sendOptions { return &sendOptions{spec: spec} }, runSend)
+}
 
-		pos, code, ok := f.parse(args)
-		if !ok {
-			return code
-		}
-		if len(pos) > 0 {
-			return f.usageErr("unexpected argument %q", pos[0])
-		}
-		set := map[string]bool{}
-		f.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
-		key, err := mandateKeyFromFlags(*org, *mandate)
+// sendOptions are the flags of a command mandatectl produces.
+type sendOptions struct {
+	spec    commandSpec
+	kc      kafkaConn
+	topics  topicNames
+	org     string
+	mandate string
+	idemKey string
+	timeout time.Duration
+	asJSON  bool
+	noWait  bool
+	build   func(set map[string]bool) (map[string]any, error) // the spec's own flags, as JSON fields
+	signing signingFlags
+	db      dbConn // a signed grant reads the mandate's version here
+
+	set  map[string]bool
+	key  partitioner.MandateKey
+	body map[string]any
+}
+
+func (o *sendOptions) register(f *flagSet) {
+	o.kc.register(f)
+	o.topics.register(f)
+	f.StringVar(&o.org, "org", "", "the mandate's org (required unless --mandate is <org>/<mandate_id>)")
+	f.StringVar(&o.mandate, "mandate", "", "the mandate id, or <org>/<mandate_id> (required)")
+	keyHelp := "idempotency key of this intent (optional: makes a retry a replay)"
+	if o.spec.needsKey {
+		keyHelp = "idempotency key of this business intent, the same on every retry (required)"
+	}
+	f.StringVar(&o.idemKey, "key", "", keyHelp)
+	f.DurationVar(&o.timeout, "timeout", 30*time.Second, "how long to wait for the decision")
+	f.BoolVar(&o.asJSON, "json", false, "print the decision as published (JSON) instead of a table")
+	f.BoolVar(&o.noWait, "no-wait", false, "produce the command and exit 0 without waiting for its decision")
+	o.build = o.spec.flags(f.FlagSet)
+	if o.spec.typ.Signable() {
+		o.signing.register(f.FlagSet)
+	}
+	if o.spec.basedOn {
+		o.db.register(f)
+	}
+}
+
+// validate builds the command's JSON fields from the flags. What needs
+// the database (a signed grant's version), the signing key or the
+// processor's decoder is checked by run, in that order, as before.
+func (o *sendOptions) validate(in given) error {
+	if err := in.noArgs(); err != nil {
+		return err
+	}
+	o.set = in.set
+	var err error
+	if o.key, err = mandateKeyFromFlags(o.org, o.mandate); err != nil {
+		return err
+	}
+	if o.spec.needsKey && o.idemKey == "" {
+		return errors.New("--key is required")
+	}
+	o.body, err = o.build(in.set)
+	return err
+}
+
+func runSend(ctx context.Context, a *app, o *sendOptions) int {
+	spec, name, key, body := o.spec, a.path, o.key, o.body
+	ctx, cancel := withTimeout(ctx, o.timeout)
+	defer cancel()
+	if spec.basedOn && o.signing.keyFile != "" && !o.set["based-on-version"] {
+		v, note, err := currentVersion(ctx, &o.db, key)
 		if err != nil {
-			return f.usageErr("%v", err)
-		}
-		if spec.needsKey && *idemKey == "" {
-			return f.usageErr("--key is required")
-		}
-		body, err := build(set)
-		if err != nil {
-			return f.usageErr("%v", err)
-		}
-		ctx, cancel := withTimeout(a.ctx, *timeout)
-		defer cancel()
-		if spec.basedOn && signing.keyFile != "" && !set["based-on-version"] {
-			v, note, err := currentVersion(ctx, &db, key)
-			if err != nil {
-				a.errorf("%s: %v", name, err)
-				return exitFailed
-			}
-			body["based_on_version"] = v
-			fmt.Fprintf(a.stderr, "mandatectl: %s: signed based on mandate version %d (%s)\n", name, v, note)
-		}
-		body["v"] = wire.SchemaVersion
-		body["type"] = string(spec.typ)
-		body["org"] = key.Org
-		body["mandate_id"] = key.MandateID
-		if *idemKey != "" {
-			body["idempotency_key"] = *idemKey
-		}
-		body["sent_at"] = time.Now().UTC().Format(time.RFC3339Nano)
-		value, err := json.Marshal(body)
-		if err != nil {
-			a.errorf("%s: encode the command: %v", name, err)
-			return exitFailed
-		}
-		if value, err = signing.sign(value); err != nil {
-			return f.usageErr("%v", err)
-		}
-		// Decode exactly as the processor will: a command it would reject is
-		// a usage error here, and nothing is produced.
-		if _, rej := wire.Decode(key.Bytes(), value, wire.Limits{}); rej != nil {
-			a.errorf("%s: the command is invalid (%s): %s", name, rej.Reason, rej.Detail)
-			return exitUsage
-		}
-		opts, err := kc.opts(a)
-		if err != nil {
-			return f.usageErr("%v", err)
-		}
-		topic := topics.proposals
-		if spec.typ.IsGrantorCommand() {
-			topic = topics.grants
-		}
-		s := sender{opts: opts, topic: topic, decisions: topics.decisions}
-		src, err := s.produce(ctx, key, value, a)
-		if err != nil {
-			if ctx.Err() != nil {
-				a.errorf("%s: timed out after %s producing to %s; the command may or may not have been written: %v", name, *timeout, topic, err)
-				return exitTimeout
-			}
 			a.errorf("%s: %v", name, err)
 			return exitFailed
 		}
-		if *noWait {
-			fmt.Fprintf(a.stdout, "produced %s for %s to %s/%d at offset %d\n", spec.typ, key, src.Topic, src.Partition, src.Offset)
-			return exitOK
-		}
-		d, raw, err := s.await(ctx, src)
-		if err != nil {
-			if ctx.Err() != nil && a.ctx.Err() == nil {
-				a.errorf("%s: no decision for %s/%d@%d within %s; the command was produced and will still be decided "+
-					"(is mandated running? 'mandatectl partitions' shows owners and lag; 'mandatectl tail --mandate %s' shows it when it comes)",
-					name, src.Topic, src.Partition, src.Offset, *timeout, key)
-				return exitTimeout
-			}
-			a.errorf("%s: waiting for the decision: %v", name, err)
-			return exitFailed
-		}
-		if *asJSON {
-			fmt.Fprintf(a.stdout, "%s\n", raw)
-		} else {
-			printDecision(a.stdout, d)
-		}
-		return outcomeExit(d.Outcome)
+		body["based_on_version"] = v
+		fmt.Fprintf(a.stderr, "mandatectl: %s: signed based on mandate version %d (%s)\n", name, v, note)
 	}
+	body["v"] = wire.SchemaVersion
+	body["type"] = string(spec.typ)
+	body["org"] = key.Org
+	body["mandate_id"] = key.MandateID
+	if o.idemKey != "" {
+		body["idempotency_key"] = o.idemKey
+	}
+	body["sent_at"] = time.Now().UTC().Format(time.RFC3339Nano)
+	value, err := json.Marshal(body)
+	if err != nil {
+		a.errorf("%s: encode the command: %v", name, err)
+		return exitFailed
+	}
+	if value, err = o.signing.sign(value); err != nil {
+		return a.usageErr("%v", err)
+	}
+	// Decode exactly as the processor will: a command it would reject is
+	// a usage error here, and nothing is produced.
+	if _, rej := wire.Decode(key.Bytes(), value, wire.Limits{}); rej != nil {
+		a.errorf("%s: the command is invalid (%s): %s", name, rej.Reason, rej.Detail)
+		return exitUsage
+	}
+	opts, err := o.kc.opts()
+	if err != nil {
+		return a.usageErr("%v", err)
+	}
+	topic := o.topics.proposals
+	if spec.typ.IsGrantorCommand() {
+		topic = o.topics.grants
+	}
+	s := sender{opts: opts, topic: topic, decisions: o.topics.decisions}
+	src, err := s.produce(ctx, key, value, a)
+	if err != nil {
+		if ctx.Err() != nil {
+			a.errorf("%s: timed out after %s producing to %s; the command may or may not have been written: %v", name, o.timeout, topic, err)
+			return exitTimeout
+		}
+		a.errorf("%s: %v", name, err)
+		return exitFailed
+	}
+	if o.noWait {
+		fmt.Fprintf(a.stdout, "produced %s for %s to %s/%d at offset %d\n", spec.typ, key, src.Topic, src.Partition, src.Offset)
+		return exitOK
+	}
+	d, raw, err := s.await(ctx, src)
+	if err != nil {
+		if ctx.Err() != nil && a.ctx.Err() == nil {
+			a.errorf("%s: no decision for %s/%d@%d within %s; the command was produced and will still be decided "+
+				"(is mandated running? 'mandatectl partitions' shows owners and lag; 'mandatectl tail --mandate %s' shows it when it comes)",
+				name, src.Topic, src.Partition, src.Offset, o.timeout, key)
+			return exitTimeout
+		}
+		a.errorf("%s: waiting for the decision: %v", name, err)
+		return exitFailed
+	}
+	if o.asJSON {
+		fmt.Fprintf(a.stdout, "%s\n", raw)
+	} else {
+		printDecision(a.stdout, d)
+	}
+	return outcomeExit(d.Outcome)
 }
 
 // currentVersion returns the version a signed grant is based on when the

@@ -2,6 +2,8 @@ package main
 
 import (
 	"cmp"
+	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -15,27 +17,13 @@ import (
 	"github.com/mandated/mandated/sink/shardmap"
 )
 
-// runShards runs `mandatectl shards move|drop-moved|moves`.
-func runShards(a *app, args []string) int {
-	sub := ""
-	if len(args) > 0 {
-		sub, args = args[0], args[1:]
-	}
-	switch sub {
-	case "move":
-		return runShardsMove(a, args)
-	case "drop-moved":
-		return runShardsDropMoved(a, args)
-	case "moves":
-		return runShardsMoves(a, args)
-	case "", "help", "-h", "--help":
-		w := a.stdout
-		if sub == "" {
-			w = a.stderr
-		}
-		fmt.Fprint(w, `usage: mandatectl shards <move|drop-moved|moves> [flags]
-
-  move P --to SHARD_OR_URL --shard-map FILE    move partition P to another shard, fenced like a takeover
+func shardsCommand() *command {
+	return group(&command{
+		name:    "shards",
+		group:   groupOps,
+		summary: "move a partition to another shard; drop the copy a move left (move, drop-moved, moves)",
+		usage:   "<move|drop-moved|moves> [flags]",
+		description: `  move P --to SHARD_OR_URL --shard-map FILE    move partition P to another shard, fenced like a takeover
   drop-moved P --shard SHARD --shard-map FILE  delete the read-only copy a move left on the source
   moves --shard-map FILE                       list the moves every shard records
 
@@ -44,39 +32,13 @@ Examples:
   mandatectl shards drop-moved 3 --shard a --shard-map /etc/mandated/shards.yaml
 
 Run 'mandatectl shards <subcommand> --help' for flags and examples
-(docs/runbooks.md, "Moving a partition to another shard").
-`)
-		if sub == "" {
-			return exitUsage
-		}
-		return exitOK
-	}
-	a.errorf("shards: unknown subcommand %q (move, drop-moved, moves)", sub)
-	return exitUsage
-}
-
-func shardMapFlag(f *flagSet) *string {
-	var path string
-	f.env(func(fs *flag.FlagSet) {
-		fs.StringVar(&path, "shard-map", "", "the daemon's shard map (YAML) (required)")
-	})
-	return &path
-}
-
-func partitionArg(f *flagSet, pos []string) (int32, bool) {
-	if len(pos) != 1 {
-		return 0, false
-	}
-	p, err := strconv.ParseInt(pos[0], 10, 32)
-	if err != nil || p < 0 {
-		return 0, false
-	}
-	return int32(p), true
-}
-
-func runShardsMove(a *app, args []string) int {
-	f := a.newFlagSet("shards move", "P --to SHARD_OR_URL [--name NEW] --shard-map FILE [flags]",
-		`Move partition P, with every row it has, to another shard, while mandated
+(docs/runbooks.md, "Moving a partition to another shard").`,
+	},
+		leaf(&command{
+			name:    "move",
+			summary: "move partition P to another shard, fenced like a takeover",
+			usage:   "P --to SHARD_OR_URL [--name NEW] --shard-map FILE [flags]",
+			description: `Move partition P, with every row it has, to another shard, while mandated
 runs. Fenced like a takeover: (1) on the shard holding P, P's epoch is bumped
 and P is marked moving, so its owner's next commit fails its fence and
 nothing of P is written there any more (claims, batches and relay marks of P
@@ -107,34 +69,92 @@ databases record: it copies what was fenced and not copied, records what
 was copied and not recorded, and writes the map where only the map is
 missing; nothing is copied twice. --resume is accepted and does the same.
 Nothing printed carries a password of the map or of --to.`,
-		"mandatectl shards move 3 --to b --shard-map /etc/mandated/shards.yaml",
-		"mandatectl shards move 7 --to postgres://mandated@db-c:5432/mandated --name c --shard-map shards.yaml")
-	mapPath := shardMapFlag(f)
-	to := f.String("to", "", "the target: a shard of the map, or a database URL for a new shard (required)")
-	name := f.String("name", "", "the new shard's name when --to is a URL")
-	f.Bool("resume", false, "complete an interrupted move (a plain re-run does the same; kept for scripts)")
-	timeout := f.Duration("timeout", 10*time.Minute, "bound on the whole move, waiting for the map's lock included")
-	pos, code, ok := f.parse(args)
-	if !ok {
-		return code
+			examples: []string{
+				"mandatectl shards move 3 --to b --shard-map /etc/mandated/shards.yaml",
+				"mandatectl shards move 7 --to postgres://mandated@db-c:5432/mandated --name c --shard-map shards.yaml",
+			},
+		}, runShardsMove),
+		leaf(&command{
+			name:    "drop-moved",
+			summary: "delete the read-only copy a move left on the source",
+			usage:   "P --shard SHARD --shard-map FILE",
+			description: `Delete the read-only copy of partition P that a move left on shard SHARD
+(every table's rows of P there), once the move is done. P stays recorded as
+moved away, so it is never claimed there again, whatever map a process runs
+with. Refused while the move is not finished, or where P did not move away.`,
+			examples: []string{"mandatectl shards drop-moved 3 --shard a --shard-map /etc/mandated/shards.yaml"},
+		}, runShardsDropMoved),
+		leaf(&command{
+			name:        "moves",
+			summary:     "list the moves every shard records",
+			usage:       "--shard-map FILE",
+			description: `List the partition moves every shard of the map records.`,
+			examples:    []string{"mandatectl shards moves --shard-map /etc/mandated/shards.yaml"},
+		}, runShardsMoves),
+	)
+}
+
+// runShards runs 'mandatectl shards args...' as a (the tests give it hooks).
+func runShards(a *app, args []string) int {
+	return newTree().sub("shards").execute(a, args)
+}
+
+func shardMapFlag(f *flagSet, path *string) {
+	f.env(func(fs *flag.FlagSet) {
+		fs.StringVar(path, "shard-map", "", "the daemon's shard map (YAML) (required)")
+	})
+}
+
+func partitionArg(pos []string) (int32, bool) {
+	if len(pos) != 1 {
+		return 0, false
 	}
-	p, ok := partitionArg(f, pos)
-	if !ok {
-		return f.usageErr("want one partition number")
+	p, err := strconv.ParseInt(pos[0], 10, 32)
+	if err != nil || p < 0 {
+		return 0, false
 	}
-	if *mapPath == "" || *to == "" {
-		return f.usageErr("--shard-map and --to are required")
+	return int32(p), true
+}
+
+type shardsMoveOptions struct {
+	mapPath, to, name string
+	resume            bool // accepted, and what a plain re-run does anyway
+	timeout           time.Duration
+
+	p int32
+}
+
+func (o *shardsMoveOptions) register(f *flagSet) {
+	shardMapFlag(f, &o.mapPath)
+	f.StringVar(&o.to, "to", "", "the target: a shard of the map, or a database URL for a new shard (required)")
+	f.StringVar(&o.name, "name", "", "the new shard's name when --to is a URL")
+	f.BoolVar(&o.resume, "resume", false, "complete an interrupted move (a plain re-run does the same; kept for scripts)")
+	f.DurationVar(&o.timeout, "timeout", 10*time.Minute, "bound on the whole move, waiting for the map's lock included")
+}
+
+func (o *shardsMoveOptions) validate(in given) error {
+	var ok bool
+	if o.p, ok = partitionArg(in.args); !ok {
+		return errors.New("want one partition number")
 	}
-	if _, err := shardmap.Read(*mapPath); err != nil {
-		return f.usageErr("--shard-map: %v", err)
+	if o.mapPath == "" || o.to == "" {
+		return errors.New("--shard-map and --to are required")
 	}
-	ctx, cancel := withTimeout(a.ctx, *timeout)
+	if _, err := shardmap.Read(o.mapPath); err != nil {
+		return fmt.Errorf("--shard-map: %w", err)
+	}
+	return nil
+}
+
+func runShardsMove(ctx context.Context, a *app, o *shardsMoveOptions) int {
+	p, mapPath, to, name := o.p, o.mapPath, o.to, o.name
+	ctx, cancel := withTimeout(ctx, o.timeout)
 	defer cancel()
 
 	// Everything from here to the map write holds the map's lock, and reads
 	// the map again under it: another edit that ran meanwhile is kept.
-	lock, err := shardmap.Lock(ctx, *mapPath, func(holder string) {
-		a.errorf("shards move: waiting for the shard map's lock %s, held by %s", shardmap.LockPath(*mapPath), cmp.Or(holder, "another edit"))
+	lock, err := shardmap.Lock(ctx, mapPath, func(holder string) {
+		a.errorf("shards move: waiting for the shard map's lock %s, held by %s", shardmap.LockPath(mapPath), cmp.Or(holder, "another edit"))
 		call(a.hooks.mapLockWait)
 	})
 	if err != nil {
@@ -142,11 +162,11 @@ Nothing printed carries a password of the map or of --to.`,
 		return exitFailed
 	}
 	defer lock.Unlock() //nolint:errcheck // released with the file anyway
-	m, err := shardmap.Read(*mapPath)
+	m, err := shardmap.Read(mapPath)
 	if err != nil {
-		return f.usageErr("--shard-map: %v", err)
+		return a.usageErr("--shard-map: %v", err)
 	}
-	raw, err := os.ReadFile(*mapPath)
+	raw, err := os.ReadFile(mapPath)
 	if err != nil {
 		a.errorf("shards move: %v", err)
 		return exitFailed
@@ -154,18 +174,18 @@ Nothing printed carries a password of the map or of --to.`,
 	call(a.hooks.mapRead)
 	si := m.For(p)
 	if si < 0 {
-		return f.usageErr("the shard map gives partition %d to no shard", p)
+		return a.usageErr("the shard map gives partition %d to no shard", p)
 	}
 	source := m.Shards[si]
-	targetName, targetURL, newURL := *to, "", ""
-	if strings.Contains(*to, "://") {
-		if *name == "" {
-			return f.usageErr("--to is a URL: --name names the new shard")
+	targetName, targetURL, newURL := to, "", ""
+	if strings.Contains(to, "://") {
+		if name == "" {
+			return a.usageErr("--to is a URL: --name names the new shard")
 		}
-		targetName, targetURL, newURL = *name, *to, *to
+		targetName, targetURL, newURL = name, to, to
 		for _, s := range m.Shards {
 			if s.Name == targetName {
-				return f.usageErr("the shard map names a shard %s already: --to %s", targetName, targetName)
+				return a.usageErr("the shard map names a shard %s already: --to %s", targetName, targetName)
 			}
 		}
 	} else {
@@ -175,7 +195,7 @@ Nothing printed carries a password of the map or of --to.`,
 			}
 		}
 		if targetURL == "" {
-			return f.usageErr("the shard map names no shard %q (a new shard: --to URL --name NAME)", targetName)
+			return a.usageErr("the shard map names no shard %q (a new shard: --to URL --name NAME)", targetName)
 		}
 	}
 	if targetName == source.Name {
@@ -187,7 +207,7 @@ Nothing printed carries a password of the map or of --to.`,
 		a.errorf("shards move: %v", err)
 		return exitFailed
 	}
-	if err := shardmap.CheckWritable(*mapPath); err != nil {
+	if err := shardmap.CheckWritable(mapPath); err != nil {
 		a.errorf("shards move: %v (nothing was changed)", err)
 		return exitFailed
 	}
@@ -197,12 +217,12 @@ Nothing printed carries a password of the map or of --to.`,
 		return exitFailed
 	}
 	call(a.hooks.beforeMapWrite)
-	if err := shardmap.WriteFileAtomic(*mapPath, edited); err != nil {
+	if err := shardmap.WriteFileAtomic(mapPath, edited); err != nil {
 		// Never the map itself: its url: entries may carry passwords. The
 		// databases record the move; running the command again writes it.
 		a.errorf("shards move: partition %d is on shard %s now (both databases record the move), but writing the shard map %s failed: %v; "+
 			"run the same command again to write it (nothing is moved twice); until then processors are refused partition %d on shard %s and keep retrying",
-			p, targetName, *mapPath, err, p, res.SourceShard)
+			p, targetName, mapPath, err, p, res.SourceShard)
 		return exitFailed
 	}
 	tables := make([]string, 0, len(res.Rows))
@@ -223,8 +243,8 @@ Nothing printed carries a password of the map or of --to.`,
 	for _, t := range tables {
 		fmt.Fprintf(a.stdout, "  %-20s %d\n", t, res.Rows[t])
 	}
-	fmt.Fprintf(a.stdout, "shard map %s updated; processors claim partition %d on %s when refused on %s (or at SIGHUP)\n", *mapPath, p, targetName, res.SourceShard)
-	fmt.Fprintf(a.stdout, "the copy on %s is read-only; delete it with: mandatectl shards drop-moved %d --shard %s --shard-map %s\n", res.SourceShard, p, res.SourceShard, *mapPath)
+	fmt.Fprintf(a.stdout, "shard map %s updated; processors claim partition %d on %s when refused on %s (or at SIGHUP)\n", mapPath, p, targetName, res.SourceShard)
+	fmt.Fprintf(a.stdout, "the copy on %s is read-only; delete it with: mandatectl shards drop-moved %d --shard %s --shard-map %s\n", res.SourceShard, p, res.SourceShard, mapPath)
 	return exitOK
 }
 
@@ -239,38 +259,42 @@ func shardURL(m *shardmap.Map, name string) (string, bool) {
 	return "", false
 }
 
-func runShardsDropMoved(a *app, args []string) int {
-	f := a.newFlagSet("shards drop-moved", "P --shard SHARD --shard-map FILE",
-		`Delete the read-only copy of partition P that a move left on shard SHARD
-(every table's rows of P there), once the move is done. P stays recorded as
-moved away, so it is never claimed there again, whatever map a process runs
-with. Refused while the move is not finished, or where P did not move away.`,
-		"mandatectl shards drop-moved 3 --shard a --shard-map /etc/mandated/shards.yaml")
-	mapPath := shardMapFlag(f)
-	shard := f.String("shard", "", "the shard P moved away from (required)")
-	timeout := f.Duration("timeout", 10*time.Minute, "bound on the whole drop")
-	pos, code, ok := f.parse(args)
-	if !ok {
-		return code
+type shardsDropMovedOptions struct {
+	mapPath, shard string
+	timeout        time.Duration
+
+	p   int32
+	url string
+}
+
+func (o *shardsDropMovedOptions) register(f *flagSet) {
+	shardMapFlag(f, &o.mapPath)
+	f.StringVar(&o.shard, "shard", "", "the shard P moved away from (required)")
+	f.DurationVar(&o.timeout, "timeout", 10*time.Minute, "bound on the whole drop")
+}
+
+func (o *shardsDropMovedOptions) validate(in given) error {
+	var ok bool
+	if o.p, ok = partitionArg(in.args); !ok {
+		return errors.New("want one partition number")
 	}
-	p, ok := partitionArg(f, pos)
-	if !ok {
-		return f.usageErr("want one partition number")
+	if o.mapPath == "" || o.shard == "" {
+		return errors.New("--shard-map and --shard are required")
 	}
-	if *mapPath == "" || *shard == "" {
-		return f.usageErr("--shard-map and --shard are required")
-	}
-	m, err := shardmap.Read(*mapPath)
+	m, err := shardmap.Read(o.mapPath)
 	if err != nil {
-		return f.usageErr("--shard-map: %v", err)
+		return fmt.Errorf("--shard-map: %w", err)
 	}
-	url, ok := shardURL(m, *shard)
-	if !ok {
-		return f.usageErr("the shard map names no shard %q", *shard)
+	if o.url, ok = shardURL(m, o.shard); !ok {
+		return fmt.Errorf("the shard map names no shard %q", o.shard)
 	}
-	ctx, cancel := withTimeout(a.ctx, *timeout)
+	return nil
+}
+
+func runShardsDropMoved(ctx context.Context, a *app, o *shardsDropMovedOptions) int {
+	ctx, cancel := withTimeout(ctx, o.timeout)
 	defer cancel()
-	deleted, err := admin.DropMoved(ctx, url, p)
+	deleted, err := admin.DropMoved(ctx, o.url, o.p)
 	if err != nil {
 		a.errorf("shards drop-moved: %v", err)
 		return exitFailed
@@ -279,31 +303,41 @@ with. Refused while the move is not finished, or where P did not move away.`,
 	for _, n := range deleted {
 		total += n
 	}
-	fmt.Fprintf(a.stdout, "partition %d: %d rows of its old copy deleted on shard %s\n", p, total, *shard)
+	fmt.Fprintf(a.stdout, "partition %d: %d rows of its old copy deleted on shard %s\n", o.p, total, o.shard)
 	return exitOK
 }
 
-func runShardsMoves(a *app, args []string) int {
-	f := a.newFlagSet("shards moves", "--shard-map FILE", `List the partition moves every shard of the map records.`,
-		"mandatectl shards moves --shard-map /etc/mandated/shards.yaml")
-	mapPath := shardMapFlag(f)
-	timeout := f.Duration("timeout", 30*time.Second, "bound on the queries")
-	if _, code, ok := f.parse(args); !ok {
-		return code
+type shardsMovesOptions struct {
+	mapPath string
+	timeout time.Duration
+
+	m *shardmap.Map
+}
+
+func (o *shardsMovesOptions) register(f *flagSet) {
+	shardMapFlag(f, &o.mapPath)
+	f.DurationVar(&o.timeout, "timeout", 30*time.Second, "bound on the queries")
+}
+
+// validate takes positional arguments without a word, as it always did.
+func (o *shardsMovesOptions) validate(given) error {
+	if o.mapPath == "" {
+		return errors.New("--shard-map is required")
 	}
-	if *mapPath == "" {
-		return f.usageErr("--shard-map is required")
+	var err error
+	if o.m, err = shardmap.Read(o.mapPath); err != nil {
+		return fmt.Errorf("--shard-map: %w", err)
 	}
-	m, err := shardmap.Read(*mapPath)
-	if err != nil {
-		return f.usageErr("--shard-map: %v", err)
-	}
-	ctx, cancel := withTimeout(a.ctx, *timeout)
+	return nil
+}
+
+func runShardsMoves(ctx context.Context, a *app, o *shardsMovesOptions) int {
+	ctx, cancel := withTimeout(ctx, o.timeout)
 	defer cancel()
 	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SHARD\tPARTITION\tSTATE\tPEER\tEPOCH\tROWS\tUPDATED")
 	failed := false
-	for _, s := range m.Shards {
+	for _, s := range o.m.Shards {
 		moves, err := admin.Moves(ctx, s.URL)
 		if err != nil {
 			a.errorf("shards moves: shard %s: %v", s.Name, err)

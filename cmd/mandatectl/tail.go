@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mandated/mandated/admin"
 	"github.com/mandated/mandated/partitioner"
 	"github.com/mandated/mandated/wire"
 )
@@ -36,64 +37,87 @@ func padColumns(line string, widths []int) string {
 	return strings.TrimRight(b.String(), " ")
 }
 
-func runTail(a *app, args []string) int {
-	f := a.newFlagSet("tail", "[--org ORG] [--mandate ORG/ID] [--outcome LIST] [--from-beginning] [--max N] [--timeout D] [--json]",
-		`Follow the decisions topic as a read_committed consumer sees it (only
+func tailCommand() *command {
+	return leaf(&command{
+		name:    "tail",
+		group:   groupOps,
+		summary: "follow the decisions topic",
+		usage:   "[--org ORG] [--mandate ORG/ID] [--outcome LIST] [--from-beginning] [--max N] [--timeout D] [--json]",
+		description: `Follow the decisions topic as a read_committed consumer sees it (only
 decisions whose Kafka transaction committed), from its end, or from its
 beginning with --from-beginning. --mandate reads only the mandate's home
 partition. Runs until Ctrl-C, --max matching decisions, or --timeout; exits
 3 if --timeout ends it before --max decisions matched.`,
-		"mandatectl tail",
-		"mandatectl tail --org acme --outcome denied,conflict,in_doubt",
-		"mandatectl tail --mandate acme/case-1842 --from-beginning --json",
-		"mandatectl tail --from-beginning --max 10 --timeout 30s")
-	var kc kafkaConn
-	kc.register(f)
-	var topics topicNames
-	topics.register(f)
-	org := f.String("org", "", "only this org's decisions")
-	mandate := f.String("mandate", "", "only this mandate's decisions: <org>/<mandate_id>, or an id with --org")
-	var outcomes listFlag
-	f.Var(&outcomes, "outcome", "only these `outcomes`; repeat or comma-separate (e.g. denied,in_doubt)")
-	fromBeginning := f.Bool("from-beginning", false, "start at the beginning of the topic instead of its end")
-	maxN := f.Int("max", 0, "stop after this many matching decisions (0: no limit)")
-	timeout := f.Duration("timeout", 0, "stop after this long (0: no limit)")
-	asJSON := f.Bool("json", false, "print each decision as published (one JSON object per line)")
-	pos, code, ok := f.parse(args)
-	if !ok {
-		return code
+		examples: []string{
+			"mandatectl tail",
+			"mandatectl tail --org acme --outcome denied,conflict,in_doubt",
+			"mandatectl tail --mandate acme/case-1842 --from-beginning --json",
+			"mandatectl tail --from-beginning --max 10 --timeout 30s",
+		},
+	}, runTail)
+}
+
+type tailOptions struct {
+	kc            kafkaConn
+	topics        topicNames
+	org           string
+	mandate       string
+	outcomes      listFlag
+	fromBeginning bool
+	maxN          int
+	timeout       time.Duration
+	asJSON        bool
+
+	key   *partitioner.MandateKey
+	kopts []kgo.Opt
+}
+
+func (o *tailOptions) register(f *flagSet) {
+	o.kc.register(f)
+	o.topics.register(f)
+	f.StringVar(&o.org, "org", "", "only this org's decisions")
+	f.StringVar(&o.mandate, "mandate", "", "only this mandate's decisions: <org>/<mandate_id>, or an id with --org")
+	f.Var(&o.outcomes, "outcome", "only these `outcomes`; repeat or comma-separate (e.g. denied,in_doubt)")
+	f.BoolVar(&o.fromBeginning, "from-beginning", false, "start at the beginning of the topic instead of its end")
+	f.IntVar(&o.maxN, "max", 0, "stop after this many matching decisions (0: no limit)")
+	f.DurationVar(&o.timeout, "timeout", 0, "stop after this long (0: no limit)")
+	f.BoolVar(&o.asJSON, "json", false, "print each decision as published (one JSON object per line)")
+}
+
+func (o *tailOptions) validate(in given) error {
+	if err := in.noArgs(); err != nil {
+		return err
 	}
-	if len(pos) > 0 {
-		return f.usageErr("unexpected argument %q", pos[0])
+	if o.org != "" && !partitioner.ValidOrg(o.org) {
+		return fmt.Errorf("--org %q is not a valid org", o.org)
 	}
-	if *org != "" && !partitioner.ValidOrg(*org) {
-		return f.usageErr("--org %q is not a valid org", *org)
-	}
-	var key *partitioner.MandateKey
-	if *mandate != "" {
-		k, err := mandateKeyFromFlags(*org, *mandate)
+	if o.mandate != "" {
+		k, err := mandateKeyFromFlags(o.org, o.mandate)
 		if err != nil {
-			return f.usageErr("%v", err)
+			return err
 		}
-		key = &k
+		o.key = &k
 	}
-	for _, o := range outcomes {
-		if !slices.Contains(knownOutcomes, wire.Outcome(o)) {
-			return f.usageErr("--outcome %q is not one of %v", o, knownOutcomes)
+	for _, oc := range o.outcomes {
+		if !slices.Contains(knownOutcomes, wire.Outcome(oc)) {
+			return fmt.Errorf("--outcome %q is not one of %v", oc, knownOutcomes)
 		}
 	}
-	if *maxN < 0 {
-		return f.usageErr("--max must not be negative")
+	if o.maxN < 0 {
+		return errors.New("--max must not be negative")
 	}
-	opts, err := kc.opts(a)
-	if err != nil {
-		return f.usageErr("%v", err)
-	}
-	ctx, cancel := withTimeout(a.ctx, *timeout)
+	var err error
+	o.kopts, err = o.kc.opts()
+	return err
+}
+
+func runTail(ctx context.Context, a *app, o *tailOptions) int {
+	key, opts, topics, outcomes := o.key, o.kopts, o.topics, o.outcomes
+	ctx, cancel := withTimeout(ctx, o.timeout)
 	defer cancel()
 
 	start := kgo.NewOffset().AtEnd()
-	if *fromBeginning {
+	if o.fromBeginning {
 		start = kgo.NewOffset().AtStart()
 	}
 	consume := kgo.ConsumeTopics(topics.decisions)
@@ -118,14 +142,14 @@ partition. Runs until Ctrl-C, --max matching decisions, or --timeout; exits
 		switch {
 		case key != nil && string(r.Key) != key.String():
 			return false
-		case *org != "" && d.Org != *org:
+		case o.org != "" && d.Org != o.org:
 			return false
 		case len(outcomes) > 0 && !slices.Contains(outcomes, string(d.Outcome)):
 			return false
 		}
 		return true
 	}
-	if !*asJSON {
+	if !o.asJSON {
 		fmt.Fprintln(a.stdout, padColumns(decisionColumns, tailWidths))
 	}
 	seen, undecodable := 0, 0
@@ -156,13 +180,13 @@ partition. Runs until Ctrl-C, --max matching decisions, or --timeout; exits
 			if !match(r, d) {
 				return
 			}
-			if *asJSON {
+			if o.asJSON {
 				fmt.Fprintf(a.stdout, "%s\n", r.Value)
 			} else {
 				fmt.Fprintln(a.stdout, padColumns(decisionLine(d), tailWidths))
 			}
 			seen++
-			done = *maxN > 0 && seen >= *maxN
+			done = o.maxN > 0 && seen >= o.maxN
 		})
 		if done {
 			return exitOK
@@ -171,8 +195,8 @@ partition. Runs until Ctrl-C, --max matching decisions, or --timeout; exits
 	if undecodable > 1 {
 		a.errorf("tail: %d records were not decisions", undecodable)
 	}
-	if *maxN > 0 && a.ctx.Err() == nil {
-		a.errorf("tail: --timeout %s passed after %s of the %d asked for", *timeout, plural(seen, "decision", "decisions"), *maxN)
+	if o.maxN > 0 && a.ctx.Err() == nil {
+		a.errorf("tail: --timeout %s passed after %s of the %d asked for", o.timeout, plural(seen, "decision", "decisions"), o.maxN)
 		return exitTimeout
 	}
 	return exitOK
@@ -185,16 +209,5 @@ func partitionCount(ctx context.Context, opts []kgo.Opt, topic string) (int32, e
 		return 0, fmt.Errorf("kafka client: %w", err)
 	}
 	defer cl.Close()
-	td, err := kadm.NewClient(cl).ListTopics(ctx, topic)
-	if err != nil {
-		return 0, fmt.Errorf("list topic %s: %w", topic, err)
-	}
-	d, ok := td[topic]
-	if !ok || d.Err != nil || len(d.Partitions) == 0 {
-		if ok && d.Err != nil {
-			return 0, fmt.Errorf("topic %s: %w", topic, d.Err)
-		}
-		return 0, errors.New("topic " + topic + " does not exist (create the topics with 'mandatectl topics create')")
-	}
-	return int32(len(d.Partitions)), nil
+	return admin.PartitionCount(ctx, kadm.NewClient(cl), topic)
 }

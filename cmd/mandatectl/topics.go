@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -13,32 +14,51 @@ import (
 	"github.com/mandated/mandated/processor"
 )
 
-func runTopics(a *app, args []string) int {
-	sub := ""
-	if len(args) > 0 {
-		sub, args = args[0], args[1:]
-	}
-	switch sub {
-	case "create":
-		return runTopicsCreate(a, args)
-	case "check":
-		return runTopicsCheck(a, args)
-	case "-h", "-help", "--help", "help":
-		fmt.Fprint(a.stdout, topicsUsage)
-		return exitOK
-	}
-	fmt.Fprint(a.stderr, topicsUsage)
-	return exitUsage
-}
-
-const topicsUsage = `usage: mandatectl topics create|check [flags]
-
-  create   create the proposals, grants, decisions and dead-letter topics with
+func topicsCommand() *command {
+	return group(&command{
+		name:    "topics",
+		group:   groupSetup,
+		summary: "create or check the proposals, grants, decisions and dead-letter topics",
+		usage:   "create|check [flags]",
+		description: `  create   create the proposals, grants, decisions and dead-letter topics with
            one partition count, and verify them
   check    check that the four topics exist and share one partition count
 
-Run 'mandatectl topics create --help' or 'mandatectl topics check --help'.
-`
+Run 'mandatectl topics create --help' or 'mandatectl topics check --help'.`,
+	},
+		leaf(&command{
+			name:    "create",
+			summary: "create the four topics with one partition count, and verify them",
+			usage:   "--partitions N --replication-factor R [--min-insync-replicas M] [flags]",
+			description: `Create mandated's four topics (proposals, grants, decisions, dead letter)
+with one partition count, then verify that all four have --partitions
+partitions and --replication-factor replicas (and --min-insync-replicas, when
+given). Topics that already exist are kept as they are; if they do not match,
+this says so and exits 1: changing the partition count moves mandates between
+partitions and is an explicit migration, never a side effect.`,
+			examples: []string{
+				"mandatectl topics create --partitions 12 --replication-factor 3 --min-insync-replicas 2",
+				"mandatectl topics create --partitions 6 --replication-factor 1 --brokers kafka:9092",
+			},
+		}, runTopicsCreate),
+		leaf(&command{
+			name:    "check",
+			summary: "check that the four topics exist and share one partition count",
+			usage:   "[flags]",
+			description: `Check that the proposals, grants, decisions and dead-letter topics exist and
+share one partition count, and that the decisions and dead-letter topics
+keep what a recovery from the decisions needs (no compaction, no size limit,
+retention.ms at least --min-decision-retention: the interval between
+PostgreSQL backups), as the daemon does at start, and show their
+partitions, replication and retention. With --database-url, also check that
+the partition count is the one the database was set up with.`,
+			examples: []string{
+				"mandatectl topics check",
+				"mandatectl topics check --database-url postgres://mandated@db:5432/mandated",
+			},
+		}, runTopicsCheck),
+	)
+}
 
 // topicState is one topic as the broker describes it.
 type topicState struct {
@@ -120,57 +140,56 @@ func printTopics(a *app, states []topicState, withCreated bool) {
 	_ = tw.Flush()
 }
 
-func runTopicsCreate(a *app, args []string) int {
-	f := a.newFlagSet("topics create", "--partitions N --replication-factor R [--min-insync-replicas M] [flags]",
-		`Create mandated's four topics (proposals, grants, decisions, dead letter)
-with one partition count, then verify that all four have --partitions
-partitions and --replication-factor replicas (and --min-insync-replicas, when
-given). Topics that already exist are kept as they are; if they do not match,
-this says so and exits 1: changing the partition count moves mandates between
-partitions and is an explicit migration, never a side effect.`,
-		"mandatectl topics create --partitions 12 --replication-factor 3 --min-insync-replicas 2",
-		"mandatectl topics create --partitions 6 --replication-factor 1 --brokers kafka:9092")
-	var kc kafkaConn
-	kc.register(f)
-	var topics topicNames
-	topics.register(f)
-	partitions := f.Int("partitions", 0, "partition count of every topic (required; it decides every mandate's home partition)")
-	rf := f.Int("replication-factor", 0, "replicas of every partition (required; 3 in production)")
-	minISR := f.Int("min-insync-replicas", 0, "min.insync.replicas of every topic (0: the broker's default; 2 with 3 replicas)")
-	var inRet, outRet durationFlag
-	inRet.d, outRet.d = processor.InputRetentionDefault, processor.OutputRetentionDefault
-	f.Var(&inRet, "input-retention", "retention (a `duration`) of the proposals and grants topics")
-	f.Var(&outRet, "output-retention", "retention (a `duration`) of the decisions and dead-letter topics")
-	timeout := f.Duration("timeout", 2*time.Minute, "bound on creating and verifying")
-	pos, code, ok := f.parse(args)
-	if !ok {
-		return code
-	}
-	if len(pos) > 0 {
-		return f.usageErr("unexpected argument %q", pos[0])
+type topicsCreateOptions struct {
+	kc                     kafkaConn
+	topics                 topicNames
+	partitions, rf, minISR int
+	inRet, outRet          durationFlag
+	timeout                time.Duration
+
+	kopts []kgo.Opt
+}
+
+func (o *topicsCreateOptions) register(f *flagSet) {
+	o.kc.register(f)
+	o.topics.register(f)
+	f.IntVar(&o.partitions, "partitions", 0, "partition count of every topic (required; it decides every mandate's home partition)")
+	f.IntVar(&o.rf, "replication-factor", 0, "replicas of every partition (required; 3 in production)")
+	f.IntVar(&o.minISR, "min-insync-replicas", 0, "min.insync.replicas of every topic (0: the broker's default; 2 with 3 replicas)")
+	o.inRet.d, o.outRet.d = processor.InputRetentionDefault, processor.OutputRetentionDefault
+	f.Var(&o.inRet, "input-retention", "retention (a `duration`) of the proposals and grants topics")
+	f.Var(&o.outRet, "output-retention", "retention (a `duration`) of the decisions and dead-letter topics")
+	f.DurationVar(&o.timeout, "timeout", 2*time.Minute, "bound on creating and verifying")
+}
+
+func (o *topicsCreateOptions) validate(in given) error {
+	if err := in.noArgs(); err != nil {
+		return err
 	}
 	switch {
-	case *partitions < 1:
-		return f.usageErr("--partitions is required and must be at least 1")
-	case *rf < 1 || *rf > 32767:
-		return f.usageErr("--replication-factor is required and must be at least 1")
-	case *minISR < 0 || *minISR > *rf:
-		return f.usageErr("--min-insync-replicas must be between 1 and --replication-factor")
+	case o.partitions < 1:
+		return errors.New("--partitions is required and must be at least 1")
+	case o.rf < 1 || o.rf > 32767:
+		return errors.New("--replication-factor is required and must be at least 1")
+	case o.minISR < 0 || o.minISR > o.rf:
+		return errors.New("--min-insync-replicas must be between 1 and --replication-factor")
 	}
-	opts, err := kc.opts(a)
-	if err != nil {
-		return f.usageErr("%v", err)
-	}
-	ctx, cancel := withTimeout(a.ctx, *timeout)
+	var err error
+	o.kopts, err = o.kc.opts()
+	return err
+}
+
+func runTopicsCreate(ctx context.Context, a *app, o *topicsCreateOptions) int {
+	ctx, cancel := withTimeout(ctx, o.timeout)
 	defer cancel()
 	spec := processor.TopicSpec{
-		Proposals: topics.proposals, Grants: topics.grants, Decisions: topics.decisions, DeadLetter: topics.deadLetter,
-		Partitions: int32(*partitions), ReplicationFactor: int16(*rf), MinInsyncReplicas: *minISR,
-		InputRetention: inRet.d, OutputRetention: outRet.d,
+		Proposals: o.topics.proposals, Grants: o.topics.grants, Decisions: o.topics.decisions, DeadLetter: o.topics.deadLetter,
+		Partitions: int32(o.partitions), ReplicationFactor: int16(o.rf), MinInsyncReplicas: o.minISR,
+		InputRetention: o.inRet.d, OutputRetention: o.outRet.d,
 	}
 	// EnsureTopics takes the bare broker list and the options separately.
-	seeds, _ := kc.SeedBrokers()
-	created, err := processor.EnsureTopics(ctx, seeds, opts, spec)
+	seeds, _ := o.kc.SeedBrokers()
+	created, err := processor.EnsureTopics(ctx, seeds, o.kopts, spec)
 	for _, c := range created {
 		fmt.Fprintf(a.stdout, "created %s\n", c)
 	}
@@ -179,7 +198,7 @@ partitions and is an explicit migration, never a side effect.`,
 		return exitFailed
 	}
 	names := []string{spec.Proposals, spec.Grants, spec.Decisions, spec.DeadLetter}
-	states, err := describeTopics(ctx, opts, names)
+	states, err := describeTopics(ctx, o.kopts, names)
 	if err != nil {
 		a.errorf("topics create: verify: %v", err)
 		return exitFailed
@@ -190,14 +209,14 @@ partitions and is an explicit migration, never a side effect.`,
 		for _, c := range created {
 			s.created = s.created || c == s.name
 		}
-		if s.partitions != *partitions {
-			problems = append(problems, fmt.Sprintf("%s has %d partitions, not %d", s.name, s.partitions, *partitions))
+		if s.partitions != o.partitions {
+			problems = append(problems, fmt.Sprintf("%s has %d partitions, not %d", s.name, s.partitions, o.partitions))
 		}
-		if s.rf != *rf {
-			problems = append(problems, fmt.Sprintf("%s has replication factor %d, not %d", s.name, s.rf, *rf))
+		if s.rf != o.rf {
+			problems = append(problems, fmt.Sprintf("%s has replication factor %d, not %d", s.name, s.rf, o.rf))
 		}
-		if *minISR > 0 && s.minISR != strconv.Itoa(*minISR) {
-			problems = append(problems, fmt.Sprintf("%s has min.insync.replicas %s, not %d", s.name, s.minISR, *minISR))
+		if o.minISR > 0 && s.minISR != strconv.Itoa(o.minISR) {
+			problems = append(problems, fmt.Sprintf("%s has min.insync.replicas %s, not %d", s.name, s.minISR, o.minISR))
 		}
 	}
 	printTopics(a, states, true)
@@ -208,49 +227,48 @@ partitions and is an explicit migration, never a side effect.`,
 	return exitOK
 }
 
-func runTopicsCheck(a *app, args []string) int {
-	f := a.newFlagSet("topics check", "[flags]",
-		`Check that the proposals, grants, decisions and dead-letter topics exist and
-share one partition count, and that the decisions and dead-letter topics
-keep what a recovery from the decisions needs (no compaction, no size limit,
-retention.ms at least --min-decision-retention: the interval between
-PostgreSQL backups), as the daemon does at start, and show their
-partitions, replication and retention. With --database-url, also check that
-the partition count is the one the database was set up with.`,
-		"mandatectl topics check",
-		"mandatectl topics check --database-url postgres://mandated@db:5432/mandated")
-	var kc kafkaConn
-	kc.register(f)
-	var topics topicNames
-	topics.register(f)
-	var db dbConn
-	db.register(f)
-	timeout := f.Duration("timeout", time.Minute, "bound on the check")
-	minRet := f.Duration("min-decision-retention", processor.MinDecisionRetentionDefault, "the least retention of the decisions and dead-letter topics (the daemon's flag of the same name)")
-	pos, code, ok := f.parse(args)
-	if !ok {
-		return code
+type topicsCheckOptions struct {
+	kc      kafkaConn
+	topics  topicNames
+	db      dbConn
+	timeout time.Duration
+	minRet  time.Duration
+
+	kopts []kgo.Opt
+}
+
+func (o *topicsCheckOptions) register(f *flagSet) {
+	o.kc.register(f)
+	o.topics.register(f)
+	o.db.register(f)
+	f.DurationVar(&o.timeout, "timeout", time.Minute, "bound on the check")
+	f.DurationVar(&o.minRet, "min-decision-retention", processor.MinDecisionRetentionDefault, "the least retention of the decisions and dead-letter topics (the daemon's flag of the same name)")
+}
+
+func (o *topicsCheckOptions) validate(in given) error {
+	if err := in.noArgs(); err != nil {
+		return err
 	}
-	if len(pos) > 0 {
-		return f.usageErr("unexpected argument %q", pos[0])
-	}
-	opts, err := kc.opts(a)
-	if err != nil {
-		return f.usageErr("%v", err)
-	}
-	ctx, cancel := withTimeout(a.ctx, *timeout)
+	var err error
+	o.kopts, err = o.kc.opts()
+	return err
+}
+
+func runTopicsCheck(ctx context.Context, a *app, o *topicsCheckOptions) int {
+	opts, topics, db := o.kopts, o.topics, &o.db
+	ctx, cancel := withTimeout(ctx, o.timeout)
 	defer cancel()
 	names := []string{topics.proposals, topics.grants, topics.decisions, topics.deadLetter}
 	if states, err := describeTopics(ctx, opts, names); err == nil {
 		printTopics(a, states, false)
 	}
-	seeds, _ := kc.SeedBrokers()
+	seeds, _ := o.kc.SeedBrokers()
 	n, err := processor.CheckTopics(ctx, seeds, opts, topics.proposals, topics.grants, topics.decisions, topics.deadLetter)
 	if err != nil {
 		a.errorf("topics check: %v", err)
 		return exitFailed
 	}
-	if err := processor.CheckDecisionRetention(ctx, seeds, opts, *minRet, topics.decisions, topics.deadLetter); err != nil {
+	if err := processor.CheckDecisionRetention(ctx, seeds, opts, o.minRet, topics.decisions, topics.deadLetter); err != nil {
 		a.errorf("topics check: %v", err)
 		return exitFailed
 	}

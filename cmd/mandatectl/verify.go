@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -17,9 +18,13 @@ import (
 	"github.com/mandated/mandated/wire"
 )
 
-func runVerify(a *app, args []string) int {
-	f := a.newFlagSet("verify", "[--partition P]... [--since CHECKPOINT|HASH]... [--checkpoint] [--json] [flags]",
-		`Prove the published history and find drift. For each partition (all that
+func verifyCommand() *command {
+	return leaf(&command{
+		name:    "verify",
+		group:   groupOps,
+		summary: "prove the decisions' hash chain and find drift from PostgreSQL",
+		usage:   "[--partition P]... [--since CHECKPOINT|HASH]... [--checkpoint] [--json] [flags]",
+		description: `Prove the published history and find drift. For each partition (all that
 PostgreSQL knows, or --partition) it reads the decisions and dead-letter
 topics with read_committed and checks the hash chain — every record's hash
 is SHA-256 of its canonical form and names the previous record's hash — and
@@ -43,73 +48,96 @@ drift). With --record it stores the run's result in verify_runs on the
 (control) database, what the gateway's console shows as the last verify;
 this needs a role that may insert there. Exit codes: 0 verified, 1 a break, a drift or a failure, 2 a usage
 error.`,
-		"mandatectl verify",
-		"mandatectl verify --partition 3 --json",
-		"mandatectl verify --checkpoint > checkpoints-$(date +%F).txt",
-		"mandatectl verify --since \"$(paste -sd, checkpoints-2026-11-30.txt)\"",
-		"mandatectl verify --partition 3 --since 7d0c3f3316bfedb8f4b66bb35927e8a678cf1fba424c457851d631fca30c5251",
-		"mandatectl verify --pushgateway http://pushgateway:9091 --record")
-	var kc kafkaConn
-	kc.register(f)
-	var topics topicNames
-	topics.register(f)
-	var db dbConn
-	db.register(f)
-	var parts, since listFlag
-	f.Var(&parts, "partition", "verify only this partition (repeatable, or comma-separated)")
-	f.Var(&since, "since", "start after a checkpoint (from --checkpoint; repeatable, or comma-separated) or after the record with this hash")
-	checkpoint := f.Bool("checkpoint", false, "print the checkpoint of each partition's head instead of the report")
-	asJSON := f.Bool("json", false, "print the report as JSON")
-	catchUp := f.Duration("catch-up-timeout", verify.CatchUpTimeoutDefault, "how long to wait for the relay to publish what PostgreSQL holds")
-	timeout := f.Duration("timeout", 0, "bound on the whole run (0: none)")
-	pushURL := f.String("pushgateway", "", "push mandated_verify_* metrics to this Prometheus Pushgateway (job mandated_verify)")
-	metricsFile := f.String("metrics-file", "", "write mandated_verify_* metrics to this file (node exporter textfile format)")
-	record := f.Bool("record", false, "store the result in verify_runs (the console's last verify page); needs a role that may insert there")
-	pos, code, ok := f.parse(args)
-	if !ok {
-		return code
+		examples: []string{
+			"mandatectl verify",
+			"mandatectl verify --partition 3 --json",
+			"mandatectl verify --checkpoint > checkpoints-$(date +%F).txt",
+			"mandatectl verify --since \"$(paste -sd, checkpoints-2026-11-30.txt)\"",
+			"mandatectl verify --partition 3 --since 7d0c3f3316bfedb8f4b66bb35927e8a678cf1fba424c457851d631fca30c5251",
+			"mandatectl verify --pushgateway http://pushgateway:9091 --record",
+		},
+	}, runVerify)
+}
+
+type verifyOptions struct {
+	kc          kafkaConn
+	topics      topicNames
+	db          dbConn
+	parts       listFlag
+	since       listFlag
+	checkpoint  bool
+	asJSON      bool
+	catchUp     time.Duration
+	timeout     time.Duration
+	pushURL     string
+	metricsFile string
+	record      bool
+
+	cfg verify.Config
+}
+
+func (o *verifyOptions) register(f *flagSet) {
+	o.kc.register(f)
+	o.topics.register(f)
+	o.db.register(f)
+	f.Var(&o.parts, "partition", "verify only this partition (repeatable, or comma-separated)")
+	f.Var(&o.since, "since", "start after a checkpoint (from --checkpoint; repeatable, or comma-separated) or after the record with this hash")
+	f.BoolVar(&o.checkpoint, "checkpoint", false, "print the checkpoint of each partition's head instead of the report")
+	f.BoolVar(&o.asJSON, "json", false, "print the report as JSON")
+	f.DurationVar(&o.catchUp, "catch-up-timeout", verify.CatchUpTimeoutDefault, "how long to wait for the relay to publish what PostgreSQL holds")
+	f.DurationVar(&o.timeout, "timeout", 0, "bound on the whole run (0: none)")
+	f.StringVar(&o.pushURL, "pushgateway", "", "push mandated_verify_* metrics to this Prometheus Pushgateway (job mandated_verify)")
+	f.StringVar(&o.metricsFile, "metrics-file", "", "write mandated_verify_* metrics to this file (node exporter textfile format)")
+	f.BoolVar(&o.record, "record", false, "store the result in verify_runs (the console's last verify page); needs a role that may insert there")
+}
+
+func (o *verifyOptions) validate(in given) error {
+	if err := in.noArgs(); err != nil {
+		return err
 	}
-	if len(pos) > 0 {
-		return f.usageErr("unexpected argument %q", pos[0])
-	}
-	cfg := verify.Config{DecisionsTopic: topics.decisions, DeadLetterTopic: topics.deadLetter, CatchUpTimeout: *catchUp}
-	for _, p := range parts {
+	cfg := verify.Config{DecisionsTopic: o.topics.decisions, DeadLetterTopic: o.topics.deadLetter, CatchUpTimeout: o.catchUp}
+	for _, p := range o.parts {
 		n, err := strconv.ParseInt(p, 10, 32)
 		if err != nil || n < 0 {
-			return f.usageErr("--partition %q is not a partition number", p)
+			return fmt.Errorf("--partition %q is not a partition number", p)
 		}
 		cfg.Partitions = append(cfg.Partitions, int32(n))
 	}
-	for _, s := range since {
+	for _, s := range o.since {
 		if !strings.Contains(s, ":") {
 			h, err := wire.ParseChainHash(s)
 			if err != nil {
-				return f.usageErr("--since %q: %v", s, err)
+				return fmt.Errorf("--since %q: %v", s, err)
 			}
 			if cfg.SinceHash != nil {
-				return f.usageErr("--since takes one bare hash (or one checkpoint per partition)")
+				return errors.New("--since takes one bare hash (or one checkpoint per partition)")
 			}
 			cfg.SinceHash = &h
 			continue
 		}
 		c, err := verify.ParseCheckpoint(s)
 		if err != nil {
-			return f.usageErr("--since: %v", err)
+			return fmt.Errorf("--since: %v", err)
 		}
 		cfg.Since = append(cfg.Since, c)
 	}
 	if cfg.SinceHash != nil && len(cfg.Partitions) != 1 {
-		return f.usageErr("--since with a bare hash needs exactly one --partition (the one the hash is on)")
+		return errors.New("--since with a bare hash needs exactly one --partition (the one the hash is on)")
 	}
-	opts, err := kc.opts(a)
-	if err != nil {
-		return f.usageErr("%v", err)
+	var err error
+	if cfg.KafkaOpts, err = o.kc.opts(); err != nil {
+		return err
 	}
-	cfg.KafkaOpts = opts
-	if _, err := db.resolve(); err != nil {
-		return f.usageErr("%v", err)
+	if _, err := o.db.resolve(); err != nil {
+		return err
 	}
-	ctx, cancel := withTimeout(a.ctx, *timeout)
+	o.cfg = cfg
+	return nil
+}
+
+func runVerify(ctx context.Context, a *app, o *verifyOptions) int {
+	cfg, db := o.cfg, &o.db
+	ctx, cancel := withTimeout(ctx, o.timeout)
 	defer cancel()
 	start := time.Now()
 	cfg.Progress = func(p verify.Progress) {
@@ -124,11 +152,11 @@ error.`,
 		closeDB()
 	}
 	metrics.Observe(start, rep, err)
-	if code := exportVerifyMetrics(a, metrics, err == nil, *pushURL, *metricsFile); code != exitOK && err == nil {
+	if code := exportVerifyMetrics(a, metrics, err == nil, o.pushURL, o.metricsFile); code != exitOK && err == nil {
 		return code
 	}
-	if *record {
-		if code := recordVerifyRun(a, &db, start, rep, err); code != exitOK && err == nil {
+	if o.record {
+		if code := recordVerifyRun(a, db, start, rep, err); code != exitOK && err == nil {
 			return code
 		}
 	}
@@ -137,20 +165,20 @@ error.`,
 		return exitFailed
 	}
 	switch {
-	case *checkpoint:
+	case o.checkpoint:
 		for _, p := range rep.Partitions {
 			if p.Head.Sequence > 0 {
 				fmt.Fprintln(a.stdout, p.Head.String())
 			}
 		}
-	case *asJSON:
+	case o.asJSON:
 		enc := json.NewEncoder(a.stdout)
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(rep)
 	default:
 		printVerifyReport(a, rep)
 	}
-	if *checkpoint {
+	if o.checkpoint {
 		for _, b := range rep.Breaks {
 			a.errorf("verify: break on partition %d at sequence %d (%s offset %d): %s: %s", b.Partition, b.Sequence, b.Topic, b.Offset, b.Kind, b.Detail)
 		}
