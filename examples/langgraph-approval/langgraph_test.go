@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -63,17 +64,22 @@ func TestLangGraphApprovalResumedConcurrentlyRefundsOnceOnlyWhenGuarded(t *testi
 	env := append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1",
 		"MANDATED_GATEWAY_URL="+st.base, "MANDATED_GATEWAY_TOKEN="+st.token, "MANDATED_GATEWAY_ORG=acme",
 		"MANDATED_TEST_CONTROL_URL="+st.control,
-		"MANDATED_OPERATOR_TOKEN="+st.operatorToken, "LANGGRAPH_TEST_DSN="+st.langgraphDSN)
+		"MANDATED_OPERATOR_TOKEN="+st.operatorToken)
 	k := os.Getenv("MANDATED_TEST_PYTEST_K") // a developer's subset: `MANDATED_TEST_PYTEST_K=intent go test ...`
 
 	// The pinned langgraph (the [langgraph] extra) runs the whole suite; the
 	// previous minor runs the intent model's tests (test_facts.py: the facts
 	// against LangGraph alone; test_intents.py: through the gateway), side by
-	// side on the same stack.
+	// side on the same stack, each with a database of its own for its
+	// checkpointer and ledger: two suites setting up one database at once
+	// raced in CREATE TABLE IF NOT EXISTS (CI: UniqueViolation on
+	// pg_type_typname_nsp_index, "Key (typname, typnamespace)=(ledger, 2200)
+	// already exists"), and two checkpointer versions should not share their
+	// tables anyway.
 	t.Run("pinned", func(t *testing.T) {
 		t.Parallel()
 		venv := installWithLangGraph(ctx, t, py, pkgDir, nil)
-		runPytest(ctx, t, venv, here, env, k, here)
+		runPytest(ctx, t, venv, here, withLangGraphDatabase(t, env), k, here)
 	})
 	t.Run("langgraph "+previousLangGraph, func(t *testing.T) {
 		t.Parallel()
@@ -81,7 +87,7 @@ func TestLangGraphApprovalResumedConcurrentlyRefundsOnceOnlyWhenGuarded(t *testi
 			t.Skip("MANDATED_TEST_PYTEST_K: the pinned langgraph only")
 		}
 		venv := installWithLangGraph(ctx, t, py, pkgDir, previousLangGraphPackages)
-		runPytest(ctx, t, venv, here, env, "", filepath.Join(here, "test_facts.py"), filepath.Join(here, "test_intents.py"))
+		runPytest(ctx, t, venv, here, withLangGraphDatabase(t, env), "", filepath.Join(here, "test_facts.py"), filepath.Join(here, "test_intents.py"))
 	})
 }
 
@@ -173,13 +179,13 @@ func installWithLangGraph(ctx context.Context, t *testing.T, py, pkgDir string, 
 }
 
 type stack struct {
-	base, token, operatorToken, control, langgraphDSN string
+	base, token, operatorToken, control string
 }
 
 // startStack runs what a LangGraph deployment talks to: a processor on real
 // Kafka and PostgreSQL, a gateway, a control plane that grants mandates (as
-// a grantor would) and a database of its own for the checkpointer and the
-// ledger.
+// a grantor would); each suite adds a database of its own for the
+// checkpointer and the ledger (withLangGraphDatabase).
 func startStack(t *testing.T) stack {
 	t.Helper()
 	h := harness.New(t, harness.Options{Partitions: 3})
@@ -253,8 +259,7 @@ func startStack(t *testing.T) stack {
 		go func() { _ = hs.Serve(ln) }()
 		return hs.Shutdown, nil
 	})
-	return stack{base: base, token: token, operatorToken: operatorToken, control: grantsURL + "/",
-		langgraphDSN: langgraphDatabase(t)}
+	return stack{base: base, token: token, operatorToken: operatorToken, control: grantsURL + "/"}
 }
 
 // serve listens on a free local port, starts a server there and stops it
@@ -286,4 +291,11 @@ func lastLine(s string) string {
 func langgraphDatabase(t *testing.T) string {
 	t.Helper()
 	return testenv.Database(t)
+}
+
+// withLangGraphDatabase returns env with LANGGRAPH_TEST_DSN set to a new
+// database of t's own (dropped when t ends).
+func withLangGraphDatabase(t *testing.T, env []string) []string {
+	t.Helper()
+	return append(slices.Clip(env), "LANGGRAPH_TEST_DSN="+langgraphDatabase(t))
 }
