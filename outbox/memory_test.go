@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,10 +12,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mandated/mandated/outbox"
 	"github.com/mandated/mandated/outbox/outboxrow"
 	"github.com/mandated/mandated/test/testenv"
+	"github.com/mandated/mandated/wire"
 )
 
 // committedRows writes n rows to partition p's outbox, as a commit would,
@@ -173,4 +176,104 @@ func TestPublishingNeverWaitsForHousekeeping(t *testing.T) {
 	once.Do(func() { close(release) })
 	testenv.WaitFor(t, time.Minute, func() bool { return b.outboxRows(0) == 0 }, "housekeeping deletes the published rows once released")
 	b.received.requireExactlyOnceInOrder(t, 0, 1, 9)
+}
+
+// A row a commit hands over is signed as it is handed over, on the
+// committing goroutine, not in the relay's loop (one for every partition,
+// where signing held the burn-down); a row read from PostgreSQL — the
+// backlog here, 300 rows in one transaction, signed on every core — when
+// it is published. Either way each record carries the header the relay's
+// key makes over the row's chain hash, and the caller's rows are not
+// changed.
+func TestRowsHandedOverAreSignedWhereTheyAreCommitted(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	e0 := b.claim(0)
+	_, backlog := b.insert(0, e0, 300, 200)
+	hashes := map[int64][]byte{}
+	rows, err := b.pool.Query(context.Background(), `SELECT seq, hash FROM outbox WHERE partition = 0`)
+	require.NoError(t, err)
+	var seq int64
+	var hash []byte
+	_, err = pgx.ForEachRow(rows, []any{&seq, &hash}, func() error { hashes[seq] = hash; return nil })
+	require.NoError(t, err)
+	require.Len(t, hashes, 300)
+
+	m := outbox.NewMetrics(nil)
+	r := b.relayWith(m)
+	sigs := newSignatures(t, b.brokers, b.spec.Decisions)
+	r.Assigned(0, e0)
+	testenv.WaitFor(t, time.Minute, func() bool { return sigs.count() >= 300 }, "the backlog is published")
+	require.Equal(t, 300.0, testutil.ToFloat64(m.Signatures.WithLabelValues("publish")))
+	require.Zero(t, testutil.ToFloat64(m.Signatures.WithLabelValues("handover")))
+
+	handed := b.committedRows(0, e0, 7)
+	for _, row := range handed {
+		hashes[row.Seq] = row.Hash[:]
+	}
+	r.CommittedRows(0, e0, handed[len(handed)-1].Seq+1, handed)
+	require.Equal(t, 7.0, testutil.ToFloat64(m.Signatures.WithLabelValues("handover")), "signed as they were handed over")
+	for _, row := range handed {
+		require.Nil(t, row.Signature, "the caller's rows are not changed")
+	}
+	testenv.WaitFor(t, time.Minute, func() bool { return sigs.count() >= 307 }, "the rows handed over are published")
+	require.Equal(t, 300.0, testutil.ToFloat64(m.Signatures.WithLabelValues("publish")), "none signed again in the relay's loop")
+	require.Equal(t, 7.0, testutil.ToFloat64(m.FromMemory))
+
+	got := sigs.all()
+	require.Len(t, got, 307)
+	for s := int64(1); s <= backlog+7; s++ {
+		var h wire.ChainHash
+		copy(h[:], hashes[s])
+		require.Equal(t, string(r.Signer().SignRecord(h)), got[s], "sequence %d", s)
+	}
+}
+
+// signatures collects the mandated-signature header of each record on a
+// decisions topic, read_committed, by sequence.
+type signatures struct {
+	mu  sync.Mutex
+	sig map[int64]string
+}
+
+func newSignatures(t *testing.T, brokers []string, topic string) *signatures {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.FetchMaxWait(100*time.Millisecond))
+	require.NoError(t, err)
+	s := &signatures{sig: map[int64]string{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			cl.PollFetches(ctx).EachRecord(func(rec *kgo.Record) {
+				seq, ok := outbox.SequenceOf(rec)
+				if !ok {
+					return
+				}
+				for _, h := range rec.Headers {
+					if h.Key == wire.HeaderSignature {
+						s.mu.Lock()
+						s.sig[seq] = string(h.Value)
+						s.mu.Unlock()
+					}
+				}
+			})
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done; cl.Close() })
+	return s
+}
+
+func (s *signatures) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.sig)
+}
+
+func (s *signatures) all() map[int64]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.sig)
 }

@@ -42,8 +42,14 @@ type Metrics struct {
 	// (→ the Kafka transaction committed). One observation per row; see
 	// stages.go.
 	Stages *prometheus.HistogramVec
+	// Signatures counts the records' signatures the relay made, by where:
+	// handover (as the processor handed the row over at its commit, on its
+	// goroutine) or publish (a row read from PostgreSQL, in the relay's
+	// transaction).
+	Signatures *prometheus.CounterVec
 
-	relayWait, relayTxn prometheus.Observer
+	relayWait, relayTxn               prometheus.Observer
+	signedAtHandover, signedAtPublish prometheus.Counter
 }
 
 // StageBuckets are the bucket bounds of the stage histograms
@@ -144,10 +150,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Where a published outbox row waited, per row, by stage: relay_wait (its batch's PostgreSQL commit to the relay taking it, from memory or PostgreSQL, for the transaction that published it; only rows committed by this process's processor since the relay took the partition) and relay_txn (that to the Kafka transaction's commit). The processor's stages are mandated_stage_seconds.",
 			Buckets: StageBuckets(),
 		}, []string{"stage"}),
+		Signatures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mandated_outbox_signatures_total",
+			Help: "Record signatures (mandated-signature) the relay made, by where: handover (as this process's processor handed the row over at its commit, on the committing worker, off the relay's publishing loop) or publish (a row read from PostgreSQL, in the relay's transaction).",
+		}, []string{"at"}),
 	}
 	m.relayWait, m.relayTxn = m.Stages.WithLabelValues("relay_wait"), m.Stages.WithLabelValues("relay_txn")
+	m.signedAtHandover, m.signedAtPublish = m.Signatures.WithLabelValues("handover"), m.Signatures.WithLabelValues("publish")
 	if reg != nil {
-		reg.MustRegister(m.Handovers)
+		reg.MustRegister(m.Handovers, m.Signatures)
 		reg.MustRegister(m.Stages)
 		reg.MustRegister(m.Published, m.PublishSeconds, m.TxnSeconds, m.PublishErrors, m.Parked, m.RowByRow, m.ParkedRows,
 			m.Backlog, m.OldestAge, m.Resumes, m.Fenced, m.Deleted, m.Gaps, m.ForeignRecords, m.ShardErrors, m.ShardSkipped,

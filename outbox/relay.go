@@ -286,7 +286,15 @@ func (r *Relay) Committed(partition int32, epoch int64, nextSeq int64) {
 // them back, as long as they follow what it holds in memory for the
 // partition (up to memRows rows; past that, or after a gap, they are
 // loaded from PostgreSQL when their turn comes).
+//
+// Rows of a partition the relay publishes are signed here, on the caller's
+// goroutine (signHandedOver): the processor's workers sign their own
+// batches, in parallel, instead of the relay's one loop for every partition.
 func (r *Relay) CommittedRows(partition int32, epoch int64, nextSeq int64, rows []outboxrow.Row) {
+	committed := time.Now()
+	if len(rows) > 0 && r.publishes(partition, epoch) {
+		rows = r.signHandedOver(rows)
+	}
 	r.mu.Lock()
 	ps := r.parts[partition]
 	if ps == nil || ps.epoch != epoch {
@@ -303,8 +311,16 @@ func (r *Relay) CommittedRows(partition int32, epoch int64, nextSeq int64, rows 
 		}
 	}
 	r.mu.Unlock()
-	r.stages.committed(partition, nextSeq, time.Now())
+	r.stages.committed(partition, nextSeq, committed)
 	r.poke()
+}
+
+// publishes says whether the relay publishes partition under epoch.
+func (r *Relay) publishes(partition int32, epoch int64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ps := r.parts[partition]
+	return ps != nil && ps.epoch == epoch
 }
 
 // memRows bounds the rows kept in memory per partition (a relay far
@@ -1598,6 +1614,7 @@ func (r *Relay) produceTxn(ctx context.Context, cl *kgo.Client, rows []outboxrow
 		failed  error
 	)
 	traced := make(map[int]trace.SpanContext)
+	r.signUnsigned(rows)
 	for i := range rows {
 		row := &rows[i]
 		rec := row.Record(cfg.DecisionsTopic, cfg.DeadLetterTopic)

@@ -58,6 +58,12 @@ type Row struct {
 	// decision in request_answers in the same transaction. It is not part
 	// of the outbox row.
 	Answer *Answer
+
+	// Signature is the relay's mandated-signature header for the row, made
+	// as the processor handed the row over at its commit (on the committing
+	// goroutine, off the relay's publishing loop); nil before that, and on
+	// rows read from PostgreSQL. Not stored.
+	Signature []byte
 }
 
 // Answer is the request record of a gateway request: its nonce, the record
