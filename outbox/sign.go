@@ -46,7 +46,7 @@ func (r *Relay) signs(row *outboxrow.Row) bool { return row.Chained() && !r.cfg.
 // not changed. An Ed25519 signature costs ~25 µs: made in the relay's one
 // loop, signing was 93 % of its CPU at the burn-down and held the decisions
 // made visible to 8 660/s while the processor decided 11 907/s
-// (docs/performance.md, "Signing off the relay's loop"). The signature is the
+// (test/bench/results/2026-12-05-full-2/NOTES.md). The signature is the
 // one the relay would make when publishing (Ed25519 is deterministic: the
 // same key and chain hash give the same header).
 func (r *Relay) signHandedOver(rows []outboxrow.Row) []outboxrow.Row {
