@@ -31,13 +31,17 @@ func scriptDir() string {
 // and again once it is closed, so two processes started at once would be
 // given one port), and no port is handed out twice by one test process:
 // parallel tests that pick a port, then start a server on it, never pick
-// the same one.
+// the same one. The ports are above the kernel's ephemeral range
+// (ip_local_port_range, 32768–60999 by default): a port there that was free
+// a moment ago can become the local port of any outgoing connection before
+// the server binds it (fresh-clone CI: a gateway's "bind: address already
+// in use" on 58188).
 func FreeRange(t testing.TB, n int) int {
 	t.Helper()
 	portsMu.Lock()
 	defer portsMu.Unlock()
 	for range 200 {
-		base := 40000 + rand.IntN(20000)
+		base := freeFrom + rand.IntN(65536-freeFrom-n)
 		ok := true
 		var lns []net.Listener
 		for i := range n {
@@ -65,6 +69,9 @@ func FreeRange(t testing.TB, n int) int {
 	t.Fatal("testenv: no free port range")
 	return 0
 }
+
+// freeFrom is the first port FreeRange hands out: above the ephemeral range.
+const freeFrom = 61000
 
 var (
 	portsMu    sync.Mutex
