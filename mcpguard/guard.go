@@ -79,6 +79,7 @@ func (gt *guardedTool) checkOutput(v any) string {
 // be reached, or a rule names a tool or an argument the upstream does not
 // have.
 func New(ctx context.Context, cfg Config, cl *client.Client, reg prometheus.Registerer) (*Guard, error) {
+	cfg.Rules = cfg.Rules.clone() // validation fills in defaults: never in the caller's rules, which other guards may share
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}

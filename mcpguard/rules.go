@@ -171,6 +171,23 @@ func (r *Rules) Validate() error {
 	return nil
 }
 
+// clone copies the rules and each tool's rule (the fields validation
+// fills in); nil stays nil.
+func (r *Rules) clone() *Rules {
+	if r == nil {
+		return nil
+	}
+	out := &Rules{Tools: make(map[string]*Rule, len(r.Tools))}
+	for name, rule := range r.Tools {
+		if rule != nil {
+			c := *rule
+			rule = &c
+		}
+		out.Tools[name] = rule
+	}
+	return out
+}
+
 func (r *Rules) names() []string {
 	out := make([]string, 0, len(r.Tools))
 	for n := range r.Tools {
